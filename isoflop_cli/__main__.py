@@ -1,0 +1,3 @@
+from isoflop_cli.cli import app
+
+app(prog_name="isoflop")

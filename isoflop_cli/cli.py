@@ -1,0 +1,211 @@
+"""`isoflop`: a thin Typer layer over config -> grid -> dispatch -> run -> store -> fit.
+
+Commands take Hydra overrides as arguments (`grid.n=[4,8,16] model=tiny-arith`). Bad input is one
+line on stderr and exit code 2, before anything starts. This module never imports torch: `run`
+hands the resolved config to the recipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.live import Live
+
+from isoflop_cli import config as config_mod
+from isoflop_cli import grid as grid_mod
+from isoflop_cli import report
+from isoflop_cli.config import ConfigError
+from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, ray_cluster
+from isoflop_cli.store import FINISHED, SweepDir, atomic_write, load_results
+
+app = typer.Typer(
+    help="IsoFLOP sweeps of LLM RL post-training: plan a grid, run it as Ray jobs, fit the frontier.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err = Console(stderr=True)
+
+OVERRIDES = typer.Argument(None, help="Hydra overrides, e.g. grid.n=[4,8,16] grid.budgets=[512,2048] model=tiny-arith")
+CONFIG = typer.Option(None, "--config", "-c", help="A ready-made sweep in sweeps/ (by name) or a YAML path [default: default]")
+DEFAULT_OUT = Path("isoflop-runs")
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    try:
+        yield
+    except ConfigError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+def _load(config: Optional[str], overrides: Optional[list[str]]):
+    overrides = list(overrides or [])
+    cfg = config_mod.load(config, overrides)
+    cells = grid_mod.expand(cfg, recompose=lambda extra: config_mod.load(config, overrides + extra))
+    return cfg, cells
+
+
+@app.command()
+def plan(
+    overrides: Optional[list[str]] = OVERRIDES,
+    config: Optional[str] = CONFIG,
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+) -> None:
+    """The grid as a table: every cell, its steps M, eval points and rollouts; infeasible cells and why. No compute."""
+    with user_errors():
+        cfg, cells = _load(config, overrides)
+    if as_json:
+        print(json.dumps(report.plan_records(cells), indent=1))
+    else:
+        console.print(report.plan_table(cfg, cells))
+
+
+@app.command()
+def sweep(
+    overrides: Optional[list[str]] = OVERRIDES,
+    config: Optional[str] = CONFIG,
+    out: Path = typer.Option(DEFAULT_OUT, "--out", "-o", help="Output root; the sweep lives in OUT/<name>."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and stop."),
+) -> None:
+    """Expand the grid, run every cell as a Ray job, watch, collect results.parquet, print the frontier.
+
+    Rerunning with the same --out resumes: finished runs are kept, running jobs reattached, lost ones resubmitted.
+    """
+    with user_errors():
+        cfg, cells = _load(config, overrides)
+        if not dry_run:
+            out = config_mod.check_writable(out)
+    console.print(report.plan_table(cfg, cells))
+    if dry_run:
+        return
+    sweep_dir = SweepDir(out / cfg.name)
+    prepare(sweep_dir, cfg, cells)
+    table = lambda: report.sweep_table(sweep_dir)  # noqa: E731
+    console.print(f"sweep dir: {sweep_dir.path}")
+    try:
+        with ray_cluster(cfg.cluster, sweep_dir.path) as address, Live(table(), console=console, refresh_per_second=2) as live:
+            states = Dispatcher(sweep_dir, cfg.cluster, address, on_poll=lambda: live.update(table())).run()
+    except KeyboardInterrupt:
+        err.print("interrupted: jobs stopped; rerun the same command to resume")
+        raise typer.Exit(130) from None
+    df = sweep_dir.collect()
+    failed = {rid: sweep_dir.manifest()["cells"][rid].get("error", "") for rid, s in states.items() if s != FINISHED}
+    console.print(f"{len(states) - len(failed)}/{len(states)} runs finished; {len(df)} eval points in {sweep_dir.results_file}")
+    for rid, why in failed.items():
+        err.print(f"[red]failed[/] {rid}: {why}", highlight=False)
+    if not df.empty:
+        console.print(report.frontier_table(df, metric="val_avg@k", axis="n", compute="rollouts"))
+    if failed:
+        raise typer.Exit(1)
+
+
+def prepare(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell]) -> None:
+    """Write the sweep config, each run's config and the manifest, keeping what earlier runs recorded."""
+    atomic_write(sweep_dir.config_file, config_mod.to_yaml(cfg))
+    old = sweep_dir.manifest()["cells"]
+    manifest = {"name": cfg.name, "cells": {}, "infeasible": []}
+    for cell in cells:
+        if not cell.feasible:
+            manifest["infeasible"].append({"axes": cell.axes, "reason": cell.reason})
+            continue
+        files = sweep_dir.run(cell.run_id)
+        atomic_write(files.config, config_mod.to_yaml(cell.cfg))
+        entry = old.get(cell.run_id, {})
+        manifest["cells"][cell.run_id] = {
+            "axes": cell.axes,
+            "columns": report.run_columns(cell),
+            "M": cell.plan.M,
+            "eval_steps": list(cell.plan.eval_steps),
+            "state": entry.get("state", "pending"),
+            **{k: entry[k] for k in ("submission_id", "attempts") if k in entry},
+        }
+    sweep_dir.write_manifest(manifest)
+
+
+@app.command()
+def run(
+    overrides: Optional[list[str]] = OVERRIDES,
+    config: Optional[str] = CONFIG,
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory [default: isoflop-runs/single/<run_id>]."),
+) -> None:
+    """One GRPO run in this process: what each Ray job executes, and how to debug a single cell (n=..., B_p=...)."""
+    with user_errors():
+        cfg = config_mod.load(config, list(overrides or []))
+        plan = grid_mod.plan_run(cfg)
+        axes = {"n": cfg.n, "B_p": cfg.B_p, "seed": cfg.seed}
+        run_dir = config_mod.check_writable(out or DEFAULT_OUT / "single" / grid_mod.run_id(axes, cfg, plan))
+    console.print(f"run: n={cfg.n} B_p={cfg.B_p} seed={cfg.seed} M={plan.M} lr={plan.lr:.3g} eval at steps {list(plan.eval_steps)} -> {run_dir}")
+    if os.environ.get(EXIT_WITH_PARENT):
+        _exit_with_parent()
+    from isoflop_cli.recipe.grpo import train
+
+    rows = train(cfg, plan.M, plan.eval_steps, plan.lr, run_dir)
+    console.print(report.metrics_table(rows))
+
+
+@app.command()
+def status(path: Path = typer.Argument(..., help="A sweep directory (OUT/<name>).")) -> None:
+    """The cells of a sweep: status, step/M, rollouts so far, latest validation metric."""
+    with user_errors():
+        sweep_dir = _sweep_dir(path)
+    console.print(report.sweep_table(sweep_dir))
+
+
+@app.command()
+def fit(
+    path: Path = typer.Argument(..., help="A sweep directory, a results.parquet or a CSV with the same columns."),
+    metric: str = typer.Option("val_avg@k", help="Metric column."),
+    axis: str = typer.Option("n", help="Grid axis whose compute-optimal value is read off the frontier."),
+    compute: str = typer.Option("rollouts", help="Compute column."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir [default: <sweep>/fit or beside the file]."),
+) -> None:
+    """Frontier table, frontier.csv, and the per-axis curves with the frontier as PNG and SVG."""
+    from isoflop_cli.fit import frontier as fr
+
+    with user_errors():
+        if not path.exists():
+            raise ConfigError(f"no such file or directory: {path}")
+        if path.is_dir() and not (path / "results.parquet").exists():
+            raise ConfigError(f"{path} has no results.parquet (is it a sweep directory with finished runs?)")
+        df = load_results(path)
+        if df.empty:
+            raise ConfigError(f"{path}: no results yet")
+        missing = [c for c in (metric, axis, compute) if c not in df.columns]
+        if missing:
+            raise ConfigError(f"results have no column {', '.join(missing)}")
+        out = config_mod.check_writable(out or (path if path.is_dir() else path.parent) / "fit")
+    front = fr.frontier(df, metric, axis, compute)
+    curves = fr.axis_curves(df, metric, axis, compute)
+    atomic_write(out / "frontier.csv", front.to_csv(index=False))
+    plots = fr.plot(df, front, curves, metric, axis, compute, out / "frontier")
+    console.print(report.frontier_table(df, metric, axis, compute))
+    console.print(f"wrote {out / 'frontier.csv'}, {', '.join(str(p) for p in plots)}")
+
+
+def _exit_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when its parent (the Ray job supervisor) dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_PDEATHSIG = 1
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:  # the parent died before we asked
+        raise SystemExit(1)
+
+
+def _sweep_dir(path: Path) -> SweepDir:
+    if not path.is_dir():
+        raise ConfigError(f"no such sweep directory: {path}")
+    sweep_dir = SweepDir(path)
+    if not sweep_dir.manifest_file.exists():
+        raise ConfigError(f"{path} is not a sweep directory (no manifest.json)")
+    return sweep_dir

@@ -1,0 +1,290 @@
+"""Compose a sweep config with Hydra and validate it against typed schemas before any compute.
+
+Every problem with the user's input surfaces as one `ConfigError` line; the CLI turns it into
+exit code 2. Nothing here imports torch or Ray.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = ROOT / "conf"
+SWEEPS_DIR = ROOT / "sweeps"
+DEFAULT_SWEEP = "default"
+
+
+class ConfigError(ValueError):
+    """Bad user input: reported as one line, exit code 2, nothing started."""
+
+
+class LrScaling(str, enum.Enum):
+    sqrt = "sqrt"
+    linear = "linear"
+    constant = "constant"
+
+
+@dataclass
+class BuildConfig:
+    """How the embedded model is built locally: architecture and supervised warm start."""
+
+    hidden_size: int = 128
+    intermediate_size: int = 512
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    steps: int = 400
+    batch_size: int = 64
+    lr: float = 3e-3
+    seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny-arith"
+    # A local Hugging Face checkpoint directory; null builds the embedded model (`build`) instead.
+    # Required (no default): a model group that forgets it is an error, not the embedded model.
+    path: Optional[str] = MISSING
+    build: BuildConfig = field(default_factory=BuildConfig)
+
+
+@dataclass
+class TaskConfig:
+    name: str = "arith"
+    digits: list[int] = field(default_factory=lambda: [1, 2])  # operand sizes, drawn uniformly
+    operands: int = 2
+    ops: list[str] = field(default_factory=lambda: ["+"])
+    reverse_answer: bool = True  # answer digits least-significant first: learnable left to right
+    val_fraction: float = 0.2  # share of the problem space held out for validation
+    max_new_tokens: int = 6
+
+
+@dataclass
+class RewardConfig:
+    name: str = "sparse"
+
+
+@dataclass
+class AlgoConfig:
+    name: str = "grpo"
+    base_lr: float = 1e-3
+    ref_batch: int = 64  # B at which base_lr applies
+    lr_scaling: LrScaling = LrScaling.sqrt
+    warmup_steps: int = 2
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    adv_eps: float = 1e-6
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    temperature: float = 0.6
+    top_p: float = 1.0
+
+
+@dataclass
+class EvalConfig:
+    k: int = 4
+    samples: int = 4  # completions per validation problem (m >= k; unbiased estimators)
+    problems: int = 64
+
+
+@dataclass
+class GridConfig:
+    n: list[int] = field(default_factory=lambda: [4, 8, 16])
+    B_p: list[int] = field(default_factory=lambda: [4, 8])
+    seed: list[int] = field(default_factory=lambda: [0])
+    # Further axes: a config group (`model`, `reward`, `algo`, `task`) or a dotted key -> values.
+    axes: dict[str, list[Any]] = field(default_factory=dict)
+    budgets: list[int] = field(default_factory=lambda: [512, 1024, 2048])  # rollouts
+    max_batch: int = 65536  # B_max: cells with B_p * n above it are dropped
+    min_steps: int = 1
+    eval_points: int = 8  # log-spaced compute checkpoints up to the largest budget
+
+
+@dataclass
+class ClusterConfig:
+    address: Optional[str] = None  # Ray Jobs address (http://HEAD:8265); null: $RAY_ADDRESS or a local head
+    cpus_per_run: float = 1.0
+    gpus_per_run: float = 0.0
+    local_cpus: Optional[int] = None  # CPUs a local head offers (default: all of this machine)
+    max_concurrent: Optional[int] = None  # jobs in flight (default: what the resources allow)
+    python: Optional[str] = None  # interpreter on the nodes (default: this one)
+    poll_s: float = 1.0
+
+
+@dataclass
+class SweepConfig:
+    name: str = DEFAULT_SWEEP
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    grid: GridConfig = field(default_factory=GridConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    # The values of one run (`isoflop run`); a sweep sets them per cell from the grid.
+    n: int = 8
+    B_p: int = 8
+    seed: int = 0
+
+
+GROUPS = ("model", "task", "reward", "algo", "grid", "cluster")
+REWARDS = ("sparse",)
+ALGOS = ("grpo",)
+TASKS = ("arith",)
+
+
+def resolve_sweep_path(name_or_path: str | None) -> Path:
+    """A ready-made sweep name (`sweeps/NAME.yaml`) or a path to a YAML file."""
+    if name_or_path is None:
+        name_or_path = DEFAULT_SWEEP
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        return path.resolve()
+    path = SWEEPS_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml")))
+        raise ConfigError(f"unknown sweep config '{name_or_path}' (ready-made: {known})")
+    return path
+
+
+def load(config: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Compose `config` with `overrides`, merge into the schema and check values."""
+    path = resolve_sweep_path(config)
+    cfg = _compose(path, list(overrides))
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(SweepConfig), cfg)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_omegaconf_message(e)) from None
+    OmegaConf.set_readonly(cfg, False)
+    check(cfg)
+    return cfg
+
+
+def _compose(path: Path, overrides: list[str]) -> DictConfig:
+    searchpath = f"hydra.searchpath=[file://{CONF_DIR}]"
+    try:
+        with initialize_config_dir(config_dir=str(path.parent), version_base=None):
+            cfg = compose(path.stem, overrides=[searchpath, *overrides])
+    except MissingConfigException as e:
+        text = str(e)
+        first = text.splitlines()[0]
+        options = re.search(r"Available options in '(\w+)':\n((?:\t.*\n)+)", text)
+        if options:
+            first += f" (available: {', '.join(o.strip() for o in options.group(2).splitlines())})"
+        raise ConfigError(first) from None
+    except (HydraException, OmegaConfBaseException) as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        hint = [line for line in lines[1:2] if line.startswith("To append")]  # Hydra's `+key=` hint
+        raise ConfigError(" ".join(lines[:1] + hint) or type(e).__name__) from None
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    cfg.pop("hydra", None)
+    return cfg
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _omegaconf_message(e: OmegaConfBaseException) -> str:
+    msg = _first_line(e)
+    key = getattr(e, "full_key", None)
+    if "not in struct" in msg or "Key '" in msg and "not in" in msg:
+        return f"unknown config key '{key}'"
+    if key:
+        return f"bad value for '{key}': {msg}"
+    return msg
+
+
+def check(cfg: DictConfig) -> None:
+    """Value checks the schema's types cannot express."""
+
+    def positive(name: str, values: list[int] | int) -> None:
+        for v in values if isinstance(values, (list, tuple)) or OmegaConf.is_list(values) else [values]:
+            if v <= 0:
+                raise ConfigError(f"{name} must be > 0, got {v}")
+
+    g = cfg.grid
+    positive("grid.n", g.n)
+    positive("grid.B_p", g.B_p)
+    positive("grid.budgets", g.budgets)
+    positive("grid.max_batch", g.max_batch)
+    positive("grid.min_steps", g.min_steps)
+    positive("grid.eval_points", g.eval_points)
+    positive("n", cfg.n)
+    positive("B_p", cfg.B_p)
+    for name in ("n", "B_p", "seed", "budgets"):
+        if len(g[name]) == 0:
+            raise ConfigError(f"grid.{name} is empty")
+    for key, values in g.axes.items():
+        if not OmegaConf.is_list(values) or len(values) == 0:
+            raise ConfigError(f"grid.axes.{key} must be a non-empty list")
+        if key in ("n", "B_p", "seed"):
+            raise ConfigError(f"grid.axes.{key}: set grid.{key} instead")
+        if key not in GROUPS and OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
+            raise ConfigError(f"grid.axes.{key}: unknown config key '{key}'")
+    positive("eval.k", cfg.eval.k)
+    positive("eval.problems", cfg.eval.problems)
+    if cfg.eval.samples < cfg.eval.k:
+        raise ConfigError(f"eval.samples ({cfg.eval.samples}) must be >= eval.k ({cfg.eval.k})")
+    positive("algo.ref_batch", cfg.algo.ref_batch)
+    if cfg.algo.base_lr <= 0:
+        raise ConfigError(f"algo.base_lr must be > 0, got {cfg.algo.base_lr}")
+    if not 0 < cfg.algo.temperature:
+        raise ConfigError(f"algo.temperature must be > 0, got {cfg.algo.temperature}")
+    if not 0 < cfg.algo.top_p <= 1:
+        raise ConfigError(f"algo.top_p must be in (0, 1], got {cfg.algo.top_p}")
+    check_choice("reward.name", cfg.reward.name, REWARDS)
+    check_choice("algo.name", cfg.algo.name, ALGOS)
+    check_choice("task.name", cfg.task.name, TASKS)
+    t = cfg.task
+    positive("task.digits", t.digits)
+    positive("task.max_new_tokens", t.max_new_tokens)
+    if t.operands < 2:
+        raise ConfigError(f"task.operands must be >= 2, got {t.operands}")
+    for op in t.ops:
+        check_choice("task.ops", op, ("+", "-", "*"))
+    if not 0 < t.val_fraction < 1:
+        raise ConfigError(f"task.val_fraction must be in (0, 1), got {t.val_fraction}")
+    if OmegaConf.is_missing(cfg.model, "path"):
+        raise ConfigError(f"model '{cfg.model.name}' needs a local checkpoint: set model.path=/path/to/checkpoint")
+    if cfg.model.path is not None:
+        path = Path(cfg.model.path).expanduser()
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model.path {path} is not a Hugging Face checkpoint (no config.json)")
+    positive("cluster.cpus_per_run", cfg.cluster.cpus_per_run)
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name} '{value}' is not one of: {', '.join(choices)}")
+
+
+def check_writable(out: Path) -> Path:
+    """Create `out` if needed; fail fast if results could not be written there."""
+    out = out.expanduser().resolve()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"output dir {out} is not writable: {e.strerror}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(f"output dir {out} is not writable")
+    return out
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)

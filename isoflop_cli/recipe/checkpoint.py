@@ -1,0 +1,140 @@
+"""Where a run's base model comes from: a local Hugging Face checkpoint, or the embedded tiny model.
+
+The embedded model (a small Qwen2 with a character tokenizer) is built on first use by a short
+supervised warm start on the task, saved with `save_pretrained` into a cache keyed by its recipe,
+and from then on loaded exactly like any checkpoint. Concurrent runs wait on a file lock while one
+of them builds it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
+
+from isoflop_cli.tasks.arith import ALPHABET, ArithTask
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ISOFLOP_CACHE", Path.home() / ".cache" / "isoflop")).expanduser()
+
+
+def load(model_cfg: DictConfig, task_cfg: DictConfig, dtype: torch.dtype = torch.float32):
+    """(tokenizer, model) for a run; builds the embedded model first if it is not cached."""
+    path = Path(model_cfg.path).expanduser() if model_cfg.path else ensure_embedded(model_cfg, task_cfg)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return tokenizer, model
+
+
+def ensure_embedded(model_cfg: DictConfig, task_cfg: DictConfig) -> Path:
+    recipe = {"name": model_cfg.name, "build": OmegaConf.to_container(model_cfg.build), "task": _task_key(task_cfg)}
+    digest = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
+    target = cache_dir() / "models" / f"{model_cfg.name}-{digest}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "config.json").is_file():
+            tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+            try:
+                build(model_cfg.build, ArithTask.from_config(task_cfg), tmp)
+                (tmp / "isoflop_recipe.json").write_text(json.dumps(recipe, indent=2))
+                tmp.rename(target)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _task_key(task_cfg: DictConfig) -> dict:
+    # What the warm start learns from; sampling limits (max_new_tokens) do not change the model.
+    return {k: v for k, v in OmegaConf.to_container(task_cfg).items() if k != "max_new_tokens"}
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {PAD: 0, EOS: 1, UNK: 2, **{c: i + 3 for i, c in enumerate(ALPHABET)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK, padding_side="left"
+    )
+
+
+def build(b: DictConfig, task: ArithTask, out: Path, log_every: int = 100) -> None:
+    """Seeded Qwen2 + supervised warm start (loss on answer tokens only), saved in HF format."""
+    torch.manual_seed(b.seed)
+    tokenizer = char_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=b.hidden_size,
+        intermediate_size=b.intermediate_size,
+        num_hidden_layers=b.num_layers,
+        num_attention_heads=b.num_heads,
+        num_key_value_heads=b.num_kv_heads,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
+    model = AutoModelForCausalLM.from_config(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=b.lr, weight_decay=0.0)
+    warmup = max(1, b.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, b.steps) / b.steps))
+    )
+    stream = task.stream("train", seed=b.seed)
+    rng = random.Random(b.seed)
+    start = time.time()
+    model.train()
+    for step in range(b.steps):
+        batch = [next(stream) for _ in range(b.batch_size)]
+        rng.shuffle(batch)
+        input_ids, labels = _sft_batch(tokenizer, batch)
+        loss = model(input_ids=input_ids, attention_mask=(input_ids != tokenizer.pad_token_id).long(), labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if (step + 1) % log_every == 0:
+            print(f"[warm start] step {step + 1}/{b.steps} loss {loss.item():.4f} ({time.time() - start:.0f}s)", flush=True)
+    model.eval()
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _sft_batch(tokenizer, problems) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded prompt+answer+eos ids; labels only on the answer and eos (-100 elsewhere)."""
+    rows, labels = [], []
+    for p in problems:
+        prompt = tokenizer.encode(p.prompt)
+        answer = tokenizer.encode(p.answer) + [tokenizer.eos_token_id]
+        rows.append(prompt + answer)
+        labels.append([-100] * len(prompt) + answer)
+    width = max(map(len, rows))
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    lab = torch.tensor([r + [-100] * (width - len(r)) for r in labels])
+    return ids, lab

@@ -1,0 +1,137 @@
+"""One GRPO run, top to bottom: sample, score, advantage, loss, update, evaluate, ledger.
+
+Called with a resolved config, the number of update steps M, the steps at which to evaluate and
+the learning rate; it knows nothing of grids, budgets or Ray. It writes one metrics row per eval
+point to the run directory (flushed as it goes) and a status file the dispatcher can watch.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from isoflop_cli.recipe import checkpoint
+from isoflop_cli.recipe.evaluate import evaluate
+from isoflop_cli.recipe.learner import token_logprobs
+from isoflop_cli.recipe.losses import clipped_pg, group_advantages, kl_k3, masked_mean
+from isoflop_cli.recipe.sampler import sample
+from isoflop_cli.store import FAILED, FINISHED, RUNNING, RunFiles
+from isoflop_cli.tasks.arith import ArithTask
+
+
+def train(cfg: DictConfig, M: int, eval_steps: tuple[int, ...], lr: float, run_dir: Path | str) -> list[dict]:
+    files = RunFiles(run_dir)
+    files.dir.mkdir(parents=True, exist_ok=True)
+    files.reset_metrics()
+    files.set_status(RUNNING, step=0, M=M, pid=os.getpid())
+    try:
+        rows = _train(cfg, M, set(eval_steps), lr, files)
+    except BaseException as e:
+        files.set_status(FAILED, error=f"{type(e).__name__}: {e}", M=M)
+        raise
+    files.set_status(FINISHED, step=M, M=M)
+    return rows
+
+
+def _train(cfg: DictConfig, M: int, eval_steps: set[int], lr: float, files: RunFiles) -> list[dict]:
+    algo, n, B_p = cfg.algo, cfg.n, cfg.B_p
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+
+    tokenizer, policy = checkpoint.load(cfg.model, cfg.task)
+    reference = copy.deepcopy(policy).eval().requires_grad_(False) if algo.kl_coef > 0 else None
+    task = ArithTask.from_config(cfg.task)
+    prompts = task.stream("train", seed=cfg.seed)
+    val_problems = task.validation_set(cfg.eval.problems)
+
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=algo.weight_decay)
+    # Short linear warm-up, then constant: a run read at any budget is the run trained to that budget.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (algo.warmup_steps + 1)))
+
+    ledger = {"rollouts": 0, "tokens_generated": 0}
+    since_eval = {"reward": [], "zero_var": [], "loss": [], "kl": [], "entropy": [], "clip_frac": []}
+    rows: list[dict] = []
+    start = time.time()
+
+    def eval_point(step: int) -> None:
+        policy.eval()
+        metrics = evaluate(
+            policy, tokenizer, task, val_problems, cfg.eval.samples, cfg.eval.k,
+            algo.temperature, algo.top_p, cfg.task.max_new_tokens, seed=cfg.seed * 1_000_003 + step,
+        )
+        means = {f"train_{k}" if k in ("reward", "loss") else k: _mean(v) for k, v in since_eval.items()}
+        row = {
+            "step": step, **ledger, "train_reward_mean": means.pop("train_reward"),
+            "zero_var_frac": means.pop("zero_var"), **metrics, "k": cfg.eval.k,
+            **means, "lr": lr, "wall_s": round(time.time() - start, 3),
+        }
+        files.append_metrics(row)
+        rows.append(row)
+        for v in since_eval.values():
+            v.clear()
+
+    if 0 in eval_steps:
+        eval_point(0)
+    for step in range(1, M + 1):
+        # 1. Sample n completions for each of B_p prompts.
+        policy.eval()
+        problems = [next(prompts) for _ in range(B_p)]
+        rollouts = sample(policy, tokenizer, [p.prompt for p in problems], n, algo.temperature, algo.top_p, cfg.task.max_new_tokens)
+
+        # 2. Score with the verifier (sparse reward: 1 for an exact answer).
+        rewards = torch.tensor(
+            [float(task.verify(problems[i // n], text)) for i, text in enumerate(rollouts.texts)]
+        ).view(B_p, n)
+
+        # 3. Group-normalised advantages, one per completion.
+        advantages = group_advantages(rewards, algo.adv_eps).flatten()
+
+        # 4. Clipped policy-gradient loss (+ KL to the reference, - entropy bonus), token-mean.
+        policy.train()
+        mask = rollouts.completion_mask[:, 1:].float()
+        logp, entropy = token_logprobs(policy, rollouts.sequences, rollouts.attention_mask, algo.temperature, with_entropy=algo.entropy_coef > 0)
+        old_logp = logp.detach()  # on-policy: one update per rollout batch
+        pg, clipped = clipped_pg(logp, old_logp, advantages, algo.clip_low, algo.clip_high)
+        loss = masked_mean(pg, mask)
+        if reference is not None:
+            with torch.no_grad():
+                ref_logp, _ = token_logprobs(reference, rollouts.sequences, rollouts.attention_mask, algo.temperature)
+            kl = masked_mean(kl_k3(logp, ref_logp), mask)
+            loss = loss + algo.kl_coef * kl
+            since_eval["kl"].append(kl.item())
+        if entropy is not None:
+            ent = masked_mean(entropy, mask)
+            loss = loss - algo.entropy_coef * ent
+            since_eval["entropy"].append(ent.item())
+
+        # 5. Update: AdamW, clipped gradient norm, warm-up then constant LR.
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), algo.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+
+        # 6. Ledger: compute spent so far, in rollouts and generated tokens.
+        ledger["rollouts"] += B_p * n
+        ledger["tokens_generated"] += rollouts.tokens_generated
+        since_eval["reward"].append(rewards.mean().item())
+        since_eval["zero_var"].append((rewards.std(dim=1) == 0).float().mean().item() if n > 1 else 1.0)
+        since_eval["loss"].append(loss.item())
+        since_eval["clip_frac"].append(masked_mean(clipped, mask).item())
+
+        # 7. Evaluate at the compute checkpoints.
+        if step in eval_steps:
+            eval_point(step)
+        files.set_status(RUNNING, step=step, M=M, rollouts=ledger["rollouts"], pid=os.getpid())
+    return rows
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None

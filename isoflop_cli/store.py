@@ -1,0 +1,137 @@
+"""The sweep directory on disk: what each file holds, and writes that never leave a torn file.
+
+    <out>/<sweep>/sweep.yaml          resolved sweep config
+    <out>/<sweep>/manifest.json       cells: run_id, axes, plan, status, job submissions
+    <out>/<sweep>/runs/<run_id>/      config.yaml, metrics.jsonl, status.json, job.log
+    <out>/<sweep>/results.parquet     one row per eval point of every finished run
+
+A run writes its own metrics.jsonl (appended and flushed per eval point) and status.json; the
+dispatcher owns the manifest and results. Both sides use this module and nothing else for files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+RESULTS = "results.parquet"
+MANIFEST = "manifest.json"
+
+# Run states, as status.json and the manifest spell them.
+PENDING, SUBMITTED, RUNNING, FINISHED, FAILED, STOPPED = "pending", "submitted", "running", "finished", "failed", "stopped"
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return default
+
+
+class RunFiles:
+    """The files of one run directory."""
+
+    def __init__(self, run_dir: Path | str):
+        self.dir = Path(run_dir)
+        self.config = self.dir / "config.yaml"
+        self.metrics = self.dir / "metrics.jsonl"
+        self.status_file = self.dir / "status.json"
+        self.log = self.dir / "job.log"
+
+    def status(self) -> dict:
+        return read_json(self.status_file, default={"state": PENDING})
+
+    def set_status(self, state: str, **fields: Any) -> None:
+        write_json(self.status_file, {"state": state, "updated": time.time(), **fields})
+
+    def reset_metrics(self) -> None:
+        """A run that starts over starts its metrics over: no duplicated rows."""
+        atomic_write(self.metrics, "")
+
+    def append_metrics(self, row: dict) -> None:
+        with open(self.metrics, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read_metrics(self) -> list[dict]:
+        """Complete lines only: a line torn by a kill is ignored."""
+        if not self.metrics.exists():
+            return []
+        rows = []
+        for line in self.metrics.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return rows
+
+
+class SweepDir:
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self.manifest_file = self.path / MANIFEST
+        self.results_file = self.path / RESULTS
+        self.config_file = self.path / "sweep.yaml"
+
+    def run(self, run_id: str) -> RunFiles:
+        return RunFiles(self.path / "runs" / run_id)
+
+    def manifest(self) -> dict:
+        return read_json(self.manifest_file, default={"cells": {}})
+
+    def write_manifest(self, manifest: dict) -> None:
+        write_json(self.manifest_file, manifest)
+
+    def collect(self) -> pd.DataFrame:
+        """results.parquet from the finished runs of the manifest: axes + eval-point rows."""
+        frames = []
+        for run_id, cell in self.manifest()["cells"].items():
+            files = self.run(run_id)
+            if files.status().get("state") != FINISHED:
+                continue
+            rows = files.read_metrics()
+            if rows:
+                meta = pd.DataFrame([{"run_id": run_id, **cell["columns"]}] * len(rows))
+                frames.append(pd.concat([meta, pd.DataFrame(rows).drop(columns=meta.columns, errors="ignore")], axis=1))
+        df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        if not df.empty:
+            df = df.sort_values(["run_id", "step"]).reset_index(drop=True)
+        tmp = self.results_file.with_name(f".{RESULTS}.tmp")
+        df.to_parquet(tmp, index=False)
+        os.replace(tmp, self.results_file)
+        return df
+
+
+def load_results(path: Path | str) -> pd.DataFrame:
+    """A sweep directory, a results.parquet or a CSV with the same columns."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULTS
+    if path.suffix == ".csv":
+        return pd.read_csv(path)
+    return pd.read_parquet(path)
