@@ -18,6 +18,7 @@ from typing import Iterator, Optional
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.text import Text
 
 from isoflop_cli import config as config_mod
 from isoflop_cli import grid as grid_mod
@@ -45,7 +46,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except ConfigError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        err.print(Text.assemble(("error: ", "bold red"), str(e)), soft_wrap=True)
         raise typer.Exit(2) from None
 
 
@@ -103,7 +104,7 @@ def sweep(
     failed = {rid: sweep_dir.manifest()["cells"][rid].get("error", "") for rid, s in states.items() if s != FINISHED}
     console.print(f"{len(states) - len(failed)}/{len(states)} runs finished; {len(df)} eval points in {sweep_dir.results_file}")
     for rid, why in failed.items():
-        err.print(f"[red]failed[/] {rid}: {why}", highlight=False)
+        err.print(Text.assemble(("failed ", "red"), f"{rid}: {why}"), soft_wrap=True)
     if not df.empty:
         console.print(report.frontier_table(df, metric="val_avg@k", axis="n", compute="rollouts"))
     if failed:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -175,6 +176,9 @@ def load(config: str | None = None, overrides: list[str] | tuple[str, ...] = ())
 
 
 def _compose(path: Path, overrides: list[str]) -> DictConfig:
+    # The schema is the base of every sweep (its defaults list starts with `isoflop`), so Hydra
+    # itself rejects unknown keys and wrong types while it composes.
+    ConfigStore.instance().store(name="isoflop", node=SweepConfig)
     searchpath = f"hydra.searchpath=[file://{CONF_DIR}]"
     try:
         with initialize_config_dir(config_dir=str(path.parent), version_base=None):
@@ -187,17 +191,33 @@ def _compose(path: Path, overrides: list[str]) -> DictConfig:
             first += f" (available: {', '.join(o.strip() for o in options.group(2).splitlines())})"
         raise ConfigError(first) from None
     except (HydraException, OmegaConfBaseException) as e:
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        hint = [line for line in lines[1:2] if line.startswith("To append")]  # Hydra's `+key=` hint
-        raise ConfigError(" ".join(lines[:1] + hint) or type(e).__name__) from None
+        raise ConfigError(_compose_message(e)) from None
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     cfg.pop("hydra", None)
     return cfg
 
 
+def _compose_message(e: Exception) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[1].startswith("To append"):  # a key the schema lacks; keep Hydra's `+key=` hint
+        cause = e.__cause__
+        if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None) and "axes" not in lines[0]:
+            return f"unknown config key '{cause.full_key}'"
+        return " ".join(lines[:2])
+    cause = e.__cause__
+    if cause is not None and str(cause).strip():
+        return f"{lines[0]}: {_first_line(cause)}"
+    return lines[0] if lines else type(e).__name__
+
+
 def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    """The message without OmegaConf's trailing key/type lines (it may wrap over several lines)."""
+    lines = []
+    for line in str(e).strip().splitlines():
+        if line.strip().startswith(("full_key:", "object_type=", "reference_type=")):
+            break
+        lines.append(line.strip())
+    return " ".join(lines) if lines else type(e).__name__
 
 
 def _omegaconf_message(e: OmegaConfBaseException) -> str:

@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from isoflop_cli.config import GROUPS, ConfigError, LrScaling
@@ -58,11 +57,13 @@ def learning_rate(algo: DictConfig, batch: int) -> float:
 
 
 def eval_budgets(grid: DictConfig) -> list[float]:
-    """Compute checkpoints shared by every cell: the budgets plus log-spaced points below the largest."""
+    """Compute checkpoints shared by every cell: every budget, and the largest halved eval_points - 1 times.
+
+    Halving keeps the points log-spaced and lands on the budgets when they are powers of two.
+    """
     c_max = max(grid.budgets)
-    c_min = min(min(grid.budgets), c_max / 2 ** (grid.eval_points - 1))
-    spaced = np.geomspace(c_min, c_max, grid.eval_points) if grid.eval_points > 1 else [c_max]
-    return sorted({float(c) for c in [*grid.budgets, *spaced]})
+    halvings = [c_max / 2**i for i in range(grid.eval_points)]
+    return sorted({float(c) for c in [*grid.budgets, *halvings]})
 
 
 def plan_run(cfg: DictConfig) -> RunPlan:

@@ -42,10 +42,9 @@ def train(cfg: DictConfig, M: int, eval_steps: tuple[int, ...], lr: float, run_d
 def _train(cfg: DictConfig, M: int, eval_steps: set[int], lr: float, files: RunFiles) -> list[dict]:
     algo, n, B_p = cfg.algo, cfg.n, cfg.B_p
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-
     tokenizer, policy = checkpoint.load(cfg.model, cfg.task)
+    torch.manual_seed(cfg.seed)  # after the load: a first-use build must not shift the run's RNG stream
+    random.seed(cfg.seed)
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if algo.kl_coef > 0 else None
     task = ArithTask.from_config(cfg.task)
     prompts = task.stream("train", seed=cfg.seed)

@@ -1,0 +1,76 @@
+"""Bad input: one clear line, exit code 2, nothing started or written."""
+
+import os
+import stat
+
+import pytest
+from typer.testing import CliRunner
+
+from isoflop_cli.cli import app
+
+runner = CliRunner()
+
+CASES = {
+    "unknown key": (["plan", "grid.nn=[4]"], "grid.nn"),
+    "unknown top-level key": (["plan", "foo=1"], "foo"),
+    "wrong type": (["plan", "grid.n=abc"], "grid.n"),
+    "wrong enum": (["plan", "algo.lr_scaling=cube"], "algo.lr_scaling"),
+    "malformed override": (["plan", "grid.n=[4,"], "[4,"),
+    "n <= 0": (["plan", "grid.n=[4,0]"], "grid.n must be > 0"),
+    "B_p <= 0": (["plan", "grid.B_p=[-1]"], "grid.B_p must be > 0"),
+    "batch above max_batch": (["plan", "grid.max_batch=4"], "no feasible cell"),
+    "budget below one step": (["plan", "grid.budgets=[3]"], "no feasible cell"),
+    "unknown model": (["plan", "model=gpt-9"], "model/gpt-9"),
+    "missing model path": (["plan", "model=local"], "model.path"),
+    "model path not a checkpoint": (["plan", "model.path=/nonexistent/ckpt"], "/nonexistent/ckpt"),
+    "unknown sweep": (["plan", "--config", "nope"], "nope"),
+    "unknown reward": (["plan", "reward.name=magic"], "reward.name"),
+    "eval samples below k": (["plan", "eval.samples=2"], "eval.samples"),
+    "fit path missing": (["fit", "/nonexistent/sweep"], "/nonexistent/sweep"),
+    "status path missing": (["status", "/nonexistent/sweep"], "/nonexistent/sweep"),
+    "run bad override": (["run", "n=0"], "n must be > 0"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_exits_2_with_one_line(name, tmp_path):
+    args, needle = CASES[name]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    assert needle in lines[0]
+
+
+def test_sweep_errors_start_nothing(tmp_path):
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["sweep", "--out", str(out), "grid.n=[0]"])
+    assert result.exit_code == 2
+    assert not out.exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_out_dir(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    result = runner.invoke(app, ["sweep", "--out", str(locked / "x")])
+    assert result.exit_code == 2 and "not writable" in result.output
+
+
+def test_out_dir_under_a_file_is_unwritable(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = runner.invoke(app, ["sweep", "--out", str(blocker / "x")])
+    assert result.exit_code == 2 and "not writable" in result.output
+
+
+def test_dry_run_and_plan_json(tmp_path):
+    result = runner.invoke(app, ["sweep", "--dry-run", "--out", str(tmp_path / "o"), "grid.n=[2,4]", "grid.B_p=[4]"])
+    assert result.exit_code == 0 and not (tmp_path / "o").exists()
+    result = runner.invoke(app, ["plan", "--json", "grid.n=[2,4]", "grid.B_p=[4]", "grid.budgets=[64]"])
+    import json
+
+    records = json.loads(result.output)
+    assert [r["M"] for r in records] == [8, 4]
+    assert records[0]["eval_rollouts"][-1] == 64

@@ -1,0 +1,128 @@
+"""End to end through a real local Ray head, real torch training and real files."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+SMALL = ["grid.n=[2,4]", "grid.B_p=[2,4]", "grid.budgets=[64,256]", "grid.eval_points=4", "eval.problems=32", "eval.samples=4"]
+COLUMNS = ["run_id", "n", "B_p", "model", "reward", "algo", "seed", "lr", "step", "rollouts", "tokens_generated",
+           "train_reward_mean", "val_avg@k", "val_best@k", "val_worst@k", "wall_s"]
+
+
+def isoflop(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "isoflop_cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def expected_rows(sweep_dir: Path) -> int:
+    manifest = json.loads((sweep_dir / "manifest.json").read_text())
+    return sum(len(c["eval_steps"]) for c in manifest["cells"].values())
+
+
+def assert_head_stopped(sweep_dir: Path) -> None:
+    assert not (sweep_dir / "ray-head.json").exists()
+    out = subprocess.run(["pgrep", "-f", f"isoflop_cli.dispatch .*{sweep_dir}"], capture_output=True, text=True).stdout
+    assert not out.strip(), f"local head still running: {out}"
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    result = isoflop("sweep", "--out", str(out), *SMALL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out / "default", result
+
+
+def test_sweep_writes_every_eval_point_once(sweep):
+    sweep_dir, result = sweep
+    df = pd.read_parquet(sweep_dir / "results.parquet")
+    assert set(COLUMNS) <= set(df.columns)
+    assert df["run_id"].nunique() == 4
+    assert len(df) == expected_rows(sweep_dir)
+    assert not df.duplicated(["run_id", "step"]).any()
+    assert (df["rollouts"] == df["step"] * df["n"] * df["B_p"]).all()
+    assert df.groupby("run_id")["rollouts"].max().le(256).all()
+    for run_dir in (sweep_dir / "runs").iterdir():
+        assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
+        assert "Running entrypoint" in (run_dir / "job.log").read_text()
+    assert "frontier" in result.stdout
+    assert_head_stopped(sweep_dir)
+
+
+def test_training_reward_rises_in_some_cell(sweep):
+    df = pd.read_parquet(sweep[0] / "results.parquet").dropna(subset=["train_reward_mean"])
+    rises = [g["train_reward_mean"].iloc[1:].max() > g["train_reward_mean"].iloc[0] for _, g in df.groupby("run_id")]
+    assert any(rises)
+
+
+def test_fit_and_status(sweep):
+    sweep_dir = sweep[0]
+    result = isoflop("fit", str(sweep_dir))
+    assert result.returncode == 0, result.stderr
+    front = pd.read_csv(sweep_dir / "fit" / "frontier.csv")
+    assert list(front.columns) == ["compute", "value", "axis_star"]
+    assert front["value"].is_monotonic_increasing and set(front["axis_star"]) <= {2, 4}
+    assert front["compute"].max() == 256
+    for ext in ("png", "svg"):
+        assert (sweep_dir / "fit" / f"frontier.{ext}").stat().st_size > 1000
+    status = isoflop("status", str(sweep_dir))
+    assert status.returncode == 0 and status.stdout.count("finished") >= 4
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def finished_runs(sweep_dir: Path) -> dict[str, tuple[float, str]]:
+    out = {}
+    for status in (sweep_dir / "runs").glob("*/status.json"):
+        if json.loads(status.read_text())["state"] == "finished":
+            metrics = status.parent / "metrics.jsonl"
+            out[status.parent.name] = (metrics.stat().st_mtime_ns, metrics.read_text())
+    return out
+
+
+def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
+    """Kill the CLI (the head keeps running: reattach), then kill CLI and head (jobs lost: resubmit)."""
+    args = [sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(tmp_path), *SMALL, "cluster.local_cpus=1"]
+    sweep_dir = tmp_path / "default"
+
+    cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: len(finished_runs(sweep_dir)) >= 1, 300, "a first finished run")
+    cli.kill()
+    cli.wait()
+    first = finished_runs(sweep_dir)
+
+    cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: len(finished_runs(sweep_dir)) >= len(first) + 1, 300, "another finished run")
+    head = json.loads((sweep_dir / "ray-head.json").read_text())
+    cli.kill()
+    cli.wait()
+    os.killpg(head["pid"], signal.SIGKILL)  # the machine loses the head and every job on it
+    second = finished_runs(sweep_dir)
+
+    result = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    final = finished_runs(sweep_dir)
+    assert len(final) == 4
+    for run_id, before in second.items():
+        assert final[run_id] == before, f"finished run {run_id} was run again"
+    manifest = json.loads((sweep_dir / "manifest.json").read_text())
+    assert all(c["state"] == "finished" for c in manifest["cells"].values())
+    df = pd.read_parquet(sweep_dir / "results.parquet")
+    assert len(df) == expected_rows(sweep_dir)
+    assert not df.duplicated(["run_id", "step"]).any()
+    assert_head_stopped(sweep_dir)

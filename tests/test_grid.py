@@ -1,0 +1,70 @@
+import math
+
+import pytest
+
+from isoflop_cli import config
+from isoflop_cli.config import ConfigError
+from isoflop_cli.grid import eval_budgets, expand, learning_rate, plan_run
+
+
+def load(*overrides):
+    return config.load(None, list(overrides))
+
+
+def test_expand_and_feasibility():
+    cfg = load("grid.n=[2,4,8]", "grid.B_p=[4,16]", "grid.seed=[0,1]", "grid.budgets=[256,1024]", "grid.max_batch=64")
+    cells = expand(cfg)
+    assert len(cells) == 12
+    infeasible = [c for c in cells if not c.feasible]
+    assert {(c.axes["n"], c.axes["B_p"]) for c in infeasible} == {(8, 16)}  # B = 128 > 64
+    assert all("max_batch" in c.reason for c in infeasible)
+    by_axes = {(c.axes["n"], c.axes["B_p"], c.axes["seed"]): c for c in cells if c.feasible}
+    assert by_axes[(2, 4, 0)].plan.M == 1024 // 8
+    assert by_axes[(4, 16, 1)].plan.M == 1024 // 64
+    # C = B_p * n * M never exceeds the largest budget; seeds differ only in their run id.
+    assert all(c.plan.rollouts <= 1024 for c in by_axes.values())
+    assert by_axes[(2, 4, 0)].run_id != by_axes[(2, 4, 1)].run_id
+
+
+def test_m_rounds_down_and_min_steps():
+    assert plan_run(load("n=3", "B_p=5", "grid.budgets=[100]")).M == 6  # floor(100 / 15)
+    cells = expand(load("grid.n=[8,2]", "grid.B_p=[8]", "grid.budgets=[100]", "grid.min_steps=2"))
+    assert [c.feasible for c in cells] == [False, True]  # 100 // 64 = 1 < 2; 100 // 16 = 6
+    assert "min_steps" in cells[0].reason
+
+
+def test_eval_steps_cover_every_budget():
+    cfg = load("grid.n=[4]", "grid.B_p=[4]", "grid.budgets=[64,256,1024]", "grid.eval_points=4")
+    plan = expand(cfg)[0].plan
+    assert plan.eval_steps[0] == 0 and plan.eval_steps[-1] == plan.M == 64
+    for budget in (64, 256, 1024):
+        assert budget // 16 in plan.eval_steps  # every budget's slice is an exact eval point
+    assert eval_budgets(cfg.grid) == [64.0, 128.0, 256.0, 512.0, 1024.0]  # 1024 halved 3 times, plus 64
+
+
+@pytest.mark.parametrize("scaling,expected", [("sqrt", 1e-3 * math.sqrt(4)), ("linear", 4e-3), ("constant", 1e-3)])
+def test_learning_rate_scaling(scaling, expected):
+    cfg = load(f"algo.lr_scaling={scaling}", "algo.base_lr=1e-3", "algo.ref_batch=16")
+    assert learning_rate(cfg.algo, 64) == pytest.approx(expected)
+
+
+def test_extra_axes_plain_and_group():
+    overrides = ["grid.n=[4]", "grid.B_p=[4]", "+grid.axes={algo.kl_coef:[0.0,0.1],model:[tiny-arith]}"]
+    cfg = load(*overrides)
+    cells = expand(cfg, recompose=lambda extra: config.load(None, overrides + extra))
+    assert [c.cfg.algo.kl_coef for c in cells] == [0.0, 0.1]
+    assert all(c.cfg.model.name == "tiny-arith" for c in cells)
+    assert cells[0].run_id != cells[1].run_id
+
+
+def test_run_id_tracks_content():
+    a = expand(load("grid.n=[4]", "grid.B_p=[4]"))[0]
+    b = expand(load("grid.n=[4]", "grid.B_p=[4]"))[0]
+    c = expand(load("grid.n=[4]", "grid.B_p=[4]", "algo.base_lr=1e-4"))[0]
+    d = expand(load("grid.n=[4]", "grid.B_p=[4]", "grid.budgets=[512]"))[0]
+    assert a.run_id == b.run_id and len({a.run_id, c.run_id, d.run_id}) == 3
+
+
+def test_no_feasible_cell_is_a_config_error():
+    with pytest.raises(ConfigError, match="no feasible cell"):
+        expand(load("grid.max_batch=4"))

@@ -1,0 +1,45 @@
+import math
+
+import pytest
+import torch
+
+from isoflop_cli.recipe.losses import clipped_pg, group_advantages, kl_k3, masked_mean
+
+
+def test_group_advantages_hand_computed():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    adv = group_advantages(rewards, eps=0.0)
+    # group 1: mean 0.5, unbiased std sqrt(1/3) -> +-0.5 * sqrt(3)
+    assert adv[0].tolist() == pytest.approx([math.sqrt(3) / 2, -math.sqrt(3) / 2, -math.sqrt(3) / 2, math.sqrt(3) / 2])
+    # group 2: mean 0.25, unbiased std 0.5 -> 1.5 and -0.5
+    assert adv[1].tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5])
+
+
+def test_equal_rewards_give_zero_advantage():
+    for value in (0.0, 1.0):
+        adv = group_advantages(torch.full((3, 5), value), eps=1e-6)
+        assert torch.equal(adv, torch.zeros(3, 5))
+    assert torch.equal(group_advantages(torch.tensor([[1.0], [0.0]]), eps=1e-6), torch.zeros(2, 1))
+
+
+def test_clipped_pg_hand_computed():
+    old = torch.zeros(1, 4)
+    logp = torch.log(torch.tensor([[0.5, 1.1, 1.5, 0.9]]))  # ratios 0.5, 1.1, 1.5, 0.9
+    loss, clipped = clipped_pg(logp, old, torch.tensor([1.0]), clip_low=0.2, clip_high=0.28)
+    # A > 0: -min(r, clip(r, 0.8, 1.28)) -> -0.5, -1.1, -1.28, -0.9
+    assert loss[0].tolist() == pytest.approx([-0.5, -1.1, -1.28, -0.9])
+    assert clipped[0].tolist() == [0.0, 0.0, 1.0, 0.0]
+    loss, clipped = clipped_pg(logp, old, torch.tensor([-2.0]), clip_low=0.2, clip_high=0.28)
+    # A < 0: -min(-2r, -2 clip(r)) = 2 max(r, clip(r)) -> 1.6, 2.2, 3.0, 1.8
+    assert loss[0].tolist() == pytest.approx([1.6, 2.2, 3.0, 1.8])
+    assert clipped[0].tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_kl_k3_and_masked_mean():
+    logp = torch.log(torch.tensor([0.5, 0.25]))
+    ref = torch.log(torch.tensor([0.25, 0.25]))
+    # d = ref - logp = log 0.5, 0: exp(d) - d - 1 = 0.5 + log 2 - 1, 0
+    assert kl_k3(logp, ref).tolist() == pytest.approx([0.5 + math.log(2) - 1, 0.0])
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert masked_mean(x, mask).item() == pytest.approx((1 + 2 + 4) / 3)
