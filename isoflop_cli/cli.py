@@ -94,12 +94,14 @@ def sweep(
     prepare(sweep_dir, cfg, cells)
     table = lambda: report.sweep_table(sweep_dir)  # noqa: E731
     console.print(f"sweep dir: {sweep_dir.path}")
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the jobs like Ctrl-C does
     try:
         with ray_cluster(cfg.cluster, sweep_dir.path) as address, Live(table(), console=console, refresh_per_second=2) as live:
             states = Dispatcher(sweep_dir, cfg.cluster, address, on_poll=lambda: live.update(table())).run()
     except KeyboardInterrupt:
         err.print("interrupted: jobs stopped; rerun the same command to resume")
         raise typer.Exit(130) from None
+    console.print()
     df = sweep_dir.collect()
     failed = {rid: sweep_dir.manifest()["cells"][rid].get("error", "") for rid, s in states.items() if s != FINISHED}
     console.print(f"{len(states) - len(failed)}/{len(states)} runs finished; {len(df)} eval points in {sweep_dir.results_file}")
@@ -192,6 +194,10 @@ def fit(
     plots = fr.plot(df, front, curves, metric, axis, compute, out / "frontier")
     console.print(report.frontier_table(df, metric, axis, compute))
     console.print(f"wrote {out / 'frontier.csv'}, {', '.join(str(p) for p in plots)}")
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
 
 
 def _exit_with_parent() -> None:

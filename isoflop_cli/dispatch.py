@@ -165,6 +165,8 @@ class Dispatcher:
         for rid in cells:
             if rid not in queue:
                 cells[rid]["state"] = FINISHED
+                if "submission_id" in cells[rid] and not self.sweep.run(rid).log.exists():
+                    self._save_log(rid, cells[rid]["submission_id"])  # it finished while no CLI watched
         for rid in list(queue):
             sid = cells[rid].get("submission_id")
             if sid and self._job_status(sid) in ("PENDING", "RUNNING"):

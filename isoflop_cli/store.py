@@ -42,7 +42,7 @@ def atomic_write(path: Path, data: str | bytes) -> None:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
+    atomic_write(path, json.dumps(obj, indent=1) + "\n")
 
 
 def read_json(path: Path, default: Any = None) -> Any:

@@ -95,8 +95,14 @@ def finished_runs(sweep_dir: Path) -> dict[str, tuple[float, str]]:
     return out
 
 
+def running_run(sweep_dir: Path) -> bool:
+    states = [json.loads(p.read_text()) for p in (sweep_dir / "runs").glob("*/status.json")]
+    return any(s["state"] == "running" and s.get("step", 0) >= 1 for s in states)
+
+
 def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
-    """Kill the CLI (the head keeps running: reattach), then kill CLI and head (jobs lost: resubmit)."""
+    """Kill the CLI (the head keeps running: reattach); kill CLI and head (jobs lost: resubmit);
+    Ctrl-C (jobs and head stopped); then a last rerun finishes the sweep."""
     args = [sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(tmp_path), *SMALL, "cluster.local_cpus=1"]
     sweep_dir = tmp_path / "default"
 
@@ -112,6 +118,16 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     cli.kill()
     cli.wait()
     os.killpg(head["pid"], signal.SIGKILL)  # the machine loses the head and every job on it
+    second = finished_runs(sweep_dir)
+
+    cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: running_run(sweep_dir), 300, "a run under way")
+    cli.send_signal(signal.SIGINT)
+    assert cli.wait(timeout=120) == 130
+    assert_head_stopped(sweep_dir)
+    assert not subprocess.run(["pgrep", "-f", f"isoflop_cli run .*{sweep_dir}"], capture_output=True).stdout
+    states = [c["state"] for c in json.loads((sweep_dir / "manifest.json").read_text())["cells"].values()]
+    assert "stopped" in states
     second = finished_runs(sweep_dir)
 
     result = subprocess.run(args, capture_output=True, text=True, timeout=600)
