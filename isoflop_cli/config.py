@@ -7,6 +7,7 @@ exit code 2. Nothing here imports torch or Ray.
 from __future__ import annotations
 
 import enum
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from isoflop_cli.flops import Shape, UnsupportedModel
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
@@ -125,6 +128,13 @@ class ClusterConfig:
 
 
 @dataclass
+class FlopsConfig:
+    measure: bool = False  # also count with torch's FlopCounterMode, beside the analytic ledger (slower)
+    peak_tflops: Optional[float] = None  # the device's peak, for gpu_hours (e.g. 989 for an H200, dense bf16)
+    utilization: Optional[float] = None  # the share of that peak a run achieves (MFU), for gpu_hours
+
+
+@dataclass
 class SweepConfig:
     name: str = DEFAULT_SWEEP
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -134,6 +144,7 @@ class SweepConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     grid: GridConfig = field(default_factory=GridConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    flops: FlopsConfig = field(default_factory=FlopsConfig)
     # The values of one run (`isoflop run`); a sweep sets them per cell from the grid.
     n: int = 8
     B_p: int = 8
@@ -286,6 +297,15 @@ def check(cfg: DictConfig) -> None:
         path = Path(cfg.model.path).expanduser()
         if not (path / "config.json").is_file():
             raise ConfigError(f"model.path {path} is not a Hugging Face checkpoint (no config.json)")
+        try:
+            Shape.from_config(json.loads((path / "config.json").read_text()))
+        except (UnsupportedModel, json.JSONDecodeError) as e:
+            raise ConfigError(f"model.path {path}: {e}") from None
+    f = cfg.flops
+    if (f.peak_tflops is None) != (f.utilization is None):
+        raise ConfigError("flops.peak_tflops and flops.utilization go together (gpu_hours needs both)")
+    if f.utilization is not None and not 0 < f.utilization <= 1:
+        raise ConfigError(f"flops.utilization must be in (0, 1], got {f.utilization}")
     positive("cluster.cpus_per_run", cfg.cluster.cpus_per_run)
 
 

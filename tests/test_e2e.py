@@ -15,7 +15,8 @@ pytestmark = pytest.mark.e2e
 
 SMALL = ["grid.n=[2,4]", "grid.B_p=[2,4]", "grid.budgets=[64,256]", "grid.eval_points=4", "eval.problems=32", "eval.samples=4"]
 COLUMNS = ["run_id", "n", "B_p", "model", "reward", "algo", "seed", "lr", "step", "rollouts", "tokens_generated",
-           "train_reward_mean", "val_avg@k", "val_best@k", "val_worst@k", "wall_s"]
+           "train_reward_mean", "val_avg@k", "val_best@k", "val_worst@k", "wall_s",
+           "flops_search", "flops_learning", "flops_reward", "flops_total", "rho", "reward_cpu_s", "flops_eval"]
 
 
 def isoflop(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -50,6 +51,9 @@ def test_sweep_writes_every_eval_point_once(sweep):
     assert not df.duplicated(["run_id", "step"]).any()
     assert (df["rollouts"] == df["step"] * df["n"] * df["B_p"]).all()
     assert df.groupby("run_id")["rollouts"].max().le(256).all()
+    trained = df[df["step"] > 0]
+    assert (trained["flops_total"] == trained["flops_search"] + trained["flops_learning"] + trained["flops_reward"]).all()
+    assert trained["rho"].between(0, 1, inclusive="neither").all()
     for run_dir in (sweep_dir / "runs").iterdir():
         assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
         assert "Running entrypoint" in (run_dir / "job.log").read_text()

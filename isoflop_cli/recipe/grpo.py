@@ -16,9 +16,11 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from isoflop_cli import flops
 from isoflop_cli.recipe import checkpoint
 from isoflop_cli.recipe.evaluate import evaluate
 from isoflop_cli.recipe.learner import token_logprobs
+from isoflop_cli.recipe.measure import Meter
 from isoflop_cli.recipe.losses import clipped_pg, group_advantages, kl_k3, masked_mean
 from isoflop_cli.recipe.sampler import sample
 from isoflop_cli.store import FAILED, FINISHED, RUNNING, RunFiles
@@ -49,27 +51,31 @@ def _train(cfg: DictConfig, M: int, eval_steps: set[int], lr: float, files: RunF
     task = ArithTask.from_config(cfg.task)
     prompts = task.stream("train", seed=cfg.seed)
     val_problems = task.validation_set(cfg.eval.problems)
+    shape = flops.Shape.from_config(policy.config)
+    meter = Meter(cfg.flops.measure)
 
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=algo.weight_decay)
     # Short linear warm-up, then constant: a run read at any budget is the run trained to that budget.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (algo.warmup_steps + 1)))
 
-    ledger = {"rollouts": 0, "tokens_generated": 0}
+    ledger = {"rollouts": 0, "tokens_generated": 0, "flops_search": 0.0, "flops_learning": 0.0, "flops_reward": 0.0, "reward_cpu_s": 0.0, "flops_eval": 0.0}
     since_eval = {"reward": [], "zero_var": [], "loss": [], "kl": [], "entropy": [], "clip_frac": []}
     rows: list[dict] = []
     start = time.time()
 
     def eval_point(step: int) -> None:
         policy.eval()
-        metrics = evaluate(
-            policy, tokenizer, task, val_problems, cfg.eval.samples, cfg.eval.k,
-            algo.temperature, algo.top_p, cfg.task.max_new_tokens, seed=cfg.seed * 1_000_003 + step,
-        )
+        with meter.count("eval"):
+            metrics, rollouts = evaluate(
+                policy, tokenizer, task, val_problems, cfg.eval.samples, cfg.eval.k,
+                algo.temperature, algo.top_p, cfg.task.max_new_tokens, seed=cfg.seed * 1_000_003 + step,
+            )
+        ledger["flops_eval"] += flops.generate(shape, len(rollouts.texts), rollouts.prompt_width, rollouts.generated_width)
         means = {f"train_{k}" if k in ("reward", "loss") else k: _mean(v) for k, v in since_eval.items()}
         row = {
-            "step": step, **ledger, "train_reward_mean": means.pop("train_reward"),
-            "zero_var_frac": means.pop("zero_var"), **metrics, "k": cfg.eval.k,
-            **means, "lr": lr, "wall_s": round(time.time() - start, 3),
+            "step": step, **ledger, **_totals(ledger, cfg.flops), **{f"measured_{k}": v for k, v in _measured(meter).items()},
+            "train_reward_mean": means.pop("train_reward"), "zero_var_frac": means.pop("zero_var"),
+            **metrics, "k": cfg.eval.k, **means, "lr": lr, "wall_s": round(time.time() - start, 3),
         }
         files.append_metrics(row)
         rows.append(row)
@@ -82,12 +88,16 @@ def _train(cfg: DictConfig, M: int, eval_steps: set[int], lr: float, files: RunF
         # 1. Sample n completions for each of B_p prompts.
         policy.eval()
         problems = [next(prompts) for _ in range(B_p)]
-        rollouts = sample(policy, tokenizer, [p.prompt for p in problems], n, algo.temperature, algo.top_p, cfg.task.max_new_tokens)
+        with meter.count("search"):
+            rollouts = sample(policy, tokenizer, [p.prompt for p in problems], n, algo.temperature, algo.top_p, cfg.task.max_new_tokens)
 
-        # 2. Score with the verifier (sparse reward: 1 for an exact answer).
-        rewards = torch.tensor(
-            [float(task.verify(problems[i // n], text)) for i, text in enumerate(rollouts.texts)]
-        ).view(B_p, n)
+        # 2. Score with the verifier (sparse reward: 1 for an exact answer); rule-based, so CPU time, no FLOPs.
+        cpu = time.process_time()
+        with meter.count("reward"):
+            rewards = torch.tensor(
+                [float(task.verify(problems[i // n], text)) for i, text in enumerate(rollouts.texts)]
+            ).view(B_p, n)
+        ledger["reward_cpu_s"] += time.process_time() - cpu
 
         # 3. Group-normalised advantages, one per completion.
         advantages = group_advantages(rewards, algo.adv_eps).flatten()
@@ -95,31 +105,35 @@ def _train(cfg: DictConfig, M: int, eval_steps: set[int], lr: float, files: RunF
         # 4. Clipped policy-gradient loss (+ KL to the reference, - entropy bonus), token-mean.
         policy.train()
         mask = rollouts.completion_mask[:, 1:].float()
-        logp, entropy = token_logprobs(policy, rollouts.sequences, rollouts.attention_mask, algo.temperature, with_entropy=algo.entropy_coef > 0)
-        old_logp = logp.detach()  # on-policy: one update per rollout batch
-        pg, clipped = clipped_pg(logp, old_logp, advantages, algo.clip_low, algo.clip_high)
-        loss = masked_mean(pg, mask)
-        if reference is not None:
-            with torch.no_grad():
-                ref_logp, _ = token_logprobs(reference, rollouts.sequences, rollouts.attention_mask, algo.temperature)
-            kl = masked_mean(kl_k3(logp, ref_logp), mask)
-            loss = loss + algo.kl_coef * kl
-            since_eval["kl"].append(kl.item())
-        if entropy is not None:
-            ent = masked_mean(entropy, mask)
-            loss = loss - algo.entropy_coef * ent
-            since_eval["entropy"].append(ent.item())
+        with meter.count("learning"):
+            logp, entropy = token_logprobs(policy, rollouts.sequences, rollouts.attention_mask, algo.temperature, with_entropy=algo.entropy_coef > 0)
+            old_logp = logp.detach()  # on-policy: one update per rollout batch
+            pg, clipped = clipped_pg(logp, old_logp, advantages, algo.clip_low, algo.clip_high)
+            loss = masked_mean(pg, mask)
+            if reference is not None:
+                with torch.no_grad():
+                    ref_logp, _ = token_logprobs(reference, rollouts.sequences, rollouts.attention_mask, algo.temperature)
+                kl = masked_mean(kl_k3(logp, ref_logp), mask)
+                loss = loss + algo.kl_coef * kl
+                since_eval["kl"].append(kl.item())
+            if entropy is not None:
+                ent = masked_mean(entropy, mask)
+                loss = loss - algo.entropy_coef * ent
+                since_eval["entropy"].append(ent.item())
 
-        # 5. Update: AdamW, clipped gradient norm, warm-up then constant LR.
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+            # 5. Update: AdamW, clipped gradient norm, warm-up then constant LR.
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), algo.max_grad_norm)
         optimizer.step()
         scheduler.step()
 
-        # 6. Ledger: compute spent so far, in rollouts and generated tokens.
+        # 6. Ledger: compute spent so far, in rollouts, generated tokens and FLOPs per part.
+        rows_, width = rollouts.sequences.shape
         ledger["rollouts"] += B_p * n
         ledger["tokens_generated"] += rollouts.tokens_generated
+        ledger["flops_search"] += flops.generate(shape, rows_, rollouts.prompt_width, rollouts.generated_width)
+        ledger["flops_learning"] += flops.train_step(shape, rows_, width, reference=reference is not None)
         since_eval["reward"].append(rewards.mean().item())
         since_eval["zero_var"].append((rewards.std(dim=1) == 0).float().mean().item() if n > 1 else 1.0)
         since_eval["loss"].append(loss.item())
@@ -130,6 +144,22 @@ def _train(cfg: DictConfig, M: int, eval_steps: set[int], lr: float, files: RunF
             eval_point(step)
         files.set_status(RUNNING, step=step, M=M, rollouts=ledger["rollouts"], pid=os.getpid())
     return rows
+
+
+def _totals(ledger: dict, flops_cfg: DictConfig) -> dict:
+    """flops_total (search + learning + reward; evaluation is not training compute), rho, gpu_hours."""
+    total = ledger["flops_search"] + ledger["flops_learning"] + ledger["flops_reward"]
+    out = {"flops_total": total, "rho": ledger["flops_learning"] / total if total else None}
+    if flops_cfg.peak_tflops:
+        out["gpu_hours"] = total / (flops_cfg.peak_tflops * 1e12 * flops_cfg.utilization) / 3600
+    return out
+
+
+def _measured(meter: Meter) -> dict:
+    if not meter.on:
+        return {}
+    parts = {f"flops_{p}": meter.totals.get(p, 0.0) for p in ("search", "learning", "reward", "eval")}
+    return {**parts, "flops_total": parts["flops_search"] + parts["flops_learning"] + parts["flops_reward"]}
 
 
 def _mean(values: list[float]) -> float | None:

@@ -13,6 +13,12 @@ class Rollouts:
     attention_mask: torch.Tensor  # [R, P + T]: prompt tokens and completion tokens up to its eos
     completion_mask: torch.Tensor  # [R, P + T]: completion tokens (eos included) only
     texts: list[str]  # decoded completions, R = len(prompts) * n, each prompt's n together
+    prompt_width: int  # the padded prompt length every row was prefilled at
+
+    @property
+    def generated_width(self) -> int:
+        """Decode steps the batch ran (rows that finished early decoded padding until the end)."""
+        return self.sequences.shape[1] - self.prompt_width
 
     @property
     def tokens_generated(self) -> int:
@@ -45,4 +51,5 @@ def sample(model, tokenizer, prompts: list[str], n: int, temperature: float, top
         attention_mask=torch.cat([prompt_mask, keep.long()], dim=1),
         completion_mask=completion_mask,
         texts=texts,
+        prompt_width=width,
     )

@@ -1,0 +1,98 @@
+"""The FLOP ledger: hand-computed values, supported architectures, and the truth check against
+torch's FlopCounterMode (within 5% per part, as the ledger promises) on two model shapes."""
+
+import json
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from typer.testing import CliRunner
+
+import isoflop_cli.recipe.measure  # noqa: F401  (registers the CPU attention formulas)
+from isoflop_cli import flops
+from isoflop_cli.cli import app
+from isoflop_cli.recipe.checkpoint import char_tokenizer
+from isoflop_cli.recipe.learner import token_logprobs
+from isoflop_cli.recipe.sampler import sample
+
+TINY = flops.Shape(layers=1, hidden=4, intermediate=8, heads=2, kv_heads=1, head_dim=2, vocab=10)
+
+
+def test_forward_hand_computed():
+    # per token: q 4x4 + k,v 2x(4x2) + o 4x4 + MLP 3x(4x8) = 16 + 16 + 16 + 96 = 144 MACs
+    assert TINY.linear_macs == 144
+    f = flops.forward(TINY, rows=1, query_len=3, key_len=3, logit_positions=1)
+    assert f.linear == 2 * 3 * 144
+    assert f.attention == 2 * 3 * (2 * 2 * 2 * 3)  # QK^T and AV: 2 heads x head_dim 2 x 3 keys, twice
+    assert f.head == 2 * 1 * 4 * 10
+    # generate: prefill of 3, then 2 decode steps over 4 and 5 keys
+    expected = f.total + sum(flops.forward(TINY, 1, 1, k, 1).total for k in (4, 5))
+    assert flops.generate(TINY, 1, 3, 3) == expected
+    # train: forward + 2x linear and head + 2.5x attention; the reference adds one forward
+    t = flops.forward(TINY, 2, 5, 5, 5)
+    assert flops.train_step(TINY, 2, 5, reference=False) == pytest.approx(3 * (t.linear + t.head) + 3.5 * t.attention)
+    assert flops.train_step(TINY, 2, 5, reference=True) == pytest.approx(4 * (t.linear + t.head) + 4.5 * t.attention)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "mistral"])
+def test_supported_families(model_type):
+    config = {"model_type": model_type, "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+              "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 100}
+    shape = flops.Shape.from_config(config)
+    assert (shape.head_dim, shape.kv_heads) == (8, 2)
+    assert flops.Shape.from_config({**config, "head_dim": 16}).head_dim == 16  # Qwen3 sets it explicitly
+
+
+def test_unsupported_architecture_is_an_error(tmp_path):
+    with pytest.raises(flops.UnsupportedModel, match="gpt2"):
+        flops.Shape.from_config({"model_type": "gpt2"})
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    result = CliRunner().invoke(app, ["plan", f"model.path={tmp_path}"])
+    assert result.exit_code == 2 and "gpt2" in result.output
+
+
+def models():
+    tok = char_tokenizer()
+    common = dict(vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    yield "qwen2, GQA, tied", tok, Qwen2Config(hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                                                num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, **common)
+    yield "llama, GQA, untied", tok, LlamaConfig(hidden_size=96, intermediate_size=200, num_hidden_layers=3,
+                                                  num_attention_heads=6, num_key_value_heads=2, tie_word_embeddings=False, **common)
+
+
+def measured(fn) -> float:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("name", ["qwen2, GQA, tied", "llama, GQA, untied"])
+def test_ledger_matches_flop_counter(name):
+    _, tok, config = next(m for m in models() if m[0] == name)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    shape = flops.Shape.from_config(model.config)
+    box = {}
+    search = measured(lambda: box.setdefault("r", sample(model, tok, ["12+34=", "5+6=", "70+8="], 4, 1.0, 1.0, 6)))
+    r = box["r"]
+    analytic = flops.generate(shape, 12, r.prompt_width, r.generated_width)
+    assert abs(search - analytic) / search < 0.05
+
+    def learn(reference):
+        logp, _ = token_logprobs(model, r.sequences, r.attention_mask, 1.0)
+        if reference:
+            with torch.no_grad():
+                token_logprobs(model, r.sequences, r.attention_mask, 1.0)
+        logp.sum().backward()
+
+    for reference in (False, True):
+        learning = measured(lambda: learn(reference))
+        analytic = flops.train_step(shape, 12, r.sequences.shape[1], reference=reference)
+        assert abs(learning - analytic) / learning < 0.05
+
+
+def test_monotone_in_n_and_kl():
+    shape = flops.Shape(layers=4, hidden=128, intermediate=512, heads=4, kv_heads=2, head_dim=32, vocab=17)
+    assert flops.generate(shape, 8 * 16, 6, 4) > flops.generate(shape, 8 * 8, 6, 4)
+    assert flops.train_step(shape, 64, 10, reference=True) > flops.train_step(shape, 64, 10, reference=False)
