@@ -76,6 +76,7 @@ class TaskConfig:
 @dataclass
 class RewardConfig:
     name: str = "sparse"
+    format_weight: float = 0.2  # structured: the share of the reward for the answer's form
 
 
 @dataclass
@@ -152,7 +153,7 @@ class SweepConfig:
 
 
 GROUPS = ("model", "task", "reward", "algo", "grid", "cluster")
-REWARDS = ("sparse",)
+REWARDS = ("sparse", "structured", "dense")
 ALGOS = ("grpo",)
 TASKS = ("arith",)
 
@@ -280,6 +281,8 @@ def check(cfg: DictConfig) -> None:
     if not 0 < cfg.algo.top_p <= 1:
         raise ConfigError(f"algo.top_p must be in (0, 1], got {cfg.algo.top_p}")
     check_choice("reward.name", cfg.reward.name, REWARDS)
+    if not 0 <= cfg.reward.format_weight <= 1:
+        raise ConfigError(f"reward.format_weight must be in [0, 1], got {cfg.reward.format_weight}")
     check_choice("algo.name", cfg.algo.name, ALGOS)
     check_choice("task.name", cfg.task.name, TASKS)
     t = cfg.task

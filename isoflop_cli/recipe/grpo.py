@@ -22,6 +22,7 @@ from isoflop_cli.recipe.evaluate import evaluate
 from isoflop_cli.recipe.learner import token_logprobs
 from isoflop_cli.recipe.measure import Meter
 from isoflop_cli.recipe.losses import clipped_pg, group_advantages, kl_k3, masked_mean
+from isoflop_cli.recipe.rewards import make_reward
 from isoflop_cli.recipe.sampler import sample
 from isoflop_cli.store import FAILED, FINISHED, RUNNING, RunFiles
 from isoflop_cli.tasks.arith import ArithTask
@@ -49,9 +50,11 @@ def _train(cfg: DictConfig, M: int, eval_steps: set[int], lr: float, files: RunF
     random.seed(cfg.seed)
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if algo.kl_coef > 0 else None
     task = ArithTask.from_config(cfg.task)
+    reward = make_reward(cfg.reward, task)
     prompts = task.stream("train", seed=cfg.seed)
     val_problems = task.validation_set(cfg.eval.problems)
     shape = flops.Shape.from_config(policy.config)
+    params = sum(p.numel() for p in policy.parameters())
     meter = Meter(cfg.flops.measure)
 
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=algo.weight_decay)
@@ -73,7 +76,7 @@ def _train(cfg: DictConfig, M: int, eval_steps: set[int], lr: float, files: RunF
         ledger["flops_eval"] += flops.generate(shape, len(rollouts.texts), rollouts.prompt_width, rollouts.generated_width)
         means = {f"train_{k}" if k in ("reward", "loss") else k: _mean(v) for k, v in since_eval.items()}
         row = {
-            "step": step, **ledger, **_totals(ledger, cfg.flops), **{f"measured_{k}": v for k, v in _measured(meter).items()},
+            "step": step, "model_params": params, **ledger, **_totals(ledger, cfg.flops), **{f"measured_{k}": v for k, v in _measured(meter).items()},
             "train_reward_mean": means.pop("train_reward"), "zero_var_frac": means.pop("zero_var"),
             **metrics, "k": cfg.eval.k, **means, "lr": lr, "wall_s": round(time.time() - start, 3),
         }
@@ -91,12 +94,10 @@ def _train(cfg: DictConfig, M: int, eval_steps: set[int], lr: float, files: RunF
         with meter.count("search"):
             rollouts = sample(policy, tokenizer, [p.prompt for p in problems], n, algo.temperature, algo.top_p, cfg.task.max_new_tokens)
 
-        # 2. Score with the verifier (sparse reward: 1 for an exact answer); rule-based, so CPU time, no FLOPs.
+        # 2. Score with the reward system; rule-based, so CPU time and no FLOPs.
         cpu = time.process_time()
         with meter.count("reward"):
-            rewards = torch.tensor(
-                [float(task.verify(problems[i // n], text)) for i, text in enumerate(rollouts.texts)]
-            ).view(B_p, n)
+            rewards = torch.tensor([reward(problems[i // n], text) for i, text in enumerate(rollouts.texts)]).view(B_p, n)
         ledger["reward_cpu_s"] += time.process_time() - cpu
 
         # 3. Group-normalised advantages, one per completion.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -82,6 +83,17 @@ class ArithTask:
     @staticmethod
     def verify(problem: Problem, completion: str) -> bool:
         return completion.strip() == problem.answer
+
+    @staticmethod
+    def well_formed(completion: str) -> bool:
+        """An integer and nothing else: the form every answer takes, right or wrong."""
+        return re.fullmatch(r"-?\d+", completion.strip()) is not None
+
+    @staticmethod
+    def digit_credit(problem: Problem, completion: str) -> float:
+        """Share of positions, over the longer of answer and completion, where the two agree."""
+        got, want = completion.strip(), problem.answer
+        return sum(a == b for a, b in zip(got, want)) / max(len(got), len(want))
 
 
 def _value(terms: list[int], ops: list[str]) -> int:
