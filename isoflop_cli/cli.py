@@ -50,10 +50,12 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(2) from None
 
 
-def _load(config: Optional[str], overrides: Optional[list[str]]):
+def _load(config: Optional[str], overrides: Optional[list[str]], out: Path):
+    """The config and its cells; FLOP predictions are scaled by the sweep's finished runs in OUT, if any."""
     overrides = list(overrides or [])
     cfg = config_mod.load(config, overrides)
-    cells = grid_mod.expand(cfg, recompose=lambda extra: config_mod.load(config, overrides + extra))
+    scale = SweepDir(out / cfg.name).flops_scale()
+    cells = grid_mod.expand(cfg, recompose=lambda extra: config_mod.load(config, overrides + extra), flops_scale=scale)
     return cfg, cells
 
 
@@ -62,10 +64,12 @@ def plan(
     overrides: Optional[list[str]] = OVERRIDES,
     config: Optional[str] = CONFIG,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+    out: Path = typer.Option(DEFAULT_OUT, "--out", "-o", help="Where the sweep runs; its finished runs refine the FLOP predictions."),
 ) -> None:
-    """The grid as a table: every cell, its steps M, eval points and rollouts; infeasible cells and why. No compute."""
+    """The grid as a table: every cell, its steps M, eval points, rollouts and predicted FLOPs (search,
+    learning, reward, rho); infeasible cells and why. No compute."""
     with user_errors():
-        cfg, cells = _load(config, overrides)
+        cfg, cells = _load(config, overrides, out)
     if as_json:
         print(json.dumps(report.plan_records(cells), indent=1))
     else:
@@ -84,7 +88,7 @@ def sweep(
     Rerunning with the same --out resumes: finished runs are kept, running jobs reattached, lost ones resubmitted.
     """
     with user_errors():
-        cfg, cells = _load(config, overrides)
+        cfg, cells = _load(config, overrides, out)
         if not dry_run:
             out = config_mod.check_writable(out)
     console.print(report.plan_table(cfg, cells))
@@ -108,7 +112,8 @@ def sweep(
     for rid, why in failed.items():
         err.print(Text.assemble(("failed ", "red"), f"{rid}: {why}"), soft_wrap=True)
     if not df.empty:
-        console.print(report.frontier_table(df, metric="val_avg@k", axis="n", compute="rollouts"))
+        compute = "flops_total" if cfg.grid.budget.unit == "flops" else "rollouts"
+        console.print(report.frontier_table(df, metric="val_avg@k", axis="n", compute=compute))
     if failed:
         raise typer.Exit(1)
 
@@ -130,6 +135,7 @@ def prepare(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell]) -> None:
             "columns": report.run_columns(cell),
             "M": cell.plan.M,
             "eval_steps": list(cell.plan.eval_steps),
+            "step_flops": list(grid_mod.step_flops(cell.cfg)),
             "state": entry.get("state", "pending"),
             **{k: entry[k] for k in ("submission_id", "attempts") if k in entry},
         }
@@ -148,12 +154,12 @@ def run(
         plan = grid_mod.plan_run(cfg)
         axes = {"n": cfg.n, "B_p": cfg.B_p, "seed": cfg.seed}
         run_dir = config_mod.check_writable(out or DEFAULT_OUT / "single" / grid_mod.run_id(axes, cfg, plan))
-    console.print(f"run: n={cfg.n} B_p={cfg.B_p} seed={cfg.seed} M={plan.M} lr={plan.lr:.3g} eval at steps {list(plan.eval_steps)} -> {run_dir}")
+    console.print(f"run: n={cfg.n} B_p={cfg.B_p} seed={cfg.seed} M={plan.M} lr={plan.lr:.3g}, to {plan.limit:.4g} {plan.column} -> {run_dir}")
     if os.environ.get(EXIT_WITH_PARENT):
         _exit_with_parent()
-    from isoflop_cli.recipe.grpo import train
+    from isoflop_cli.recipe.grpo import Budget, train
 
-    rows = train(cfg, plan.M, plan.eval_steps, plan.lr, run_dir)
+    rows = train(cfg, Budget(plan.column, plan.limit, plan.eval_at, plan.M), plan.lr, run_dir)
     console.print(report.metrics_table(rows))
 
 

@@ -38,6 +38,18 @@ class LrScaling(str, enum.Enum):
     constant = "constant"
 
 
+class BudgetUnit(str, enum.Enum):
+    rollouts = "rollouts"
+    flops = "flops"
+
+
+@dataclass
+class BudgetConfig:
+    # rollouts: C = B_p * n * M, M fixed in advance. flops: a run stops when its own ledger's
+    # flops_total reaches the largest budget, and its eval points sit on the FLOP axis.
+    unit: BudgetUnit = BudgetUnit.rollouts
+
+
 @dataclass
 class BuildConfig:
     """How the embedded model is built locally: architecture and supervised warm start."""
@@ -111,7 +123,8 @@ class GridConfig:
     seed: list[int] = field(default_factory=lambda: [0])
     # Further axes: a config group (`model`, `reward`, `algo`, `task`) or a dotted key -> values.
     axes: dict[str, list[Any]] = field(default_factory=dict)
-    budgets: list[int] = field(default_factory=lambda: [512, 1024, 2048])  # rollouts
+    budgets: list[float] = field(default_factory=lambda: [512, 1024, 2048])  # in grid.budget.unit
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
     max_batch: int = 65536  # B_max: cells with B_p * n above it are dropped
     min_steps: int = 1
     eval_points: int = 8  # log-spaced compute checkpoints up to the largest budget

@@ -12,7 +12,11 @@ batch ends. That is the work done, so that is the compute spent.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
+
+from isoflop_cli.tasks.arith import ALPHABET, SPECIALS
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -108,3 +112,14 @@ def train_step(shape: Shape, rows: int, seq_len: int, reference: bool) -> float:
     if reference:
         flops += fwd.total
     return flops
+
+
+def model_shape(model) -> Shape:
+    """The shape of a configured model without loading it: its config.json, or the embedded build."""
+    if model.path:
+        return Shape.from_config(json.loads((Path(model.path).expanduser() / "config.json").read_text()))
+    b = model.build
+    return Shape(
+        layers=b.num_layers, hidden=b.hidden_size, intermediate=b.intermediate_size, heads=b.num_heads,
+        kv_heads=b.num_kv_heads, head_dim=b.hidden_size // b.num_heads, vocab=len(SPECIALS) + len(ALPHABET),
+    )

@@ -1,7 +1,8 @@
 """Budgets x axes -> cells. Each cell runs once, to the largest budget, and is evaluated at
 log-spaced compute checkpoints, so every smaller budget's iso-compute slice reads the same runs.
 
-Budgets are in rollouts: C = B_p * n * M.
+Budgets are in rollouts (C = B_p * n * M, M fixed in advance) or in FLOPs (a run stops when its
+own ledger reaches the budget; M here is what the ledger's upper bound per step allows).
 """
 
 from __future__ import annotations
@@ -15,21 +16,34 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from isoflop_cli.config import GROUPS, ConfigError, LrScaling
+from isoflop_cli import flops
+from isoflop_cli.config import GROUPS, BudgetUnit, ConfigError, LrScaling
+from isoflop_cli.tasks.arith import ArithTask
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What one run needs from the grid: its steps, where to evaluate, its learning rate."""
+    """What one run needs from the grid: where it stops and evaluates, its learning rate, and
+    the FLOPs it is predicted to spend."""
 
     batch: int  # B = B_p * n rollouts per step
-    M: int  # update steps to reach the largest budget
-    eval_steps: tuple[int, ...]  # 0 (the base model) ... M
+    M: int  # update steps: exact for rollout budgets, the upper bound's prediction for FLOP budgets
+    eval_steps: tuple[int, ...]  # 0 (the base model) ... M (predicted for FLOP budgets)
     lr: float
+    column: str  # the ledger column budgets are in: rollouts or flops_total
+    limit: float  # the run ends at this ledger value (FLOPs: at the first step that reaches it)
+    eval_at: tuple[float, ...]  # evaluate where the ledger column first reaches each of these
+    step_flops: tuple[float, float]  # upper bound of one step's (search, learning) FLOPs
 
     @property
     def rollouts(self) -> int:
         return self.batch * self.M
+
+    @property
+    def predicted_flops(self) -> dict[str, float]:
+        search, learning = (self.M * f for f in self.step_flops)
+        return {"flops_search": search, "flops_learning": learning, "flops_reward": 0.0,
+                "flops_total": search + learning, "rho": learning / (search + learning)}
 
 
 @dataclass
@@ -66,20 +80,40 @@ def eval_budgets(grid: DictConfig) -> list[float]:
     return sorted({float(c) for c in [*grid.budgets, *halvings]})
 
 
-def plan_run(cfg: DictConfig) -> RunPlan:
-    """The plan of the run `cfg` describes (its n, B_p) under the sweep's budgets; raises if infeasible."""
+def step_flops(cfg: DictConfig) -> tuple[float, float]:
+    """Upper bound of one step's search and learning FLOPs: every prompt at the longest prompt's
+    width, every completion at max_new_tokens."""
+    shape = flops.model_shape(cfg.model)
+    rows, prompt, new = cfg.B_p * cfg.n, ArithTask.from_config(cfg.task).max_prompt_len, cfg.task.max_new_tokens
+    return flops.generate(shape, rows, prompt, new), flops.train_step(shape, rows, prompt + new, reference=cfg.algo.kl_coef > 0)
+
+
+def plan_run(cfg: DictConfig, flops_scale: float = 1.0) -> RunPlan:
+    """The plan of the run `cfg` describes (its n, B_p) under the sweep's budgets; raises if infeasible.
+
+    `flops_scale` (measured / upper bound, from finished runs) turns the per-step upper bound into
+    a prediction.
+    """
     g = cfg.grid
     batch = cfg.B_p * cfg.n
     if batch > g.max_batch:
         raise ConfigError(f"B_p*n = {batch} exceeds grid.max_batch = {g.max_batch}")
     c_max = max(g.budgets)
-    M = c_max // batch
+    per_step = tuple(f * flops_scale for f in step_flops(cfg))
+    by_flops = BudgetUnit(g.budget.unit) is BudgetUnit.flops
+    cost, what = (sum(per_step), f"~{sum(per_step):.3g} FLOPs (upper bound)") if by_flops else (batch, f"B = {batch}")
+    M = int(c_max // cost)
     if M < g.min_steps:
-        raise ConfigError(
-            f"budget {c_max} rollouts allows M = {M} steps of B = {batch}, below grid.min_steps = {g.min_steps}"
-        )
-    steps = {0, M} | {int(c // batch) for c in eval_budgets(g) if c // batch >= 1}
-    return RunPlan(batch=batch, M=M, eval_steps=tuple(sorted(steps)), lr=learning_rate(cfg.algo, batch))
+        raise ConfigError(f"budget {c_max:g} {g.budget.unit} allows M = {M} steps of {what}, below grid.min_steps = {g.min_steps}")
+    checkpoints = eval_budgets(g) if by_flops else [c for c in eval_budgets(g) if c >= cost]
+    steps = {0, M} | {int(c // cost) for c in checkpoints if c >= cost}
+    return RunPlan(
+        batch=batch, M=M, eval_steps=tuple(sorted(steps)), lr=learning_rate(cfg.algo, batch),
+        column="flops_total" if by_flops else "rollouts",
+        limit=float(c_max) if by_flops else float(M * batch),
+        eval_at=tuple(sorted({0.0, *checkpoints})) if by_flops else tuple(float(s * batch) for s in sorted(steps)),
+        step_flops=per_step,
+    )
 
 
 def run_id(axes: dict[str, Any], cfg: DictConfig, plan: RunPlan) -> str:
@@ -87,7 +121,7 @@ def run_id(axes: dict[str, Any], cfg: DictConfig, plan: RunPlan) -> str:
     content = OmegaConf.to_container(cfg, resolve=True)
     for key in ("grid", "cluster", "name"):
         content.pop(key, None)
-    content["plan"] = [plan.M, list(plan.eval_steps), plan.lr]
+    content["plan"] = [plan.column, plan.limit, list(plan.eval_at), plan.lr]
     digest = hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()[:8]
     parts = [f"n{axes['n']}", f"bp{axes['B_p']}", f"s{axes['seed']}"]
     parts += [f"{k.split('.')[-1]}-{v}" for k, v in axes.items() if k not in ("n", "B_p", "seed")]
@@ -95,11 +129,16 @@ def run_id(axes: dict[str, Any], cfg: DictConfig, plan: RunPlan) -> str:
     return f"{slug[:80]}_{digest}"
 
 
-def expand(cfg: DictConfig, recompose: Callable[[list[str]], DictConfig] | None = None) -> list[Cell]:
+def expand(
+    cfg: DictConfig,
+    recompose: Callable[[list[str]], DictConfig] | None = None,
+    flops_scale: dict[str, float] | None = None,
+) -> list[Cell]:
     """All cells of the sweep, feasible or not.
 
     Axes that choose a config group (model=..., reward=...) need `recompose(overrides)`, which
-    composes the sweep again with them; plain dotted keys are set directly.
+    composes the sweep again with them; plain dotted keys are set directly. `flops_scale` maps a
+    model name to its measured / upper-bound FLOP ratio (see plan_run).
     """
     g = cfg.grid
     extra = {k: list(v) for k, v in g.axes.items()}
@@ -117,7 +156,7 @@ def expand(cfg: DictConfig, recompose: Callable[[list[str]], DictConfig] | None 
             run_cfg = base.copy()
             run_cfg.n, run_cfg.B_p, run_cfg.seed = n, B_p, seed
             try:
-                plan = plan_run(run_cfg)
+                plan = plan_run(run_cfg, (flops_scale or {}).get(run_cfg.model.name, 1.0))
             except ConfigError as e:
                 cells.append(Cell(axes=axes, cfg=None, plan=None, reason=str(e)))
                 continue

@@ -10,6 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from isoflop_cli.config import BudgetUnit
 from isoflop_cli.grid import Cell
 from isoflop_cli.store import FINISHED, SweepDir
 
@@ -30,8 +31,9 @@ def plan_records(cells: list[Cell]) -> list[dict]:
     for c in cells:
         record = {"axes": c.axes, "feasible": c.feasible}
         if c.feasible:
-            record.update(run_id=c.run_id, B=c.plan.batch, M=c.plan.M, eval_steps=list(c.plan.eval_steps),
-                          eval_rollouts=[s * c.plan.batch for s in c.plan.eval_steps], rollouts=c.plan.rollouts, lr=c.plan.lr)
+            p = c.plan
+            record.update(run_id=c.run_id, B=p.batch, M=p.M, eval_steps=list(p.eval_steps), budget_column=p.column,
+                          budget=p.limit, eval_at=list(p.eval_at), rollouts=p.rollouts, lr=p.lr, predicted=p.predicted_flops)
         else:
             record["reason"] = c.reason
         out.append(record)
@@ -41,17 +43,21 @@ def plan_records(cells: list[Cell]) -> list[dict]:
 def plan_table(cfg, cells: list[Cell]) -> Group:
     feasible = [c for c in cells if c.feasible]
     extra = [k for k in cells[0].axes if k not in ("n", "B_p", "seed")]
-    table = Table(title=f"sweep '{cfg.name}': {len(feasible)} feasible cells of {len(cells)}, budgets {list(cfg.grid.budgets)} rollouts")
-    for col in ["n", "B_p", "seed", *extra, "B", "M", "eval points", "rollouts", "lr"]:
+    budgets = ", ".join(f"{b:.4g}" for b in cfg.grid.budgets)
+    table = Table(title=f"sweep '{cfg.name}': {len(feasible)} feasible cells of {len(cells)}, budgets [{budgets}] {BudgetUnit(cfg.grid.budget.unit).value}",
+                  caption="M, rollouts and FLOPs predicted from max prompt and response lengths (scaled by finished runs where the sweep has them)")
+    for col in ["n", "B_p", "seed", *extra, "B", "M", "eval points", "rollouts", "lr", "search", "learning", "reward", "rho"]:
         table.add_column(col, justify="left" if col in extra else "right")
     infeasible = []
     for c in cells:
         axes = [str(c.axes[k]) for k in ("n", "B_p", "seed", *extra)]
         if c.feasible:
             p = c.plan
-            table.add_row(*axes, str(p.batch), str(p.M), str(len(p.eval_steps)), f"{p.rollouts:,}", f"{p.lr:.3g}")
+            f = p.predicted_flops
+            table.add_row(*axes, str(p.batch), str(p.M), str(len(p.eval_at)), f"{p.rollouts:,}", f"{p.lr:.3g}",
+                          *(f"{f[k]:.3g}" for k in ("flops_search", "flops_learning", "flops_reward")), f"{f['rho']:.2f}")
         else:
-            table.add_row(*axes, str(c.axes["n"] * c.axes["B_p"]), *["[red]-[/]"] * 4)
+            table.add_row(*axes, str(c.axes["n"] * c.axes["B_p"]), *["[red]-[/]"] * 8)
             infeasible.append(Text(f"infeasible {_axes_label(c.axes)}: {c.reason}", style="red"))
     return Group(table, *infeasible)
 

@@ -48,7 +48,7 @@ def write_json(path: Path, obj: Any) -> None:
 def read_json(path: Path, default: Any = None) -> Any:
     try:
         return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    except (OSError, json.JSONDecodeError):
         return default
 
 
@@ -106,6 +106,18 @@ class SweepDir:
 
     def write_manifest(self, manifest: dict) -> None:
         write_json(self.manifest_file, manifest)
+
+    def flops_scale(self) -> dict[str, float]:
+        """Per model, the mean of measured / predicted-upper-bound FLOPs per step over finished runs:
+        how much shorter real prompts and completions are than the bounds the plan assumes."""
+        ratios: dict[str, list[float]] = {}
+        for run_id, cell in self.manifest()["cells"].items():
+            files = self.run(run_id)
+            rows = files.read_metrics() if "step_flops" in cell and files.status().get("state") == FINISHED else []
+            if rows and rows[-1]["step"] > 0:
+                bound = rows[-1]["step"] * sum(cell["step_flops"])
+                ratios.setdefault(cell["columns"]["model"], []).append(rows[-1]["flops_total"] / bound)
+        return {model: sum(r) / len(r) for model, r in ratios.items()}
 
     def collect(self) -> pd.DataFrame:
         """results.parquet from the finished runs of the manifest: axes + eval-point rows."""

@@ -73,4 +73,4 @@ def test_dry_run_and_plan_json(tmp_path):
 
     records = json.loads(result.output)
     assert [r["M"] for r in records] == [8, 4]
-    assert records[0]["eval_rollouts"][-1] == 64
+    assert records[0]["eval_at"][-1] == 64 and records[0]["budget_column"] == "rollouts"

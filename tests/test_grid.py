@@ -68,3 +68,34 @@ def test_run_id_tracks_content():
 def test_no_feasible_cell_is_a_config_error():
     with pytest.raises(ConfigError, match="no feasible cell"):
         expand(load("grid.max_batch=4"))
+
+
+def test_flop_budgets_plan_and_calibration(tmp_path):
+    import json
+
+    from isoflop_cli.grid import step_flops
+    from isoflop_cli.store import FINISHED, SweepDir
+
+    cfg = load("grid.n=[2,16]", "grid.B_p=[4]", "grid.budget.unit=flops", "grid.budgets=[1e9,4e9]")
+    cells = expand(cfg)
+    small, large = cells
+    per_step = sum(step_flops(small.cfg))
+    assert small.plan.M == int(4e9 // per_step) and small.plan.column == "flops_total"
+    assert small.plan.eval_at == (0.0, *eval_budgets(cfg.grid))
+    assert small.plan.predicted_flops["flops_total"] <= 4e9
+    assert not large.feasible and "FLOPs (upper bound)" in large.reason  # B = 64: one step bounds above 4e9
+    with pytest.raises(ConfigError, match="no feasible cell"):
+        expand(load("grid.n=[64]", "grid.B_p=[64]", "grid.budget.unit=flops", "grid.budgets=[1e6]"))
+
+    # A finished run that spent half its upper bound halves the predictions, not the run id.
+    sweep = SweepDir(tmp_path)
+    sweep.write_manifest({"cells": {"r": {"columns": {"model": "tiny-arith"}, "step_flops": [3.0, 1.0]}}})
+    files = sweep.run("r")
+    files.dir.mkdir(parents=True)
+    files.append_metrics({"step": 10, "flops_total": 20.0})
+    files.set_status(FINISHED)
+    assert sweep.flops_scale() == {"tiny-arith": 0.5}
+    scaled = expand(cfg, flops_scale=sweep.flops_scale())
+    assert scaled[0].run_id == small.run_id
+    assert scaled[0].plan.M == int(4e9 // (per_step * 0.5))
+    assert json.loads(json.dumps(scaled[0].plan.predicted_flops))["rho"] == pytest.approx(small.plan.predicted_flops["rho"])

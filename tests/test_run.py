@@ -39,3 +39,21 @@ def test_run_ledger_agrees_with_measurement(tmp_path):
     assert 0 < last["rho"] < 1 and last["rho"] == last["flops_learning"] / last["flops_total"]
     # the ledger only grows
     assert all(a["flops_total"] <= b["flops_total"] for a, b in zip(rows, rows[1:]))
+
+
+def test_flop_budget_run_stops_within_one_step_and_evaluates_on_the_flop_axis(tmp_path):
+    from isoflop_cli import config
+    from isoflop_cli.grid import plan_run, step_flops
+
+    args = ["n=4", "B_p=2", "grid.budget.unit=flops", "grid.budgets=[1e9,3e9]", "grid.eval_points=3", "eval.problems=8"]
+    result = CliRunner().invoke(app, ["run", *args, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    cfg = config.load(None, args)
+    plan, bound = plan_run(cfg), sum(step_flops(cfg))
+    assert plan.column == "flops_total" and plan.limit == 3e9
+    total = rows[-1]["flops_total"]
+    assert 3e9 <= total < 3e9 + bound  # stopped at the first step that reached the budget
+    for checkpoint in (7.5e8, 1.5e9, 3e9):  # 3e9 halved twice, and the budgets
+        assert any(checkpoint <= r["flops_total"] < checkpoint + bound for r in rows), checkpoint
+    assert rows[-1]["step"] > plan.M  # the plan's M is a lower bound from the upper bound per step

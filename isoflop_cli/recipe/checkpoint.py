@@ -24,9 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
 
-from isoflop_cli.tasks.arith import ALPHABET, ArithTask
+from isoflop_cli.tasks.arith import ALPHABET, SPECIALS, ArithTask
 
-PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+PAD, EOS, UNK = SPECIALS
 
 
 def cache_dir() -> Path:
@@ -70,7 +70,7 @@ def _task_key(task_cfg: DictConfig) -> dict:
 
 
 def char_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {PAD: 0, EOS: 1, UNK: 2, **{c: i + 3 for i, c in enumerate(ALPHABET)}}
+    vocab = {token: i for i, token in enumerate([*SPECIALS, *ALPHABET])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()

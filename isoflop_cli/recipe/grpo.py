@@ -1,8 +1,8 @@
 """One GRPO run, top to bottom: sample, score, advantage, loss, update, evaluate, ledger.
 
-Called with a resolved config, the number of update steps M, the steps at which to evaluate and
-the learning rate; it knows nothing of grids, budgets or Ray. It writes one metrics row per eval
-point to the run directory (flushed as it goes) and a status file the dispatcher can watch.
+Called with a resolved config, a compute budget on one ledger column (where to stop and where to
+evaluate) and the learning rate; it knows nothing of grids or Ray. It writes one metrics row per
+eval point to the run directory (flushed as it goes) and a status file the dispatcher can watch.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import copy
 import os
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,21 +29,31 @@ from isoflop_cli.store import FAILED, FINISHED, RUNNING, RunFiles
 from isoflop_cli.tasks.arith import ArithTask
 
 
-def train(cfg: DictConfig, M: int, eval_steps: tuple[int, ...], lr: float, run_dir: Path | str) -> list[dict]:
+@dataclass(frozen=True)
+class Budget:
+    """Where a run stops and evaluates, on one ledger column (rollouts or flops_total)."""
+
+    column: str
+    limit: float  # rollouts: never exceeded (a step's cost is known); FLOPs: the first step that reaches it ends the run
+    eval_at: tuple[float, ...]  # evaluate at the first step whose ledger value reaches each
+    M: int  # the steps expected (exact for rollouts), for progress only
+
+
+def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str) -> list[dict]:
     files = RunFiles(run_dir)
     files.dir.mkdir(parents=True, exist_ok=True)
     files.reset_metrics()
-    files.set_status(RUNNING, step=0, M=M, pid=os.getpid())
+    files.set_status(RUNNING, step=0, M=budget.M, pid=os.getpid())
     try:
-        rows = _train(cfg, M, set(eval_steps), lr, files)
+        rows = _train(cfg, budget, lr, files)
     except BaseException as e:
-        files.set_status(FAILED, error=f"{type(e).__name__}: {e}", M=M)
+        files.set_status(FAILED, error=f"{type(e).__name__}: {e}", M=budget.M)
         raise
-    files.set_status(FINISHED, step=M, M=M)
+    files.set_status(FINISHED, step=rows[-1]["step"], M=budget.M)
     return rows
 
 
-def _train(cfg: DictConfig, M: int, eval_steps: set[int], lr: float, files: RunFiles) -> list[dict]:
+def _train(cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> list[dict]:
     algo, n, B_p = cfg.algo, cfg.n, cfg.B_p
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     tokenizer, policy = checkpoint.load(cfg.model, cfg.task)
@@ -85,9 +96,21 @@ def _train(cfg: DictConfig, M: int, eval_steps: set[int], lr: float, files: RunF
         for v in since_eval.values():
             v.clear()
 
-    if 0 in eval_steps:
-        eval_point(0)
-    for step in range(1, M + 1):
+    def spent() -> float:
+        return ledger["rollouts"] if budget.column == "rollouts" else _totals(ledger, cfg.flops)["flops_total"]
+
+    def budget_left() -> bool:
+        if budget.column == "rollouts":
+            return ledger["rollouts"] + B_p * n <= budget.limit
+        return spent() < budget.limit
+
+    checkpoints = list(budget.eval_at)
+    step = 0
+    while checkpoints and spent() >= checkpoints[0]:
+        checkpoints.pop(0)
+    eval_point(0)
+    while budget_left():
+        step += 1
         # 1. Sample n completions for each of B_p prompts.
         policy.eval()
         problems = [next(prompts) for _ in range(B_p)]
@@ -140,10 +163,14 @@ def _train(cfg: DictConfig, M: int, eval_steps: set[int], lr: float, files: RunF
         since_eval["loss"].append(loss.item())
         since_eval["clip_frac"].append(masked_mean(clipped, mask).item())
 
-        # 7. Evaluate at the compute checkpoints.
-        if step in eval_steps:
+        # 7. Evaluate at the compute checkpoints this step reached.
+        if checkpoints and spent() >= checkpoints[0]:
+            while checkpoints and spent() >= checkpoints[0]:
+                checkpoints.pop(0)
             eval_point(step)
-        files.set_status(RUNNING, step=step, M=M, rollouts=ledger["rollouts"], pid=os.getpid())
+        files.set_status(RUNNING, step=step, M=budget.M, rollouts=ledger["rollouts"], pid=os.getpid())
+    if rows[-1]["step"] != step:
+        eval_point(step)  # the run's last point, when it fell between checkpoints
     return rows
 
 

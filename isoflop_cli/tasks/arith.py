@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 ALPHABET = "0123456789+-*="
+SPECIALS = ("<pad>", "<eos>", "<unk>")  # the embedded model's character vocabulary: SPECIALS + ALPHABET
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,11 @@ class ArithTask:
             sign, digits = ("-", answer[1:]) if answer.startswith("-") else ("", answer)
             answer = sign + digits[::-1]
         return Problem(prompt=expr + "=", answer=answer)
+
+    @property
+    def max_prompt_len(self) -> int:
+        """Characters (= tokens of the embedded model) of the longest prompt: operands, operators and '='."""
+        return self.operands * max(self.digits) + self.operands
 
     def is_validation(self, problem: Problem) -> bool:
         h = int.from_bytes(hashlib.sha1(problem.prompt.encode()).digest()[:8], "big")
