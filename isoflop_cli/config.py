@@ -20,7 +20,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from isoflop_cli.flops import Shape, UnsupportedModel
+from isoflop_cli.flops import PROJECTIONS, Shape, UnsupportedModel
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
@@ -107,6 +107,10 @@ class AlgoConfig:
     entropy_coef: float = 0.0
     temperature: float = 0.6
     top_p: float = 1.0
+    # Updates per rollout batch: epochs over it, each in mini-batches. More than one reuses the batch
+    # (off-policy, the clip matters, an old-policy pass is added): rho rises at a fixed budget.
+    epochs: int = 1
+    minibatches: int = 1
 
 
 @dataclass
@@ -142,6 +146,13 @@ class ClusterConfig:
 
 
 @dataclass
+class LoraConfig:
+    rank: int = 0  # 0: full fine-tuning; > 0: peft LoRA adapters, the backbone frozen
+    alpha: float = 16.0
+    targets: list[str] = field(default_factory=lambda: list(PROJECTIONS))
+
+
+@dataclass
 class FlopsConfig:
     measure: bool = False  # also count with torch's FlopCounterMode, beside the analytic ledger (slower)
     peak_tflops: Optional[float] = None  # the device's peak, for gpu_hours (e.g. 989 for an H200, dense bf16)
@@ -158,6 +169,7 @@ class SweepConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     grid: GridConfig = field(default_factory=GridConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     flops: FlopsConfig = field(default_factory=FlopsConfig)
     # The values of one run (`isoflop run`); a sweep sets them per cell from the grid.
     n: int = 8
@@ -287,6 +299,8 @@ def check(cfg: DictConfig) -> None:
     if cfg.eval.samples < cfg.eval.k:
         raise ConfigError(f"eval.samples ({cfg.eval.samples}) must be >= eval.k ({cfg.eval.k})")
     positive("algo.ref_batch", cfg.algo.ref_batch)
+    positive("algo.epochs", cfg.algo.epochs)
+    positive("algo.minibatches", cfg.algo.minibatches)
     if cfg.algo.base_lr <= 0:
         raise ConfigError(f"algo.base_lr must be > 0, got {cfg.algo.base_lr}")
     if not 0 < cfg.algo.temperature:
@@ -317,6 +331,12 @@ def check(cfg: DictConfig) -> None:
             Shape.from_config(json.loads((path / "config.json").read_text()))
         except (UnsupportedModel, json.JSONDecodeError) as e:
             raise ConfigError(f"model.path {path}: {e}") from None
+    if cfg.lora.rank < 0:
+        raise ConfigError(f"lora.rank must be >= 0 (0: full fine-tuning), got {cfg.lora.rank}")
+    if cfg.lora.rank and not cfg.lora.targets:
+        raise ConfigError("lora.targets is empty: name the projections to adapt")
+    for target in cfg.lora.targets:
+        check_choice("lora.targets", target, PROJECTIONS)
     f = cfg.flops
     if (f.peak_tflops is None) != (f.utilization is None):
         raise ConfigError("flops.peak_tflops and flops.utilization go together (gpu_hours needs both)")

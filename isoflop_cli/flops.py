@@ -13,12 +13,13 @@ batch ends. That is the work done, so that is the compute spent.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from isoflop_cli.tasks.arith import ALPHABET, SPECIALS
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 class UnsupportedModel(ValueError):
@@ -27,7 +28,7 @@ class UnsupportedModel(ValueError):
 
 @dataclass(frozen=True)
 class Shape:
-    """What the ledger needs of a dense decoder."""
+    """What the ledger needs of a dense decoder, and of the LoRA adapters on it when it has them."""
 
     layers: int
     hidden: int
@@ -36,6 +37,11 @@ class Shape:
     kv_heads: int
     head_dim: int
     vocab: int
+    lora_rank: int = 0  # 0: full fine-tuning
+    lora_targets: tuple[str, ...] = ()  # projections with an adapter (names in PROJECTIONS)
+
+    def with_lora(self, rank: int, targets: tuple[str, ...] | list[str]) -> "Shape":
+        return replace(self, lora_rank=rank, lora_targets=tuple(targets) if rank else ())
 
     @classmethod
     def from_config(cls, config) -> "Shape":
@@ -56,10 +62,21 @@ class Shape:
         )
 
     @property
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of one layer's projections: attention q, k, v, o and a gated MLP."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    @property
     def linear_macs(self) -> int:
-        """Multiply-accumulates per token of one layer's projections: q, k, v, o and a gated MLP."""
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return self.hidden * (q + 2 * kv) + q * self.hidden + 3 * self.hidden * self.intermediate
+        """Multiply-accumulates per token of one layer's projections."""
+        return sum(i * o for i, o in self.projections.values())
+
+    def adapter_macs(self, names: tuple[str, ...] | None = None) -> int:
+        """Per token of one layer: x A (in x r) then (x A) B (r x out), for each adapted projection."""
+        names = self.lora_targets if names is None else [n for n in names if n in self.lora_targets]
+        return sum(self.lora_rank * (self.projections[n][0] + self.projections[n][1]) for n in names)
 
     def attention_macs(self, key_len: int) -> int:
         """Per query token of one layer: QK^T and AV over `key_len` keys, every query head."""
@@ -73,10 +90,11 @@ class Pass:
     linear: float
     attention: float
     head: float
+    adapter: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.linear + self.attention + self.head
+        return self.linear + self.attention + self.head + self.adapter
 
 
 def forward(shape: Shape, rows: int, query_len: int, key_len: int, logit_positions: int) -> Pass:
@@ -86,6 +104,7 @@ def forward(shape: Shape, rows: int, query_len: int, key_len: int, logit_positio
         linear=2.0 * shape.layers * tokens * shape.linear_macs,
         attention=2.0 * shape.layers * tokens * shape.attention_macs(key_len),
         head=2.0 * rows * logit_positions * shape.hidden * shape.vocab,
+        adapter=2.0 * shape.layers * tokens * shape.adapter_macs(),
     )
 
 
@@ -100,18 +119,22 @@ def generate(shape: Shape, rows: int, prompt_len: int, new_tokens: int) -> float
     return flops
 
 
-def train_step(shape: Shape, rows: int, seq_len: int, reference: bool) -> float:
-    """A forward and backward over the trained sequences (logits at every position), full fine-tuning,
-    plus a reference-model forward when the KL term is on.
+def learning(shape: Shape, rows: int, seq_len: int, epochs: int = 1, reference: bool = False, old_policy: bool = False) -> float:
+    """One rollout batch's updates: per epoch a forward and backward over every trained sequence
+    (logits at every position; mini-batches split the rows, not the work); plus one forward each
+    for the reference model (KL on; with LoRA, the base with adapters off) and the old policy
+    (batch reused).
 
-    Backward: a linear layer (and the LM head) computes the input gradient and the weight gradient,
-    2x its forward each; attention recomputes its scores and takes four more products, 2.5x.
+    Backward, full fine-tuning: a linear layer (and the LM head) computes the input gradient and
+    the weight gradient, 2x its forward each; attention recomputes its scores and takes four more
+    products, 2.5x. With LoRA see `_lora_backward`; the frozen LM head computes its input gradient.
     """
     fwd = forward(shape, rows, seq_len, seq_len, seq_len)
-    flops = fwd.total + 2 * (fwd.linear + fwd.head) + 2.5 * fwd.attention
-    if reference:
-        flops += fwd.total
-    return flops
+    if shape.lora_rank:
+        backward = _lora_backward(shape, rows * seq_len, fwd.attention / shape.layers) + fwd.head
+    else:
+        backward = 2 * (fwd.linear + fwd.head) + 2.5 * fwd.attention
+    return epochs * (fwd.total + backward) + reference * (fwd.total - fwd.adapter) + old_policy * fwd.total
 
 
 def model_shape(model) -> Shape:
@@ -123,3 +146,33 @@ def model_shape(model) -> Shape:
         layers=b.num_layers, hidden=b.hidden_size, intermediate=b.intermediate_size, heads=b.num_heads,
         kv_heads=b.num_kv_heads, head_dim=b.hidden_size // b.num_heads, vocab=len(SPECIALS) + len(ALPHABET),
     )
+
+
+def _lora_backward(shape: Shape, tokens: int, attention_per_layer: float) -> float:
+    """Backward FLOPs of the decoder layers with frozen weights and LoRA adapters.
+
+    A frozen matrix computes only its input gradient (1x its forward), and nothing where its input
+    needs no gradient; an adapter computes its two weight gradients and its input gradients (2x its
+    forward), less the input gradient where the input needs none. Gradients start at the first
+    adapter: the first layer reads the frozen embeddings, so what precedes its first adapted
+    projection has no backward at all.
+    """
+    proj, r, targets = shape.projections, shape.lora_rank, shape.lora_targets
+
+    def cost(name: str, input_grad: bool) -> float:
+        fan_in, fan_out = proj[name]
+        frozen = 2.0 * tokens * fan_in * fan_out if input_grad else 0.0
+        adapter = 4.0 * tokens * r * (fan_in + fan_out) - (0.0 if input_grad else 2.0 * tokens * r * fan_in)
+        return frozen + (adapter if name in targets else 0.0)
+
+    total, grad = 0.0, False  # grad: whether the layer's input needs a gradient
+    for _ in range(shape.layers):
+        total += sum(cost(n, grad) for n in ("q_proj", "k_proj", "v_proj"))
+        attention = grad or any(n in targets for n in ("q_proj", "k_proj", "v_proj"))
+        total += 2.5 * attention_per_layer * attention + cost("o_proj", attention)
+        mlp_in = attention or "o_proj" in targets
+        total += cost("gate_proj", mlp_in) + cost("up_proj", mlp_in)
+        down_in = mlp_in or "gate_proj" in targets or "up_proj" in targets
+        total += cost("down_proj", down_in)
+        grad = down_in or "down_proj" in targets
+    return total

@@ -83,9 +83,12 @@ def eval_budgets(grid: DictConfig) -> list[float]:
 def step_flops(cfg: DictConfig) -> tuple[float, float]:
     """Upper bound of one step's search and learning FLOPs: every prompt at the longest prompt's
     width, every completion at max_new_tokens."""
-    shape = flops.model_shape(cfg.model)
+    shape = flops.model_shape(cfg.model).with_lora(cfg.lora.rank, cfg.lora.targets)
     rows, prompt, new = cfg.B_p * cfg.n, ArithTask.from_config(cfg.task).max_prompt_len, cfg.task.max_new_tokens
-    return flops.generate(shape, rows, prompt, new), flops.train_step(shape, rows, prompt + new, reference=cfg.algo.kl_coef > 0)
+    return flops.generate(shape, rows, prompt, new), flops.learning(
+        shape, rows, prompt + new, cfg.algo.epochs, reference=cfg.algo.kl_coef > 0,
+        old_policy=cfg.algo.epochs * cfg.algo.minibatches > 1,
+    )
 
 
 def plan_run(cfg: DictConfig, flops_scale: float = 1.0) -> RunPlan:
@@ -98,6 +101,8 @@ def plan_run(cfg: DictConfig, flops_scale: float = 1.0) -> RunPlan:
     batch = cfg.B_p * cfg.n
     if batch > g.max_batch:
         raise ConfigError(f"B_p*n = {batch} exceeds grid.max_batch = {g.max_batch}")
+    if cfg.algo.minibatches > batch:
+        raise ConfigError(f"algo.minibatches = {cfg.algo.minibatches} exceeds the batch B_p*n = {batch}")
     c_max = max(g.budgets)
     per_step = tuple(f * flops_scale for f in step_flops(cfg))
     by_flops = BudgetUnit(g.budget.unit) is BudgetUnit.flops

@@ -1,6 +1,7 @@
 """The FLOP ledger: hand-computed values, supported architectures, and the truth check against
 torch's FlopCounterMode (within 5% per part, as the ledger promises) on two model shapes."""
 
+import contextlib
 import json
 
 import pytest
@@ -29,10 +30,12 @@ def test_forward_hand_computed():
     # generate: prefill of 3, then 2 decode steps over 4 and 5 keys
     expected = f.total + sum(flops.forward(TINY, 1, 1, k, 1).total for k in (4, 5))
     assert flops.generate(TINY, 1, 3, 3) == expected
-    # train: forward + 2x linear and head + 2.5x attention; the reference adds one forward
+    # learning: forward + 2x linear and head + 2.5x attention per epoch; reference and old policy add a forward each
     t = flops.forward(TINY, 2, 5, 5, 5)
-    assert flops.train_step(TINY, 2, 5, reference=False) == pytest.approx(3 * (t.linear + t.head) + 3.5 * t.attention)
-    assert flops.train_step(TINY, 2, 5, reference=True) == pytest.approx(4 * (t.linear + t.head) + 4.5 * t.attention)
+    step = 3 * (t.linear + t.head) + 3.5 * t.attention
+    assert flops.learning(TINY, 2, 5) == pytest.approx(step)
+    assert flops.learning(TINY, 2, 5, reference=True) == pytest.approx(step + t.total)
+    assert flops.learning(TINY, 2, 5, epochs=3, reference=True, old_policy=True) == pytest.approx(3 * step + 2 * t.total)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "mistral"])
@@ -67,12 +70,22 @@ def measured(fn) -> float:
     return counter.get_total_flops()
 
 
+LORA_CASES = {"full fine-tuning": (0, ()), "LoRA, all projections": (4, flops.PROJECTIONS), "LoRA, o and down only": (4, ("o_proj", "down_proj"))}
+
+
+@pytest.mark.parametrize("lora", list(LORA_CASES))
 @pytest.mark.parametrize("name", ["qwen2, GQA, tied", "llama, GQA, untied"])
-def test_ledger_matches_flop_counter(name):
+def test_ledger_matches_flop_counter(name, lora):
     _, tok, config = next(m for m in models() if m[0] == name)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
-    shape = flops.Shape.from_config(model.config)
+    rank, targets = LORA_CASES[lora]
+    shape = flops.Shape.from_config(model.config).with_lora(rank, targets)
+    if rank:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=8, target_modules=list(targets), lora_dropout=0.0))
+    reference_off = model.disable_adapter if rank else contextlib.nullcontext
     box = {}
     search = measured(lambda: box.setdefault("r", sample(model, tok, ["12+34=", "5+6=", "70+8="], 4, 1.0, 1.0, 6)))
     r = box["r"]
@@ -82,17 +95,21 @@ def test_ledger_matches_flop_counter(name):
     def learn(reference):
         logp, _ = token_logprobs(model, r.sequences, r.attention_mask, 1.0)
         if reference:
-            with torch.no_grad():
+            with torch.no_grad(), reference_off():
                 token_logprobs(model, r.sequences, r.attention_mask, 1.0)
         logp.sum().backward()
 
     for reference in (False, True):
         learning = measured(lambda: learn(reference))
-        analytic = flops.train_step(shape, 12, r.sequences.shape[1], reference=reference)
+        analytic = flops.learning(shape, 12, r.sequences.shape[1], reference=reference)
         assert abs(learning - analytic) / learning < 0.05
 
 
 def test_monotone_in_n_and_kl():
     shape = flops.Shape(layers=4, hidden=128, intermediate=512, heads=4, kv_heads=2, head_dim=32, vocab=17)
     assert flops.generate(shape, 8 * 16, 6, 4) > flops.generate(shape, 8 * 8, 6, 4)
-    assert flops.train_step(shape, 64, 10, reference=True) > flops.train_step(shape, 64, 10, reference=False)
+    assert flops.learning(shape, 64, 10, reference=True) > flops.learning(shape, 64, 10, reference=False)
+    assert flops.learning(shape, 64, 10, epochs=2, old_policy=True) > flops.learning(shape, 64, 10)
+    lora = shape.with_lora(8, flops.PROJECTIONS)
+    assert flops.learning(lora, 64, 10) < flops.learning(shape, 64, 10)  # no weight gradients for the backbone
+    assert flops.generate(lora, 64, 6, 4) > flops.generate(shape, 64, 6, 4)  # the adapters run when sampling too

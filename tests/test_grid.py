@@ -99,3 +99,13 @@ def test_flop_budgets_plan_and_calibration(tmp_path):
     assert scaled[0].run_id == small.run_id
     assert scaled[0].plan.M == int(4e9 // (per_step * 0.5))
     assert json.loads(json.dumps(scaled[0].plan.predicted_flops))["rho"] == pytest.approx(small.plan.predicted_flops["rho"])
+
+
+def test_updates_per_batch_raise_rho_at_fixed_budget():
+    overrides = ["grid.n=[4]", "grid.B_p=[4]", "+grid.axes={algo.epochs:[1,2,4]}"]
+    cells = expand(load(*overrides))
+    rhos = [c.plan.predicted_flops["rho"] for c in cells]
+    assert rhos == sorted(rhos) and rhos[0] < rhos[-1]
+    assert len({c.plan.M for c in cells}) == 1  # rollout budget: same steps, more learning each
+    with pytest.raises(ConfigError, match="minibatches = 8 exceeds the batch B_p\\*n = 4"):
+        expand(load("grid.n=[2]", "grid.B_p=[2]", "algo.minibatches=8"))

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from isoflop_cli.cli import app
@@ -26,8 +27,9 @@ def test_run_is_deterministic_and_writes_its_files(tmp_path):
     assert json.loads((tmp_path / "a" / "status.json").read_text())["state"] == "finished"
 
 
-def test_run_ledger_agrees_with_measurement(tmp_path):
-    result = CliRunner().invoke(app, ["run", *ARGS, "flops.measure=true", "algo.kl_coef=0.1", "--out", str(tmp_path)])
+@pytest.mark.parametrize("updates", [["algo.epochs=1"], ["algo.epochs=2", "algo.minibatches=2"], ["lora.rank=4"]])
+def test_run_ledger_agrees_with_measurement(tmp_path, updates):
+    result = CliRunner().invoke(app, ["run", *ARGS, *updates, "flops.measure=true", "algo.kl_coef=0.1", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]

@@ -7,6 +7,7 @@ eval point to the run directory (flushed as it goes) and a status file the dispa
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import random
@@ -59,16 +60,23 @@ def _train(cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> list[
     tokenizer, policy = checkpoint.load(cfg.model, cfg.task)
     torch.manual_seed(cfg.seed)  # after the load: a first-use build must not shift the run's RNG stream
     random.seed(cfg.seed)
-    reference = copy.deepcopy(policy).eval().requires_grad_(False) if algo.kl_coef > 0 else None
+    if cfg.lora.rank:
+        from peft import LoraConfig, get_peft_model
+
+        policy = get_peft_model(policy, LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, target_modules=list(cfg.lora.targets), lora_dropout=0.0))
+    # The KL reference: with LoRA the same model with its adapters off (no second copy).
+    use_reference = algo.kl_coef > 0
+    reference = copy.deepcopy(policy).eval().requires_grad_(False) if use_reference and not cfg.lora.rank else None
     task = ArithTask.from_config(cfg.task)
     reward = make_reward(cfg.reward, task)
     prompts = task.stream("train", seed=cfg.seed)
     val_problems = task.validation_set(cfg.eval.problems)
-    shape = flops.Shape.from_config(policy.config)
+    shape = flops.Shape.from_config(policy.config).with_lora(cfg.lora.rank, cfg.lora.targets)
     params = sum(p.numel() for p in policy.parameters())
+    trainable = [p for p in policy.parameters() if p.requires_grad]
     meter = Meter(cfg.flops.measure)
 
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=algo.weight_decay)
+    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=algo.weight_decay)
     # Short linear warm-up, then constant: a run read at any budget is the run trained to that budget.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (algo.warmup_steps + 1)))
 
@@ -87,7 +95,7 @@ def _train(cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> list[
         ledger["flops_eval"] += flops.generate(shape, len(rollouts.texts), rollouts.prompt_width, rollouts.generated_width)
         means = {f"train_{k}" if k in ("reward", "loss") else k: _mean(v) for k, v in since_eval.items()}
         row = {
-            "step": step, "model_params": params, **ledger, **_totals(ledger, cfg.flops), **{f"measured_{k}": v for k, v in _measured(meter).items()},
+            "step": step, "model_params": params, "trainable_params": sum(p.numel() for p in trainable), **ledger, **_totals(ledger, cfg.flops), **{f"measured_{k}": v for k, v in _measured(meter).items()},
             "train_reward_mean": means.pop("train_reward"), "zero_var_frac": means.pop("zero_var"),
             **metrics, "k": cfg.eval.k, **means, "lr": lr, "wall_s": round(time.time() - start, 3),
         }
@@ -126,42 +134,52 @@ def _train(cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> list[
         # 3. Group-normalised advantages, one per completion.
         advantages = group_advantages(rewards, algo.adv_eps).flatten()
 
-        # 4. Clipped policy-gradient loss (+ KL to the reference, - entropy bonus), token-mean.
+        # 4. Log-probs the updates compare against: the reference (KL) and, when the batch is reused
+        #    for more than one update, the sampling policy's own (the clipped ratio's denominator).
         policy.train()
-        mask = rollouts.completion_mask[:, 1:].float()
-        with meter.count("learning"):
-            logp, entropy = token_logprobs(policy, rollouts.sequences, rollouts.attention_mask, algo.temperature, with_entropy=algo.entropy_coef > 0)
-            old_logp = logp.detach()  # on-policy: one update per rollout batch
-            pg, clipped = clipped_pg(logp, old_logp, advantages, algo.clip_low, algo.clip_high)
-            loss = masked_mean(pg, mask)
-            if reference is not None:
-                with torch.no_grad():
-                    ref_logp, _ = token_logprobs(reference, rollouts.sequences, rollouts.attention_mask, algo.temperature)
-                kl = masked_mean(kl_k3(logp, ref_logp), mask)
-                loss = loss + algo.kl_coef * kl
-                since_eval["kl"].append(kl.item())
-            if entropy is not None:
-                ent = masked_mean(entropy, mask)
-                loss = loss - algo.entropy_coef * ent
-                since_eval["entropy"].append(ent.item())
+        updates = algo.epochs * algo.minibatches
+        with meter.count("learning"), torch.no_grad():
+            ref_logp = None
+            if use_reference:
+                with policy.disable_adapter() if cfg.lora.rank else contextlib.nullcontext():
+                    ref_logp = token_logprobs(reference or policy, rollouts.sequences, rollouts.attention_mask, algo.temperature)[0]
+            old_logp = token_logprobs(policy, rollouts.sequences, rollouts.attention_mask, algo.temperature)[0] if updates > 1 else None
 
-            # 5. Update: AdamW, clipped gradient norm, warm-up then constant LR.
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), algo.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
+        # 5. Updates: epochs over the batch, each in mini-batches; clipped policy-gradient loss
+        #    (+ KL to the reference, - entropy bonus), token-mean; AdamW, clipped gradient norm.
+        for _ in range(algo.epochs):
+            for rows_idx in torch.arange(len(rollouts.texts)).tensor_split(algo.minibatches):
+                seq, attn = rollouts.sequences[rows_idx], rollouts.attention_mask[rows_idx]
+                mask = rollouts.completion_mask[rows_idx, 1:].float()
+                with meter.count("learning"):
+                    logp, entropy = token_logprobs(policy, seq, attn, algo.temperature, with_entropy=algo.entropy_coef > 0)
+                    old = old_logp[rows_idx] if old_logp is not None else logp.detach()  # on-policy: ratio 1
+                    pg, clipped = clipped_pg(logp, old, advantages[rows_idx], algo.clip_low, algo.clip_high)
+                    loss = masked_mean(pg, mask)
+                    if ref_logp is not None:
+                        kl = masked_mean(kl_k3(logp, ref_logp[rows_idx]), mask)
+                        loss = loss + algo.kl_coef * kl
+                        since_eval["kl"].append(kl.item())
+                    if entropy is not None:
+                        ent = masked_mean(entropy, mask)
+                        loss = loss - algo.entropy_coef * ent
+                        since_eval["entropy"].append(ent.item())
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                torch.nn.utils.clip_grad_norm_(trainable, algo.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                since_eval["loss"].append(loss.item())
+                since_eval["clip_frac"].append(masked_mean(clipped, mask).item())
 
         # 6. Ledger: compute spent so far, in rollouts, generated tokens and FLOPs per part.
         rows_, width = rollouts.sequences.shape
         ledger["rollouts"] += B_p * n
         ledger["tokens_generated"] += rollouts.tokens_generated
         ledger["flops_search"] += flops.generate(shape, rows_, rollouts.prompt_width, rollouts.generated_width)
-        ledger["flops_learning"] += flops.train_step(shape, rows_, width, reference=reference is not None)
+        ledger["flops_learning"] += flops.learning(shape, rows_, width, algo.epochs, reference=use_reference, old_policy=updates > 1)
         since_eval["reward"].append(rewards.mean().item())
         since_eval["zero_var"].append((rewards.std(dim=1) == 0).float().mean().item() if n > 1 else 1.0)
-        since_eval["loss"].append(loss.item())
-        since_eval["clip_frac"].append(masked_mean(clipped, mask).item())
 
         # 7. Evaluate at the compute checkpoints this step reached.
         if checkpoints and spent() >= checkpoints[0]:
