@@ -25,7 +25,7 @@ from isoflop_cli import grid as grid_mod
 from isoflop_cli import report
 from isoflop_cli.config import ConfigError
 from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, ray_cluster
-from isoflop_cli.store import FINISHED, SweepDir, atomic_write, load_results
+from isoflop_cli.store import FINISHED, SweepDir, atomic_write
 
 app = typer.Typer(
     help="IsoFLOP sweeps of LLM RL post-training: plan a grid, run it as Ray jobs, fit the frontier.",
@@ -173,33 +173,33 @@ def status(path: Path = typer.Argument(..., help="A sweep directory (OUT/<name>)
 
 @app.command()
 def fit(
-    path: Path = typer.Argument(..., help="A sweep directory, a results.parquet or a CSV with the same columns."),
-    metric: str = typer.Option("val_avg@k", help="Metric column."),
-    axis: str = typer.Option("n", help="Grid axis whose compute-optimal value is read off the frontier."),
-    compute: str = typer.Option("rollouts", help="Compute column."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir [default: <sweep>/fit or beside the file]."),
+    paths: list[Path] = typer.Argument(..., help="Sweep directories, results parquets or CSVs with the same columns (concatenated)."),
+    method: Optional[list[str]] = typer.Option(None, "--method", "-m", help="frontier, fixed-batch, scalerl, isoflop-slices or parametric; repeat for several (default: what the data supports)."),
+    metric: str = typer.Option("val_avg@k", help="Metric column (the loss column for parametric)."),
+    axis: str = typer.Option("n", help="Grid axis whose compute-optimal value is fitted (n, B_p, model size, rho ...)."),
+    compute: str = typer.Option("rollouts", help="Compute column: rollouts or flops_total."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir (default: <sweep>/fit, or fit/ beside the file)."),
+    size_col: Optional[str] = typer.Option(None, help="parametric: the parameter-count column N."),
+    tokens_col: Optional[str] = typer.Option(None, help="parametric: the training-token column D."),
+    compute_col: Optional[str] = typer.Option(None, help="parametric: a FLOPs column C, with D = C / (6 N)."),
+    holdout_frac: float = typer.Option(0.0, help="scalerl: hold out this top share of the log-compute range and report the extrapolation error."),
+    drop_early: float = typer.Option(0.0, help="scalerl: leave out eval points below this fraction of the largest compute."),
+    bootstrap: int = typer.Option(200, help="Bootstrap resamples over runs for the 90% intervals (0: none)."),
+    seed: int = typer.Option(0, help="Bootstrap seed."),
 ) -> None:
-    """Frontier table, frontier.csv, and the per-axis curves with the frontier as PNG and SVG."""
-    from isoflop_cli.fit import frontier as fr
+    """Fit frontiers and allocation laws with bootstrap intervals: fit.json, frontier.csv, plots, report.md."""
+    from isoflop_cli.fit.command import fit as run_fit
+    from isoflop_cli.fit.data import FitSpec
 
+    spec = FitSpec(metric=metric, axis=axis, compute=compute, size_col=size_col, tokens_col=tokens_col, compute_col=compute_col,
+                   holdout_frac=holdout_frac, drop_early=drop_early, bootstrap=bootstrap, seed=seed)
     with user_errors():
-        if not path.exists():
-            raise ConfigError(f"no such file or directory: {path}")
-        if path.is_dir() and not (path / "results.parquet").exists():
-            raise ConfigError(f"{path} has no results.parquet (is it a sweep directory with finished runs?)")
-        df = load_results(path)
-        if df.empty:
-            raise ConfigError(f"{path}: no results yet")
-        missing = [c for c in (metric, axis, compute) if c not in df.columns]
-        if missing:
-            raise ConfigError(f"results have no column {', '.join(missing)}")
-        out = config_mod.check_writable(out or (path if path.is_dir() else path.parent) / "fit")
-    front = fr.frontier(df, metric, axis, compute)
-    curves = fr.axis_curves(df, metric, axis, compute)
-    atomic_write(out / "frontier.csv", front.to_csv(index=False))
-    plots = fr.plot(df, front, curves, metric, axis, compute, out / "frontier")
-    console.print(report.frontier_table(df, metric, axis, compute))
-    console.print(f"wrote {out / 'frontier.csv'}, {', '.join(str(p) for p in plots)}")
+        fitted = run_fit(paths, spec, list(method or []), out)
+    for note in fitted.warnings:
+        err.print(Text.assemble(("warning: ", "bold yellow"), note), soft_wrap=True)
+    for table in fitted.tables:
+        console.print(table)
+    console.print(f"wrote {', '.join(str(p) for p in fitted.written)}", soft_wrap=True)
 
 
 def _interrupt(*_) -> None:

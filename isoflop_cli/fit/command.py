@@ -1,0 +1,47 @@
+"""What `isoflop fit` does between parsing its options and printing: load, fit, write, collect notes."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from rich.table import Table
+
+from isoflop_cli.config import check_writable
+from isoflop_cli.fit import data, methods, outputs, report
+from isoflop_cli.fit.data import FitSpec, FitWarning
+
+
+@dataclass
+class Fitted:
+    tables: list[Table]
+    written: list[Path]
+    warnings: list[str]
+
+
+def default_out(path: Path) -> Path:
+    """`<sweep>/fit/`, or `fit/` beside a results file."""
+    return (path if path.is_dir() else path.parent) / "fit"
+
+
+def fit(paths: list[Path], spec: FitSpec, asked: list[str], out: Path | None) -> Fitted:
+    """Raises ConfigError for anything the user must fix; everything else is a warning in the result."""
+    methods.check(spec, asked)
+    df, info = data.load(paths)
+    out = check_writable(out or default_out(paths[0]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FitWarning)
+        results = methods.run(df, spec, asked or methods.defaults(df, spec), explicit=bool(asked))
+        written, front = outputs.write(df, info, spec, results, out)
+    notes = list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, FitWarning)))
+    return Fitted(tables(results, spec, front), written, notes)
+
+
+def tables(results: dict, spec: FitSpec, front: pd.DataFrame | None) -> list[Table]:
+    out = [report.method_table(m, r.entry, spec) for m, r in results.items()]
+    if front is not None:
+        fitted = results.get("frontier")
+        out.append(report.frontier_table(front, spec, fitted.entry["axis_star"] if fitted else None))
+    return out

@@ -1,0 +1,102 @@
+"""Inputs of `isoflop fit`: load and concatenate results, key runs, drop unusable rows loudly.
+
+Problems with the data surface as `ConfigError` (one line, exit 2) when nothing can be fitted, and
+as `FitWarning` when a fit goes ahead on less than it was given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from isoflop_cli.config import ConfigError
+from isoflop_cli.store import RESULTS, load_results
+
+RUN = "_run"  # the run key: run_id made unique per input, or the row for files without run_id
+
+
+class FitWarning(UserWarning):
+    """A fit went ahead on less than it was given, or a result should be read with care."""
+
+
+def warn(message: str) -> None:
+    warnings.warn(message, FitWarning, stacklevel=2)
+
+
+@dataclass
+class FitSpec:
+    metric: str = "val_avg@k"
+    axis: str = "n"
+    compute: str = "rollouts"
+    size_col: str | None = None
+    tokens_col: str | None = None
+    compute_col: str | None = None
+    holdout_frac: float = 0.0
+    drop_early: float = 0.0
+    bootstrap: int = 200
+    seed: int = 0
+    points: int = 32  # compute grid of frontier.csv and axis*(C)
+
+
+@dataclass
+class MethodResult:
+    """`entry` goes into fit.json under the method's name; `frames` feed plots, tables and CSVs."""
+
+    entry: dict[str, Any]
+    frames: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+
+def input_file(path: Path) -> Path:
+    return path / RESULTS if path.is_dir() else path
+
+
+def load(paths: list[Path]) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Concatenate every input; run keys stay distinct across inputs; sha256 over the input bytes."""
+    frames, digest = [], hashlib.sha256()
+    for i, path in enumerate(paths):
+        if not path.exists():
+            raise ConfigError(f"no such file or directory: {path}")
+        if path.is_dir() and not (path / RESULTS).exists():
+            raise ConfigError(f"{path} has no {RESULTS} (is it a sweep directory with finished runs?)")
+        try:
+            df = load_results(path)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{path}: cannot read results ({e})") from None
+        digest.update(input_file(path).read_bytes())
+        key = df["run_id"].astype(str) if "run_id" in df.columns else pd.Series(np.arange(len(df)), index=df.index).astype(str)
+        frames.append(df.assign(**{RUN: f"{i}:" + key}))
+    df = pd.concat(frames, ignore_index=True)
+    if df.empty:
+        raise ConfigError(f"{', '.join(map(str, paths))}: no results yet")
+    info = {"paths": [str(p) for p in paths], "sha256": digest.hexdigest(), "rows": len(df), "runs": int(df[RUN].nunique())}
+    return df, info
+
+
+def usable(df: pd.DataFrame, columns: list[str], method: str) -> pd.DataFrame:
+    """Rows with a finite number in every column; missing or non-numeric columns are an error."""
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ConfigError(f"{method}: results have no column {', '.join(missing)} (have: {', '.join(c for c in df.columns if c != RUN)})")
+    numeric = df[columns].apply(pd.to_numeric, errors="coerce")
+    bad = [c for c in columns if numeric[c].isna().all()]
+    if bad:
+        raise ConfigError(f"{method}: column {', '.join(bad)} has no numeric values")
+    keep = np.isfinite(numeric.to_numpy(float)).all(axis=1)
+    if not keep.all():
+        warn(f"{method}: dropped {int((~keep).sum())} of {len(df)} rows with NaN or non-numeric {', '.join(columns)}")
+    return df.loc[keep].assign(**{c: numeric.loc[keep, c] for c in columns})
+
+
+def compute_unit(column: str) -> str:
+    return "rollouts" if column == "rollouts" else "FLOPs" if "flop" in column.lower() else column
+
+
+def plain(v: float) -> float | int:
+    """An axis value as it is written: 8, not 8.0."""
+    return int(v) if float(v).is_integer() else float(v)

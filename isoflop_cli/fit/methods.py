@@ -1,0 +1,78 @@
+"""The fitting methods by name, the columns each needs, and which run when none is asked for."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import pandas as pd
+
+from isoflop_cli.config import ConfigError
+from isoflop_cli.fit.allocation import fixed_batch_method, frontier_method
+from isoflop_cli.fit.data import FitSpec, FitWarning, MethodResult, compute_unit, usable, warn
+from isoflop_cli.fit.parametric import parametric_method
+from isoflop_cli.fit.scalerl import scalerl_method
+from isoflop_cli.fit.slices import slices_method
+
+METHODS: dict[str, Callable[[pd.DataFrame, FitSpec], MethodResult]] = {
+    "frontier": frontier_method,
+    "fixed-batch": fixed_batch_method,
+    "scalerl": scalerl_method,
+    "isoflop-slices": slices_method,
+    "parametric": parametric_method,
+}
+
+
+def check(spec: FitSpec, methods: list[str]) -> None:
+    """Option errors, before any data is read."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ConfigError(f"unknown method {', '.join(unknown)} (choose from {', '.join(METHODS)})")
+    if spec.tokens_col and spec.compute_col:
+        raise ConfigError("give --tokens-col or --compute-col, not both")
+    if "parametric" in methods and not (spec.size_col and (spec.tokens_col or spec.compute_col)):
+        raise ConfigError("parametric needs --size-col (parameters N) and --tokens-col or --compute-col (D = C / (6 N))")
+    if spec.bootstrap < 0:
+        raise ConfigError("--bootstrap must be >= 0")
+
+
+def columns(method: str, spec: FitSpec) -> list[str]:
+    if method == "parametric":
+        return [spec.size_col, spec.tokens_col or spec.compute_col, spec.metric]
+    if method == "fixed-batch":
+        return [spec.metric, spec.compute, "n", "B_p"]
+    return [spec.metric, spec.axis, spec.compute]
+
+
+def defaults(df: pd.DataFrame, spec: FitSpec) -> list[str]:
+    """What the data supports: frontier for sweep results, parametric when --size-col is given."""
+    chosen = ["parametric"] if spec.size_col else []
+    if not chosen or set(columns("frontier", spec)) <= set(df.columns):
+        chosen.insert(0, "frontier")
+    return chosen
+
+
+def run(df: pd.DataFrame, spec: FitSpec, methods: list[str], explicit: bool) -> dict[str, MethodResult]:
+    """Fit each method on its usable rows. A method that cannot fit is an error when asked for by
+    name, and a warning when it was only a default (the empirical frontier still gets written)."""
+    results = {}
+    for method in methods:
+        result, failure = None, None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", FitWarning)
+            warnings.simplefilter("ignore", RuntimeWarning)  # overflow inside trial steps; convergence is reported per fit
+            data = usable(df, columns(method, spec), method)
+            try:
+                result = METHODS[method](data, spec)
+            except ConfigError as e:
+                if explicit:
+                    raise
+                failure = f"{e}; not fitted"
+        notes = [str(w.message) for w in caught if issubclass(w.category, FitWarning)] + ([failure] if failure else [])
+        for message in notes:
+            warn(message)
+        if result is not None:
+            result.entry.update(warnings=notes, metric=spec.metric, axis=spec.axis, compute=spec.compute,
+                                compute_unit=compute_unit(spec.compute), bootstrap_resamples=spec.bootstrap, seed=spec.seed)
+            results[method] = result
+    return results

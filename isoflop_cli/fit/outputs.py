@@ -1,0 +1,75 @@
+"""Write a fit to disk: fit.json, frontier.csv, the plots (PNG and SVG) and report.md.
+
+frontier.csv keeps its contract (compute, value, axis_star on a log grid of C): the fitted envelope
+when method `frontier` was fitted, the empirical best-so-far otherwise (fit.json and report.md say
+which).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from isoflop_cli.fit import plots
+from isoflop_cli.fit.data import FitSpec, MethodResult, usable
+from isoflop_cli.fit.frontier import frontier as empirical_frontier
+from isoflop_cli.fit.report import markdown
+from isoflop_cli.store import atomic_write
+
+PLOTS = {
+    "fixed-batch": lambda r, spec, out: plots.fixed_batch_plot(r, spec, out / "fixed_batch"),
+    "scalerl": lambda r, spec, out: plots.scalerl_plot(r, spec, out / "scalerl"),
+    "isoflop-slices": lambda r, spec, out: plots.slices_plot(r, spec, out / "isoflop_slices"),
+    "parametric": lambda r, spec, out: plots.parametric_plot(r, out / "parametric"),
+    "frontier": lambda r, spec, out: plots.axis_star_plot(r, spec, out / "axis_star"),
+}
+
+
+def frontier_frame(df: pd.DataFrame, spec: FitSpec, results: dict[str, MethodResult]) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """(rows, frontier): the fitted envelope, else the empirical frontier; None without frontier columns."""
+    if "frontier" in results:
+        return results["frontier"].frames["rows"], results["frontier"].frames["frontier"]
+    if not {spec.metric, spec.axis, spec.compute} <= set(df.columns):
+        return None
+    rows = usable(df, [spec.metric, spec.axis, spec.compute], "frontier")
+    return rows, empirical_frontier(rows, spec.metric, spec.axis, spec.compute, spec.points)
+
+
+def write(df: pd.DataFrame, info: dict, spec: FitSpec, results: dict[str, MethodResult], out: Path) -> tuple[list[Path], pd.DataFrame | None]:
+    """Every output file of a fit; returns the paths written and the frontier table."""
+    written: list[Path] = []
+    names: dict[str, list[str]] = {}
+    rows, front = frontier_frame(df, spec, results) or (None, None)
+    if front is not None:
+        atomic_write(out / "frontier.csv", front.to_csv(index=False))
+        paths = plots.frontier_plot(rows, front, spec, out / "frontier", results.get("frontier"))
+        names["frontier.csv"] = [p.name for p in paths]
+        written += [out / "frontier.csv", *paths]
+    for method, result in results.items():
+        paths = PLOTS[method](result, spec, out)
+        names[method] = [p.name for p in paths]
+        written += paths
+    entries = {m: {**r.entry, "input": info} for m, r in results.items()}
+    if "frontier" in entries:
+        entries["frontier"]["frontier_csv"] = "fitted envelope"
+    atomic_write(out / "fit.json", json.dumps(jsonable(entries), indent=1) + "\n")
+    atomic_write(out / "report.md", markdown(entries, spec, info, names, front))
+    return [out / "fit.json", *written, out / "report.md"], front
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON: numpy scalars as Python numbers, NaN and infinities as null."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

@@ -1,0 +1,170 @@
+"""Figures of `isoflop fit`, each written as PNG and SVG: the frontier with the per-axis curves and
+fits, axis*(C) with its law, isoFLOP slices with their parabolas, ScaleRL curves, the parametric fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from isoflop_cli.fit.curves import sigmoid  # noqa: E402
+from isoflop_cli.fit.data import FitSpec, MethodResult, plain  # noqa: E402
+from isoflop_cli.fit.frontier import axis_curves  # noqa: E402
+
+
+def save(fig: plt.Figure, out: Path) -> list[Path]:
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    paths = [out.with_suffix(".png"), out.with_suffix(".svg")]
+    for p in paths:
+        fig.savefig(p)
+    plt.close(fig)
+    return paths
+
+
+def plain_ticks(axis: matplotlib.axis.Axis) -> None:
+    """Axis values as numbers on powers of two (2, 4, 8), not powers of ten; no crowded minor labels."""
+    axis.set_major_locator(matplotlib.ticker.LogLocator(base=2))
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+def palette(values) -> dict:
+    values = sorted(values)
+    cmap = plt.get_cmap("viridis")
+    return {v: cmap(i / max(1, len(values) - 1)) for i, v in enumerate(values)}
+
+
+def frontier_plot(df: pd.DataFrame, front: pd.DataFrame, spec: FitSpec, out: Path, fitted: MethodResult | None) -> list[Path]:
+    """Eval points per axis value, their fitted sigmoids (or best-so-far steps without a fit), and the
+    frontier with markers coloured by axis*(C)."""
+    axis, compute, metric = spec.axis, spec.compute, spec.metric
+    colour = palette(df[axis].unique())
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
+    raw = df[df[compute] > 0]
+    for value in colour:
+        pts = raw[raw[axis] == value]
+        ax.scatter(pts[compute], pts[metric], s=8, alpha=0.2, color=colour[value])
+    if fitted is not None:
+        records = fitted.frames["records"]
+        ax.scatter(records[compute], records[metric], s=14, color=[colour[v] for v in records[axis]], edgecolors="none", alpha=0.8)
+        for value, c in fitted.frames["curves"].groupby("axis_value"):
+            ax.plot(c["compute"], c["value"], color=colour.get(value, "grey"), lw=1.6, label=f"{axis}={plain(value)}")
+    else:
+        steps = axis_curves(df, metric, axis, compute)
+        for value, c in steps.groupby(axis):
+            ax.step(c["compute"], c["value"], where="post", color=colour[value], lw=1.5, label=f"{axis}={plain(value)}")
+    ax.plot(front["compute"], front["value"], color="black", lw=2.5, alpha=0.35, zorder=3, label="frontier")
+    ax.scatter(front["compute"], front["value"], c=[colour.get(v, "grey") for v in front["axis_star"]], edgecolors="black", s=36, zorder=4)
+    ax.set(xscale="log", xlabel=compute, ylabel=metric,
+           title=f"{'fitted' if fitted is not None else 'empirical'} frontier; markers coloured by {axis}*(C)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="best", ncol=2)
+    return save(fig, out)
+
+
+def axis_star_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
+    """axis*(C) off the fitted frontier with its bootstrap 90% band, the sigmoid law and its saturation."""
+    entry, star = result.entry, result.frames["axis_star"]
+    fig, ax = plt.subplots(figsize=(6.5, 4.2), dpi=120)
+    if "low" in star:
+        ax.fill_between(star["compute"], star["low"], star["high"], step="mid", color="tab:blue", alpha=0.15, label="bootstrap 90%")
+    ax.step(star["compute"], star["axis_star"], where="mid", color="tab:blue", lw=1.5, label=f"{spec.axis}*(C)")
+    if entry["params"]:
+        c = np.geomspace(star["compute"].min(), star["compute"].max(), 200)
+        ax.plot(c, np.exp2(sigmoid(np.log10(c), **entry["params"])), color="black", lw=2, label="sigmoid law")
+        sat = entry["saturation"]
+        if sat["within_data"]:
+            ax.axvline(sat["compute"], color="grey", ls="--", lw=1, label=f"saturates at {sat['compute']:.3g}")
+    ax.set(xscale="log", yscale="log", xlabel=spec.compute, ylabel=f"{spec.axis}*", title=f"compute-optimal {spec.axis}*(C)")
+    plain_ticks(ax.yaxis)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return save(fig, out)
+
+
+def fixed_batch_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
+    """The winning split per budget, one line per batch size."""
+    best = result.frames["fixed_batch"]
+    colour = palette(best["B"].unique())
+    fig, ax = plt.subplots(figsize=(6.5, 4.2), dpi=120)
+    for B, g in best.groupby("B"):
+        ax.step(g["compute"], g["axis_star"], where="mid", color=colour[B], lw=1.5, label=f"B={B}")
+        if "low" in g:
+            ax.fill_between(g["compute"], g["low"], g["high"], step="mid", color=colour[B], alpha=0.12)
+    ax.set(xscale="log", yscale="log", xlabel=spec.compute, ylabel=f"best {spec.axis} at fixed B", title="fixed batch: the winning split")
+    plain_ticks(ax.yaxis)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return save(fig, out)
+
+
+def slices_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
+    """Left: the metric against the axis at each budget with its parabola and optimum. Right: the optima
+    against compute with their bands, the power law and the sigmoid."""
+    points, optima, entry = result.frames["slices"], result.frames["optima"], result.entry
+    colour = palette(optima["compute"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), dpi=120)
+    for row in optima.itertuples():
+        pts = points[points["budget"] == row.compute]
+        left.scatter(pts["axis_value"], pts["value"], s=14, color=colour[row.compute])
+        x = np.linspace(pts["x"].min(), pts["x"].max(), 60)
+        left.plot(np.exp2(x), row.c2 * x**2 + row.c1 * x + row.c0, color=colour[row.compute], lw=1.2, label=f"C={row.compute:.3g}")
+        if row.interior:
+            xv = np.log2(row.optimum)
+            left.scatter([row.optimum], [row.c2 * xv**2 + row.c1 * xv + row.c0], marker="*", s=80, color=colour[row.compute], edgecolors="black", zorder=4)
+    left.set(xscale="log", xlabel=spec.axis, ylabel=spec.metric, title="isoFLOP slices")
+    left.legend(fontsize=6, ncol=2)
+    inner = optima[optima["interior"]]
+    if "low" in inner:
+        right.vlines(inner["compute"], inner["low"], inner["high"], color="tab:blue", alpha=0.5, label="bootstrap 90%")
+    right.scatter(inner["compute"], inner["optimum"], color="tab:blue", zorder=3, label="optimum")
+    c = np.geomspace(inner["compute"].min(), inner["compute"].max(), 200)
+    p = entry["params"]
+    right.plot(c, p["coef"] * c ** p["exponent"], color="black", lw=1.5, label=f"power law, exponent {p['exponent']:.3f}")
+    if entry["sigmoid"]:
+        right.plot(c, np.exp2(sigmoid(np.log10(c), **entry["sigmoid"]["params"])), color="tab:red", lw=1.5, ls="--", label="sigmoid")
+    right.set(xscale="log", yscale="log", xlabel=spec.compute, ylabel=f"{spec.axis}*", title=f"optimum against compute (preferred: {entry['preferred']})")
+    right.legend(fontsize=7)
+    for ax in (left, right):
+        ax.grid(alpha=0.3, which="both")
+    plain_ticks(left.xaxis)
+    plain_ticks(right.yaxis)
+    return save(fig, out)
+
+
+def scalerl_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
+    """Mean metric per compute and the fitted ScaleRL curve per axis value; held-out points hollow."""
+    frame = result.frames["scalerl"]
+    colour = palette(frame["axis_value"].unique())
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for value, g in frame.groupby("axis_value"):
+        fit, held = g[~g["held_out"]], g[g["held_out"]]
+        ax.scatter(fit["compute"], fit["value"], s=14, color=colour[value])
+        ax.scatter(held["compute"], held["value"], s=18, facecolors="none", edgecolors=colour[value])
+        ax.plot(g["compute"], g["fit"], color=colour[value], lw=1.5, label=f"{spec.axis}={plain(value)}")
+    ax.set(xscale="log", xlabel=spec.compute, ylabel=spec.metric, title="ScaleRL fit R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncol=2)
+    return save(fig, out)
+
+
+def parametric_plot(result: MethodResult, out: Path) -> list[Path]:
+    """Observed against fitted loss, coloured by model size."""
+    frame = result.frames["parametric"]
+    fig, ax = plt.subplots(figsize=(5.5, 4.8), dpi=120)
+    sc = ax.scatter(frame["fit"], frame["loss"], c=np.log10(frame["N"]), s=14, cmap="viridis")
+    lim = [min(frame["fit"].min(), frame["loss"].min()), max(frame["fit"].max(), frame["loss"].max())]
+    ax.plot(lim, lim, color="black", lw=1)
+    fig.colorbar(sc, ax=ax, label="log10 N")
+    p = result.entry["params"]
+    ax.set(xlabel="fitted L(N, D)", ylabel="observed loss",
+           title=f"E={p['E']:.3g}, A={p['A']:.4g}, B={p['B']:.4g}, alpha={p['alpha']:.3f}, beta={p['beta']:.3f}")
+    ax.title.set_fontsize(8)
+    ax.grid(alpha=0.3)
+    return save(fig, out)

@@ -1,0 +1,130 @@
+"""Fit results for people: rich tables for the terminal and report.md with the plots embedded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+from rich.table import Table
+
+from isoflop_cli.fit.data import FitSpec
+
+FORMS = {
+    "frontier": "log2({axis}*) = lower + (upper - lower) / (1 + exp(-slope * (log10 C - midpoint)))",
+    "fixed-batch": "per batch size B: log2({axis}*) = lower + (upper - lower) / (1 + exp(-slope * (log10 C - midpoint)))",
+    "scalerl": "R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)",
+    "isoflop-slices": "{axis}* = coef * C^exponent",
+    "parametric": "L(N, D) = E + A / N^alpha + B / D^beta",
+}
+
+
+def fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def param_rows(entry: dict) -> list[tuple[str, str, str, str]]:
+    """(name, estimate, bootstrap median, 90% interval) for every parameter of an entry."""
+    rows = []
+    for name, value in entry["params"].items():
+        lo_hi = entry["interval90"].get(name)
+        rows.append((name, fmt(value), fmt(entry.get("median", {}).get(name)), f"[{fmt(lo_hi[0])}, {fmt(lo_hi[1])}]" if lo_hi else "-"))
+    return rows
+
+
+def extra_rows(method: str, entry: dict) -> list[tuple[str, str, str, str]]:
+    if method == "parametric":
+        ex = entry["exponents"]
+        return [(f"{k} (N_opt ~ C^a, D_opt ~ C^b)" if k == "a" else k, fmt(v), "-", _interval(ex["interval90"].get(k))) for k, v in ex["params"].items()]
+    if method == "isoflop-slices" and entry["sigmoid"]:
+        s = entry["sigmoid"]
+        return [(f"sigmoid {k}", fmt(v), fmt(s["median"].get(k)), _interval(s["interval90"].get(k))) for k, v in s["params"].items()]
+    return []
+
+
+def _interval(lo_hi: list[float] | None) -> str:
+    return f"[{fmt(lo_hi[0])}, {fmt(lo_hi[1])}]" if lo_hi else "-"
+
+
+def summary(method: str, entry: dict, spec: FitSpec) -> str:
+    """Convergence and what to take away, in one line."""
+    parts = ["converged" if entry["converged"] else "NOT converged"]
+    if method == "frontier" and entry.get("saturation"):
+        sat = entry["saturation"]
+        where = f"saturates at {spec.axis}* ~ {sat['axis_star']:.3g} from C ~ {sat['compute']:.3g}" if sat["within_data"] else "does not saturate within the data"
+        parts.append(where)
+    if method == "scalerl":
+        parts.append(f"curve of {entry['best']} (highest A)")
+    if method == "isoflop-slices":
+        parts.append(f"preferred law: {entry['preferred']}")
+    if method == "parametric":
+        parts.append(f"Huber objective {entry['objective']:.6g} over {entry['rows']} rows")
+    return "; ".join(parts)
+
+
+def method_table(method: str, entry: dict, spec: FitSpec) -> Table:
+    caption = f"{FORMS[method].format(axis=spec.axis)}; {summary(method, entry, spec)}"
+    table = Table(title=f"{method}: estimate, bootstrap median and 90% interval", caption=caption)
+    for col in ("parameter", "estimate", "median", "90% interval"):
+        table.add_column(col, justify="left" if col == "parameter" else "right")
+    for row in param_rows(entry) + extra_rows(method, entry):
+        table.add_row(*row)
+    return table
+
+
+def frontier_table(front: pd.DataFrame, spec: FitSpec, axis_star: list[dict] | None) -> Table:
+    """frontier.csv with the bootstrap 90% band of axis*(C) where the frontier was fitted."""
+    band = {round(r["compute"], 6): r for r in axis_star or []}
+    table = Table(title=f"frontier ({'fitted' if axis_star else 'empirical'}): best {spec.metric} with {spec.compute} <= C, and {spec.axis}*(C)")
+    for col in (spec.compute, spec.metric, f"{spec.axis}*", f"{spec.axis}* 90%"):
+        table.add_column(col, justify="right")
+    shown = front.iloc[sorted({*range(0, len(front), max(1, len(front) // 12)), len(front) - 1})]
+    for r in shown.itertuples():
+        b = band.get(round(r.compute, 6))
+        table.add_row(f"{r.compute:,.4g}", f"{r.value:.3f}", fmt(r.axis_star), _interval([b["low"], b["high"]]) if b and "low" in b else "-")
+    return table
+
+
+def markdown(results: dict[str, dict], spec: FitSpec, info: dict, plots: dict[str, list[str]], front: pd.DataFrame | None) -> str:
+    """report.md: inputs, then per method its form, table, plots and notes, then frontier.csv."""
+    lines = ["# isoflop fit", "", f"Inputs: {', '.join(f'`{p}`' for p in info['paths'])} ({info['rows']} rows, {info['runs']} runs; sha256 `{info['sha256'][:16]}`).",
+             f"Metric `{spec.metric}`, axis `{spec.axis}`, compute `{spec.compute}`. Bootstrap over runs: {spec.bootstrap} resamples, seed {spec.seed}; intervals are 5%-95%.", ""]
+    for method, entry in results.items():
+        lines += [f"## {method}", "", f"`{FORMS[method].format(axis=spec.axis)}`", "", summary(method, entry, spec) + ".", "",
+                  "| parameter | estimate | median | 90% interval |", "| --- | ---: | ---: | ---: |"]
+        lines += [f"| {' | '.join(row)} |" for row in param_rows(entry) + extra_rows(method, entry)]
+        lines += [""] + [f"![{method}]({name})" for name in plots.get(method, []) if name.endswith(".png")] + [""]
+        lines += _method_details(method, entry, spec)
+        lines += [f"- warning: {w}" for w in entry.get("warnings", [])] + [""]
+    if front is not None:
+        source = "fitted envelope of the per-axis sigmoids" if "frontier" in results else "empirical: best eval point with compute <= C"
+        lines += ["## frontier.csv", "", f"{source}.", "", f"![frontier]({plots['frontier.csv'][0]})", "", f"| {spec.compute} | {spec.metric} | {spec.axis}* |", "| ---: | ---: | ---: |"]
+        lines += [f"| {r.compute:.4g} | {r.value:.4f} | {fmt(r.axis_star)} |" for r in front.itertuples()] + [""]
+    return "\n".join(lines)
+
+
+def _method_details(method: str, entry: dict, spec: FitSpec) -> list[str]:
+    if method == "frontier":
+        out = [f"| {spec.compute} | {spec.axis}* | median | 90% interval |", "| ---: | ---: | ---: | ---: |"]
+        out += [f"| {r['compute']:.4g} | {fmt(r['axis_star'])} | {fmt(r.get('median'))} | {_interval([r['low'], r['high']]) if 'low' in r else '-'} |" for r in entry["axis_star"]]
+        out += ["", "Per-axis sigmoids of the metric against log10 C (through the record-breaking points):", "",
+                "| curve | lower | upper | midpoint | slope | points | converged |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+        out += [f"| {k} | {' | '.join(fmt(c['params'][p]) for p in ('lower', 'upper', 'midpoint', 'slope'))} | {c['points']} | {c['converged']} |" for k, c in entry["curves"].items()]
+        return out + [""]
+    if method == "fixed-batch":
+        out = ["| B | compute | winning " + spec.axis + " | 90% interval |", "| ---: | ---: | ---: | ---: |"]
+        for B, b in entry["batches"].items():
+            out += [f"| {B} | {r['compute']:.4g} | {fmt(r['axis_star'])} | {_interval([r['low'], r['high']]) if 'low' in r else '-'} |" for r in b["best"]]
+        return out + [""]
+    if method == "isoflop-slices":
+        out = [f"| budget | parabola vertex {spec.axis} | interior (used) | median | 90% interval |", "| ---: | ---: | --- | ---: | ---: |"]
+        out += [f"| {b['compute']:.4g} | {fmt(b['optimum'])} | {b['interior']} | {fmt(b.get('median'))} | {_interval([b['low'], b['high']]) if 'low' in b else '-'} |" for b in entry["budgets"]]
+        return out + [""]
+    if method == "scalerl":
+        out = ["| curve | R0 | A | C_mid | B | holdout error |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        out += [f"| {k} | {' | '.join(fmt(c['params'].get(p)) for p in ('R0', 'A', 'C_mid', 'B', 'holdout_error'))} |" for k, c in entry["curves"].items()]
+        return out + [""]
+    return []

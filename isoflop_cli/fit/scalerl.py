@@ -1,0 +1,116 @@
+"""Method `scalerl`: R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B), one curve per axis value.
+
+A is the asymptote (the ceiling a recipe reaches), B the compute efficiency, C_mid the compute at
+half the gain. R0 is held at the base model's metric (the step-0 eval points). The eval points of
+an axis value's runs are pooled: least squares on every point equals least squares on the mean at
+each compute weighted by its count, which is what is fitted. `drop_early` leaves out the earliest
+compute (ScaleRL skips the initial transient); `holdout_frac` fits below a cut on the log-compute
+axis and reports the RMSE of the extrapolation beyond it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from isoflop_cli.config import ConfigError
+from isoflop_cli.fit import bootstrap
+from isoflop_cli.fit.curves import CurveFit, fit_scalerl, scalerl
+from isoflop_cli.fit.data import RUN, FitSpec, MethodResult, plain, warn
+
+NAMES = ["R0", "A", "C_mid", "B", "holdout_error"]
+MIN_COMPUTES = 4  # distinct compute points for three free parameters
+
+
+@dataclass
+class Series:
+    """One axis value's eval points, keyed by distinct compute, with run indices for bootstrap counts."""
+
+    value: float
+    computes: np.ndarray  # distinct positive computes kept for the fit and the holdout
+    at: np.ndarray  # index into computes for each eval point
+    y: np.ndarray
+    run: np.ndarray
+    base_y: np.ndarray  # step-0 metric of each run (R0)
+    base_run: np.ndarray
+    cut: float  # computes above it are held out
+
+    def means(self, counts: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, float]:
+        w = np.ones(self.y.size) if counts is None else counts[self.run].astype(float)
+        n = np.bincount(self.at, w, self.computes.size)
+        mean = np.bincount(self.at, w * self.y, self.computes.size) / np.where(n > 0, n, 1)
+        wb = np.ones(self.base_y.size) if counts is None else counts[self.base_run].astype(float)
+        return mean, n, float(np.average(self.base_y, weights=wb)) if wb.sum() > 0 else float(self.base_y.mean())
+
+    def fit(self, counts: np.ndarray | None = None, start: dict | None = None) -> CurveFit:
+        mean, n, R0 = self.means(counts)
+        train = (self.computes <= self.cut) & (n > 0)
+        f = fit_scalerl(self.computes[train], mean[train], n[train], R0, start)
+        held = (self.computes > self.cut) & (n > 0)
+        if held.any():
+            err = scalerl(self.computes[held], **{k: f.params[k] for k in ("R0", "A", "C_mid", "B")}) - mean[held]
+            f.params["holdout_error"] = float(np.sqrt(np.average(err**2, weights=n[held])))
+        return f
+
+
+def series(df: pd.DataFrame, spec: FitSpec, runs: pd.Index) -> list[Series]:
+    """One Series per axis value with enough computes; the others are dropped with a warning."""
+    out, dropped = [], []
+    for value, g in df.groupby(spec.axis):
+        c = g[spec.compute].to_numpy(float)
+        base = g[c == 0] if (c == 0).any() else g[c == c.min()]
+        if not (c == 0).any():
+            warn(f"scalerl {spec.axis}={plain(value)}: no step-0 eval point; R0 is the metric at the smallest compute")
+        g = g[(c > 0) & (c >= spec.drop_early * c.max())]
+        computes, at = np.unique(g[spec.compute].to_numpy(float), return_inverse=True)
+        log_c = np.log(computes) if computes.size else np.array([0.0])
+        cut = float(np.exp(log_c.max() - spec.holdout_frac * (log_c.max() - log_c.min())))
+        if (computes <= cut).sum() < MIN_COMPUTES or (spec.holdout_frac > 0 and not (computes > cut).any()):
+            dropped.append(f"{spec.axis}={plain(value)} ({computes.size} computes)")
+            continue
+        out.append(Series(float(value), computes, at, g[spec.metric].to_numpy(float), runs.get_indexer(g[RUN]),
+                          base[spec.metric].to_numpy(float), runs.get_indexer(base[RUN]), cut))
+    if dropped:
+        warn(f"scalerl: too few computes to fit (need {MIN_COMPUTES} below the holdout cut) for {', '.join(dropped)}")
+    return out
+
+
+def scalerl_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
+    """Per axis value the ScaleRL curve; the top-level params are the axis value with the highest A."""
+    if not 0 <= spec.holdout_frac < 1 or not 0 <= spec.drop_early < 1:
+        raise ConfigError("scalerl: --holdout-frac and --drop-early must be in [0, 1)")
+    runs = pd.Index(df[RUN].unique())
+    fitted = series(df, spec, runs)
+    if not fitted:
+        raise ConfigError(f"scalerl: no {spec.axis} value has {MIN_COMPUTES} distinct positive computes to fit")
+    fits = [s.fit() for s in fitted]
+    strata = df.drop_duplicates(RUN).set_index(RUN).loc[runs, spec.axis].to_numpy()
+    draws = [[] for _ in fitted]
+    for counts in bootstrap.run_counts(spec.bootstrap, strata, spec.seed):
+        for d, s, f in zip(draws, fitted, fits):
+            refit = s.fit(counts, f.params)
+            if refit.converged:
+                d.append(refit.params)
+    curves = {}
+    for s, f, d in zip(fitted, fits, draws):
+        median, interval = bootstrap.summarise(d, NAMES)
+        curves[f"{spec.axis}={plain(s.value)}"] = {"params": f.params, "interval90": interval, "median": median, "converged": f.converged,
+                                                   "at_bound": f.at_bound, "holdout_cut": s.cut if spec.holdout_frac > 0 else None,
+                                                   "bootstrap": {"resamples": spec.bootstrap, "converged": len(d)}}
+        if not f.converged:
+            warn(f"scalerl {spec.axis}={plain(s.value)}: the fit did not converge")
+    best = max(curves, key=lambda k: curves[k]["params"]["A"])
+    entry = {**{k: curves[best][k] for k in ("params", "interval90", "median", "converged", "at_bound")}, "best": best,
+             "curves": curves, "drop_early": spec.drop_early, "holdout_frac": spec.holdout_frac}
+    return MethodResult(entry, {"scalerl": _frame(fitted, fits)})
+
+
+def _frame(fitted: list[Series], fits: list[CurveFit]) -> pd.DataFrame:
+    parts = []
+    for s, f in zip(fitted, fits):
+        mean, _, _ = s.means(None)
+        p = {k: f.params[k] for k in ("R0", "A", "C_mid", "B")}
+        parts.append(pd.DataFrame({"axis_value": s.value, "compute": s.computes, "value": mean, "fit": scalerl(s.computes, **p), "held_out": s.computes > s.cut}))
+    return pd.concat(parts, ignore_index=True)

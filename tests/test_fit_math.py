@@ -1,0 +1,99 @@
+"""The building blocks of `isoflop fit` against hand-computed values."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import optimize
+
+from isoflop_cli.fit import bootstrap
+from isoflop_cli.fit.allocation import envelope, record_points
+from isoflop_cli.fit.curves import CurveFit, fit_power_law, fit_sigmoid, scalerl, sigmoid
+from isoflop_cli.fit.data import RUN
+from isoflop_cli.fit.parametric import exponents, objective
+from isoflop_cli.fit.slices import budgets, optima
+
+
+def test_sigmoid_and_scalerl_at_their_midpoints():
+    assert sigmoid(2.0, 0.2, 0.8, 2.0, 3.0) == pytest.approx(0.5)
+    assert sigmoid(2.0 + np.log(3) / 3.0, 0.0, 1.0, 2.0, 3.0) == pytest.approx(0.75)  # expit(ln 3) = 3/4
+    assert scalerl(1e5, R0=0.2, A=0.6, C_mid=1e5, B=0.7) == pytest.approx(0.4)
+    assert scalerl(1e6, R0=0.2, A=0.6, C_mid=1e5, B=1.0) == pytest.approx(0.2 + 0.4 / 1.1)
+
+
+def test_record_points_hand_computed():
+    # buckets of 0.01: 30, 30, 32, 31, 35 -> records at the first, third and fifth points
+    df = pd.DataFrame({RUN: "a", "rollouts": [0, 10, 20, 30, 40], "m": [0.30, 0.305, 0.32, 0.31, 0.35]})
+    other = pd.DataFrame({RUN: "b", "rollouts": [0, 10], "m": [0.5, 0.4]})
+    rec = record_points(pd.concat([other, df]), "m", "rollouts")
+    assert rec[rec[RUN] == "a"]["rollouts"].tolist() == [0, 20, 40]
+    assert rec[rec[RUN] == "b"]["rollouts"].tolist() == [0]
+
+
+def test_sigmoid_fit_is_exact_on_noise_free_points():
+    x = np.linspace(2, 7, 30)
+    fit = fit_sigmoid(x, sigmoid(x, 0.1, 0.7, 4.5, 1.8))
+    assert fit.converged
+    assert [fit.params[k] for k in ("lower", "upper", "midpoint", "slope")] == pytest.approx([0.1, 0.7, 4.5, 1.8], rel=1e-5)
+
+
+def test_monotone_sigmoid_on_falling_data_is_flat_not_falling():
+    x = np.linspace(2, 7, 30)
+    fit = fit_sigmoid(x, 0.8 - 0.05 * x)
+    assert fit.params["lower"] <= fit.params["upper"] and fit.params["slope"] >= 0
+    assert np.all(np.diff(sigmoid(x, **fit.params)) >= -1e-12)
+
+
+def test_envelope_takes_the_higher_curve_within_its_span():
+    class C:  # the two attributes envelope reads
+        def __init__(self, value, span):
+            self.value, self.span = value, span
+
+    low_early = CurveFit({"lower": 0.2, "upper": 0.5, "midpoint": 2.0, "slope": 2.0}, True, 0.0)
+    high_late = CurveFit({"lower": 0.0, "upper": 0.9, "midpoint": 5.0, "slope": 2.0}, True, 0.0)
+    grid = np.array([1.0, 6.0, 8.0, 9.0])
+    value, star = envelope([C(2, (1, 9)), C(8, (1, 8))], [low_early, high_late], grid)
+    assert star.tolist() == [2, 8, 8, 2]  # at 9 only n=2 was run
+    assert value[1] == pytest.approx(0.9 / (1 + np.exp(-2.0))) and value[3] == pytest.approx(sigmoid(9.0, **low_early.params))
+
+
+def test_parabola_vertices_per_budget_and_replicate():
+    x = np.tile(np.arange(1.0, 6.0), 2)
+    budget = np.repeat([0, 1], 5)
+    y = np.where(budget == 0, 1 - (x - 3) ** 2, 2 - 0.5 * (x - 2.5) ** 2)
+    w = np.ones((2, x.size))
+    w[1, [0, 9]] = 0  # a replicate without two points: still exact
+    vertex, coef = optima(x, y, budget, w, minimise=False)
+    assert vertex == pytest.approx(np.array([[3.0, 2.5], [3.0, 2.5]]))
+    assert coef[0, 1] == pytest.approx([-0.5, 2.5, -1.125])
+    assert np.isnan(optima(x, -y, budget, w[:1], minimise=False)[0]).all()  # a minimum is no optimum of an accuracy
+
+
+def test_budgets_merge_nearly_equal_computes():
+    assert budgets(np.array([100.0, 101.0, 1000.0, 100.5, 990.0, 5000.0])).tolist() == [0, 0, 1, 0, 1, 2]
+
+
+def test_power_law_exact():
+    c = np.geomspace(1e3, 1e7, 6)
+    fit = fit_power_law(c, 0.05 * c**0.5)
+    assert fit.params == pytest.approx({"coef": 0.05, "exponent": 0.5})
+
+
+def test_parametric_gradient_and_exponents():
+    rng = np.random.default_rng(0)
+    log_n, log_d = rng.uniform(18, 23, 50), rng.uniform(21, 26, 50)
+    log_l = np.log(1.8 + 400 * np.exp(-0.34 * log_n) + 2000 * np.exp(-0.37 * log_d)) + rng.normal(0, 0.02, 50)
+    w = rng.integers(0, 3, 50).astype(float)
+    theta = np.array([6.0, 7.5, 0.6, 0.33, 0.38])
+    numeric = optimize.approx_fprime(theta, lambda t: objective(t, log_n, log_d, log_l, w)[0], 1e-7)
+    assert objective(theta, log_n, log_d, log_l, w)[1] == pytest.approx(numeric, rel=1e-3, abs=1e-8)
+    assert exponents({"alpha": 0.3, "beta": 0.3}) == {"a": 0.5, "b": 0.5}
+    assert exponents({"alpha": 0.34, "beta": 0.28})["a"] == pytest.approx(0.28 / 0.62)
+
+
+def test_bootstrap_counts_are_stratified_and_seeded():
+    strata = np.array([0, 0, 0, 1, 1])
+    counts = bootstrap.run_counts(50, strata, seed=3)
+    assert (counts[:, :3].sum(1) == 3).all() and (counts[:, 3:].sum(1) == 2).all()
+    assert (counts == bootstrap.run_counts(50, strata, seed=3)).all()
+    median, interval = bootstrap.summarise([{"p": float(v)} for v in range(101)], ["p"])
+    assert median["p"] == 50 and interval["p"] == pytest.approx([5, 95])

@@ -1,0 +1,59 @@
+"""Method `scalerl` recovers R0, A, C_mid and B of its own curve, extrapolates a held-out tail, and
+skips an early transient when asked."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from isoflop_cli.config import ConfigError
+from isoflop_cli.fit.curves import scalerl
+from isoflop_cli.fit.data import RUN, FitSpec, FitWarning
+from isoflop_cli.fit.scalerl import scalerl_method
+
+TRUE = {"R0": 0.2, "A": 0.7, "C_mid": 2e5, "B": 0.9}
+C = np.geomspace(1e3, 1e7, 30)
+
+
+def runs(seeds=6, noise=0.01, transient=0.0, seed=1) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    frames = []
+    for s in range(seeds):
+        y = scalerl(C, **TRUE) + rng.normal(0, noise, C.size) + transient * (C < 1e4)
+        frames.append(pd.DataFrame({RUN: f"r{s}", "n": 8, "rollouts": np.r_[0, C], "val_avg@k": np.r_[TRUE["R0"] + rng.normal(0, noise), y]}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_recovers_its_parameters():
+    entry = scalerl_method(runs(), FitSpec(bootstrap=30)).entry
+    p = entry["params"]
+    assert entry["converged"] and entry["best"] == "n=8"
+    assert p["R0"] == pytest.approx(0.2, abs=0.01)
+    assert p["A"] == pytest.approx(0.7, abs=0.015)
+    assert p["C_mid"] == pytest.approx(2e5, rel=0.15)
+    assert p["B"] == pytest.approx(0.9, abs=0.1)
+    for name in ("A", "C_mid", "B"):
+        lo, hi = entry["interval90"][name]
+        assert lo <= p[name] <= hi
+
+
+def test_holdout_extrapolation_error_is_small_on_its_own_model():
+    entry = scalerl_method(runs(), FitSpec(bootstrap=10, holdout_frac=0.3)).entry
+    assert entry["params"]["holdout_error"] < 0.01  # noise of a 6-run mean is 0.004
+    assert entry["curves"]["n=8"]["holdout_cut"] == pytest.approx(10 ** (7 - 0.3 * 4))
+    assert entry["params"]["A"] == pytest.approx(0.7, abs=0.05)
+
+
+def test_drop_early_skips_a_transient():
+    spiked = runs(transient=0.15)
+    naive = scalerl_method(spiked, FitSpec(bootstrap=0)).entry["params"]
+    dropped = scalerl_method(spiked, FitSpec(bootstrap=0, drop_early=0.002)).entry["params"]  # below 2e4 rollouts
+    assert abs(dropped["A"] - 0.7) < 0.02 and abs(dropped["B"] - 0.9) < 0.15
+    assert abs(naive["B"] - 0.9) > abs(dropped["B"] - 0.9)
+
+
+def test_few_computes_and_bad_options():
+    short = runs()[lambda d: d["rollouts"] < 2e3]
+    with pytest.raises(ConfigError, match="distinct positive computes"), pytest.warns(FitWarning, match="too few computes"):
+        scalerl_method(short, FitSpec(bootstrap=0))
+    with pytest.raises(ConfigError, match="holdout"):
+        scalerl_method(runs(), FitSpec(holdout_frac=1.0))
