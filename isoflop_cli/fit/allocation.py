@@ -49,7 +49,7 @@ class AxisCurve:
         return fit_sigmoid(self.x, self.y, w, levels=(0.0, 1.0), increasing=True, start=start)
 
 
-def axis_curves(df: pd.DataFrame, spec: FitSpec, runs: pd.Index, method: str) -> list[AxisCurve]:
+def fit_axis_curves(df: pd.DataFrame, spec: FitSpec, runs: pd.Index, method: str) -> list[AxisCurve]:
     """One AxisCurve per axis value with enough record points; the others are dropped with a warning."""
     lo, hi = df[spec.metric].min(), df[spec.metric].max()
     if lo < 0 or hi > 1:
@@ -99,7 +99,7 @@ def saturation(law: CurveFit, grid: np.ndarray) -> dict:
 def analyse(df: pd.DataFrame, spec: FitSpec, method: str) -> dict | None:
     """Curves, envelope, axis*(C) and its law on one subset of runs, with bootstrap intervals."""
     runs = pd.Index(df[RUN].unique())
-    curves = axis_curves(df, spec, runs, method)
+    curves = fit_axis_curves(df, spec, runs, method)
     if not curves:
         return None
     grid = np.log10(compute_grid(df, spec.compute, spec.points))

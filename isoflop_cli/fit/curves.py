@@ -159,11 +159,6 @@ def _scalerl_grid(c, y, w, R0: float, top: float, lc_lo: float, lc_hi: float) ->
     return float(A[i, 0, 0]), float(log_cm[0, j, 0]), float(b[i, j, 0])
 
 
-def fit_parabola(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Weighted least-squares coefficients (c2, c1, c0) of y = c2 x^2 + c1 x + c0."""
-    return np.polyfit(x, y, 2, w=np.sqrt(w))
-
-
 def fit_power_law(c: np.ndarray, y: np.ndarray) -> CurveFit:
     """y = coef * C^exponent by least squares in log-log space."""
     exponent, log_coef = np.polyfit(np.log(c), np.log(y), 1)
