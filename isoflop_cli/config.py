@@ -82,6 +82,7 @@ class TaskConfig:
     ops: list[str] = field(default_factory=lambda: ["+"])
     reverse_answer: bool = True  # answer digits least-significant first: learnable left to right
     val_fraction: float = 0.2  # share of the problem space held out for validation
+    steps: bool = False  # show the work: one step per digit column before the answer (additions)
     max_new_tokens: int = 6
 
 
@@ -89,6 +90,9 @@ class TaskConfig:
 class RewardConfig:
     name: str = "sparse"
     format_weight: float = 0.2  # structured: the share of the reward for the answer's form
+    # prm: a local PRM checkpoint (a token classifier scoring step ends); null builds the embedded one.
+    path: Optional[str] = None
+    build: BuildConfig = field(default_factory=lambda: BuildConfig(hidden_size=64, intermediate_size=256, num_layers=2, num_heads=2, num_kv_heads=1, steps=300))
 
 
 @dataclass
@@ -178,7 +182,7 @@ class SweepConfig:
 
 
 GROUPS = ("model", "task", "reward", "algo", "grid", "cluster")
-REWARDS = ("sparse", "structured", "dense")
+REWARDS = ("sparse", "structured", "dense", "prm_proxy", "prm")
 ALGOS = ("grpo",)
 TASKS = ("arith",)
 
@@ -308,6 +312,10 @@ def check(cfg: DictConfig) -> None:
     if not 0 < cfg.algo.top_p <= 1:
         raise ConfigError(f"algo.top_p must be in (0, 1], got {cfg.algo.top_p}")
     check_choice("reward.name", cfg.reward.name, REWARDS)
+    if cfg.reward.name in ("prm_proxy", "prm") and not cfg.task.steps:
+        raise ConfigError(f"reward {cfg.reward.name} scores steps: use task=arith-steps (task.steps=true)")
+    if cfg.reward.path is not None and not (Path(cfg.reward.path).expanduser() / "config.json").is_file():
+        raise ConfigError(f"reward.path {cfg.reward.path} is not a Hugging Face checkpoint (no config.json)")
     if not 0 <= cfg.reward.format_weight <= 1:
         raise ConfigError(f"reward.format_weight must be in [0, 1], got {cfg.reward.format_weight}")
     check_choice("algo.name", cfg.algo.name, ALGOS)
@@ -319,6 +327,8 @@ def check(cfg: DictConfig) -> None:
         raise ConfigError(f"task.operands must be >= 2, got {t.operands}")
     for op in t.ops:
         check_choice("task.ops", op, ("+", "-", "*"))
+    if t.steps and (list(t.ops) != ["+"] or not t.reverse_answer):
+        raise ConfigError("task.steps needs task.ops=[+] and task.reverse_answer=true (column steps of an addition)")
     if not 0 < t.val_fraction < 1:
         raise ConfigError(f"task.val_fraction must be in (0, 1), got {t.val_fraction}")
     if OmegaConf.is_missing(cfg.model, "path"):

@@ -146,3 +146,31 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     assert len(df) == expected_rows(sweep_dir)
     assert not df.duplicated(["run_id", "step"]).any()
     assert_head_stopped(sweep_dir)
+
+
+def test_reward_axis_prm_costs_reward_flops_and_lowers_rho(tmp_path):
+    """A sweep over reward=[sparse,prm] at equal budget and allocation: only the learned PRM spends
+    reward FLOPs, so its rho is lower."""
+    result = isoflop("sweep", "--out", str(tmp_path), "task=arith-steps", "grid.n=[4]", "grid.B_p=[4]", "grid.budgets=[64]",
+                     "grid.eval_points=2", "eval.problems=16", "eval.samples=4", "+grid.axes={reward:[sparse,prm]}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    df = pd.read_parquet(tmp_path / "default" / "results.parquet")
+    last = df[df["step"] == df["step"].max()].set_index("reward")
+    assert last.loc["sparse", "flops_reward"] == 0 and last.loc["prm", "flops_reward"] > 0
+    assert last.loc["prm", "rho"] < last.loc["sparse", "rho"]
+    assert last.loc["prm", "reward_cpu_s"] == 0 and last.loc["sparse", "reward_cpu_s"] > 0
+
+
+def test_flop_budget_sweep_stops_every_run_within_one_step(tmp_path):
+    from isoflop_cli import config
+    from isoflop_cli.grid import step_flops
+
+    overrides = ["grid.n=[2,4]", "grid.B_p=[2]", "grid.budget.unit=flops", "grid.budgets=[1e9,2e9]", "grid.eval_points=2",
+                 "eval.problems=16", "eval.samples=4"]
+    result = isoflop("sweep", "--out", str(tmp_path), *overrides)
+    assert result.returncode == 0, result.stdout + result.stderr
+    df = pd.read_parquet(tmp_path / "default" / "results.parquet")
+    for n, run in df.groupby("n"):
+        bound = sum(step_flops(config.load(None, [*overrides, f"n={n}", "B_p=2"])))  # one step, upper bound
+        assert 2e9 <= run["flops_total"].max() < 2e9 + bound
+        assert ((run["flops_total"] >= 1e9) & (run["flops_total"] < 1e9 + bound)).any()  # evaluated on the FLOP axis

@@ -22,9 +22,10 @@ CASES = {  # completion: (sparse, structured, dense)
 
 @pytest.mark.parametrize("name,column", [("sparse", 0), ("structured", 1), ("dense", 2)])
 def test_rewards_on_hand_made_completions(name, column):
-    reward = make_reward(OmegaConf.create({"name": name, "format_weight": 0.2}), TASK)
-    for completion, expected in CASES.items():
-        assert reward(P, completion) == pytest.approx(expected[column]), completion
+    reward, rule_based = make_reward(OmegaConf.create({"name": name, "format_weight": 0.2}), OmegaConf.structured(config.TaskConfig()))
+    scores, spent = reward([P] * len(CASES), list(CASES))
+    assert rule_based and spent == 0.0
+    assert scores == pytest.approx([v[column] for v in CASES.values()])
 
 
 def test_reward_is_a_grid_axis_and_model_family_too():
@@ -36,3 +37,33 @@ def test_reward_is_a_grid_axis_and_model_family_too():
         (r, m) for r in ("sparse", "structured", "dense") for m in ("tiny-arith-s", "tiny-arith-l")}
     sizes = {c.cfg.model.name: c.cfg.model.build.hidden_size for c in cells}
     assert sizes == {"tiny-arith-s": 64, "tiny-arith-l": 256}
+
+
+STEPS = ArithTask(steps=True)
+Q = STEPS.problem([57, 68], ["+"])  # columns 7+8 = 15 -> "51", 5+6+1 = 12 -> "21"; answer 125 -> "521"
+
+
+def test_step_solutions_and_their_rewards():
+    assert (Q.steps, Q.answer, Q.solution) == (("51", "21"), "521", "51,21;521")
+    cases = {  # completion: (sparse, structured, prm_proxy)
+        "51,21;521": (1.0, 1.0, 1.0),
+        "51,20;520": (0.0, 0.2, 1 / 3),
+        "50,21;521": (1.0, 1.0, 2 / 3),
+        "521": (1.0, 0.8, 1 / 3),  # right answer, no work shown
+        "51,21,00;521": (1.0, 1.0, 3 / 4),  # an extra step counts as wrong
+        "51;21": (0.0, 0.2, 1 / 3),
+        "garbage": (0.0, 0.0, 0.0),
+    }
+    for name, column in (("sparse", 0), ("structured", 1), ("prm_proxy", 2)):
+        reward, rule_based = make_reward(OmegaConf.create({"name": name, "format_weight": 0.2}), OmegaConf.structured(config.TaskConfig(steps=True)))
+        assert rule_based
+        scores, spent = reward([Q] * len(cases), list(cases))
+        assert spent == 0.0
+        assert scores == pytest.approx([v[column] for v in cases.values()]), name
+
+
+def test_step_rewards_need_a_task_that_shows_its_work():
+    for name in ("prm_proxy", "prm"):
+        with pytest.raises(config.ConfigError, match="task=arith-steps"):
+            config.load(None, [f"reward={name}"])
+    assert config.load(None, ["reward=prm", "task=arith-steps"]).task.steps

@@ -13,11 +13,11 @@ import hashlib
 import json
 import math
 import os
-import random
 import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -45,9 +45,15 @@ def load(model_cfg: DictConfig, task_cfg: DictConfig, dtype: torch.dtype = torch
 
 
 def ensure_embedded(model_cfg: DictConfig, task_cfg: DictConfig) -> Path:
-    recipe = {"name": model_cfg.name, "build": OmegaConf.to_container(model_cfg.build), "task": _task_key(task_cfg)}
+    recipe = {"name": model_cfg.name, "build": OmegaConf.to_container(model_cfg.build), "task": _task_key(task_cfg), "vocab": ALPHABET}
+    return cached(model_cfg.name, recipe, lambda out: build(model_cfg.build, ArithTask.from_config(task_cfg), out))
+
+
+def cached(name: str, recipe: dict, build_fn: Callable[[Path], None]) -> Path:
+    """The directory of a locally built model, keyed by its recipe; built once, under a file lock,
+    into a temporary directory renamed into place (a crash leaves no half-built model)."""
     digest = hashlib.sha1(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
-    target = cache_dir() / "models" / f"{model_cfg.name}-{digest}"
+    target = cache_dir() / "models" / f"{name}-{digest}"
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -56,7 +62,7 @@ def ensure_embedded(model_cfg: DictConfig, task_cfg: DictConfig) -> Path:
         if not (target / "config.json").is_file():
             tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
             try:
-                build(model_cfg.build, ArithTask.from_config(task_cfg), tmp)
+                build_fn(tmp)
                 (tmp / "isoflop_recipe.json").write_text(json.dumps(recipe, indent=2))
                 tmp.rename(target)
             finally:
@@ -79,11 +85,9 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build(b: DictConfig, task: ArithTask, out: Path, log_every: int = 100) -> None:
-    """Seeded Qwen2 + supervised warm start (loss on answer tokens only), saved in HF format."""
-    torch.manual_seed(b.seed)
-    tokenizer = char_tokenizer()
-    config = Qwen2Config(
+def qwen2_config(b: DictConfig, tokenizer, **extra) -> Qwen2Config:
+    """The embedded family's architecture at the sizes in `b` (a model.build section)."""
+    return Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=b.hidden_size,
         intermediate_size=b.intermediate_size,
@@ -95,30 +99,43 @@ def build(b: DictConfig, task: ArithTask, out: Path, log_every: int = 100) -> No
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.eos_token_id,
+        **extra,
     )
-    model = AutoModelForCausalLM.from_config(config)
+
+
+def supervised(model, b: DictConfig, task: ArithTask, batch_loss: Callable[[list], torch.Tensor], what: str, log_every: int = 100) -> None:
+    """A seeded supervised loop: AdamW, short warm-up then cosine decay, clipped gradients."""
     opt = torch.optim.AdamW(model.parameters(), lr=b.lr, weight_decay=0.0)
     warmup = max(1, b.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, b.steps) / b.steps))
     )
     stream = task.stream("train", seed=b.seed)
-    rng = random.Random(b.seed)
     start = time.time()
     model.train()
     for step in range(b.steps):
-        batch = [next(stream) for _ in range(b.batch_size)]
-        rng.shuffle(batch)
-        input_ids, labels = _sft_batch(tokenizer, batch)
-        loss = model(input_ids=input_ids, attention_mask=(input_ids != tokenizer.pad_token_id).long(), labels=labels).loss
+        loss = batch_loss([next(stream) for _ in range(b.batch_size)])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         if (step + 1) % log_every == 0:
-            print(f"[warm start] step {step + 1}/{b.steps} loss {loss.item():.4f} ({time.time() - start:.0f}s)", flush=True)
+            print(f"[{what}] step {step + 1}/{b.steps} loss {loss.item():.4f} ({time.time() - start:.0f}s)", flush=True)
     model.eval()
+
+
+def build(b: DictConfig, task: ArithTask, out: Path) -> None:
+    """Seeded Qwen2 + supervised warm start (loss on the solution tokens only), saved in HF format."""
+    torch.manual_seed(b.seed)
+    tokenizer = char_tokenizer()
+    model = AutoModelForCausalLM.from_config(qwen2_config(b, tokenizer))
+
+    def batch_loss(problems: list) -> torch.Tensor:
+        input_ids, labels = _sft_batch(tokenizer, problems)
+        return model(input_ids=input_ids, attention_mask=(input_ids != tokenizer.pad_token_id).long(), labels=labels).loss
+
+    supervised(model, b, task, batch_loss, "warm start")
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out)
@@ -130,7 +147,7 @@ def _sft_batch(tokenizer, problems) -> tuple[torch.Tensor, torch.Tensor]:
     rows, labels = [], []
     for p in problems:
         prompt = tokenizer.encode(p.prompt)
-        answer = tokenizer.encode(p.answer) + [tokenizer.eos_token_id]
+        answer = tokenizer.encode(p.solution) + [tokenizer.eos_token_id]
         rows.append(prompt + answer)
         labels.append([-100] * len(prompt) + answer)
     width = max(map(len, rows))

@@ -68,7 +68,7 @@ def _train(cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> list[
     use_reference = algo.kl_coef > 0
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if use_reference and not cfg.lora.rank else None
     task = ArithTask.from_config(cfg.task)
-    reward = make_reward(cfg.reward, task)
+    reward, rule_based = make_reward(cfg.reward, cfg.task)
     prompts = task.stream("train", seed=cfg.seed)
     val_problems = task.validation_set(cfg.eval.problems)
     shape = flops.Shape.from_config(policy.config).with_lora(cfg.lora.rank, cfg.lora.targets)
@@ -95,7 +95,8 @@ def _train(cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> list[
         ledger["flops_eval"] += flops.generate(shape, len(rollouts.texts), rollouts.prompt_width, rollouts.generated_width)
         means = {f"train_{k}" if k in ("reward", "loss") else k: _mean(v) for k, v in since_eval.items()}
         row = {
-            "step": step, "model_params": params, "trainable_params": sum(p.numel() for p in trainable), **ledger, **_totals(ledger, cfg.flops), **{f"measured_{k}": v for k, v in _measured(meter).items()},
+            "step": step, "model_params": params, "trainable_params": sum(p.numel() for p in trainable),
+            **ledger, **_totals(ledger, cfg.flops), **{f"measured_{k}": v for k, v in _measured(meter).items()},
             "train_reward_mean": means.pop("train_reward"), "zero_var_frac": means.pop("zero_var"),
             **metrics, "k": cfg.eval.k, **means, "lr": lr, "wall_s": round(time.time() - start, 3),
         }
@@ -113,10 +114,18 @@ def _train(cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> list[
         return spent() < budget.limit
 
     checkpoints = list(budget.eval_at)
+
+    def passed_checkpoint() -> bool:
+        """Whether the ledger has reached the next compute checkpoint (passing all it reached)."""
+        passed = False
+        while checkpoints and spent() >= checkpoints[0]:
+            checkpoints.pop(0)
+            passed = True
+        return passed
+
     step = 0
-    while checkpoints and spent() >= checkpoints[0]:
-        checkpoints.pop(0)
-    eval_point(0)
+    passed_checkpoint()
+    eval_point(0)  # the base model
     while budget_left():
         step += 1
         # 1. Sample n completions for each of B_p prompts.
@@ -125,11 +134,14 @@ def _train(cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> list[
         with meter.count("search"):
             rollouts = sample(policy, tokenizer, [p.prompt for p in problems], n, algo.temperature, algo.top_p, cfg.task.max_new_tokens)
 
-        # 2. Score with the reward system; rule-based, so CPU time and no FLOPs.
+        # 2. Score with the reward system: a rule (CPU time, no FLOPs) or a reward model (its FLOPs).
         cpu = time.process_time()
         with meter.count("reward"):
-            rewards = torch.tensor([reward(problems[i // n], text) for i, text in enumerate(rollouts.texts)]).view(B_p, n)
-        ledger["reward_cpu_s"] += time.process_time() - cpu
+            scores, reward_flops = reward([problems[i // n] for i in range(B_p * n)], rollouts.texts)
+        rewards = torch.tensor(scores).view(B_p, n)
+        ledger["flops_reward"] += reward_flops
+        if rule_based:
+            ledger["reward_cpu_s"] += time.process_time() - cpu
 
         # 3. Group-normalised advantages, one per completion.
         advantages = group_advantages(rewards, algo.adv_eps).flatten()
@@ -148,16 +160,16 @@ def _train(cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> list[
         # 5. Updates: epochs over the batch, each in mini-batches; clipped policy-gradient loss
         #    (+ KL to the reference, - entropy bonus), token-mean; AdamW, clipped gradient norm.
         for _ in range(algo.epochs):
-            for rows_idx in torch.arange(len(rollouts.texts)).tensor_split(algo.minibatches):
-                seq, attn = rollouts.sequences[rows_idx], rollouts.attention_mask[rows_idx]
-                mask = rollouts.completion_mask[rows_idx, 1:].float()
+            for idx in torch.arange(len(rollouts.texts)).tensor_split(algo.minibatches):
+                seq, attn = rollouts.sequences[idx], rollouts.attention_mask[idx]
+                mask = rollouts.completion_mask[idx, 1:].float()
                 with meter.count("learning"):
                     logp, entropy = token_logprobs(policy, seq, attn, algo.temperature, with_entropy=algo.entropy_coef > 0)
-                    old = old_logp[rows_idx] if old_logp is not None else logp.detach()  # on-policy: ratio 1
-                    pg, clipped = clipped_pg(logp, old, advantages[rows_idx], algo.clip_low, algo.clip_high)
+                    old = old_logp[idx] if old_logp is not None else logp.detach()  # on-policy: ratio 1
+                    pg, clipped = clipped_pg(logp, old, advantages[idx], algo.clip_low, algo.clip_high)
                     loss = masked_mean(pg, mask)
                     if ref_logp is not None:
-                        kl = masked_mean(kl_k3(logp, ref_logp[rows_idx]), mask)
+                        kl = masked_mean(kl_k3(logp, ref_logp[idx]), mask)
                         loss = loss + algo.kl_coef * kl
                         since_eval["kl"].append(kl.item())
                     if entropy is not None:
@@ -173,18 +185,16 @@ def _train(cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> list[
                 since_eval["clip_frac"].append(masked_mean(clipped, mask).item())
 
         # 6. Ledger: compute spent so far, in rollouts, generated tokens and FLOPs per part.
-        rows_, width = rollouts.sequences.shape
+        batch_rows, width = rollouts.sequences.shape
         ledger["rollouts"] += B_p * n
         ledger["tokens_generated"] += rollouts.tokens_generated
-        ledger["flops_search"] += flops.generate(shape, rows_, rollouts.prompt_width, rollouts.generated_width)
-        ledger["flops_learning"] += flops.learning(shape, rows_, width, algo.epochs, reference=use_reference, old_policy=updates > 1)
+        ledger["flops_search"] += flops.generate(shape, batch_rows, rollouts.prompt_width, rollouts.generated_width)
+        ledger["flops_learning"] += flops.learning(shape, batch_rows, width, algo.epochs, reference=use_reference, old_policy=updates > 1)
         since_eval["reward"].append(rewards.mean().item())
         since_eval["zero_var"].append((rewards.std(dim=1) == 0).float().mean().item() if n > 1 else 1.0)
 
         # 7. Evaluate at the compute checkpoints this step reached.
-        if checkpoints and spent() >= checkpoints[0]:
-            while checkpoints and spent() >= checkpoints[0]:
-                checkpoints.pop(0)
+        if passed_checkpoint():
             eval_point(step)
         files.set_status(RUNNING, step=step, M=budget.M, rollouts=ledger["rollouts"], pid=os.getpid())
     if rows[-1]["step"] != step:

@@ -4,6 +4,10 @@ A prompt is `a+b=`; the answer is the result's digits, least significant first w
 `reverse_answer` is on (a left-to-right model can then carry). Difficulty comes from the operand
 digits and the number of operands. Train and validation splits partition the problem space by a
 stable hash of the prompt, so they never overlap and do not depend on the draw order.
+
+With `steps` on (additions only), a solution shows its work before the answer, one step per digit
+column, least significant first: the column's digit and its carry, then `;` and the answer:
+`57+68=` -> `51,21;521`. Steps can then be checked (or scored by a model) one by one.
 """
 
 from __future__ import annotations
@@ -14,14 +18,20 @@ import re
 from dataclasses import dataclass
 from typing import Iterator
 
-ALPHABET = "0123456789+-*="
+ALPHABET = "0123456789+-*=,;"
 SPECIALS = ("<pad>", "<eos>", "<unk>")  # the embedded model's character vocabulary: SPECIALS + ALPHABET
 
 
 @dataclass(frozen=True)
 class Problem:
     prompt: str
-    answer: str  # the exact completion the verifier accepts
+    answer: str  # the final answer the verifier accepts
+    steps: tuple[str, ...] = ()  # the column steps, when the task shows its work
+
+    @property
+    def solution(self) -> str:
+        """The full reference completion (what the warm start learns)."""
+        return ",".join(self.steps) + ";" + self.answer if self.steps else self.answer
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,7 @@ class ArithTask:
     ops: tuple[str, ...] = ("+",)
     reverse_answer: bool = True
     val_fraction: float = 0.2
+    steps: bool = False
 
     @classmethod
     def from_config(cls, task) -> "ArithTask":
@@ -40,6 +51,7 @@ class ArithTask:
             ops=tuple(task.ops),
             reverse_answer=task.reverse_answer,
             val_fraction=task.val_fraction,
+            steps=task.steps,
         )
 
     def problem(self, terms: list[int], ops: list[str]) -> Problem:
@@ -48,7 +60,7 @@ class ArithTask:
         if self.reverse_answer:
             sign, digits = ("-", answer[1:]) if answer.startswith("-") else ("", answer)
             answer = sign + digits[::-1]
-        return Problem(prompt=expr + "=", answer=answer)
+        return Problem(prompt=expr + "=", answer=answer, steps=_column_steps(terms) if self.steps else ())
 
     @property
     def max_prompt_len(self) -> int:
@@ -86,20 +98,32 @@ class ArithTask:
                 break
         return list(seen.values())
 
-    @staticmethod
-    def verify(problem: Problem, completion: str) -> bool:
-        return completion.strip() == problem.answer
+    def parse(self, completion: str) -> tuple[list[str], str]:
+        """(steps, final answer) of a completion; without `steps` it is all answer."""
+        text = completion.strip()
+        if not self.steps:
+            return [], text
+        work, sep, final = text.rpartition(";")
+        return (work.split(",") if work else []) if sep else [], final
 
-    @staticmethod
-    def well_formed(completion: str) -> bool:
-        """An integer and nothing else: the form every answer takes, right or wrong."""
-        return re.fullmatch(r"-?\d+", completion.strip()) is not None
+    def verify(self, problem: Problem, completion: str) -> bool:
+        return self.parse(completion)[1] == problem.answer
 
-    @staticmethod
-    def digit_credit(problem: Problem, completion: str) -> float:
-        """Share of positions, over the longer of answer and completion, where the two agree."""
-        got, want = completion.strip(), problem.answer
+    def well_formed(self, completion: str) -> bool:
+        """The form every solution takes, right or wrong: an integer, after its steps when shown."""
+        pattern = r"(\d\d,)*\d\d;-?\d+" if self.steps else r"-?\d+"
+        return re.fullmatch(pattern, completion.strip()) is not None
+
+    def digit_credit(self, problem: Problem, completion: str) -> float:
+        """Share of positions, over the longer of answer and given answer, where the two agree."""
+        got, want = self.parse(completion)[1], problem.answer
         return sum(a == b for a, b in zip(got, want)) / max(len(got), len(want))
+
+    def step_credit(self, problem: Problem, completion: str) -> float:
+        """Rule-checked steps: the share right of every step and the final answer (extra steps count as wrong)."""
+        steps, final = self.parse(completion)
+        right = sum(a == b for a, b in zip(steps, problem.steps)) + (final == problem.answer)
+        return right / (max(len(steps), len(problem.steps)) + 1)
 
 
 def _value(terms: list[int], ops: list[str]) -> int:
@@ -111,3 +135,14 @@ def _value(terms: list[int], ops: list[str]) -> int:
         else:
             total, sign, product = total + sign * product, (1 if op == "+" else -1), term
     return total + sign * product
+
+
+def _column_steps(terms: list[int]) -> tuple[str, ...]:
+    """Per digit column, least significant first: the column's digit and the carry it passes on."""
+    columns = max(len(str(t)) for t in terms)
+    steps, carry = [], 0
+    for i in range(columns):
+        total = carry + sum(t // 10**i % 10 for t in terms)
+        steps.append(f"{total % 10}{total // 10}")
+        carry = total // 10
+    return tuple(steps)

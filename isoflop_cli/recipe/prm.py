@@ -1,0 +1,122 @@
+"""A learned process reward model (PRM): it scores every step of a solution, and costs model FLOPs.
+
+The embedded PRM is a small Qwen2 token classifier built the way the tiny policy is: seeded,
+trained locally, cached and saved in Hugging Face format, loaded like any checkpoint (a local PRM
+of the same form can be given by `reward.path`). It reads prompt + completion + eos and predicts,
+at the end of each step (each `,` and `;`) and of the answer (the eos), whether that step is
+right. It learns from reference solutions whose steps and answers are corrupted at random, and
+from malformed ones (cut short, or noise), whose end is wrong, so that no policy can please it
+with an empty or broken completion. The reward is the mean predicted probability over those
+positions.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+from isoflop_cli import flops
+from isoflop_cli.recipe.checkpoint import cached, char_tokenizer, qwen2_config, supervised
+from isoflop_cli.tasks.arith import ALPHABET, ArithTask, Problem
+
+CORRUPT = 0.3  # the chance that a training step (or answer) is replaced by a wrong one
+MALFORMED = 0.15  # the chance that a training completion is cut short or replaced by noise
+
+
+class ProcessRewardModel:
+    def __init__(self, path: Path, task: ArithTask):
+        self.task = task
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer.padding_side = "right"
+        self.model = AutoModelForTokenClassification.from_pretrained(path).eval()
+        self.shape = replace(flops.Shape.from_config(self.model.config), vocab=self.model.config.num_labels)
+
+    @torch.no_grad()
+    def __call__(self, problems: list[Problem], completions: list[str]) -> tuple[list[float], float]:
+        """Rewards and the FLOPs the scoring took (every position of the padded batch is scored)."""
+        prompts = [p.prompt for p in problems]
+        ids, attention = encode(self.tokenizer, prompts, [c.strip() for c in completions])
+        probs = torch.sigmoid(self.model(input_ids=ids, attention_mask=attention).logits[..., 0])
+        ends = step_ends(self.tokenizer, ids, attention, prompts)
+        rewards = ((probs * ends).sum(-1) / ends.sum(-1)).tolist()
+        return rewards, flops.forward(self.shape, *ids.shape, ids.shape[1], ids.shape[1]).total
+
+
+def encode(tokenizer, prompts: list[str], completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded prompt + completion + eos, and its attention mask."""
+    rows = [tokenizer.encode(p + c) + [tokenizer.eos_token_id] for p, c in zip(prompts, completions)]
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
+    return ids, (torch.arange(width) < torch.tensor([len(r) for r in rows])[:, None]).long()
+
+
+def step_ends(tokenizer, ids: torch.Tensor, attention: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    """Where a step or the answer ends: the separators after the prompt, and the eos."""
+    ends = torch.tensor([tokenizer.convert_tokens_to_ids(c) for c in ",;"] + [tokenizer.eos_token_id])
+    after_prompt = torch.arange(ids.shape[1]) >= torch.tensor([len(tokenizer.encode(p)) for p in prompts])[:, None]
+    return (torch.isin(ids, ends) & after_prompt & attention.bool()).float()
+
+
+def load(reward_cfg: DictConfig, task_cfg: DictConfig) -> ProcessRewardModel:
+    task = ArithTask.from_config(task_cfg)
+    if reward_cfg.path:
+        return ProcessRewardModel(Path(reward_cfg.path).expanduser(), task)
+    recipe = {"prm": OmegaConf.to_container(reward_cfg.build), "task": OmegaConf.to_container(task_cfg), "vocab": ALPHABET, "corrupt": CORRUPT, "malformed": MALFORMED}
+    return ProcessRewardModel(cached("prm", recipe, lambda out: build(reward_cfg.build, task, out)), task)
+
+
+def build(b: DictConfig, task: ArithTask, out: Path) -> None:
+    torch.manual_seed(b.seed)
+    rng = random.Random(b.seed)
+    tokenizer = char_tokenizer()
+    tokenizer.padding_side = "right"
+    model = AutoModelForTokenClassification.from_config(qwen2_config(b, tokenizer, num_labels=1))
+
+    def batch_loss(problems: list[Problem]) -> torch.Tensor:
+        completions, labels = zip(*(_corrupted(p, rng) for p in problems))
+        prompts = [p.prompt for p in problems]
+        ids, attention = encode(tokenizer, prompts, list(completions))
+        ends = step_ends(tokenizer, ids, attention, prompts)
+        target = torch.zeros_like(ends)
+        for i, row in enumerate(labels):
+            target[i, ends[i].nonzero().flatten()] = torch.tensor(row)
+        logits = model(input_ids=ids, attention_mask=attention).logits[..., 0]
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, target, weight=ends, reduction="sum") / ends.sum()
+
+    supervised(model, b, task, batch_loss, "prm")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _corrupted(problem: Problem, rng: random.Random) -> tuple[str, list[float]]:
+    """A training completion and, per step end (then the end of the answer), whether it is right:
+    with chance MALFORMED the solution cut short or noise (steps complete in it keep their truth,
+    the end is wrong); otherwise the solution with each step and the answer replaced, with chance
+    CORRUPT, by a wrong one."""
+    if rng.random() < MALFORMED:
+        if rng.random() < 0.5:
+            text = problem.solution[: rng.randrange(len(problem.solution))]
+            return text, [1.0] * sum(c in ",;" for c in text) + [0.0]
+        text = "".join(rng.choice(ALPHABET) for _ in range(rng.randrange(1, 12)))
+        return text, [0.0] * (sum(c in ",;" for c in text) + 1)
+    steps, labels = [], []
+    for step in problem.steps:
+        wrong = rng.random() < CORRUPT
+        steps.append(_other(step, rng) if wrong else step)
+        labels.append(0.0 if wrong else 1.0)
+    wrong = rng.random() < CORRUPT
+    answer = _other(problem.answer, rng) if wrong else problem.answer
+    return ",".join(steps) + ";" + answer, [*labels, 0.0 if wrong else 1.0]
+
+
+def _other(digits: str, rng: random.Random) -> str:
+    """A string of digits of the same length that differs from `digits`."""
+    while True:
+        candidate = "".join(rng.choice("0123456789") for _ in digits)
+        if candidate != digits:
+            return candidate
