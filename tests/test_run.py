@@ -59,3 +59,20 @@ def test_flop_budget_run_stops_within_one_step_and_evaluates_on_the_flop_axis(tm
     for checkpoint in (7.5e8, 1.5e9, 3e9):  # 3e9 halved twice, and the budgets
         assert any(checkpoint <= r["flops_total"] < checkpoint + bound for r in rows), checkpoint
     assert rows[-1]["step"] > plan.M  # the plan's M is a lower bound from the upper bound per step
+
+
+def test_local_checkpoint_by_path_and_gpu_hours(tmp_path):
+    """Any local HF checkpoint runs by path (here the embedded model's own directory), and
+    gpu_hours follows from the ledger where a device peak and utilisation are configured."""
+    from isoflop_cli import config
+    from isoflop_cli.recipe.checkpoint import ensure_embedded
+
+    cfg = config.load(None, [])
+    path = ensure_embedded(cfg.model, cfg.task)
+    args = [*ARGS, "model=local", f"model.path={path}", "flops.peak_tflops=989", "flops.utilization=0.4"]
+    result = CliRunner().invoke(app, ["run", *args, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    last = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
+    assert last["gpu_hours"] == pytest.approx(last["flops_total"] / (989e12 * 0.4) / 3600)
+    bad = CliRunner().invoke(app, ["run", *ARGS, "flops.peak_tflops=989"])
+    assert bad.exit_code == 2 and "flops.utilization" in bad.output
