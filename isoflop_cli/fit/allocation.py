@@ -104,6 +104,13 @@ def analyse(df: pd.DataFrame, spec: FitSpec, method: str) -> dict | None:
         return None
     grid = np.log10(compute_grid(df, spec.compute, spec.points))
     fits = [c.fit() for c in curves]
+    # A sigmoid the optimiser did not settle would put a guess on the frontier: leave it out.
+    failed = [f"{spec.axis}={plain(c.value)}" for c, f in zip(curves, fits) if not f.converged]
+    if failed:
+        warn(f"{method}: the sigmoid for {', '.join(failed)} did not converge; left out of the frontier")
+        curves, fits = [c for c, f in zip(curves, fits) if f.converged], [f for f in fits if f.converged]
+    if not curves:
+        return None
     value, star = envelope(curves, fits, grid)
     levels = (np.log2(min(c.value for c in curves)), np.log2(max(c.value for c in curves)))
     law = fit_law(grid, star, levels)
@@ -126,7 +133,7 @@ def frontier_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     """Method `frontier`: the law of log2 axis*(C) and its saturation, per-axis curves, axis*(C) band."""
     a = analyse(df, spec, "frontier")
     if a is None:
-        raise ConfigError(f"frontier: no {spec.axis} value has {MIN_POINTS} record-breaking points at 3 computes to fit")
+        raise ConfigError(f"frontier: no {spec.axis} value has a fitted sigmoid ({MIN_POINTS} record-breaking points at 3 computes, and a converged fit)")
     entry = _law_entry(a, spec.axis, "frontier")
     entry["curves"] = _curve_entries(a, spec.axis)
     entry["axis_star"] = _axis_star_rows(a)
