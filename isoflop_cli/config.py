@@ -115,6 +115,8 @@ class AlgoConfig:
     # (off-policy, the clip matters, an old-policy pass is added): rho rises at a fixed budget.
     epochs: int = 1
     minibatches: int = 1
+    loss_agg: str = "token-mean"  # or seq-mean-token-mean; dr_grpo always uses its constant normaliser
+    filter_zero_variance: bool = False  # leave out of the loss the groups whose rewards are all equal
 
 
 @dataclass
@@ -183,7 +185,8 @@ class SweepConfig:
 
 GROUPS = ("model", "task", "reward", "algo", "grid", "cluster")
 REWARDS = ("sparse", "structured", "dense", "prm_proxy", "prm")
-ALGOS = ("grpo",)
+ALGOS = ("grpo", "dr_grpo", "cispo")
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean")
 TASKS = ("arith",)
 
 
@@ -319,6 +322,7 @@ def check(cfg: DictConfig) -> None:
     if not 0 <= cfg.reward.format_weight <= 1:
         raise ConfigError(f"reward.format_weight must be in [0, 1], got {cfg.reward.format_weight}")
     check_choice("algo.name", cfg.algo.name, ALGOS)
+    check_choice("algo.loss_agg", cfg.algo.loss_agg, LOSS_AGGS)
     check_choice("task.name", cfg.task.name, TASKS)
     t = cfg.task
     positive("task.digits", t.digits)

@@ -26,6 +26,8 @@ CASES = {
     "unknown sweep": (["plan", "--config", "nope"], "nope"),
     "unknown reward": (["plan", "reward.name=magic"], "reward.name"),
     "eval samples below k": (["plan", "eval.samples=2"], "eval.samples"),
+    "unknown loss aggregation": (["plan", "algo.loss_agg=sum"], "algo.loss_agg"),
+    "unknown algorithm": (["plan", "algo=ppo2"], "algo/ppo2"),
     "negative LoRA rank": (["plan", "lora.rank=-1"], "lora.rank"),
     "unknown LoRA target": (["plan", "lora.targets=[q_proj,wq]"], "wq"),
     "minibatches above the batch": (["plan", "grid.n=[2]", "grid.B_p=[2]", "algo.minibatches=8"], "minibatches"),

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from isoflop_cli.recipe.losses import clipped_pg, group_advantages, kl_k3, masked_mean
+from isoflop_cli.recipe.losses import aggregate, cispo_pg, clipped_pg, group_advantages, kl_k3, masked_mean
 
 
 def test_group_advantages_hand_computed():
@@ -43,3 +43,41 @@ def test_kl_k3_and_masked_mean():
     x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     assert masked_mean(x, mask).item() == pytest.approx((1 + 2 + 4) / 3)
+
+
+def test_dr_grpo_advantages_are_only_mean_centred():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
+    adv = group_advantages(rewards, eps=1e-6, scale=False)
+    assert adv.flatten().tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5, 0.75, -0.25, -0.25, -0.25, 0.0, 0.0, 0.0, 0.0])
+
+
+def test_aggregations_hand_computed():
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert aggregate(x, mask, "token-mean").item() == pytest.approx((1 + 2 + 4) / 3)
+    assert aggregate(x, mask, "seq-mean-token-mean").item() == pytest.approx(((1 + 2) / 2 + 4) / 2)
+    assert aggregate(x, mask, "constant", max_len=5).item() == pytest.approx((1 + 2 + 4) / (2 * 5))
+    # a row with no tokens (a filtered group) does not count as a sequence
+    empty = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    assert aggregate(x, empty, "seq-mean-token-mean").item() == pytest.approx(1.5)
+
+
+def test_cispo_hand_computed_and_stop_gradient():
+    old = torch.zeros(1, 4)
+    logp = torch.log(torch.tensor([[0.5, 1.1, 1.5, 0.9]])).requires_grad_(True)  # ratios 0.5, 1.1, 1.5, 0.9
+    loss, clipped = cispo_pg(logp, old, torch.tensor([2.0]), clip_low=0.2, clip_high=0.28)
+    weight = torch.tensor([0.8, 1.1, 1.28, 0.9])  # clip(r, 0.8, 1.28)
+    assert loss[0].tolist() == pytest.approx((-weight * 2.0 * logp[0].detach()).tolist())
+    assert clipped[0].tolist() == [1.0, 0.0, 1.0, 0.0]
+    loss.sum().backward()
+    assert logp.grad[0].tolist() == pytest.approx((-weight * 2.0).tolist())  # every token keeps a gradient
+
+
+def test_equal_reward_groups_give_no_policy_gradient_in_any_algorithm():
+    rewards = torch.ones(2, 4)
+    logp = torch.log(torch.full((8, 3), 0.5)).requires_grad_(True)
+    for scale in (True, False):
+        adv = group_advantages(rewards, 1e-6, scale=scale).flatten()
+        for policy_loss in (clipped_pg, cispo_pg):
+            loss, _ = policy_loss(logp, logp.detach(), adv, 0.2, 0.28)
+            assert torch.equal(loss, torch.zeros_like(loss))

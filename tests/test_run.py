@@ -76,3 +76,11 @@ def test_local_checkpoint_by_path_and_gpu_hours(tmp_path):
     assert last["gpu_hours"] == pytest.approx(last["flops_total"] / (989e12 * 0.4) / 3600)
     bad = CliRunner().invoke(app, ["run", *ARGS, "flops.peak_tflops=989"])
     assert bad.exit_code == 2 and "flops.utilization" in bad.output
+
+
+@pytest.mark.parametrize("algo", [["algo=dr_grpo"], ["algo=cispo", "algo.epochs=2"], ["algo.loss_agg=seq-mean-token-mean", "algo.filter_zero_variance=true"]])
+def test_algorithms_run(tmp_path, algo):
+    result = CliRunner().invoke(app, ["run", *ARGS, *algo, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 4 and all(r["train_loss"] is not None for r in rows[1:])

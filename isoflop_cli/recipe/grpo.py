@@ -1,4 +1,4 @@
-"""One GRPO run, top to bottom: sample, score, advantage, loss, update, evaluate, ledger.
+"""One GRPO run (or Dr. GRPO, CISPO), top to bottom: sample, score, advantage, loss, update, evaluate, ledger.
 
 Called with a resolved config, a compute budget on one ledger column (where to stop and where to
 evaluate) and the learning rate; it knows nothing of grids or Ray. It writes one metrics row per
@@ -23,7 +23,7 @@ from isoflop_cli.recipe import checkpoint
 from isoflop_cli.recipe.evaluate import evaluate
 from isoflop_cli.recipe.learner import token_logprobs
 from isoflop_cli.recipe.measure import Meter
-from isoflop_cli.recipe.losses import clipped_pg, group_advantages, kl_k3, masked_mean
+from isoflop_cli.recipe.losses import aggregate, cispo_pg, clipped_pg, group_advantages, kl_k3, masked_mean
 from isoflop_cli.recipe.rewards import make_reward
 from isoflop_cli.recipe.sampler import sample
 from isoflop_cli.store import FAILED, FINISHED, RUNNING, RunFiles
@@ -143,8 +143,11 @@ def _train(cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> list[
         if rule_based:
             ledger["reward_cpu_s"] += time.process_time() - cpu
 
-        # 3. Group-normalised advantages, one per completion.
-        advantages = group_advantages(rewards, algo.adv_eps).flatten()
+        # 3. Advantages within each prompt's group, one per completion: normalised by the group's
+        #    std (grpo, cispo) or only mean-centred (dr_grpo). Optionally drop all-equal groups.
+        advantages = group_advantages(rewards, algo.adv_eps, scale=algo.name != "dr_grpo").flatten()
+        keep = (rewards.std(dim=1) > 0 if algo.filter_zero_variance and n > 1 else torch.ones(B_p, dtype=torch.bool)).repeat_interleave(n)
+        aggregation = "constant" if algo.name == "dr_grpo" else algo.loss_agg
 
         # 4. Log-probs the updates compare against: the reference (KL) and, when the batch is reused
         #    for more than one update, the sampling policy's own (the clipped ratio's denominator).
@@ -162,18 +165,19 @@ def _train(cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> list[
         for _ in range(algo.epochs):
             for idx in torch.arange(len(rollouts.texts)).tensor_split(algo.minibatches):
                 seq, attn = rollouts.sequences[idx], rollouts.attention_mask[idx]
-                mask = rollouts.completion_mask[idx, 1:].float()
+                mask = rollouts.completion_mask[idx, 1:].float() * keep[idx, None]
                 with meter.count("learning"):
                     logp, entropy = token_logprobs(policy, seq, attn, algo.temperature, with_entropy=algo.entropy_coef > 0)
                     old = old_logp[idx] if old_logp is not None else logp.detach()  # on-policy: ratio 1
-                    pg, clipped = clipped_pg(logp, old, advantages[idx], algo.clip_low, algo.clip_high)
-                    loss = masked_mean(pg, mask)
+                    policy_loss = cispo_pg if algo.name == "cispo" else clipped_pg
+                    pg, clipped = policy_loss(logp, old, advantages[idx], algo.clip_low, algo.clip_high)
+                    loss = aggregate(pg, mask, aggregation, cfg.task.max_new_tokens)
                     if ref_logp is not None:
-                        kl = masked_mean(kl_k3(logp, ref_logp[idx]), mask)
+                        kl = aggregate(kl_k3(logp, ref_logp[idx]), mask, aggregation, cfg.task.max_new_tokens)
                         loss = loss + algo.kl_coef * kl
                         since_eval["kl"].append(kl.item())
                     if entropy is not None:
-                        ent = masked_mean(entropy, mask)
+                        ent = aggregate(entropy, mask, aggregation, cfg.task.max_new_tokens)
                         loss = loss - algo.entropy_coef * ent
                         since_eval["entropy"].append(ent.item())
                     optimizer.zero_grad(set_to_none=True)
