@@ -109,3 +109,16 @@ def test_updates_per_batch_raise_rho_at_fixed_budget():
     assert len({c.plan.M for c in cells}) == 1  # rollout budget: same steps, more learning each
     with pytest.raises(ConfigError, match="minibatches = 8 exceeds the batch B_p\\*n = 4"):
         expand(load("grid.n=[2]", "grid.B_p=[2]", "algo.minibatches=8"))
+
+
+def test_recipe_presets_and_seed_sweeps(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584, '
+                                          '"intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064}')
+    easy, hard = load("recipe=easy"), load("recipe=hard")
+    assert (easy.algo.kl_coef, easy.algo.entropy_coef) == (0.001, 0.001) and (hard.algo.kl_coef, hard.algo.entropy_coef) == (0, 0)
+    for name, kl, max_batch in (("seed-easy", 0.001, 65536), ("seed-hard", 0.0, 16384)):
+        cfg = config.load(name, [f"model.path={tmp_path}"])
+        assert (cfg.algo.kl_coef, cfg.grid.max_batch, cfg.algo.base_lr, cfg.algo.ref_batch) == (kl, max_batch, 1e-6, 1024)
+        cells = expand(cfg)
+        assert len(cells) == 54 and list(cfg.grid.B_p) == [2**i for i in range(5, 11)] and list(cfg.grid.n) == [2**i for i in range(3, 12)]
+        assert all(c.feasible == (c.axes["n"] * c.axes["B_p"] <= max_batch) for c in cells)
