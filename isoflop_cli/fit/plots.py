@@ -18,6 +18,9 @@ from isoflop_cli.fit.frontier import axis_curves  # noqa: E402
 
 
 def save(fig: plt.Figure, out: Path) -> list[Path]:
+    """Every plot's finish: a light grid on each axes, then PNG and SVG."""
+    for ax in fig.axes:
+        ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     paths = [out.with_suffix(".png"), out.with_suffix(".svg")]
@@ -63,7 +66,6 @@ def frontier_plot(df: pd.DataFrame, front: pd.DataFrame, spec: FitSpec, out: Pat
     ax.scatter(front["compute"], front["value"], c=[colour.get(v, "grey") for v in front["axis_star"]], edgecolors="black", s=36, zorder=4)
     ax.set(xscale="log", xlabel=compute, ylabel=metric,
            title=f"{'fitted' if fitted is not None else 'empirical'} frontier; markers coloured by {axis}*(C)")
-    ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="best", ncol=2)
     return save(fig, out)
 
@@ -83,7 +85,6 @@ def axis_star_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]
             ax.axvline(sat["compute"], color="grey", ls="--", lw=1, label=f"saturates at {sat['compute']:.3g}")
     ax.set(xscale="log", yscale="log", xlabel=spec.compute, ylabel=f"{spec.axis}*", title=f"compute-optimal {spec.axis}*(C)")
     plain_ticks(ax.yaxis)
-    ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return save(fig, out)
 
@@ -99,7 +100,6 @@ def fixed_batch_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Pat
             ax.fill_between(g["compute"], g["low"], g["high"], step="mid", color=colour[B], alpha=0.12)
     ax.set(xscale="log", yscale="log", xlabel=spec.compute, ylabel=f"best {spec.axis} at fixed B", title="fixed batch: the winning split")
     plain_ticks(ax.yaxis)
-    ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return save(fig, out)
 
@@ -131,8 +131,6 @@ def slices_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
         right.plot(c, np.exp2(sigmoid(np.log10(c), **entry["sigmoid"]["params"])), color="tab:red", lw=1.5, ls="--", label="sigmoid")
     right.set(xscale="log", yscale="log", xlabel=spec.compute, ylabel=f"{spec.axis}*", title=f"optimum against compute (preferred: {entry['preferred']})")
     right.legend(fontsize=7)
-    for ax in (left, right):
-        ax.grid(alpha=0.3, which="both")
     plain_ticks(left.xaxis)
     plain_ticks(right.yaxis)
     return save(fig, out)
@@ -149,7 +147,6 @@ def scalerl_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
         ax.scatter(held["compute"], held["value"], s=18, facecolors="none", edgecolors=colour[value])
         ax.plot(g["compute"], g["fit"], color=colour[value], lw=1.5, label=f"{spec.axis}={plain(value)}")
     ax.set(xscale="log", xlabel=spec.compute, ylabel=spec.metric, title="ScaleRL fit R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)")
-    ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, ncol=2)
     return save(fig, out)
 
@@ -166,5 +163,4 @@ def parametric_plot(result: MethodResult, out: Path) -> list[Path]:
     ax.set(xlabel="fitted L(N, D)", ylabel="observed loss",
            title=f"E={p['E']:.3g}, A={p['A']:.4g}, B={p['B']:.4g}, alpha={p['alpha']:.3f}, beta={p['beta']:.3f}")
     ax.title.set_fontsize(8)
-    ax.grid(alpha=0.3)
     return save(fig, out)

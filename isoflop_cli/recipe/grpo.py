@@ -74,6 +74,7 @@ def _train(cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> list[
     shape = flops.Shape.from_config(policy.config).with_lora(cfg.lora.rank, cfg.lora.targets)
     params = sum(p.numel() for p in policy.parameters())
     trainable = [p for p in policy.parameters() if p.requires_grad]
+    trainable_params = sum(p.numel() for p in trainable)
     meter = Meter(cfg.flops.measure)
 
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=algo.weight_decay)
@@ -95,7 +96,7 @@ def _train(cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> list[
         ledger["flops_eval"] += flops.generate(shape, len(rollouts.texts), rollouts.prompt_width, rollouts.generated_width)
         means = {f"train_{k}" if k in ("reward", "loss") else k: _mean(v) for k, v in since_eval.items()}
         row = {
-            "step": step, "model_params": params, "trainable_params": sum(p.numel() for p in trainable),
+            "step": step, "model_params": params, "trainable_params": trainable_params,
             **ledger, **_totals(ledger, cfg.flops), **{f"measured_{k}": v for k, v in _measured(meter).items()},
             "train_reward_mean": means.pop("train_reward"), "zero_var_frac": means.pop("zero_var"),
             **metrics, "k": cfg.eval.k, **means, "lr": lr, "wall_s": round(time.time() - start, 3),
