@@ -13,7 +13,7 @@ import json
 import os
 import signal
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -26,6 +26,9 @@ from isoflop_cli import report
 from isoflop_cli.config import ConfigError
 from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, ray_cluster
 from isoflop_cli.store import FINISHED, SweepDir, atomic_write
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 app = typer.Typer(
     help="IsoFLOP sweeps of LLM RL post-training: plan a grid, run it as Ray jobs, fit the frontier.",
@@ -95,6 +98,18 @@ def sweep(
     if dry_run:
         return
     sweep_dir = SweepDir(out / cfg.name)
+    df, failed = _dispatch(sweep_dir, cfg, cells)
+    if not df.empty:
+        compute = "flops_total" if cfg.grid.budget.unit == "flops" else "rollouts"
+        console.print(report.frontier_table(df, metric="val_avg@k", axis="n", compute=compute))
+    if failed:
+        raise typer.Exit(1)
+
+
+def _dispatch(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell]) -> tuple[pd.DataFrame, dict[str, str]]:
+    """Prepare the sweep dir, run every unfinished cell as a Ray job under a live table, collect
+    results.parquet. Returns the results and the runs that did not finish, with why (printed too).
+    Ctrl-C or SIGTERM stops the jobs and exits 130; rerunning resumes."""
     prepare(sweep_dir, cfg, cells)
     table = lambda: report.sweep_table(sweep_dir)  # noqa: E731
     console.print(f"sweep dir: {sweep_dir.path}")
@@ -111,11 +126,7 @@ def sweep(
     console.print(f"{len(states) - len(failed)}/{len(states)} runs finished; {len(df)} eval points in {sweep_dir.results_file}")
     for rid, why in failed.items():
         err.print(Text.assemble(("failed ", "red"), f"{rid}: {why}"), soft_wrap=True)
-    if not df.empty:
-        compute = "flops_total" if cfg.grid.budget.unit == "flops" else "rollouts"
-        console.print(report.frontier_table(df, metric="val_avg@k", axis="n", compute=compute))
-    if failed:
-        raise typer.Exit(1)
+    return df, failed
 
 
 def prepare(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell]) -> None:
@@ -200,6 +211,80 @@ def fit(
     for table in fitted.tables:
         console.print(table)
     console.print(f"wrote {', '.join(str(p) for p in fitted.written)}", soft_wrap=True)
+
+
+@app.command("race-pilot")
+def race_pilot(
+    overrides: Optional[list[str]] = OVERRIDES,
+    config: Optional[str] = CONFIG,
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output root; the pilot lives in OUT/<name>-pilot, its analysis in race/ there [default: isoflop-runs]. With --from-results: the output dir [default: race/ beside the file]."),
+    target: str = typer.Option("native", help="native (the training task's validation metric), downstream or judge (their *_ columns in the results)."),
+    metric: Optional[str] = typer.Option(None, help="The target column itself [default for native: val_avg@k]."),
+    from_results: Optional[Path] = typer.Option(None, "--from-results", help="Analyse this results file or sweep dir (steps 3-6): no compute."),
+    force: bool = typer.Option(False, "--force", help="Run a pilot that costs more than --cap of the full sweep."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the pilot plan and its cost, and stop."),
+    epochs: str = typer.Option("1,2,4", help="Allocation levels: algo.epochs values (updates per rollout batch = epochs x algo.minibatches)."),
+    budgets: int = typer.Option(3, help="At most this many FLOP budgets (1-3), read off the same runs."),
+    share: float = typer.Option(0.10, help="Target pilot cost as a share of the full sweep's predicted FLOPs."),
+    cap: float = typer.Option(0.25, help="Refuse a pilot above this share of the full sweep (unless --force)."),
+    bootstrap: int = typer.Option(200, help="Bootstrap resamples over runs for the 90% intervals."),
+    seed: int = typer.Option(0, help="Bootstrap seed."),
+) -> None:
+    """RACE: diagnose the allocation regime (search-, update- or reward-heavy) from a cheap pilot grid
+    before the full sweep. Derives the pilot from the sweep's config, runs it like `isoflop sweep`
+    (resumable), fits the target against rho per reward system, and recommends what to run at full
+    scale. The pilot identifies a regime; it does not guarantee a held-out gain."""
+    from isoflop_cli.race import command as race
+    from isoflop_cli.race.outputs import summary
+    from isoflop_cli.race.pilot import PilotSpec, derive
+
+    overrides = list(overrides or [])
+    with user_errors():
+        if from_results is not None:
+            df = race.read_results(from_results)
+            column = race.target_metric(target, metric, list(df.columns))
+            base = from_results if from_results.is_dir() else from_results.parent
+            dest = config_mod.check_writable(out or base / "race")
+            result, written = race.analyse(df, target, column, None, config, overrides, {"pilot_flops": race.pilot_flops(df), "pilot_share": None},
+                                           dest, None, bootstrap, seed)
+            console.print(summary(result))
+            console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
+            return
+        column = race.target_metric(target, metric, None)
+        spec = PilotSpec(epochs=_int_list("--epochs", epochs), budgets=budgets, share=share, cap=cap)
+        pilot = derive(config, overrides, spec, force)
+        root = out or DEFAULT_OUT
+        if not dry_run:
+            root = config_mod.check_writable(root)
+    console.print(report.plan_table(pilot.cfg, pilot.cells))
+    console.print(f"pilot: {len(pilot.rewards)} reward system(s) {pilot.rewards} x algo.epochs {spec.epochs} x n {pilot.n_levels}, "
+                  f"budgets {', '.join(f'{b:.3g}' for b in pilot.budgets)} FLOPs: {pilot.flops:.3g} FLOPs predicted, "
+                  f"{pilot.share:.1%} of the full sweep's {pilot.full_flops:.3g} (target {spec.share:.0%}, cap {spec.cap:.0%})", soft_wrap=True)
+    for note in pilot.notes:
+        err.print(Text.assemble(("note: ", "bold yellow"), note), soft_wrap=True)
+    if dry_run:
+        return
+    sweep_dir = SweepDir(root / pilot.cfg.name)
+    df, failed = _dispatch(sweep_dir, pilot.cfg, pilot.cells)
+    if failed:
+        err.print("the pilot is incomplete: rerun the same command to resume it")
+        raise typer.Exit(1)
+    with user_errors():
+        scale = sweep_dir.flops_scale()
+        spent = race.pilot_flops(df)
+        full = race.full_sweep_flops(config, overrides, scale)
+        cost = {"pilot_flops": spent, "pilot_share": spent / full, "full_flops": full, "pilot_share_planned": pilot.share, "scale": scale}
+        result, written = race.analyse(df, target, column, pilot.budgets, config, overrides, cost, sweep_dir.path / "race",
+                                       str(out) if out else None, bootstrap, seed)
+    console.print(summary(result))
+    console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
+
+
+def _int_list(option: str, text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{option} takes integers separated by commas, got '{text}'") from None
 
 
 def _interrupt(*_) -> None:

@@ -1,0 +1,91 @@
+"""What `isoflop race-pilot` does around the dispatch: check the target before any compute, then
+analyse results (a pilot's or a file's) into regime.json, race.md, the plot and a summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from isoflop_cli.config import ConfigError
+from isoflop_cli.race import analysis, outputs
+from isoflop_cli.race import pilot as pilot_mod
+from isoflop_cli.race.recommend import recommend
+from isoflop_cli.store import RESULTS, load_results
+
+TARGETS = ("native", "downstream", "judge")
+NATIVE = "val_avg@k"  # the validation metric of the training task, at the sweep's k
+PILOT_METRICS = ("val_avg@k", "val_best@k", "val_worst@k", "train_reward_mean")  # what pilot runs record
+
+
+def target_metric(target: str, metric: str | None, columns: list[str] | None) -> str:
+    """The target's column. `columns` is None for a pilot, whose runs record PILOT_METRICS only."""
+    if target not in TARGETS:
+        raise ConfigError(f"--target '{target}' is not one of: {', '.join(TARGETS)}")
+    available = list(PILOT_METRICS) if columns is None else columns
+    where = "pilot runs record" if columns is None else "the results have"
+    if metric is not None:
+        if metric not in available:
+            raise ConfigError(f"--metric {metric}: {where} no such column (have: {', '.join(c for c in available if not c.startswith('_'))})")
+        return metric
+    if target == "native":
+        if NATIVE not in available:
+            raise ConfigError(f"--target native: {where} no {NATIVE} column; name the target with --metric COL")
+        return NATIVE
+    found = [c for c in available if c.startswith(target)]
+    if not found:
+        hint = " (the recipe evaluates its own validation set only; use --from-results with a file that has them)" if columns is None else ""
+        raise ConfigError(f"--target {target}: {where} no {target}_* metric column{hint}")
+    preferred = [c for c in found if c.endswith("avg@k")]
+    if len(found) > 1 and not preferred:
+        raise ConfigError(f"--target {target}: several {target} columns ({', '.join(found)}); pick one with --metric")
+    return (preferred or found)[0]
+
+
+def read_results(path: Path) -> pd.DataFrame:
+    if not path.exists():
+        raise ConfigError(f"no such results file or sweep directory: {path}")
+    if path.is_dir() and not (path / RESULTS).exists():
+        raise ConfigError(f"{path} has no {RESULTS}")
+    try:
+        df = load_results(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: cannot read results ({e})") from None
+    if df.empty:
+        raise ConfigError(f"{path}: no results")
+    return df
+
+
+def pilot_flops(df: pd.DataFrame) -> float:
+    """FLOPs the runs of a results table spent: each run's last ledger value, summed."""
+    return float(df.groupby("run_id")["flops_total"].max().sum())
+
+
+def analyse(df: pd.DataFrame, target: str, metric: str, budgets: list[float] | None, config: str | None, overrides: list[str],
+            cost: dict, out: Path, sweep_out: str | None, n_boot: int = 200, seed: int = 0) -> tuple[dict, list[Path]]:
+    """Steps 3 to 6 on a results table: curves, regimes, validation, recommendation; writes into `out`.
+
+    `cost` holds pilot_flops, pilot_share (None for a results file), full_flops and the FLOP scale
+    measured on the pilot (for the recommendation's prediction).
+    """
+    data = analysis.collect(df, metric, budgets)
+    entries = analysis.decide(data, target, n_boot, seed)
+    validation = analysis.validate(data, target, entries, max(n_boot // 2, 50), seed)
+    report = {
+        "regimes": entries,
+        "same_regime_rate": validation["same_regime_rate"],
+        "pilot_flops": cost["pilot_flops"],
+        "pilot_share": cost["pilot_share"],
+        "full_flops": cost.get("full_flops"),
+        "pilot_share_planned": cost.get("pilot_share_planned"),
+        "recommendation": recommend(entries, data, config, overrides, cost.get("scale"), sweep_out),
+        "target": target, "metric": metric, "budgets": data.budgets, "runs": len(data.runs),
+        "bootstrap": n_boot, "seed": seed, "validation": validation, "note": outputs.CAVEAT,
+    }
+    return report, outputs.write(report, data, out)
+
+
+def full_sweep_flops(config: str | None, overrides: list[str], scale: dict[str, float]) -> float:
+    """The full sweep's predicted FLOPs, with the per-step bound scaled by what the pilot measured."""
+    _, cells = pilot_mod.expand(config, overrides, flops_scale=scale)
+    return pilot_mod.total_flops(cells)

@@ -1,0 +1,120 @@
+"""What RACE writes and prints: regime.json for tools, race.md and race.png/svg for people, and a
+rich summary for the terminal. Each states that the pilot identifies a regime and does not
+guarantee a held-out gain."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from rich.console import Group  # noqa: E402
+from rich.table import Table  # noqa: E402
+from rich.text import Text  # noqa: E402
+
+from isoflop_cli.fit.outputs import jsonable  # noqa: E402
+from isoflop_cli.fit.plots import palette, save  # noqa: E402
+from isoflop_cli.fit.report import fmt  # noqa: E402
+from isoflop_cli.race.analysis import CURVES, Data, predict  # noqa: E402
+from isoflop_cli.store import atomic_write, write_json  # noqa: E402
+
+CAVEAT = ("The pilot identifies a regime; it does not guarantee a held-out gain. It reads small budgets of a few runs: "
+          "confirm at full scale before relying on it.")
+
+
+def write(report: dict, data: Data, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "regime.json", jsonable(report))
+    plots = plot(report, data, out / "race")
+    atomic_write(out / "race.md", markdown(report, [p.name for p in plots if p.suffix == ".png"]))
+    return [out / "regime.json", out / "race.md", *plots]
+
+
+def plot(report: dict, data: Data, out: Path) -> list[Path]:
+    """Target against rho per reward system: points coloured by budget, the chosen curve per slice."""
+    entries = report["regimes"]
+    fig, axes = plt.subplots(1, len(entries), figsize=(5 * len(entries), 4), dpi=120, squeeze=False, sharey=True)
+    order = data.points.drop_duplicates("slice").sort_values(["budget", "slice"])["slice"]
+    colour = dict(zip(order, palette(range(len(order))).values()))
+    for ax, entry in zip(axes[0], entries):
+        pts = data.points[data.points["reward"] == entry["reward"]]
+        for name, g in pts.groupby("slice", sort=False):
+            ax.scatter(g["rho"], g["y"], s=20, color=colour[name], label=f"C={name}")
+            params = (entry.get("params") or {}).get(name)
+            if params:
+                x = np.linspace(g["x"].min(), g["x"].max(), 50)
+                ax.plot(2**x, predict(np.array(params["coef"]), x), color=colour[name], lw=1.4)
+        ax.set(xscale="log", xlabel="rho = C_learning / C_total", title=f"{entry['reward']}: {entry['regime']} ({entry['curve']})")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.2f}"))
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel(data.metric)
+    fig.suptitle("RACE pilot: a regime, not a guaranteed held-out gain", fontsize=9)
+    return save(fig, out)
+
+
+def markdown(report: dict, plots: list[str]) -> str:
+    rec = report["recommendation"]
+    lines = ["# RACE pilot", "", f"**{CAVEAT}**", "",
+             f"Target `{report['target']}` (column `{report['metric']}`), read at budgets {', '.join(f'{b:.3g}' for b in report['budgets'])} FLOPs "
+             f"from {report['runs']} runs. Curves of the target against log2 rho per reward system and budget "
+             f"({', '.join(CURVES)}), chosen by leave-one-out error with the one-standard-error rule; effects with 90% intervals "
+             f"from {report['bootstrap']} bootstrap resamples over runs. A regime is named only when the constant curve is beaten "
+             "by more than the noise and the interval excludes 0.", "",
+             "| reward | regime | basis | curve | effect | 90% interval | rho regime | runs | why |", "| --- | --- | --- | --- | ---: | --- | --- | ---: | --- |"]
+    for e in report["regimes"]:
+        lines.append(f"| {e['reward']} | **{e['regime']}** | {e['basis']} | {e['curve']} | {fmt(e['effect'])} | {_interval(e['interval90'])} "
+                     f"| {e['rho_regime']} | {e['runs']} | {e['why']} |")
+    lines += ["", "The effect is the fitted change of the target from the lowest to the highest rho of the pilot (basis rho), "
+              "or the model-based reward's mean minus the best rule-based mean at equal compute (basis reward).", ""]
+    lines += [f"![target against rho]({p})" for p in plots] + [""]
+    lines += ["## Leave-one-out errors", "", "| reward | curve | LOO MSE | SE of the difference to the best |", "| --- | --- | ---: | ---: |"]
+    for e in report["regimes"]:
+        for curve, v in (e.get("loo") or {}).items():
+            lines.append(f"| {e['reward']} | {curve} | {v['loo_mse']:.3g} | {v['se_vs_best']:.3g} |")
+    v = report["validation"]
+    lines += ["", "## Validation", "", f"Same-regime rate: {_rate(report['same_regime_rate'])}" + (f" ({v['why']})" if v.get("why") else "")
+              + " — the decision repeated with each budget (and each model, where there are several) left out.", ""]
+    for s in v["subsets"]:
+        lines.append(f"- without {', '.join(f'{k} {fmt(x)}' for k, x in s['left_out'].items())}: "
+                     + ", ".join(f"{r} {g}" for r, g in s["regimes"].items()))
+    share = report["pilot_share"]
+    lines += ["", "## Cost", "", f"Pilot FLOPs: {report['pilot_flops']:.3g}" + (f", {share:.1%} of the full sweep's predicted {report['full_flops']:.3g}" if share is not None else " (from a results file)") + ".", ""]
+    lines += ["## Recommendation", "", f"- reward: `{rec['reward']}` ({rec['reward_why']})", f"- allocation: {rec['allocation']}"
+              + (f": algo.epochs {rec['algo.epochs']}" if rec.get("algo.epochs") else "")
+              + f" (pilot rho {rec['rho_range'][0]:.3f} to {rec['rho_range'][1]:.3f})"]
+    if rec.get("command"):
+        lines += [f"- predicted: {rec['predicted_flops']:.3g} FLOPs over {rec['cells']} cells", "", "```bash", rec["command"], "```"]
+    for key in ("note", "error"):
+        if rec.get(key):
+            lines.append(f"- {key}: {rec[key]}")
+    return "\n".join(lines) + "\n"
+
+
+def summary(report: dict) -> Group:
+    table = Table(title=f"RACE regimes: target {report['target']} ({report['metric']})", caption=CAVEAT)
+    for col in ("reward", "regime", "curve", "effect", "90% interval", "rho regime", "runs"):
+        table.add_column(col, justify="right" if col in ("effect", "runs") else "left", no_wrap=col in ("reward", "regime"))
+    style = {"undetermined": "yellow"}
+    for e in report["regimes"]:
+        table.add_row(e["reward"], f"[{style.get(e['regime'], 'bold green')}]{e['regime']}[/]", e["curve"], fmt(e["effect"]),
+                      _interval(e["interval90"]), e["rho_regime"], str(e["runs"]))
+    rec = report["recommendation"]
+    share = report["pilot_share"]
+    lines = [Text(f"same-regime rate {_rate(report['same_regime_rate'])}; pilot {report['pilot_flops']:.3g} FLOPs"
+                  + (f" = {share:.1%} of the full sweep" if share is not None else "")),
+             Text(f"recommend: reward {rec['reward']}; {rec['allocation']}"
+                  + (f" (algo.epochs {rec['algo.epochs']})" if rec.get("algo.epochs") else ""))]
+    if rec.get("command"):
+        lines.append(Text(f"  {rec['command']}  # {rec['predicted_flops']:.3g} FLOPs predicted", style="cyan"))
+    return Group(table, *lines)
+
+
+def _interval(lo_hi: list[float] | None) -> str:
+    return f"[{fmt(lo_hi[0])}, {fmt(lo_hi[1])}]" if lo_hi else "-"
+
+
+def _rate(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:.0%}"

@@ -1,0 +1,89 @@
+"""Step 6 of RACE: what to run at full scale, as `isoflop sweep` overrides with predicted FLOPs.
+
+The reward system: a reward-heavy one if the pilot found one, else the rule-based reward with the
+highest mean target at the largest budget (rule-based rewards are not tested against each other).
+The allocation levels follow that reward's rho regime: the low end of the pilot's epoch levels when
+search-heavy, the high end and one doubling beyond when update-heavy, and the sweep's own
+allocation when undetermined (no evidence to move compute).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+import numpy as np
+
+from isoflop_cli.config import ConfigError
+from isoflop_cli.race import pilot as pilot_mod
+from isoflop_cli.race.analysis import REWARD, SEARCH, UPDATE, Data
+
+AXES_OVERRIDES = ("grid.axes", "+grid.axes", "++grid.axes", "reward=", "+reward=", "algo.epochs=")
+
+
+def choose_reward(entries: list[dict], data: Data) -> tuple[str, str]:
+    heavy = [e for e in entries if e["regime"] == REWARD]
+    if heavy:
+        best = max(heavy, key=lambda e: e["effect"])
+        return best["reward"], f"{best['reward']} beats rule-based feedback at equal compute"
+    top = data.points[data.points["budget"] == max(data.budgets)]
+    means = top.groupby("reward")["y"].mean()
+    rule = means.drop(labels=[r for r in data.model_based if r in means.index])
+    pool = rule if not rule.empty else means
+    reward = str(pool.idxmax())
+    why = f"highest mean {data.metric} at the largest budget" + (" among rule-based rewards" if not rule.empty and len(means) > len(rule) else "")
+    return reward, why
+
+
+def choose_epochs(regime: str, pilot_epochs: list[int]) -> list[int] | None:
+    levels = sorted(int(e) for e in pilot_epochs)
+    if regime == SEARCH:
+        return levels[:2]
+    if regime == UPDATE:
+        return sorted({*levels[-2:], 2 * levels[-1]})
+    return None
+
+
+def sweep_overrides(config: str | None, overrides: list[str], reward: str, epochs: list[int] | None) -> list[str]:
+    """The user's overrides, with the reward axis narrowed to `reward` and the epoch levels as an axis;
+    unchanged when that is the sweep already."""
+    cfg, _ = pilot_mod.expand(config, overrides)
+    before = {k: list(v) for k, v in cfg.grid.axes.items()}
+    axes = {k: v for k, v in before.items() if k not in ("reward", "algo.epochs")}
+    if "reward" in before or reward != cfg.reward.name:
+        axes["reward"] = [reward]
+    if epochs:
+        axes["algo.epochs"] = epochs
+    elif "algo.epochs" in before:
+        axes["algo.epochs"] = before["algo.epochs"]
+    if axes == before:
+        return list(overrides)
+    kept = [o for o in overrides if not o.startswith(AXES_OVERRIDES)]
+    return [*kept, "++grid.axes={" + ",".join(f"{k}:[{','.join(str(v) for v in vals)}]" for k, vals in axes.items()) + "}"]
+
+
+def recommend(entries: list[dict], data: Data, config: str | None, overrides: list[str], scale: dict[str, float] | None, out: str | None) -> dict:
+    reward, reward_why = choose_reward(entries, data)
+    entry = next(e for e in entries if e["reward"] == reward)
+    regime = entry["rho_regime"]
+    pilot_epochs = sorted({int(e) for e in data.points["epochs"].dropna()})
+    epochs = choose_epochs(regime, pilot_epochs) if len(pilot_epochs) >= 2 else None
+    pts = data.points[data.points["reward"] == reward]
+    chosen = pts[pts["epochs"].isin(epochs or [])] if epochs else pts
+    rho = chosen["rho"] if not chosen.empty else pts["rho"]
+    rec = {"reward": reward, "reward_why": reward_why, "regime": regime, "algo.epochs": epochs,
+           "rho_range": [float(np.min(rho)), float(np.max(rho))],
+           "allocation": {SEARCH: "the low-rho end: fewer updates per rollout batch, more rollouts",
+                          UPDATE: "the high-rho end: more updates per rollout batch (and one doubling beyond the pilot)"}
+           .get(regime, "the sweep's own allocation: the pilot found no evidence to move compute")}
+    if regime in (SEARCH, UPDATE) and not pilot_epochs:
+        rec["note"] = "the results name no algo.epochs levels: run the full sweep at the rho range above"
+    try:
+        sweep = sweep_overrides(config, overrides, reward, epochs)
+        _, cells = pilot_mod.expand(config, sweep, flops_scale=scale)
+    except ConfigError as e:
+        rec.update(overrides=None, command=None, predicted_flops=None, error=str(e))
+        return rec
+    args = ["isoflop", "sweep", *(["--config", config] if config else []), *(["--out", out] if out else []), *sweep]
+    rec.update(overrides=sweep, command=shlex.join(args), predicted_flops=pilot_mod.total_flops(cells),
+               cells=sum(c.feasible for c in cells))
+    return rec

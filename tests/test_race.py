@@ -1,0 +1,181 @@
+"""`isoflop race-pilot`: regimes from synthetic results with a known answer (via --from-results), the
+statistics behind them, the pilot's derivation and cost cap, and bad input (one line, exit 2)."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from isoflop_cli.cli import app
+from isoflop_cli.race import analysis
+from isoflop_cli.race.pilot import PilotSpec, derive
+
+runner = CliRunner()
+RHO = {1: 0.77, 2: 0.885, 4: 0.935}  # rho of algo.epochs 1, 2, 4 on the embedded model, roughly
+BUDGET = 1e11
+SLOPE = 0.6  # target change per doubling of rho, at the largest budget
+
+
+def results(shape: str, seed: int = 0, noise: float = 0.01, rewards=("sparse",), prm_gain: float = 0.0, reps: int = 2) -> pd.DataFrame:
+    """Pilot-shaped results: epochs 1/2/4 x `reps` runs per reward, eval points at 0, B/4, B/2, B FLOPs
+    (a little past each, as FLOP-budget runs stop). The target's dependence on log2 rho grows with
+    compute: `rising`, `falling` or `flat`; a run-level random effect plus noise per eval point.
+    The PRM spends reward FLOPs (its rho is lower) and adds `prm_gain` at the largest budget."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for reward in rewards:
+        for epochs, rho in RHO.items():
+            for rep in range(reps):
+                run_rho = rho * (0.9 if reward == "prm" else 1.0)
+                run_effect = rng.normal(0, noise / 2)
+                for step, c in enumerate([0.0, BUDGET / 4, BUDGET / 2, BUDGET]):
+                    growth = np.log2(c / (BUDGET / 8)) / 3 if c else 0.0
+                    sign = {"rising": 1, "falling": -1, "flat": 0}[shape]
+                    y = 0.3 + 0.05 * growth + sign * SLOPE * (np.log2(run_rho) + 0.2) * growth
+                    y += (prm_gain * growth if reward == "prm" else 0.0) + ((run_effect + rng.normal(0, noise)) if c else 0.0)
+                    rows.append({"run_id": f"{reward}_e{epochs}_r{rep}", "reward": reward, "algo.epochs": epochs, "n": 4 * (rep + 1), "step": step,
+                                 "rho": run_rho if c else np.nan, "flops_total": c * (1 + 0.03 * rng.random()),
+                                 "flops_reward": 0.1 * c if reward == "prm" else 0.0, "val_avg@k": y})
+    return pd.DataFrame(rows)
+
+
+def race(df: pd.DataFrame, tmp_path, *args: str):
+    path = tmp_path / "results.parquet"
+    df.to_parquet(path)
+    result = runner.invoke(app, ["race-pilot", "--from-results", str(path), "--out", str(tmp_path / "race"), *args])
+    assert result.exit_code == 0, result.output
+    return json.loads((tmp_path / "race" / "regime.json").read_text()), result
+
+
+@pytest.mark.parametrize("shape, regime", [("rising", "update-heavy"), ("falling", "search-heavy"), ("flat", "undetermined")])
+def test_known_rho_regimes_via_from_results(shape, regime, tmp_path):
+    report, result = race(results(shape), tmp_path)
+    [entry] = report["regimes"]
+    assert entry["regime"] == regime and entry["reward"] == "sparse" and entry["target"] == "native"
+    if regime != "undetermined":
+        assert entry["curve"] != "constant"
+        low, high = entry["interval90"]
+        assert (low > 0) if regime == "update-heavy" else (high < 0)
+        assert np.sign(entry["effect"]) == (1 if regime == "update-heavy" else -1)
+        assert report["same_regime_rate"] == 1.0
+    assert report["pilot_share"] is None
+    assert report["pilot_flops"] == pytest.approx(results(shape).groupby("run_id")["flops_total"].max().sum())
+    assert "does not guarantee a held-out gain" in (tmp_path / "race" / "race.md").read_text()
+    assert (tmp_path / "race" / "race.png").stat().st_size > 1000
+    assert regime in result.output
+
+
+def test_flat_noise_is_undetermined_not_a_regime():
+    """Over many noise draws with no effect, a regime is named rarely (the decision needs the LOO
+    noise check and the interval; the interval alone would fire about 10% of the time)."""
+    named = sum(analysis.decide(analysis.collect(results("flat", seed=s), "val_avg@k", None), "native", 100, s)[0]["regime"] != "undetermined"
+                for s in range(30))
+    assert named <= 2
+
+
+def test_prm_better_than_sparse_at_equal_compute_is_reward_heavy(tmp_path):
+    report, _ = race(results("flat", rewards=("sparse", "prm"), prm_gain=0.08), tmp_path)
+    by_reward = {e["reward"]: e for e in report["regimes"]}
+    prm = by_reward["prm"]
+    assert prm["regime"] == "reward-heavy" and prm["basis"] == "reward" and prm["model_based"]
+    assert prm["interval90"][0] > 0 and prm["effect"] > 0.05
+    assert by_reward["sparse"]["regime"] == "undetermined"
+    assert report["recommendation"]["reward"] == "prm"
+
+
+def test_prm_no_better_is_not_reward_heavy(tmp_path):
+    report, _ = race(results("flat", rewards=("sparse", "prm"), seed=3), tmp_path)
+    prm = next(e for e in report["regimes"] if e["reward"] == "prm")
+    assert prm["regime"] == "undetermined" and not prm["reward_gap"]["beats_rule_based"]
+    assert report["recommendation"]["reward"] == "sparse"
+
+
+def test_regime_json_contract(tmp_path):
+    report, _ = race(results("rising"), tmp_path, "--bootstrap", "50")
+    assert {"regimes", "same_regime_rate", "pilot_flops", "pilot_share", "recommendation"} <= set(report)
+    for entry in report["regimes"]:
+        assert {"reward", "target", "regime", "curve", "effect", "interval90"} <= set(entry)
+        assert entry["regime"] in ("search-heavy", "update-heavy", "reward-heavy", "undetermined")
+        assert entry["curve"] in ("constant", "log-linear", "quadratic")
+    rec = report["recommendation"]
+    assert rec["reward"] == "sparse" and rec["algo.epochs"] == [2, 4, 8]
+    assert rec["command"].startswith("isoflop sweep") and "algo.epochs:[2,4,8]" in rec["command"] and rec["predicted_flops"] > 0
+
+
+def test_quadratic_wins_on_a_peak():
+    """A target that peaks inside the rho range: the quadratic beats the line by LOO."""
+    rng = np.random.default_rng(0)
+    x = np.repeat(np.log2([0.7, 0.78, 0.86, 0.94]), 3)
+    y = 0.4 - 20 * (x - np.log2(0.82)) ** 2 + rng.normal(0, 0.003, x.size)
+    errors = {name: analysis.loo_errors(x, y, d) for name, d in analysis.CURVES.items()}
+    assert analysis.one_se_choice(errors)[0] == "quadratic"
+
+
+def test_weighted_fit_matches_duplicated_points():
+    x, y = np.array([0.0, 1.0, 2.0, 3.0]), np.array([1.0, 2.5, 2.9, 4.2])
+    w = np.array([[2, 1, 0, 1]])
+    dup = np.polynomial.polynomial.polyfit(np.repeat(x, w[0]), np.repeat(y, w[0]), 1)
+    assert np.allclose(analysis.fit_weighted(x, y, w.astype(float), 1)[0], dup)
+    assert np.isnan(analysis.fit_weighted(x, y, np.array([[1.0, 0, 0, 0]]), 1)).all()  # one point cannot pin a line
+
+
+def test_downstream_and_judge_columns(tmp_path):
+    df = results("rising")
+    df["downstream_avg@k"] = df["val_avg@k"]
+    report, _ = race(df, tmp_path, "--target", "downstream")
+    assert report["metric"] == "downstream_avg@k" and report["regimes"][0]["regime"] == "update-heavy"
+
+
+def one_error_line(result, needle: str) -> None:
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], result.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--target", "vibes"], "--target 'vibes'"),
+    (["--target", "downstream"], "downstream_*"),
+    (["--target", "judge"], "judge_*"),
+    (["--metric", "val_median@k"], "val_median@k"),
+])
+def test_bad_target_exits_2(args, needle, tmp_path):
+    path = tmp_path / "r.parquet"
+    results("flat").to_parquet(path)
+    one_error_line(runner.invoke(app, ["race-pilot", "--from-results", str(path), *args]), needle)
+
+
+def test_bad_input_before_any_compute(tmp_path):
+    one_error_line(runner.invoke(app, ["race-pilot", "--from-results", str(tmp_path / "nope.parquet")]), "nope.parquet")
+    one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--target", "downstream"]), "downstream")
+    one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--metric", "judge_score"]), "judge_score")
+    one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--epochs", "1"]), "--epochs")
+    assert not any(tmp_path.iterdir())
+    path = tmp_path / "r.parquet"
+    results("flat").drop(columns=["rho"]).to_parquet(path)
+    one_error_line(runner.invoke(app, ["race-pilot", "--from-results", str(path)]), "rho")
+
+
+def test_pilot_above_the_cap_is_refused_with_exit_2(tmp_path):
+    """A full sweep of one tiny cell: the least useful pilot costs many times that, so it is refused."""
+    result = runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]"])
+    one_error_line(result, "above the cap of 25%")
+    assert "--force" in result.output
+    assert not any(tmp_path.iterdir())
+    forced = runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--force", "--dry-run", "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]"])
+    assert forced.exit_code == 0, forced.output
+
+
+def test_pilot_derivation_on_the_embedded_default():
+    pilot = derive(None, ["task=arith-steps", "+grid.axes={reward:[sparse,prm]}"], PilotSpec())
+    feasible = [c for c in pilot.cells if c.feasible]
+    assert len(feasible) == 12 and pilot.rewards == ["sparse", "prm"]
+    assert {c.axes["algo.epochs"] for c in feasible} == {1, 2, 4} and {c.axes["n"] for c in feasible} == set(pilot.n_levels)
+    assert all(c.plan.column == "flops_total" and c.plan.limit == max(pilot.budgets) for c in feasible)
+    assert 0 < pilot.share <= 0.101 and len(pilot.budgets) in (1, 2, 3)
+    assert pilot.cfg.name == "default-pilot"
+    rho = {e: np.mean([c.plan.predicted_flops["rho"] for c in feasible if c.axes["algo.epochs"] == e]) for e in (1, 2, 4)}
+    assert rho[1] < rho[2] < rho[4]  # the levels move rho
+    again = derive(None, ["task=arith-steps", "+grid.axes={reward:[sparse,prm]}"], PilotSpec())
+    assert [c.run_id for c in again.cells] == [c.run_id for c in pilot.cells]  # same command, same pilot: it resumes
