@@ -1,0 +1,59 @@
+"""`isoflop race-pilot` end to end on the embedded default: derive the pilot, run it through a real
+local Ray head (real torch training), write a valid regime.json; a rerun resumes and repeats nothing."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+SMALL_EVAL = ["eval.problems=32", "eval.samples=4"]  # the embedded default sweep, with a cheaper evaluation
+REGIMES = {"search-heavy", "update-heavy", "reward-heavy", "undetermined"}
+
+
+def isoflop(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "isoflop_cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def finished_metrics(sweep_dir: Path) -> dict[str, int]:
+    return {p.parent.name: p.stat().st_mtime_ns for p in (sweep_dir / "runs").glob("*/metrics.jsonl")}
+
+
+def test_pilot_on_the_embedded_default_writes_a_valid_regime(tmp_path):
+    start = time.time()
+    result = isoflop("race-pilot", "--out", str(tmp_path), *SMALL_EVAL)
+    took = time.time() - start
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert took < 600
+
+    sweep_dir = tmp_path / "default-pilot"
+    report = json.loads((sweep_dir / "race" / "regime.json").read_text())
+    [entry] = report["regimes"]
+    assert entry["reward"] == "sparse" and entry["target"] == "native" and entry["metric"] == "val_avg@k"
+    assert entry["regime"] in REGIMES and entry["curve"] in ("constant", "log-linear", "quadratic")
+    assert entry["effect"] is not None and entry["interval90"][0] <= entry["interval90"][1]
+    assert report["same_regime_rate"] is None or 0 <= report["same_regime_rate"] <= 1
+    assert 0 < report["pilot_share"] < 0.25 and report["pilot_share_planned"] <= 0.101
+
+    df = pd.read_parquet(sweep_dir / "results.parquet")
+    assert report["pilot_flops"] == pytest.approx(df.groupby("run_id")["flops_total"].max().sum())
+    assert set(df["algo.epochs"]) == {1, 2, 4} and df["run_id"].nunique() == 6
+    last = df[df["step"] > 0].groupby("algo.epochs")["rho"].mean()
+    assert last[1] < last[2] < last[4]  # the levels moved rho in the real ledger
+    rec = report["recommendation"]
+    assert rec["reward"] == "sparse" and rec["command"].startswith("isoflop sweep") and rec["predicted_flops"] > 0
+    assert "does not guarantee a held-out gain" in (sweep_dir / "race" / "race.md").read_text()
+    assert (sweep_dir / "race" / "race.png").stat().st_size > 1000
+    assert not (sweep_dir / "ray-head.json").exists()
+    assert not subprocess.run(["pgrep", "-f", f"isoflop_cli.dispatch .*{sweep_dir}"], capture_output=True).stdout
+
+    before = finished_metrics(sweep_dir)
+    again = isoflop("race-pilot", "--out", str(tmp_path), *SMALL_EVAL)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert finished_metrics(sweep_dir) == before  # resumed: every run was finished, none ran again
+    assert json.loads((sweep_dir / "race" / "regime.json").read_text())["regimes"][0]["regime"] == entry["regime"]
