@@ -259,7 +259,9 @@ def race_pilot(
     console.print(report.plan_table(pilot.cfg, pilot.cells))
     console.print(f"pilot: {len(pilot.rewards)} reward system(s) {pilot.rewards} x algo.epochs {spec.epochs} x n {pilot.n_levels}, "
                   f"budgets {', '.join(f'{b:.3g}' for b in pilot.budgets)} FLOPs: {pilot.flops:.3g} FLOPs predicted, "
-                  f"{pilot.share:.1%} of the full sweep's {pilot.full_flops:.3g} (target {spec.share:.0%}, cap {spec.cap:.0%})", soft_wrap=True)
+                  f"{pilot.share:.1%} of the full sweep's {pilot.full_flops:.3g} (target {spec.share:.0%}, cap {spec.cap:.0%})"
+                  + ("; the full sweep's FLOPs are per-step upper bounds, so the share measured after the pilot is higher" if pilot.full_by_bound else ""),
+                  soft_wrap=True)
     for note in pilot.notes:
         err.print(Text.assemble(("note: ", "bold yellow"), note), soft_wrap=True)
     if dry_run:

@@ -179,3 +179,28 @@ def test_pilot_derivation_on_the_embedded_default():
     assert rho[1] < rho[2] < rho[4]  # the levels move rho
     again = derive(None, ["task=arith-steps", "+grid.axes={reward:[sparse,prm]}"], PilotSpec())
     assert [c.run_id for c in again.cells] == [c.run_id for c in pilot.cells]  # same command, same pilot: it resumes
+
+
+def test_several_models_are_validated_leave_one_model_out():
+    small, large = results("rising", seed=1).assign(model="tiny-arith-s"), results("rising", seed=2).assign(model="tiny-arith")
+    large["run_id"] = "l_" + large["run_id"]
+    data = analysis.collect(pd.concat([small, large]), "val_avg@k", None)
+    assert data.points["slice"].nunique() == 6  # 3 budgets x 2 models
+    entries = analysis.decide(data, "native", 100)
+    check = analysis.validate(data, "native", entries, 50)
+    assert [e["regime"] for e in entries] == ["update-heavy"]
+    assert {next(iter(s["left_out"])) for s in check["subsets"]} == {"budget", "model"} and len(check["subsets"]) == 5
+    assert check["same_regime_rate"] == 1.0
+
+
+def test_budgets_read_at_equal_compute():
+    """Budgets inferred from a file are the largest compute every run reaches, halved; each run is
+    read there, between its eval points."""
+    df = results("flat")
+    data = analysis.collect(df, "val_avg@k", None, count=2)
+    top = df.groupby("run_id")["flops_total"].max().min()
+    assert data.budgets == pytest.approx([top / 2, top])
+    assert len(data.points) == 2 * df["run_id"].nunique()
+    run = pd.DataFrame({"flops_total": [0.0, 1e9, 4e9], "rho": [np.nan, 0.8, 0.8], "m": [0.1, 0.2, 0.4]})
+    assert analysis.read_at(run, 2e9, "m")[0] == pytest.approx(0.3)  # halfway in log compute
+    assert analysis.read_at(run, 1e10, "m") is None  # beyond the run

@@ -15,6 +15,7 @@ model-based reward (one that spends reward FLOPs: a learned PRM) beat the best r
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -246,11 +247,15 @@ def reward_gap(data: Data, model: str, counts: np.ndarray) -> dict | None:
             if mask.any():
                 with np.errstate(invalid="ignore", divide="ignore"):
                     means[reward] = (w[:, mask] @ y[mask]) / w[:, mask].sum(axis=1)
-        best_rule = np.nanmax(np.vstack([means[r] for r in rule if r in means]), axis=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            best_rule = np.nanmax(np.vstack([means[r] for r in rule if r in means]), axis=0)
         gaps.append(means[model] - best_rule)
         pooled.append(_loo_group_errors(y, np.zeros(len(g), dtype=int)))
         split.append(_loo_group_errors(y, (g["reward"] == model).to_numpy().astype(int)))
-    draws = np.nanmean(np.vstack(gaps), axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a replicate without runs of one side stays NaN
+        draws = np.nanmean(np.vstack(gaps), axis=0)
     effect, band = float(draws[0]), interval(draws[1:])
     errors = {"one mean per budget": np.concatenate(pooled), "model-based apart": np.concatenate(split)}
     chosen, loo = one_se_choice(errors)

@@ -96,7 +96,7 @@ def markdown(report: dict, plots: list[str]) -> str:
 def summary(report: dict) -> Group:
     table = Table(title=f"RACE regimes: target {report['target']} ({report['metric']})", caption=CAVEAT)
     for col in ("reward", "regime", "curve", "effect", "90% interval", "rho regime", "runs"):
-        table.add_column(col, justify="right" if col in ("effect", "runs") else "left", no_wrap=col in ("reward", "regime"))
+        table.add_column(col, justify="right" if col in ("effect", "runs") else "left", no_wrap=col in ("reward", "regime", "rho regime"))
     style = {"undetermined": "yellow"}
     for e in report["regimes"]:
         table.add_row(e["reward"], f"[{style.get(e['regime'], 'bold green')}]{e['regime']}[/]", e["curve"], fmt(e["effect"]),
@@ -105,7 +105,7 @@ def summary(report: dict) -> Group:
     share = report["pilot_share"]
     lines = [Text(f"same-regime rate {_rate(report['same_regime_rate'])}; pilot {report['pilot_flops']:.3g} FLOPs"
                   + (f" = {share:.1%} of the full sweep" if share is not None else "")),
-             Text(f"recommend: reward {rec['reward']}; {rec['allocation']}"
+             Text(f"recommend: reward {rec['reward']} ({rec['reward_why']}); {rec['allocation']}"
                   + (f" (algo.epochs {rec['algo.epochs']})" if rec.get("algo.epochs") else ""))]
     if rec.get("command"):
         lines.append(Text(f"  {rec['command']}  # {rec['predicted_flops']:.3g} FLOPs predicted", style="cyan"))

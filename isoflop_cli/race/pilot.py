@@ -55,6 +55,7 @@ class Pilot:
     rewards: list[str]
     n_levels: list[int]
     notes: list[str]
+    full_by_bound: bool = False  # the full sweep's FLOPs come from per-step upper bounds (rollout budgets)
 
     @property
     def share(self) -> float:
@@ -161,7 +162,8 @@ def derive(config: str | None, overrides: list[str], spec: PilotSpec, force: boo
     budgets = [top / 2**j for j in reversed(range(count))]
     pilot_overrides = base_overrides(full_cfg, spec, n, budgets)
     cfg, cells = expand(config, overrides + pilot_overrides)
-    pilot = Pilot(cfg, cells, pilot_overrides, budgets, full, total_flops(cells), rewards, n, notes)
+    by_bound = any(c.plan.column != "flops_total" for c in full_cells if c.feasible)
+    pilot = Pilot(cfg, cells, pilot_overrides, budgets, full, total_flops(cells), rewards, n, notes, by_bound)
     if pilot.share > spec.cap and not force:
         raise ConfigError(
             f"the pilot would cost {pilot.share:.0%} of the full sweep's predicted FLOPs ({pilot.flops:.3g} of {full:.3g}), "

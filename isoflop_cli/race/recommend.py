@@ -31,6 +31,12 @@ def choose_reward(entries: list[dict], data: Data) -> tuple[str, str]:
     pool = rule if not rule.empty else means
     reward = str(pool.idxmax())
     why = f"highest mean {data.metric} at the largest budget" + (" among rule-based rewards" if not rule.empty and len(means) > len(rule) else "")
+    for e in entries:
+        gap = e.get("reward_gap")
+        if gap and gap["interval90"]:
+            low, high = gap["interval90"]
+            verdict = "worse than" if high < 0 else "no better than"
+            why += f"; {e['reward']} is {verdict} the best rule-based reward at equal compute ({gap['effect']:+.3g}, 90% [{low:+.3g}, {high:+.3g}])"
     return reward, why
 
 
