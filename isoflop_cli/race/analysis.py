@@ -112,7 +112,8 @@ def collect(df: pd.DataFrame, metric: str, budgets: list[float] | None, count: i
     points = pd.DataFrame(rows, columns=["run", "reward", "model", "budget", "slice", "level", "epochs", "rho", "x", "y"])
     if points.empty:
         raise ConfigError(f"no run reaches the budgets {', '.join(f'{b:.3g}' for b in budgets)} FLOPs with a value of {metric}")
-    return Data(points, metric, budgets, model_based_rewards(df), sorted(points["run"].unique()))
+    read = [b for b in budgets if (points["budget"] == b).any()]
+    return Data(points, metric, read, model_based_rewards(df), sorted(points["run"].unique()))
 
 
 # ---------------------------------------------------------------------------------------------

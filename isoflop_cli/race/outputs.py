@@ -74,6 +74,15 @@ def markdown(report: dict, plots: list[str]) -> str:
     for e in report["regimes"]:
         for curve, v in (e.get("loo") or {}).items():
             lines.append(f"| {e['reward']} | {curve} | {v['loo_mse']:.3g} | {v['se_vs_best']:.3g} |")
+    gaps = [e for e in report["regimes"] if e.get("reward_gap")]
+    if gaps:
+        lines += ["", "## Model-based against rule-based rewards", "",
+                  "At equal compute: the model-based reward's mean target minus the best rule-based mean, per budget, averaged.", "",
+                  "| reward | against | effect | 90% interval | LOO MSE one mean / apart | beats rule-based |", "| --- | --- | ---: | --- | --- | --- |"]
+        for e in gaps:
+            g = e["reward_gap"]
+            loo = " / ".join(f"{v['loo_mse']:.3g}" for v in g["loo"].values())
+            lines.append(f"| {e['reward']} | {', '.join(g['against'])} | {fmt(g['effect'])} | {_interval(g['interval90'])} | {loo} | {g['beats_rule_based']} |")
     v = report["validation"]
     lines += ["", "## Validation", "", f"Same-regime rate: {_rate(report['same_regime_rate'])}" + (f" ({v['why']})" if v.get("why") else "")
               + " — the decision repeated with each budget (and each model, where there are several) left out.", ""]
