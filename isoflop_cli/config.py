@@ -7,6 +7,7 @@ exit code 2. Nothing here imports torch or Ray.
 from __future__ import annotations
 
 import enum
+import importlib.util
 import json
 import os
 import re
@@ -117,6 +118,38 @@ class AlgoConfig:
     minibatches: int = 1
     loss_agg: str = "token-mean"  # or seq-mean-token-mean; dr_grpo always uses its constant normaliser
     filter_zero_variance: bool = False  # leave out of the loss the groups whose rewards are all equal
+    # Truncated importance sampling: each token's policy gradient times min(pi_learner / pi_sampler,
+    # tis_cap), correcting the sampler/learner mismatch (vLLM vs FSDP); null: off.
+    tis_cap: Optional[float] = 2.0
+    # ppo: a value head on the policy's last hidden state, GAE over completion tokens.
+    gamma: float = 1.0
+    lam: float = 0.95
+    vf_coef: float = 0.1
+    value_clip: float = 0.2
+
+
+@dataclass
+class LearnerConfig:
+    # Processes of one run (started inside its Ray job, torchrun-style): data parallel, FSDP2-sharded.
+    world_size: int = 1
+    fsdp: Optional[bool] = None  # shard with FSDP2 (default: when world_size > 1; true: also on one GPU)
+    bf16: bool = False  # GPU only: bf16 compute, fp32 gradient reduction (FSDP2 mixed precision)
+    activation_checkpointing: bool = False  # recompute layer activations in backward (not in the ledger)
+    micro_batch: int = 0  # rows per forward/backward on each rank, gradients accumulated; 0: all at once
+
+
+@dataclass
+class SamplerConfig:
+    name: str = "hf"  # hf: Hugging Face generate in the learner's process; vllm: a colocated vLLM engine (GPU)
+    shared_prefill: bool = True  # hf: prefill each prompt once and share its KV cache over its n rollouts
+    tensor_parallel: int = 1  # vllm: GPUs per engine
+    gpu_memory_utilization: float = 0.4  # vllm: its share of the GPU (the learner has the rest)
+    sleep: bool = True  # vllm: release its memory while the learner trains
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 50  # steps between saves of the full training state (0: never); a restarted run resumes
 
 
 @dataclass
@@ -176,6 +209,9 @@ class SweepConfig:
     grid: GridConfig = field(default_factory=GridConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     flops: FlopsConfig = field(default_factory=FlopsConfig)
     # The values of one run (`isoflop run`); a sweep sets them per cell from the grid.
     n: int = 8
@@ -183,9 +219,10 @@ class SweepConfig:
     seed: int = 0
 
 
-GROUPS = ("model", "task", "reward", "algo", "grid", "cluster")
+GROUPS = ("model", "task", "reward", "algo", "grid", "cluster", "sampler")
 REWARDS = ("sparse", "structured", "dense", "prm_proxy", "prm")
-ALGOS = ("grpo", "dr_grpo", "cispo")
+ALGOS = ("grpo", "dr_grpo", "cispo", "ppo")
+SAMPLERS = ("hf", "vllm")
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean")
 TASKS = ("arith",)
 
@@ -357,6 +394,35 @@ def check(cfg: DictConfig) -> None:
     if f.utilization is not None and not 0 < f.utilization <= 1:
         raise ConfigError(f"flops.utilization must be in (0, 1], got {f.utilization}")
     positive("cluster.cpus_per_run", cfg.cluster.cpus_per_run)
+    check_engine(cfg)
+
+
+def check_engine(cfg: DictConfig) -> None:
+    """The learner, sampler and checkpoint settings; GPU-only paths need GPUs in the run."""
+    a, lrn, smp = cfg.algo, cfg.learner, cfg.sampler
+    if a.tis_cap is not None and a.tis_cap < 1:
+        raise ConfigError(f"algo.tis_cap must be >= 1 (null: off), got {a.tis_cap}")
+    if not 0 <= a.gamma <= 1 or not 0 <= a.lam <= 1:
+        raise ConfigError(f"algo.gamma and algo.lam must be in [0, 1], got {a.gamma} and {a.lam}")
+    positive_int = {"learner.world_size": lrn.world_size, "sampler.tensor_parallel": smp.tensor_parallel}
+    for name, value in positive_int.items():
+        if value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
+    if lrn.micro_batch < 0 or cfg.checkpoint.every < 0:
+        raise ConfigError("learner.micro_batch and checkpoint.every must be >= 0 (0: off)")
+    check_choice("sampler.name", smp.name, SAMPLERS)
+    gpus = cfg.cluster.gpus_per_run
+    if lrn.bf16 and not gpus:
+        raise ConfigError("learner.bf16 is GPU-only: set cluster.gpus_per_run (e.g. cluster=gpu)")
+    if lrn.world_size > 1 and gpus and gpus < lrn.world_size:
+        raise ConfigError(f"learner.world_size={lrn.world_size} needs a GPU each: cluster.gpus_per_run is {gpus}")
+    if smp.name == "vllm":
+        if not gpus:
+            raise ConfigError("sampler=vllm is GPU-only: set cluster.gpus_per_run (e.g. cluster=gpu), or use sampler=hf")
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError("sampler=vllm needs vLLM: pip install 'isoflop[vllm]' (or use sampler=hf)")
+        if not 0 < smp.gpu_memory_utilization < 1:
+            raise ConfigError(f"sampler.gpu_memory_utilization must be in (0, 1), got {smp.gpu_memory_utilization}")
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -108,22 +108,32 @@ def forward(shape: Shape, rows: int, query_len: int, key_len: int, logit_positio
     )
 
 
-def generate(shape: Shape, rows: int, prompt_len: int, new_tokens: int) -> float:
+def generate(shape: Shape, rows: int, prompt_len: int, new_tokens: int, prefill_rows: int | None = None) -> float:
     """Sampling with a KV cache: a prefill at the padded prompt width (logits of its last position),
-    then one decode step per further token, each attending to the growing context."""
+    then one decode step per further token, each attending to the growing context.
+
+    With a shared prefill (`prefill_rows` < rows: each distinct prompt once, its cache repeated over
+    its group) the prefill covers all but the last prompt token for `prefill_rows` rows, and every
+    row then runs that last token against the shared cache.
+    """
     if new_tokens <= 0:
         return 0.0
-    flops = forward(shape, rows, prompt_len, prompt_len, 1).total
+    if prefill_rows is None or prefill_rows == rows:
+        flops = forward(shape, rows, prompt_len, prompt_len, 1).total
+    else:
+        flops = forward(shape, prefill_rows, prompt_len - 1, prompt_len - 1, 1).total + forward(shape, rows, 1, prompt_len, 1).total
     for step in range(1, new_tokens):
         flops += forward(shape, rows, 1, prompt_len + step, 1).total
     return flops
 
 
-def learning(shape: Shape, rows: int, seq_len: int, epochs: int = 1, reference: bool = False, old_policy: bool = False) -> float:
+def learning(shape: Shape, rows: int, seq_len: int, epochs: int = 1, reference: bool = False, old_policy: bool = False,
+             value_head: bool = False) -> float:
     """One rollout batch's updates: per epoch a forward and backward over every trained sequence
     (logits at every position; mini-batches split the rows, not the work); plus one forward each
     for the reference model (KL on; with LoRA, the base with adapters off) and the old policy
-    (batch reused).
+    (batch reused). A value head (PPO) adds a hidden -> 1 projection at every position of the
+    policy's passes: 2x its forward in backward (input and weight gradients).
 
     Backward, full fine-tuning: a linear layer (and the LM head) computes the input gradient and
     the weight gradient, 2x its forward each; attention recomputes its scores and takes four more
@@ -134,7 +144,8 @@ def learning(shape: Shape, rows: int, seq_len: int, epochs: int = 1, reference: 
         backward = _lora_backward(shape, rows * seq_len, fwd.attention / shape.layers) + fwd.head
     else:
         backward = 2 * (fwd.linear + fwd.head) + 2.5 * fwd.attention
-    return epochs * (fwd.total + backward) + reference * (fwd.total - fwd.adapter) + old_policy * fwd.total
+    value = value_head * 2.0 * rows * seq_len * shape.hidden
+    return epochs * (fwd.total + backward + 3 * value) + reference * (fwd.total - fwd.adapter) + old_policy * (fwd.total + value)
 
 
 def model_shape(model) -> Shape:

@@ -85,9 +85,11 @@ def step_flops(cfg: DictConfig) -> tuple[float, float]:
     width, every completion at max_new_tokens."""
     shape = flops.model_shape(cfg.model).with_lora(cfg.lora.rank, cfg.lora.targets)
     rows, prompt, new = cfg.B_p * cfg.n, ArithTask.from_config(cfg.task).max_prompt_len, cfg.task.max_new_tokens
-    return flops.generate(shape, rows, prompt, new), flops.learning(
+    shared = (cfg.sampler.name == "vllm" or cfg.sampler.shared_prefill) and cfg.n > 1 and prompt > 1
+    ppo = cfg.algo.name == "ppo"
+    return flops.generate(shape, rows, prompt, new, prefill_rows=cfg.B_p if shared else rows), flops.learning(
         shape, rows, prompt + new, cfg.algo.epochs, reference=cfg.algo.kl_coef > 0,
-        old_policy=cfg.algo.epochs * cfg.algo.minibatches > 1,
+        old_policy=ppo or cfg.algo.epochs * cfg.algo.minibatches > 1, value_head=ppo,
     )
 
 

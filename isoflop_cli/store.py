@@ -2,7 +2,8 @@
 
     <out>/<sweep>/sweep.yaml          resolved sweep config
     <out>/<sweep>/manifest.json       cells: run_id, axes, plan, status, job submissions
-    <out>/<sweep>/runs/<run_id>/      config.yaml, metrics.jsonl, status.json, job.log
+    <out>/<sweep>/runs/<run_id>/      config.yaml, metrics.jsonl, status.json, job.log,
+                                      checkpoint/ (the training state while the run is unfinished)
     <out>/<sweep>/results.parquet     one row per eval point of every finished run
 
 A run writes its own metrics.jsonl (appended and flushed per eval point) and status.json; the
@@ -61,6 +62,7 @@ class RunFiles:
         self.metrics = self.dir / "metrics.jsonl"
         self.status_file = self.dir / "status.json"
         self.log = self.dir / "job.log"
+        self.checkpoint = self.dir / "checkpoint"
 
     def status(self) -> dict:
         return read_json(self.status_file, default={"state": PENDING})
@@ -71,6 +73,11 @@ class RunFiles:
     def reset_metrics(self) -> None:
         """A run that starts over starts its metrics over: no duplicated rows."""
         atomic_write(self.metrics, "")
+
+    def keep_metrics(self, until_step: int) -> None:
+        """A run resumed from a checkpoint at `until_step` drops the rows it wrote after it (it writes them again)."""
+        kept = [row for row in self.read_metrics() if row["step"] <= until_step]
+        atomic_write(self.metrics, "".join(json.dumps(row) + "\n" for row in kept))
 
     def append_metrics(self, row: dict) -> None:
         with open(self.metrics, "a") as f:

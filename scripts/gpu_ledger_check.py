@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 import isoflop_cli.recipe.measure  # noqa: F401  (the CPU attention formulas)
 from isoflop_cli import flops
-from isoflop_cli.recipe.learner import token_logprobs
+from isoflop_cli.recipe.learner import Actor
 
 QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                   num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
@@ -53,7 +53,7 @@ def check(model, shape: flops.Shape, device: str, rows: int, prompt: int, new: i
 
     def learning():
         model.zero_grad(set_to_none=True)
-        logp, _ = token_logprobs(model, out, attention, 1.0)
+        logp = Actor(model)(out, attention, 1.0).logp
         logp.float().sum().backward()
 
     measured, seconds, _ = timed(device, learning)

@@ -99,15 +99,19 @@ def finished_runs(sweep_dir: Path) -> dict[str, tuple[float, str]]:
     return out
 
 
-def running_run(sweep_dir: Path) -> bool:
-    states = [json.loads(p.read_text()) for p in (sweep_dir / "runs").glob("*/status.json")]
-    return any(s["state"] == "running" and s.get("step", 0) >= 1 for s in states)
+def running_run(sweep_dir: Path, past_step: int = 1) -> str | None:
+    for path in (sweep_dir / "runs").glob("*/status.json"):
+        status = json.loads(path.read_text())
+        if status["state"] == "running" and status.get("step", 0) >= past_step:
+            return path.parent.name
+    return None
 
 
 def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     """Kill the CLI (the head keeps running: reattach); kill CLI and head (jobs lost: resubmit);
-    Ctrl-C (jobs and head stopped); then a last rerun finishes the sweep."""
-    args = [sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(tmp_path), *SMALL, "cluster.local_cpus=1"]
+    Ctrl-C (jobs and head stopped) after a run saved a checkpoint; then a last rerun finishes the
+    sweep, that run resuming from its checkpoint."""
+    args = [sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(tmp_path), *SMALL, "cluster.local_cpus=1", "checkpoint.every=4"]
     sweep_dir = tmp_path / "default"
 
     cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -125,7 +129,9 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     second = finished_runs(sweep_dir)
 
     cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for(lambda: running_run(sweep_dir), 300, "a run under way")
+    seen = {}
+    wait_for(lambda: seen.setdefault("run", running_run(sweep_dir, past_step=5)) or seen.clear(), 300, "a run past its first checkpoint")
+    interrupted = seen["run"]
     cli.send_signal(signal.SIGINT)
     assert cli.wait(timeout=120) == 130
     assert_head_stopped(sweep_dir)
@@ -140,6 +146,8 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     assert len(final) == 4
     for run_id, before in second.items():
         assert final[run_id] == before, f"finished run {run_id} was run again"
+    assert "resumed from the checkpoint at step" in (sweep_dir / "runs" / interrupted / "job.log").read_text()
+    assert not (sweep_dir / "runs" / interrupted / "checkpoint").exists()  # removed once the run finished
     manifest = json.loads((sweep_dir / "manifest.json").read_text())
     assert all(c["state"] == "finished" for c in manifest["cells"].values())
     df = pd.read_parquet(sweep_dir / "results.parquet")

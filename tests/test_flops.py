@@ -14,8 +14,8 @@ import isoflop_cli.recipe.measure  # noqa: F401  (registers the CPU attention fo
 from isoflop_cli import flops
 from isoflop_cli.cli import app
 from isoflop_cli.recipe.checkpoint import char_tokenizer
-from isoflop_cli.recipe.learner import token_logprobs
-from isoflop_cli.recipe.sampler import sample
+from isoflop_cli.recipe.learner import Actor
+from isoflop_cli.recipe.sampler import HFSampler
 
 TINY = flops.Shape(layers=1, hidden=4, intermediate=8, heads=2, kv_heads=1, head_dim=2, vocab=10)
 
@@ -87,16 +87,20 @@ def test_ledger_matches_flop_counter(name, lora):
         model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=8, target_modules=list(targets), lora_dropout=0.0))
     reference_off = model.disable_adapter if rank else contextlib.nullcontext
     box = {}
-    search = measured(lambda: box.setdefault("r", sample(model, tok, ["12+34=", "5+6=", "70+8="], 4, 1.0, 1.0, 6)))
-    r = box["r"]
-    analytic = flops.generate(shape, 12, r.prompt_width, r.generated_width)
-    assert abs(search - analytic) / search < 0.05
+    for shared in (False, True):  # each row prefilled, or each prompt once for its group
+        sampler = HFSampler(model, tok, shared_prefill=shared)
+        search = measured(lambda: box.update(r=sampler.sample(["12+34=", "5+6=", "70+8="], 4, 1.0, 1.0, 6)))
+        r = box["r"]
+        assert r.prefill_rows == (3 if shared else 12)
+        analytic = flops.generate(shape, 12, r.prompt_width, r.generated_width, r.prefill_rows)
+        assert abs(search - analytic) / search < 0.05
+    actor = Actor(model)
 
     def learn(reference):
-        logp, _ = token_logprobs(model, r.sequences, r.attention_mask, 1.0)
+        logp = actor(r.sequences, r.attention_mask, 1.0).logp
         if reference:
             with torch.no_grad(), reference_off():
-                token_logprobs(model, r.sequences, r.attention_mask, 1.0)
+                actor(r.sequences, r.attention_mask, 1.0)
         logp.sum().backward()
 
     for reference in (False, True):

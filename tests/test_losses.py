@@ -3,7 +3,9 @@ import math
 import pytest
 import torch
 
-from isoflop_cli.recipe.losses import aggregate, cispo_pg, clipped_pg, group_advantages, kl_k3, masked_mean
+from isoflop_cli.recipe.losses import (
+    cispo_pg, clipped_pg, gae, group_advantages, kl_k3, masked_mean, token_weights, truncated_is, value_loss, whiten,
+)
 
 
 def test_group_advantages_hand_computed():
@@ -51,6 +53,10 @@ def test_dr_grpo_advantages_are_only_mean_centred():
     assert adv.flatten().tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5, 0.75, -0.25, -0.25, -0.25, 0.0, 0.0, 0.0, 0.0])
 
 
+def aggregate(x, mask, mode, max_len=0):
+    return (x * token_weights(mask, mode, max_len)).sum()
+
+
 def test_aggregations_hand_computed():
     x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
@@ -60,6 +66,57 @@ def test_aggregations_hand_computed():
     # a row with no tokens (a filtered group) does not count as a sequence
     empty = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     assert aggregate(x, empty, "seq-mean-token-mean").item() == pytest.approx(1.5)
+    assert aggregate(x, torch.zeros(2, 3), "seq-mean-token-mean").item() == 0.0
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "constant"])
+def test_split_rows_sum_to_the_whole_batch_loss(mode):
+    """Ranks and micro-batches each take some rows; the weights of the whole mini-batch make their sum exact."""
+    torch.manual_seed(0)
+    x, mask = torch.randn(6, 5), (torch.rand(6, 5) > 0.3).float()
+    w = token_weights(mask, mode, max_len=5)
+    parts = sum((x[rows] * w[rows]).sum() for rows in torch.arange(6).tensor_split(4))
+    assert parts.item() == pytest.approx(aggregate(x, mask, mode, 5).item())
+
+
+def test_truncated_importance_weight():
+    learner = torch.log(torch.tensor([[0.5, 0.9, 0.2]]))
+    sampler = torch.log(torch.tensor([[0.5, 0.3, 0.4]]))
+    # ratios 1, 3, 0.5; capped at 2
+    assert truncated_is(learner, sampler, cap=2.0)[0].tolist() == pytest.approx([1.0, 2.0, 0.5])
+    assert not truncated_is(learner.requires_grad_(True), sampler, cap=2.0).requires_grad
+
+
+def test_gae_hand_computed():
+    # one completion of 3 tokens at positions 1..3, reward 1 on its last token
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 1.0, 0.0]])
+    values = torch.tensor([[9.0, 0.5, 0.25, 0.75, 9.0]])  # values off the completion are ignored
+    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0, 0.0]])
+    adv, ret = gae(rewards, values, mask, gamma=1.0, lam=0.5)
+    # deltas: t3 = 1 - 0.75 = 0.25; t2 = 0 + 0.75 - 0.25 = 0.5; t1 = 0 + 0.25 - 0.5 = -0.25
+    # A3 = 0.25; A2 = 0.5 + 0.5 * 0.25 = 0.625; A1 = -0.25 + 0.5 * 0.625 = 0.0625
+    assert adv[0].tolist() == pytest.approx([0.0, 0.0625, 0.625, 0.25, 0.0])
+    assert ret[0].tolist() == pytest.approx([0.0, 0.5625, 0.875, 1.0, 0.0])
+    # lam = 1, gamma = 1: every token's advantage is the return minus its value
+    adv, _ = gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    assert adv[0, 1:4].tolist() == pytest.approx([0.5, 0.75, 0.25])
+
+
+def test_whiten_and_value_loss_hand_computed():
+    x = torch.tensor([[1.0, 3.0, 100.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    assert whiten(x, mask)[0].tolist() == pytest.approx([-1.0, 1.0, 0.0])  # mean 2, std 1; masked out -> 0
+    # a rank holding half the batch, its reduce adding the other half (here an identical half),
+    # whitens as the whole batch does
+    rows = torch.tensor([[1.0, 3.0], [5.0, 7.0]])
+    whole = whiten(torch.cat([rows, rows]), torch.ones(4, 2))[:2]
+    assert torch.allclose(whiten(rows, torch.ones(2, 2), reduce=lambda t: 2 * t), whole)
+    values, old, returns = torch.tensor([1.0, 1.0]), torch.tensor([0.0, 0.9]), torch.tensor([0.0, 0.0])
+    # t0: unclipped 0.5 * 1 = 0.5; clipped 0 + 0.2 -> 0.5 * 0.04 = 0.02; max 0.5
+    # t1: V - V_old = 0.1 within the clip: 0.5 both
+    assert value_loss(values, old, returns, clip=0.2).tolist() == pytest.approx([0.5, 0.5])
+    # clipping binds when it makes the loss larger: V moved away from the return past the clip
+    assert value_loss(torch.tensor([0.5]), torch.tensor([2.0]), torch.tensor([3.0]), clip=0.2).tolist() == pytest.approx([0.5 * 6.25])
 
 
 def test_cispo_hand_computed_and_stop_gradient():

@@ -35,13 +35,18 @@ def cache_dir() -> Path:
 
 def load(model_cfg: DictConfig, task_cfg: DictConfig, dtype: torch.dtype = torch.float32):
     """(tokenizer, model) for a run; builds the embedded model first if it is not cached."""
-    path = Path(model_cfg.path).expanduser() if model_cfg.path else ensure_embedded(model_cfg, task_cfg)
+    path = model_path(model_cfg, task_cfg)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     return tokenizer, model
+
+
+def model_path(model_cfg: DictConfig, task_cfg: DictConfig) -> Path:
+    """The checkpoint directory: the configured path, or the embedded model (built on first use)."""
+    return Path(model_cfg.path).expanduser() if model_cfg.path else ensure_embedded(model_cfg, task_cfg)
 
 
 def ensure_embedded(model_cfg: DictConfig, task_cfg: DictConfig) -> Path:

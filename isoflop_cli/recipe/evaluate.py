@@ -6,7 +6,6 @@ from math import comb
 
 import torch
 
-from isoflop_cli.recipe.sampler import sample
 
 
 def best_at_k(m: int, c: int, k: int) -> float:
@@ -29,14 +28,14 @@ def summarize(correct: list[int], m: int, k: int) -> dict[str, float]:
     }
 
 
-def evaluate(model, tokenizer, task, problems, m: int, k: int, temperature: float, top_p: float, max_new_tokens: int, seed: int):
+def evaluate(sampler, task, problems, m: int, k: int, temperature: float, top_p: float, max_new_tokens: int, seed: int):
     """Sample m completions per validation problem with a private RNG stream (training's is untouched).
 
     Returns the metrics and the rollouts (whose shapes the ledger counts as evaluation compute).
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        rollouts = sample(model, tokenizer, [p.prompt for p in problems], m, temperature, top_p, max_new_tokens)
+        rollouts = sampler.sample([p.prompt for p in problems], m, temperature, top_p, max_new_tokens)
     correct = [
         sum(task.verify(p, text) for text in rollouts.texts[i * m : (i + 1) * m]) for i, p in enumerate(problems)
     ]

@@ -1,33 +1,44 @@
-"""One GRPO run (or Dr. GRPO, CISPO), top to bottom: sample, score, advantage, loss, update, evaluate, ledger.
+"""One GRPO run (or Dr. GRPO, CISPO, PPO), top to bottom: sample, score, advantage, loss, update,
+evaluate, ledger, checkpoint.
 
 Called with a resolved config, a compute budget on one ledger column (where to stop and where to
 evaluate) and the learning rate; it knows nothing of grids or Ray. It writes one metrics row per
-eval point to the run directory (flushed as it goes) and a status file the dispatcher can watch.
+eval point to the run directory (flushed as it goes), a status file the dispatcher can watch, and
+every `checkpoint.every` steps the training state, from which a restarted run resumes.
+
+With `learner.world_size` > 1 the run is that many processes (see `distributed`): rank 0 samples,
+scores and evaluates; every rank trains on its share of each mini-batch of an FSDP2-sharded model.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
+import itertools
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
 
 from isoflop_cli import flops
-from isoflop_cli.recipe import checkpoint
+from isoflop_cli.config import to_yaml
+from isoflop_cli.recipe import checkpoint, distributed, resume
+from isoflop_cli.recipe.distributed import Group
 from isoflop_cli.recipe.evaluate import evaluate
-from isoflop_cli.recipe.learner import token_logprobs
+from isoflop_cli.recipe.learner import Actor
+from isoflop_cli.recipe.losses import cispo_pg, clipped_pg, gae, group_advantages, kl_k3, token_weights, truncated_is, value_loss, whiten
 from isoflop_cli.recipe.measure import Meter
-from isoflop_cli.recipe.losses import aggregate, cispo_pg, clipped_pg, group_advantages, kl_k3, masked_mean
 from isoflop_cli.recipe.rewards import make_reward
-from isoflop_cli.recipe.sampler import sample
+from isoflop_cli.recipe.sampler import HFSampler
 from isoflop_cli.store import FAILED, FINISHED, RUNNING, RunFiles
 from isoflop_cli.tasks.arith import ArithTask
+
+STATS = ("reward", "zero_var", "loss", "kl", "entropy", "clip_frac", "tis", "value_loss")
 
 
 @dataclass(frozen=True)
@@ -40,23 +51,44 @@ class Budget:
     M: int  # the steps expected (exact for rollouts), for progress only
 
 
+@dataclass
+class Progress:
+    """What the loop carries from step to step besides weights and optimizer; saved in checkpoints."""
+
+    eval_at: list[float]  # compute checkpoints not reached yet
+    step: int = 0
+    prompts_drawn: int = 0
+    ledger: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("rollouts", "tokens_generated", "flops_search", "flops_learning", "flops_reward", "reward_cpu_s", "flops_eval"), 0))
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time per part (search, reward, learning, eval)
+    measured: dict[str, float] = field(default_factory=dict)  # FlopCounterMode per part (flops.measure)
+    since_eval: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in STATS})
+    wall_s: float = 0.0
+
+
 def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str) -> list[dict]:
     files = RunFiles(run_dir)
     files.dir.mkdir(parents=True, exist_ok=True)
-    files.reset_metrics()
     files.set_status(RUNNING, step=0, M=budget.M, pid=os.getpid())
     try:
-        rows = _train(cfg, budget, lr, files)
+        if cfg.learner.world_size > 1 or cfg.learner.fsdp:
+            distributed.launch(_train, cfg.learner.world_size, cfg, budget, lr, files)
+        else:
+            _train(Group(), cfg, budget, lr, files)
     except BaseException as e:
         files.set_status(FAILED, error=f"{type(e).__name__}: {e}", M=budget.M)
         raise
+    rows = files.read_metrics()
     files.set_status(FINISHED, step=rows[-1]["step"], M=budget.M)
+    resume.remove(files.checkpoint)  # the run is whole: its results are in metrics.jsonl
     return rows
 
 
-def _train(cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> list[dict]:
+def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> None:
     algo, n, B_p = cfg.algo, cfg.n, cfg.B_p
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
+    if group.world_size == 1:
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     tokenizer, policy = checkpoint.load(cfg.model, cfg.task)
     torch.manual_seed(cfg.seed)  # after the load: a first-use build must not shift the run's RNG stream
     random.seed(cfg.seed)
@@ -64,45 +96,64 @@ def _train(cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> list[
         from peft import LoraConfig, get_peft_model
 
         policy = get_peft_model(policy, LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, target_modules=list(cfg.lora.targets), lora_dropout=0.0))
+    if cfg.learner.activation_checkpointing:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ppo = algo.name == "ppo"
+    actor = Actor(policy, value_head=ppo).to(device)
     # The KL reference: with LoRA the same model with its adapters off (no second copy).
     use_reference = algo.kl_coef > 0
-    reference = copy.deepcopy(policy).eval().requires_grad_(False) if use_reference and not cfg.lora.rank else None
+    reference = Actor(copy.deepcopy(policy)).to(device).eval().requires_grad_(False) if use_reference and not cfg.lora.rank else None
+    sharded = group.world_size > 1 or bool(cfg.learner.fsdp)
+    # The sampler: rank 0's own unsharded copy when the learner is sharded (weights synced after each update).
+    sampler = _sampler(cfg, actor.policy, tokenizer, own_copy=sharded) if group.is_main else None
+    if sharded:
+        for model in filter(None, (actor, reference)):
+            distributed.shard(model, cfg.learner.bf16)
     task = ArithTask.from_config(cfg.task)
-    reward, rule_based = make_reward(cfg.reward, cfg.task)
-    prompts = task.stream("train", seed=cfg.seed)
+    reward, rule_based = make_reward(cfg.reward, cfg.task) if group.is_main else (None, True)
     val_problems = task.validation_set(cfg.eval.problems)
     shape = flops.Shape.from_config(policy.config).with_lora(cfg.lora.rank, cfg.lora.targets)
     params = sum(p.numel() for p in policy.parameters())
-    trainable = [p for p in policy.parameters() if p.requires_grad]
+    trainable = [p for p in actor.parameters() if p.requires_grad]
     trainable_params = sum(p.numel() for p in trainable)
-    meter = Meter(cfg.flops.measure)
 
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=algo.weight_decay)
     # Short linear warm-up, then constant: a run read at any budget is the run trained to that budget.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (algo.warmup_steps + 1)))
 
-    ledger = {"rollouts": 0, "tokens_generated": 0, "flops_search": 0.0, "flops_learning": 0.0, "flops_reward": 0.0, "reward_cpu_s": 0.0, "flops_eval": 0.0}
-    since_eval = {"reward": [], "zero_var": [], "loss": [], "kl": [], "entropy": [], "clip_frac": []}
-    rows: list[dict] = []
-    start = time.time()
+    # Resume from this run's last checkpoint, if it has one; else start (its metrics) over.
+    fingerprint = hashlib.sha1(f"{to_yaml(cfg)}{budget}{lr}".encode()).hexdigest()
+    saved = resume.load(files.checkpoint, fingerprint, actor, optimizer, scheduler)
+    progress = Progress(**saved) if saved else Progress(eval_at=list(budget.eval_at))
+    if group.is_main:
+        if saved:
+            files.keep_metrics(until_step=progress.step)
+            print(f"resumed from the checkpoint at step {progress.step} ({progress.ledger['rollouts']} rollouts)", flush=True)
+        else:
+            files.reset_metrics()
+        if saved and sharded:
+            sampler.load_weights(distributed.full_weights(actor.policy, trainable_only=bool(cfg.lora.rank)))
+    elif saved and sharded:
+        distributed.full_weights(actor.policy, trainable_only=bool(cfg.lora.rank))  # the gather is collective
+    prompts = itertools.islice(task.stream("train", seed=cfg.seed), progress.prompts_drawn, None)
+    ledger, since_eval = progress.ledger, progress.since_eval
+    meter = Meter(cfg.flops.measure, progress.seconds, progress.measured)
+    started = time.time() - progress.wall_s
 
     def eval_point(step: int) -> None:
-        policy.eval()
         with meter.count("eval"):
-            metrics, rollouts = evaluate(
-                policy, tokenizer, task, val_problems, cfg.eval.samples, cfg.eval.k,
-                algo.temperature, algo.top_p, cfg.task.max_new_tokens, seed=cfg.seed * 1_000_003 + step,
-            )
-        ledger["flops_eval"] += flops.generate(shape, len(rollouts.texts), rollouts.prompt_width, rollouts.generated_width)
+            metrics, rollouts = evaluate(sampler, task, val_problems, cfg.eval.samples, cfg.eval.k, algo.temperature,
+                                         algo.top_p, cfg.task.max_new_tokens, seed=cfg.seed * 1_000_003 + step)
+        ledger["flops_eval"] += flops.generate(shape, len(rollouts.texts), rollouts.prompt_width, rollouts.generated_width, rollouts.prefill_rows)
         means = {f"train_{k}" if k in ("reward", "loss") else k: _mean(v) for k, v in since_eval.items()}
         row = {
             "step": step, "model_params": params, "trainable_params": trainable_params,
             **ledger, **_totals(ledger, cfg.flops), **{f"measured_{k}": v for k, v in _measured(meter).items()},
+            **{f"time_{part}_s": round(s, 3) for part, s in meter.seconds.items()},
             "train_reward_mean": means.pop("train_reward"), "zero_var_frac": means.pop("zero_var"),
-            **metrics, "k": cfg.eval.k, **means, "lr": lr, "wall_s": round(time.time() - start, 3),
+            **metrics, "k": cfg.eval.k, **means, "lr": lr, "wall_s": round(time.time() - started, 3),
         }
         files.append_metrics(row)
-        rows.append(row)
         for v in since_eval.values():
             v.clear()
 
@@ -114,97 +165,148 @@ def _train(cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> list[
             return ledger["rollouts"] + B_p * n <= budget.limit
         return spent() < budget.limit
 
-    checkpoints = list(budget.eval_at)
-
     def passed_checkpoint() -> bool:
         """Whether the ledger has reached the next compute checkpoint (passing all it reached)."""
         passed = False
-        while checkpoints and spent() >= checkpoints[0]:
-            checkpoints.pop(0)
+        while progress.eval_at and spent() >= progress.eval_at[0]:
+            progress.eval_at.pop(0)
             passed = True
         return passed
 
-    step = 0
-    passed_checkpoint()
-    eval_point(0)  # the base model
+    step = progress.step
+    if step == 0:
+        passed_checkpoint()
+        if group.is_main:
+            eval_point(0)  # the base model
     while budget_left():
         step += 1
-        # 1. Sample n completions for each of B_p prompts.
-        policy.eval()
+        # 1. Sample n completions for each of B_p prompts (rank 0; then every rank has the batch).
         problems = [next(prompts) for _ in range(B_p)]
-        with meter.count("search"):
-            rollouts = sample(policy, tokenizer, [p.prompt for p in problems], n, algo.temperature, algo.top_p, cfg.task.max_new_tokens)
+        progress.prompts_drawn += B_p
+        batch = None
+        if group.is_main:
+            with meter.count("search"):
+                rollouts = sampler.sample([p.prompt for p in problems], n, algo.temperature, algo.top_p, cfg.task.max_new_tokens)
 
-        # 2. Score with the reward system: a rule (CPU time, no FLOPs) or a reward model (its FLOPs).
-        cpu = time.process_time()
-        with meter.count("reward"):
-            scores, reward_flops = reward([problems[i // n] for i in range(B_p * n)], rollouts.texts)
+            # 2. Score with the reward system: a rule (CPU time, no FLOPs) or a reward model (its FLOPs).
+            cpu = time.process_time()
+            with meter.count("reward"):
+                scores, reward_flops = reward([problems[i // n] for i in range(B_p * n)], rollouts.texts)
+            batch = (rollouts, scores, reward_flops, time.process_time() - cpu if rule_based else 0.0)
+        rollouts, scores, reward_flops, reward_cpu_s = group.broadcast(batch)
         rewards = torch.tensor(scores).view(B_p, n)
-        ledger["flops_reward"] += reward_flops
-        if rule_based:
-            ledger["reward_cpu_s"] += time.process_time() - cpu
+        seq, attn = rollouts.sequences.to(device), rollouts.attention_mask.to(device)
+        R, L = seq.shape
 
         # 3. Advantages within each prompt's group, one per completion: normalised by the group's
-        #    std (grpo, cispo) or only mean-centred (dr_grpo). Optionally drop all-equal groups.
-        advantages = group_advantages(rewards, algo.adv_eps, scale=algo.name != "dr_grpo").flatten()
+        #    std (grpo, cispo, ppo's outcome) or only mean-centred (dr_grpo). Optionally drop
+        #    all-equal groups. Token weights: how each mini-batch's per-token losses add up to one.
+        advantages = group_advantages(rewards, algo.adv_eps, scale=algo.name != "dr_grpo").flatten().to(device)
         keep = (rewards.std(dim=1) > 0 if algo.filter_zero_variance and n > 1 else torch.ones(B_p, dtype=torch.bool)).repeat_interleave(n)
-        aggregation = "constant" if algo.name == "dr_grpo" else algo.loss_agg
+        mask = rollouts.completion_mask[:, 1:].float().to(device) * keep[:, None].to(device)
+        minibatches = torch.arange(R).tensor_split(algo.minibatches)
+        weights = torch.zeros_like(mask)
+        for mb in minibatches:
+            weights[mb] = token_weights(mask[mb], "constant" if algo.name == "dr_grpo" else algo.loss_agg, cfg.task.max_new_tokens)
+        mine = torch.cat([group.mine(mb) for mb in minibatches])  # the rows this rank trains on
 
-        # 4. Log-probs the updates compare against: the reference (KL) and, when the batch is reused
-        #    for more than one update, the sampling policy's own (the clipped ratio's denominator).
-        policy.train()
+        # 4. Log-probs the updates compare against, on this rank's rows: the reference (KL) and,
+        #    when the batch is reused for more than one update or a value head needs its old
+        #    estimates (PPO), the sampling-time policy's own.
+        actor.train()
         updates = algo.epochs * algo.minibatches
+        old_pass = updates > 1 or ppo
+        ref_logp, old_logp, old_values = torch.zeros_like(mask), torch.zeros_like(mask), torch.zeros_like(mask)
         with meter.count("learning"), torch.no_grad():
-            ref_logp = None
             if use_reference:
-                with policy.disable_adapter() if cfg.lora.rank else contextlib.nullcontext():
-                    ref_logp = token_logprobs(reference or policy, rollouts.sequences, rollouts.attention_mask, algo.temperature)[0]
-            old_logp = token_logprobs(policy, rollouts.sequences, rollouts.attention_mask, algo.temperature)[0] if updates > 1 else None
+                with actor.policy.disable_adapter() if cfg.lora.rank else contextlib.nullcontext():
+                    ref_logp[mine] = (reference or actor)(seq[mine], attn[mine], algo.temperature).logp
+            if old_pass:
+                old = actor(seq[mine], attn[mine], algo.temperature)
+                old_logp[mine] = old.logp
+                if ppo:
+                    old_values[mine] = old.values
+        if ppo:
+            # PPO: the outcome reward on each completion's last token, GAE against the value head,
+            # advantages whitened over the batch's completion tokens.
+            last = mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
+            token_rewards = torch.zeros_like(mask)
+            token_rewards[torch.arange(R), last] = rewards.flatten().to(device) * mask.any(-1)
+            token_adv, returns = gae(token_rewards, old_values, mask, algo.gamma, algo.lam)
+            ours = mask * torch.isin(torch.arange(R, device=device), mine.to(device))[:, None]
+            advantages = whiten(token_adv, ours, reduce=group.all_sum)
 
-        # 5. Updates: epochs over the batch, each in mini-batches; clipped policy-gradient loss
-        #    (+ KL to the reference, - entropy bonus), token-mean; AdamW, clipped gradient norm.
+        # 5. Updates: epochs over the batch, each in mini-batches; each rank its rows, in micro-batches.
+        #    Clipped policy-gradient loss (times the truncated importance weight; + KL to the
+        #    reference, - entropy bonus, + value loss), AdamW, clipped gradient norm.
         for _ in range(algo.epochs):
-            for idx in torch.arange(len(rollouts.texts)).tensor_split(algo.minibatches):
-                seq, attn = rollouts.sequences[idx], rollouts.attention_mask[idx]
-                mask = rollouts.completion_mask[idx, 1:].float() * keep[idx, None]
-                with meter.count("learning"):
-                    logp, entropy = token_logprobs(policy, seq, attn, algo.temperature, with_entropy=algo.entropy_coef > 0)
-                    old = old_logp[idx] if old_logp is not None else logp.detach()  # on-policy: ratio 1
-                    policy_loss = cispo_pg if algo.name == "cispo" else clipped_pg
-                    pg, clipped = policy_loss(logp, old, advantages[idx], algo.clip_low, algo.clip_high)
-                    loss = aggregate(pg, mask, aggregation, cfg.task.max_new_tokens)
-                    if ref_logp is not None:
-                        kl = aggregate(kl_k3(logp, ref_logp[idx]), mask, aggregation, cfg.task.max_new_tokens)
-                        loss = loss + algo.kl_coef * kl
-                        since_eval["kl"].append(kl.item())
-                    if entropy is not None:
-                        ent = aggregate(entropy, mask, aggregation, cfg.task.max_new_tokens)
-                        loss = loss - algo.entropy_coef * ent
-                        since_eval["entropy"].append(ent.item())
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
+            for mb in minibatches:
+                rows = group.mine(mb)
+                sums = torch.zeros(len(STATS), device=device)  # this mini-batch's statistics, summed over ranks below
+                optimizer.zero_grad(set_to_none=True)
+                for idx in rows.split(cfg.learner.micro_batch or max(1, len(rows))):
+                    w = weights[idx]
+                    with meter.count("learning"):
+                        out = actor(seq[idx], attn[idx], algo.temperature, with_entropy=algo.entropy_coef > 0)
+                        before = old_logp[idx] if old_pass else out.logp.detach()  # on-policy: ratio 1
+                        policy_loss = cispo_pg if algo.name == "cispo" else clipped_pg
+                        pg, clipped = policy_loss(out.logp, before, advantages[idx], algo.clip_low, algo.clip_high)
+                        terms = {"loss": pg, "clip_frac": clipped}
+                        if algo.tis_cap:
+                            terms["tis"] = truncated_is(before, rollouts.logprobs[idx].to(device), algo.tis_cap)
+                            terms["loss"] = pg * terms["tis"]
+                        if use_reference:
+                            terms["kl"] = kl_k3(out.logp, ref_logp[idx])
+                        if out.entropy is not None:
+                            terms["entropy"] = out.entropy
+                        if ppo:
+                            terms["value_loss"] = value_loss(out.values, old_values[idx], returns[idx], algo.value_clip)
+                        stat = {k: (x * w).sum() for k, x in terms.items()}
+                        loss = stat["loss"] + algo.kl_coef * stat.get("kl", 0) - algo.entropy_coef * stat.get("entropy", 0) + algo.vf_coef * stat.get("value_loss", 0)
+                        (loss * group.world_size).backward()  # FSDP averages gradients over ranks: this sums them
+                    stat["loss"] = loss
+                    for k, v in stat.items():
+                        sums[STATS.index(k)] += v.detach()
                 torch.nn.utils.clip_grad_norm_(trainable, algo.max_grad_norm)
                 optimizer.step()
                 scheduler.step()
-                since_eval["loss"].append(loss.item())
-                since_eval["clip_frac"].append(masked_mean(clipped, mask).item())
+                sums = group.all_sum(sums)
+                for k in stat:
+                    since_eval[k].append(sums[STATS.index(k)].item())
+        if sharded:  # the sampler's copy takes the new weights (LoRA: the new adapter)
+            new = distributed.full_weights(actor.policy, trainable_only=bool(cfg.lora.rank))
+            if group.is_main:
+                sampler.load_weights(new)
 
         # 6. Ledger: compute spent so far, in rollouts, generated tokens and FLOPs per part.
-        batch_rows, width = rollouts.sequences.shape
         ledger["rollouts"] += B_p * n
         ledger["tokens_generated"] += rollouts.tokens_generated
-        ledger["flops_search"] += flops.generate(shape, batch_rows, rollouts.prompt_width, rollouts.generated_width)
-        ledger["flops_learning"] += flops.learning(shape, batch_rows, width, algo.epochs, reference=use_reference, old_policy=updates > 1)
+        ledger["flops_search"] += flops.generate(shape, R, rollouts.prompt_width, rollouts.generated_width, rollouts.prefill_rows)
+        ledger["flops_learning"] += flops.learning(shape, R, L, algo.epochs, reference=use_reference, old_policy=old_pass, value_head=ppo)
+        ledger["flops_reward"] += reward_flops
+        ledger["reward_cpu_s"] += reward_cpu_s
         since_eval["reward"].append(rewards.mean().item())
         since_eval["zero_var"].append((rewards.std(dim=1) == 0).float().mean().item() if n > 1 else 1.0)
 
-        # 7. Evaluate at the compute checkpoints this step reached.
-        if passed_checkpoint():
+        # 7. Evaluate at the compute checkpoints this step reached; save the training state every K steps.
+        progress.step = step
+        if passed_checkpoint() and group.is_main:
             eval_point(step)
-        files.set_status(RUNNING, step=step, M=budget.M, rollouts=ledger["rollouts"], pid=os.getpid())
-    if rows[-1]["step"] != step:
+        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and budget_left():
+            progress.wall_s = time.time() - started
+            resume.save(files.checkpoint, group, fingerprint, actor, optimizer, scheduler, asdict(progress))
+        if group.is_main:
+            files.set_status(RUNNING, step=step, M=budget.M, rollouts=ledger["rollouts"], pid=os.getpid())
+    if group.is_main and files.read_metrics()[-1]["step"] != step:
         eval_point(step)  # the run's last point, when it fell between checkpoints
-    return rows
+
+
+def _sampler(cfg: DictConfig, policy, tokenizer, own_copy: bool):
+    if cfg.sampler.name == "vllm":
+        from isoflop_cli.recipe.vllm_sampler import VllmSampler
+
+        return VllmSampler(checkpoint.model_path(cfg.model, cfg.task), cfg.sampler, cfg.lora, tokenizer, seed=cfg.seed)
+    return HFSampler(policy, tokenizer, shared_prefill=cfg.sampler.shared_prefill, own_copy=own_copy)
 
 
 def _totals(ledger: dict, flops_cfg: DictConfig) -> dict:

@@ -5,9 +5,16 @@ hand-computed values).
 - dr_grpo: mean-centred advantages (no std division), the same clipped loss, and a constant length
   normaliser instead of the token count.
 - cispo: a clipped, stop-gradient importance weight times advantage times log-prob.
+- ppo: per-token advantages from a value head by GAE, the clipped ratio loss and a clipped value loss.
+
+Per-token losses become one number through `token_weights`: a loss is sum(x * w). The weights are
+computed on a whole mini-batch, so any split of its rows (data-parallel ranks, micro-batches) sums
+to exactly the same loss and gradient.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -23,35 +30,36 @@ def group_advantages(rewards: torch.Tensor, eps: float, scale: bool = True) -> t
     return centred / (rewards.std(dim=1, keepdim=True) + eps) if scale else centred
 
 
+def token_weights(mask: torch.Tensor, mode: str, max_len: int = 0) -> torch.Tensor:
+    """Per-token weights [R, T] that turn per-token losses into one number: sum(x * w).
+
+    token-mean: every completion token weighs the same. seq-mean-token-mean: each sequence's token
+    mean, then the mean over sequences (every sequence weighs the same; empty rows do not count).
+    constant: 1 / (R * max_len), a normaliser that does not depend on the completions' lengths (Dr. GRPO).
+    """
+    mask = mask.float()
+    if mode == "token-mean":
+        return mask / mask.sum().clamp(min=1)
+    if mode == "seq-mean-token-mean":
+        lengths = mask.sum(-1, keepdim=True)
+        return mask / lengths.clamp(min=1) / (lengths > 0).sum().clamp(min=1)
+    if mode == "constant":
+        return mask / (mask.shape[0] * max_len)
+    raise ValueError(f"unknown loss aggregation '{mode}'")
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Token-mean over the whole batch (every completion token weighs the same)."""
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
-def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str, max_len: int = 0) -> torch.Tensor:
-    """Per-token losses [R, T] to one number.
-
-    token-mean: every completion token weighs the same. seq-mean-token-mean: each sequence's token
-    mean, then the mean over sequences (every sequence weighs the same). constant: the token sum
-    over R * max_len, a normaliser that does not depend on the completions' lengths (Dr. GRPO).
-    """
-    if mode == "token-mean":
-        return masked_mean(x, mask)
-    if mode == "seq-mean-token-mean":
-        per_seq = (x * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        return per_seq[mask.sum(-1) > 0].mean() if (mask.sum(-1) > 0).any() else per_seq.sum() * 0
-    if mode == "constant":
-        return (x * mask).sum() / (x.shape[0] * max_len)
-    raise ValueError(f"unknown loss aggregation '{mode}'")
-
-
 def clipped_pg(logp, old_logp, advantages, clip_low: float, clip_high: float):
     """Per-token -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A) and whether it clipped.
 
-    `advantages` is per sequence [R] and broadcasts over tokens [R, T].
+    `advantages` is per sequence [R] (broadcast over tokens) or per token [R, T].
     """
     ratio = torch.exp(logp - old_logp)
-    adv = advantages.unsqueeze(-1)
+    adv = _per_token(advantages)
     unclipped = ratio * adv
     clipped = ratio.clamp(1 - clip_low, 1 + clip_high) * adv
     return -torch.minimum(unclipped, clipped), (clipped < unclipped).float()
@@ -65,10 +73,61 @@ def cispo_pg(logp, old_logp, advantages, clip_low: float, clip_high: float):
     """
     ratio = torch.exp(logp - old_logp).detach()
     weight = ratio.clamp(1 - clip_low, 1 + clip_high)
-    return -weight * advantages.unsqueeze(-1) * logp, (weight != ratio).float()
+    return -weight * _per_token(advantages) * logp, (weight != ratio).float()
+
+
+def truncated_is(old_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """min(pi_learner / pi_sampler, cap) per token, without gradient.
+
+    The sampler (vLLM, or a KV-cached HF loop) and the learner compute slightly different
+    probabilities for the same weights; weighting each token's policy gradient by this ratio makes
+    the update unbiased for the learner's policy, and the cap bounds its variance.
+    """
+    return torch.exp(old_logp - sampler_logp).clamp(max=cap).detach()
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(policy || reference): exp(d) - d - 1, d = ref - policy, >= 0."""
     d = ref_logp - logp
     return torch.exp(d) - d - 1
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over completion tokens: (advantages, returns), both [R, T].
+
+    rewards, values and mask are [R, T]: the reward each token receives (here the outcome reward on a
+    completion's last token), the value head's estimate before it, and which tokens are the
+    completion's. delta_t = r_t + gamma V_{t+1} - V_t and A_t = delta_t + gamma lam A_{t+1}, both
+    stopping at the completion's end; returns = A + V are the value head's targets.
+    """
+    mask = mask.float()
+    advantages = torch.zeros_like(values)
+    next_value = torch.zeros_like(values[:, 0])
+    next_adv = torch.zeros_like(values[:, 0])
+    for t in reversed(range(values.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantages[:, t] = (delta + gamma * lam * next_adv) * mask[:, t]
+        next_value = torch.where(mask[:, t] > 0, values[:, t], next_value)
+        next_adv = torch.where(mask[:, t] > 0, advantages[:, t], next_adv)
+    return advantages, (advantages + values) * mask
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> torch.Tensor:
+    """(x - mean) / std over the masked tokens of the batch (PPO's advantage normalisation).
+
+    `reduce` sums over the processes that each hold some rows of the batch (identity: one process).
+    """
+    count = reduce(mask.sum())
+    mean = reduce((x * mask).sum()) / count
+    var = reduce((((x - mean) * mask) ** 2).sum()) / count
+    return (x - mean) / (var.sqrt() + eps) * mask
+
+
+def value_loss(values, old_values, returns, clip: float) -> torch.Tensor:
+    """Per-token 0.5 max((V - R)^2, (V_old + clip(V - V_old, +-clip) - R)^2): PPO's clipped value loss."""
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    return 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+
+
+def _per_token(advantages: torch.Tensor) -> torch.Tensor:
+    return advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages

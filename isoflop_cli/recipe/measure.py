@@ -1,4 +1,4 @@
-"""Measured FLOPs (`flops.measure=true`): torch's FlopCounterMode, the truth the ledger is checked against.
+"""Wall time per part of a step, and measured FLOPs (`flops.measure=true`): torch's FlopCounterMode, the truth the ledger is checked against.
 
 torch registers FLOP formulas for the GPU attention kernels but not for the CPU flash kernel that
 `scaled_dot_product_attention` runs here; without these two registrations the measurement would
@@ -8,6 +8,7 @@ silently miss every attention product on CPU.
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Iterator
 
 import torch
@@ -27,17 +28,22 @@ def _cpu_flash_attention_backward(grad_out_shape, query_shape, key_shape, value_
 
 
 class Meter:
-    """Adds up measured FLOPs per ledger part; does nothing when off."""
+    """Adds up wall time per ledger part, and measured FLOPs when on, into the dicts it is given."""
 
-    def __init__(self, on: bool):
+    def __init__(self, on: bool, seconds: dict[str, float], totals: dict[str, float]):
         self.on = on
-        self.totals: dict[str, float] = {}
+        self.seconds = seconds
+        self.totals = totals
 
     @contextlib.contextmanager
     def count(self, part: str) -> Iterator[None]:
-        if not self.on:
-            yield
-            return
-        with FlopCounterMode(display=False) as counter:
-            yield
-        self.totals[part] = self.totals.get(part, 0.0) + counter.get_total_flops()
+        start = time.perf_counter()
+        try:
+            if not self.on:
+                yield
+                return
+            with FlopCounterMode(display=False) as counter:
+                yield
+            self.totals[part] = self.totals.get(part, 0.0) + counter.get_total_flops()
+        finally:
+            self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - start

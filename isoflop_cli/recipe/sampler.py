@@ -1,10 +1,22 @@
-"""Rollouts with Hugging Face `generate`: n completions per prompt, grouped by prompt."""
+"""Rollouts from a Hugging Face model: n completions per prompt with `generate`, grouped by prompt.
+
+At n > 1 each distinct prompt is prefilled once and its KV cache repeated across its group
+(`shared_prefill`); `generate` then only runs each row's last prompt token and the decode steps.
+The sampler also records the log-prob of every sampled token under its own forward passes (the
+temperature-scaled distribution, as the learner defines it), which truncated importance sampling
+compares with the learner's.
+
+This is the `sampler=hf` side of the sampler contract; `vllm_sampler.VllmSampler` is the other.
+Both return `Rollouts` and take new weights through `load_weights`.
+"""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
+from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 
 
 @dataclass
@@ -12,8 +24,10 @@ class Rollouts:
     sequences: torch.Tensor  # [R, P + T]: left-padded prompt, then the completion
     attention_mask: torch.Tensor  # [R, P + T]: prompt tokens and completion tokens up to its eos
     completion_mask: torch.Tensor  # [R, P + T]: completion tokens (eos included) only
+    logprobs: torch.Tensor  # [R, P + T - 1]: the sampler's log-prob of each next token (0 off the completion)
     texts: list[str]  # decoded completions, R = len(prompts) * n, each prompt's n together
-    prompt_width: int  # the padded prompt length every row was prefilled at
+    prompt_width: int  # the padded prompt length
+    prefill_rows: int  # rows the prompt was prefilled for: len(prompts) when shared, else R
 
     @property
     def generated_width(self) -> int:
@@ -25,31 +39,129 @@ class Rollouts:
         return int(self.completion_mask.sum())
 
 
-@torch.no_grad()
-def sample(model, tokenizer, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
-    enc = tokenizer(prompts, padding=True, return_tensors="pt")
-    out = model.generate(
-        **enc,
-        do_sample=True,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=0,
-        max_new_tokens=max_new_tokens,
-        num_return_sequences=n,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    width = enc.input_ids.shape[1]
-    completion = out[:, width:]
-    is_eos = (completion == tokenizer.eos_token_id).long()
-    keep = (is_eos.cumsum(-1) - is_eos) == 0  # up to and including the first eos
-    prompt_mask = enc.attention_mask.repeat_interleave(n, dim=0)
-    completion_mask = torch.cat([torch.zeros_like(prompt_mask), keep.long()], dim=1)
-    texts = tokenizer.batch_decode(torch.where(keep, completion, tokenizer.pad_token_id), skip_special_tokens=True)
+class HFSampler:
+    """Samples with a Hugging Face causal LM.
+
+    Given the learner's own model it samples with it directly (one process, no copy). Given
+    `own_copy=True` it keeps an unsharded copy that `load_weights` refreshes after each update, as
+    a separate engine would: that is what a sharded (FSDP) learner uses.
+    """
+
+    def __init__(self, model, tokenizer, shared_prefill: bool = True, own_copy: bool = False):
+        self.model = copy.deepcopy(model).eval().requires_grad_(False) if own_copy else model
+        self.tokenizer = tokenizer
+        self.shared_prefill = shared_prefill
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """New policy weights: all of them, or only the adapter's (LoRA)."""
+        self.model.load_state_dict(state_dict, strict=False)
+
+    def sample(self, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
+        tok = self.tokenizer
+        training = self.model.training
+        self.model.eval()
+        try:
+            return self._sample(prompts, n, temperature, top_p, max_new_tokens)
+        finally:
+            self.model.train(training)
+
+    @torch.no_grad()
+    def _sample(self, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
+        tok = self.tokenizer
+        enc = tok(prompts, padding=True, return_tensors="pt").to(self.model.device)
+        width = enc.input_ids.shape[1]
+        input_ids = enc.input_ids.repeat_interleave(n, dim=0)
+        prompt_mask = enc.attention_mask.repeat_interleave(n, dim=0)
+        shared = self.shared_prefill and n > 1 and width > 1
+        cache = self._prefill(enc.input_ids[:, :-1], enc.attention_mask[:, :-1], n) if shared else None
+        chosen = _ChosenLogprobs(temperature)
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=prompt_mask,
+            cache=cache,
+            do_sample=True,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=0,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            logits_processor=LogitsProcessorList([chosen]),
+        )
+        completion = out[:, width:]
+        is_eos = (completion == tok.eos_token_id).long()
+        keep = (is_eos.cumsum(-1) - is_eos) == 0  # up to and including the first eos
+        logprobs = torch.zeros(out.shape[0], out.shape[1] - 1, device=out.device)
+        logprobs[:, width - 1 :] = chosen.finish(completion) * keep
+        texts = tok.batch_decode(torch.where(keep, completion, tok.pad_token_id), skip_special_tokens=True)
+        return Rollouts(
+            sequences=out,
+            attention_mask=torch.cat([prompt_mask, keep.long()], dim=1),
+            completion_mask=torch.cat([torch.zeros_like(prompt_mask), keep.long()], dim=1),
+            logprobs=logprobs,
+            texts=texts,
+            prompt_width=width,
+            prefill_rows=len(prompts) if shared else out.shape[0],
+        )
+
+    def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int) -> DynamicCache:
+        """The KV cache of every prompt but its last token, computed once and repeated n times."""
+        cache = DynamicCache(config=self.model.config)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   cache=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(n)
+        return cache
+
+
+class _ChosenLogprobs(LogitsProcessor):
+    """Keeps log softmax(logits / T) of each step's sampled token (the token is known one step later).
+
+    Placed before generate's own warpers, it sees the model's logits; it returns them unchanged.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.last: torch.Tensor | None = None
+        self.taken: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.last is not None:
+            self.taken.append(self.last.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.last = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, completion: torch.Tensor) -> torch.Tensor:
+        """[R, T]: the log-prob of each completion token."""
+        self.taken.append(self.last.gather(-1, completion[:, -1:]).squeeze(-1))
+        return torch.stack(self.taken, dim=1)
+
+
+def pack(prompt_ids: list[list[int]], completions: list[list[int]], logprobs: list[list[float]], n: int, tokenizer) -> Rollouts:
+    """`Rollouts` from token lists, as a separate engine returns them: each prompt (unpadded) and its
+    n completions (up to and including eos) with each token's log-prob. Prompts are left-padded and
+    completions right-padded, the layout `HFSampler` produces."""
+    pad = tokenizer.pad_token_id
+    width, new = max(map(len, prompt_ids)), max(1, max(map(len, completions)))
+    rows = len(completions)
+    sequences = torch.full((rows, width + new), pad, dtype=torch.long)
+    attention = torch.zeros(rows, width + new, dtype=torch.long)
+    completion_mask = torch.zeros_like(attention)
+    token_logprobs = torch.zeros(rows, width + new - 1)
+    for r, (tokens, lps) in enumerate(zip(completions, logprobs)):
+        prompt = prompt_ids[r // n]
+        sequences[r, width - len(prompt) : width] = torch.tensor(prompt)
+        attention[r, width - len(prompt) : width] = 1
+        sequences[r, width : width + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        attention[r, width : width + len(tokens)] = 1
+        completion_mask[r, width : width + len(tokens)] = 1
+        token_logprobs[r, width - 1 : width - 1 + len(tokens)] = torch.tensor(lps)
     return Rollouts(
-        sequences=out,
-        attention_mask=torch.cat([prompt_mask, keep.long()], dim=1),
+        sequences=sequences,
+        attention_mask=attention,
         completion_mask=completion_mask,
-        texts=texts,
+        logprobs=token_logprobs,
+        texts=tokenizer.batch_decode(completions, skip_special_tokens=True),
         prompt_width=width,
+        prefill_rows=len(prompt_ids) if n > 1 else rows,
     )

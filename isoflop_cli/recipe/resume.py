@@ -1,0 +1,76 @@
+"""A run's training state on disk, saved every `checkpoint.every` steps, so a killed run resumes.
+
+The state is everything the next step depends on: the trained weights (for LoRA only the
+adapter), optimizer and scheduler, RNG states, the data position and the ledger so far (in
+`progress`). Weights and optimizer go through torch.distributed.checkpoint, which writes each
+rank's shards of an FSDP model (and one file without FSDP). A save is written beside the last one
+and swapped in by renames, so a kill during a save leaves the previous one whole.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from isoflop_cli.recipe.distributed import Group
+
+STATE = "run_state.pt"
+OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
+def save(directory: Path, group: Group, fingerprint: str, model, optimizer, scheduler, progress: dict[str, Any]) -> None:
+    tmp, old = directory.with_name(directory.name + ".tmp"), directory.with_name(directory.name + ".old")
+    if group.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _barrier(group)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+    if group.is_main:
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        torch.save({"fingerprint": fingerprint, "scheduler": scheduler.state_dict(), "rng": rng, "progress": progress}, tmp / STATE)
+        if directory.exists():
+            directory.rename(old)
+        tmp.rename(directory)
+        shutil.rmtree(old, ignore_errors=True)
+    _barrier(group)
+
+
+def load(directory: Path, fingerprint: str, model, optimizer, scheduler) -> dict[str, Any] | None:
+    """The saved progress after restoring everything else in place; None if there is no checkpoint
+    of this very run (same config, budget and learning rate)."""
+    if not (directory / STATE).is_file() and (directory.with_name(directory.name + ".old") / STATE).is_file():
+        directory = directory.with_name(directory.name + ".old")  # killed between the two renames
+    if not (directory / STATE).is_file():
+        return None
+    saved = torch.load(directory / STATE, weights_only=False)
+    if saved["fingerprint"] != fingerprint:
+        return None
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=directory)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=OPTIONS)
+    scheduler.load_state_dict(saved["scheduler"])
+    torch.set_rng_state(saved["rng"]["torch"])
+    random.setstate(saved["rng"]["python"])
+    if "cuda" in saved["rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state(saved["rng"]["cuda"])
+    return saved["progress"]
+
+
+def remove(directory: Path) -> None:
+    for path in (directory, directory.with_name(directory.name + ".tmp"), directory.with_name(directory.name + ".old")):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _barrier(group: Group) -> None:
+    if group.world_size > 1:
+        dist.barrier()

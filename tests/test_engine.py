@@ -1,0 +1,182 @@
+"""The engine around the recipe: samplers and their contract, data-parallel FSDP2 learners,
+checkpoints and resume, and the switches that keep GPU-only paths off a CPU machine."""
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from isoflop_cli.cli import app
+
+SMALL = ["n=4", "B_p=2", "eval.problems=8", "eval.samples=4"]
+PROMPTS = ["12+34=", "5+6=", "71+9="]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from isoflop_cli import config
+    from isoflop_cli.recipe.checkpoint import load
+
+    cfg = config.load()
+    tokenizer, model = load(cfg.model, cfg.task)
+    return tokenizer, model.eval()
+
+
+def test_shared_prefill_samples_the_same_and_its_logprobs_are_the_learners(tiny):
+    from isoflop_cli.recipe.learner import Actor
+    from isoflop_cli.recipe.sampler import HFSampler
+
+    tokenizer, model = tiny
+    out = {}
+    for shared in (False, True):
+        torch.manual_seed(0)
+        out[shared] = HFSampler(model, tokenizer, shared_prefill=shared).sample(PROMPTS, 8, 0.6, 1.0, 6)
+    assert out[True].prefill_rows == 3 and out[False].prefill_rows == 24
+    assert torch.equal(out[True].sequences, out[False].sequences) and out[True].texts == out[False].texts
+    r = out[True]
+    with torch.no_grad():
+        learner = Actor(model)(r.sequences, r.attention_mask, 0.6).logp
+    on = r.completion_mask[:, 1:].bool()
+    assert (learner - r.logprobs)[on].abs().max() < 1e-4  # what truncated IS corrects is numerical noise here
+    assert torch.equal(r.logprobs[~on], torch.zeros_like(r.logprobs[~on]))
+
+
+def test_pack_gives_the_hf_samplers_layout(tiny):
+    """The vLLM adapter returns token lists; `pack` must lay them out exactly as the HF sampler does."""
+    from isoflop_cli.recipe.sampler import HFSampler, pack
+
+    tokenizer, model = tiny
+    torch.manual_seed(1)
+    r = HFSampler(model, tokenizer).sample(PROMPTS, 4, 1.0, 1.0, 6)
+    width = r.prompt_width
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    completions = [row[width:][m[width:].bool()].tolist() for row, m in zip(r.sequences, r.completion_mask)]
+    logprobs = [lp[width - 1 :][m[width:].bool()].tolist() for lp, m in zip(r.logprobs, r.completion_mask)]
+    packed = pack(prompts, completions, logprobs, 4, tokenizer)
+    for field in ("sequences", "attention_mask", "completion_mask", "logprobs"):
+        assert torch.equal(getattr(packed, field), getattr(r, field)), field
+    assert (packed.texts, packed.prompt_width, packed.prefill_rows) == (r.texts, r.prompt_width, r.prefill_rows)
+
+
+def test_sampler_copy_follows_load_weights(tiny):
+    from isoflop_cli.recipe.sampler import HFSampler
+
+    tokenizer, model = tiny
+    sampler = HFSampler(model, tokenizer, own_copy=True)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():  # tied embeddings and head stay one tensor
+            p.add_(0.01 * torch.randn_like(p))
+    changed = other.state_dict()
+    assert not torch.equal(sampler.model.state_dict()["lm_head.weight"], changed["lm_head.weight"])
+    sampler.load_weights(changed)
+    assert all(torch.equal(sampler.model.state_dict()[k], v) for k, v in changed.items())
+
+
+def test_vllm_and_bf16_are_gpu_only_switches_with_clear_errors():
+    runner = CliRunner()
+    cases = {
+        ("sampler=vllm",): "sampler=vllm is GPU-only",
+        ("learner.bf16=true",): "learner.bf16 is GPU-only",
+        ("learner.world_size=4", "cluster.gpus_per_run=2"): "needs a GPU each",
+        ("algo.tis_cap=0.5",): "algo.tis_cap must be >= 1",
+        ("sampler=nope",): "available: hf, vllm",
+    }
+    if importlib_spec("vllm") is None:
+        cases[("sampler=vllm", "cluster.gpus_per_run=1")] = "pip install 'isoflop[vllm]'"
+    for overrides, message in cases.items():
+        result = runner.invoke(app, ["plan", *overrides])
+        assert result.exit_code == 2 and message in result.output, (overrides, result.output)
+
+
+def test_vllm_sampler_without_vllm_says_how_to_get_it():
+    if importlib_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    from omegaconf import OmegaConf
+
+    from isoflop_cli.config import SweepConfig
+    from isoflop_cli.recipe.vllm_sampler import VllmSampler
+
+    cfg = OmegaConf.structured(SweepConfig)
+    with pytest.raises(RuntimeError, match=r"pip install 'isoflop\[vllm\]'"):
+        VllmSampler("/nowhere", cfg.sampler, cfg.lora, tokenizer=None, seed=0)
+
+
+def importlib_spec(name):
+    import importlib.util
+
+    return importlib.util.find_spec(name)
+
+
+def metrics(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "wall_s" and k != "reward_cpu_s" and not k.startswith("time_")} for r in rows]
+
+
+def test_two_fsdp_ranks_give_the_losses_of_one_process(tmp_path):
+    """learner.world_size=2 (two processes, gloo, FSDP2) against one: the first 3 steps' losses
+    within 1e-4, with a reference (KL), an entropy bonus and two mini-batches per step."""
+    args = [*SMALL, "grid.budgets=[8,16,24]", "grid.eval_points=1", "algo.kl_coef=0.1", "algo.entropy_coef=0.01", "algo.minibatches=2"]
+    for ws in (1, 2):
+        result = CliRunner().invoke(app, ["run", *args, f"learner.world_size={ws}", "--out", str(tmp_path / f"ws{ws}")])
+        assert result.exit_code == 0, result.output
+    one, two = metrics(tmp_path / "ws1"), metrics(tmp_path / "ws2")
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [0, 1, 2, 3]
+    for a, b in zip(one[1:], two[1:]):
+        for key in ("train_loss", "kl", "entropy", "clip_frac", "tis"):
+            assert abs(a[key] - b[key]) < 1e-4, (a["step"], key, a[key], b[key])
+        assert abs(a["entropy"]) > 0.05  # the compared losses are not all near zero
+        assert (a["val_avg@k"], a["flops_total"], a["tokens_generated"]) == (b["val_avg@k"], b["flops_total"], b["tokens_generated"])
+
+
+def status_step(run_dir) -> int:
+    try:
+        return json.loads((run_dir / "status.json").read_text()).get("step", 0)
+    except (OSError, json.JSONDecodeError):
+        return 0
+
+
+@pytest.mark.parametrize("variant", [[], ["algo=ppo", "lora.rank=4", "algo.epochs=2"]], ids=["full", "ppo-lora"])
+def test_a_killed_run_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path, variant):
+    args = [*SMALL, "grid.budgets=[128]", "grid.eval_points=4", "checkpoint.every=4", "algo.kl_coef=0.01", *variant]
+    command = [sys.executable, "-m", "isoflop_cli", "run", *args, "--out"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    subprocess.run([*command, str(whole)], check=True, capture_output=True, timeout=600)
+
+    proc = subprocess.Popen([*command, str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while status_step(killed) < 6 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert 6 <= status_step(killed) < 16, "the run was not killed between its checkpoint and its end"
+    assert (killed / "checkpoint" / "run_state.pt").exists()
+
+    resumed = subprocess.run([*command, str(killed)], capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resumed from the checkpoint at step" in resumed.stdout
+    assert metrics(killed) == metrics(whole)
+    assert not (killed / "checkpoint").exists()  # a finished run keeps no training state
+    assert all(abs(r["tis"] - 1) < 1e-3 for r in metrics(whole)[1:])
+
+
+def test_changed_config_does_not_resume_from_another_runs_checkpoint(tmp_path):
+    args = [*SMALL, "grid.budgets=[64]", "grid.eval_points=2", "checkpoint.every=2"]
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "isoflop_cli", "run", *args, "--out", str(run_dir)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    while status_step(run_dir) < 3 and proc.poll() is None:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    result = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", *args, "seed=1", "--out", str(run_dir)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and "resumed" not in result.stdout
+    assert [r["step"] for r in metrics(run_dir)] == [0, 4, 8]
