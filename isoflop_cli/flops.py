@@ -159,6 +159,15 @@ def model_shape(model) -> Shape:
     )
 
 
+def reward_model_shape(reward) -> Shape:
+    """A process reward model's shape: a token classifier, its head `num_labels` wide (the embedded one: 1)."""
+    if reward.path:
+        config = json.loads((Path(reward.path).expanduser() / "config.json").read_text())
+        labels = config.get("num_labels") or len(config.get("id2label") or {0: 0, 1: 1})
+        return replace(Shape.from_config(config), vocab=labels)
+    return replace(model_shape(reward), vocab=1)
+
+
 def _lora_backward(shape: Shape, tokens: int, attention_per_layer: float) -> float:
     """Backward FLOPs of the decoder layers with frozen weights and LoRA adapters.
 

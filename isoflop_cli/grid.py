@@ -33,7 +33,7 @@ class RunPlan:
     column: str  # the ledger column budgets are in: rollouts or flops_total
     limit: float  # the run ends at this ledger value (FLOPs: at the first step that reaches it)
     eval_at: tuple[float, ...]  # evaluate where the ledger column first reaches each of these
-    step_flops: tuple[float, float]  # upper bound of one step's (search, learning) FLOPs
+    step_flops: tuple[float, float, float]  # upper bound of one step's (search, learning, reward) FLOPs
 
     @property
     def rollouts(self) -> int:
@@ -41,9 +41,9 @@ class RunPlan:
 
     @property
     def predicted_flops(self) -> dict[str, float]:
-        search, learning = (self.M * f for f in self.step_flops)
-        return {"flops_search": search, "flops_learning": learning, "flops_reward": 0.0,
-                "flops_total": search + learning, "rho": learning / (search + learning)}
+        search, learning, reward = (self.M * f for f in self.step_flops)
+        total = search + learning + reward
+        return {"flops_search": search, "flops_learning": learning, "flops_reward": reward, "flops_total": total, "rho": learning / total}
 
 
 @dataclass
@@ -80,17 +80,21 @@ def eval_budgets(grid: DictConfig) -> list[float]:
     return sorted({float(c) for c in [*grid.budgets, *halvings]})
 
 
-def step_flops(cfg: DictConfig) -> tuple[float, float]:
-    """Upper bound of one step's search and learning FLOPs: every prompt at the longest prompt's
-    width, every completion at max_new_tokens."""
+def step_flops(cfg: DictConfig) -> tuple[float, float, float]:
+    """Upper bound of one step's search, learning and reward FLOPs: every prompt at the longest
+    prompt's width, every completion at max_new_tokens (a reward model scores prompt, completion, eos)."""
     shape = flops.model_shape(cfg.model).with_lora(cfg.lora.rank, cfg.lora.targets)
     rows, prompt, new = cfg.B_p * cfg.n, ArithTask.from_config(cfg.task).max_prompt_len, cfg.task.max_new_tokens
     shared = (cfg.sampler.name == "vllm" or cfg.sampler.shared_prefill) and cfg.n > 1 and prompt > 1
     ppo = cfg.algo.name == "ppo"
-    return flops.generate(shape, rows, prompt, new, prefill_rows=cfg.B_p if shared else rows), flops.learning(
-        shape, rows, prompt + new, cfg.algo.epochs, reference=cfg.algo.kl_coef > 0,
-        old_policy=ppo or cfg.algo.epochs * cfg.algo.minibatches > 1, value_head=ppo,
-    )
+    search = flops.generate(shape, rows, prompt, new, prefill_rows=cfg.B_p if shared else rows)
+    learning = flops.learning(shape, rows, prompt + new, cfg.algo.epochs, reference=cfg.algo.kl_coef > 0,
+                              old_policy=ppo or cfg.algo.epochs * cfg.algo.minibatches > 1, value_head=ppo)
+    reward = 0.0
+    if cfg.reward.name == "prm":
+        width = prompt + new + 1
+        reward = flops.forward(flops.reward_model_shape(cfg.reward), rows, width, width, width).total
+    return search, learning, reward
 
 
 def plan_run(cfg: DictConfig, flops_scale: float = 1.0) -> RunPlan:

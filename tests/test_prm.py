@@ -41,3 +41,14 @@ def test_prm_flops_match_the_flop_counter(scorer):
     with FlopCounterMode(display=False) as counter:
         _, spent = model(problems, [p.solution for p in problems])
     assert abs(spent - counter.get_total_flops()) / counter.get_total_flops() < 0.05
+
+
+def test_plan_predicts_the_prms_flops_for_a_full_width_batch(scorer):
+    from isoflop_cli.grid import step_flops
+
+    model, task = scorer
+    cfg = config.load(None, ["reward=prm", "task=arith-steps", "reward.build.steps=250", "n=2", "B_p=2"])
+    longest = next(p for p in task.validation_set(64) if len(p.prompt) == task.max_prompt_len)
+    _, spent = model([longest] * 4, ["9" * cfg.task.max_new_tokens] * 4)  # B_p * n completions at max_new_tokens
+    assert step_flops(cfg)[2] == spent
+    assert step_flops(config.load(None, ["task=arith-steps", "n=2", "B_p=2"]))[2] == 0  # a rule costs no FLOPs
