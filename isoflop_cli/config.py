@@ -132,8 +132,8 @@ class AlgoConfig:
 class LearnerConfig:
     # Processes of one run (started inside its Ray job, torchrun-style): data parallel, FSDP2-sharded.
     world_size: int = 1
-    fsdp: Optional[bool] = None  # shard with FSDP2 (default: when world_size > 1; true: also on one GPU)
-    bf16: bool = False  # GPU only: bf16 compute, fp32 gradient reduction (FSDP2 mixed precision)
+    fsdp: Optional[bool] = None  # shard with FSDP2 (default: when world_size > 1 or bf16; true: also on one GPU)
+    bf16: bool = False  # GPU only: bf16 compute and sampling, fp32 weights and gradient reduction (FSDP2 mixed precision)
     activation_checkpointing: bool = False  # recompute layer activations in backward (not in the ledger)
     micro_batch: int = 0  # rows per forward/backward on each rank, gradients accumulated; 0: all at once
 
@@ -414,6 +414,8 @@ def check_engine(cfg: DictConfig) -> None:
     gpus = cfg.cluster.gpus_per_run
     if lrn.bf16 and not gpus:
         raise ConfigError("learner.bf16 is GPU-only: set cluster.gpus_per_run (e.g. cluster=gpu)")
+    if lrn.fsdp is False and (lrn.bf16 or lrn.world_size > 1):
+        raise ConfigError("learner.fsdp=false: bf16 and world_size > 1 run through FSDP2 (leave learner.fsdp unset)")
     if lrn.world_size > 1 and gpus and gpus < lrn.world_size:
         raise ConfigError(f"learner.world_size={lrn.world_size} needs a GPU each: cluster.gpus_per_run is {gpus}")
     if smp.name == "vllm":

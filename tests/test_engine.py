@@ -87,6 +87,7 @@ def test_vllm_and_bf16_are_gpu_only_switches_with_clear_errors():
         ("learner.bf16=true",): "learner.bf16 is GPU-only",
         ("learner.world_size=4", "cluster.gpus_per_run=2"): "needs a GPU each",
         ("algo.tis_cap=0.5",): "algo.tis_cap must be >= 1",
+        ("learner.fsdp=false", "learner.world_size=2"): "run through FSDP2",
         ("sampler=nope",): "available: hf, vllm",
     }
     if importlib_spec("vllm") is None:

@@ -71,7 +71,7 @@ def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str) -> li
     files.dir.mkdir(parents=True, exist_ok=True)
     files.set_status(RUNNING, step=0, M=budget.M, pid=os.getpid())
     try:
-        if cfg.learner.world_size > 1 or cfg.learner.fsdp:
+        if _sharded(cfg):
             distributed.launch(_train, cfg.learner.world_size, cfg, budget, lr, files)
         else:
             _train(Group(), cfg, budget, lr, files)
@@ -103,7 +103,7 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
     # The KL reference: with LoRA the same model with its adapters off (no second copy).
     use_reference = algo.kl_coef > 0
     reference = Actor(copy.deepcopy(policy)).to(device).eval().requires_grad_(False) if use_reference and not cfg.lora.rank else None
-    sharded = group.world_size > 1 or bool(cfg.learner.fsdp)
+    sharded = _sharded(cfg)
     # The sampler: rank 0's own unsharded copy when the learner is sharded (weights synced after each update).
     sampler = _sampler(cfg, actor.policy, tokenizer, own_copy=sharded) if group.is_main else None
     if sharded:
@@ -301,12 +301,18 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
         eval_point(step)  # the run's last point, when it fell between checkpoints
 
 
+def _sharded(cfg: DictConfig) -> bool:
+    """FSDP2 for several processes, when asked for, and for bf16 (its mixed precision)."""
+    return cfg.learner.world_size > 1 or bool(cfg.learner.fsdp) or cfg.learner.bf16
+
+
 def _sampler(cfg: DictConfig, policy, tokenizer, own_copy: bool):
     if cfg.sampler.name == "vllm":
         from isoflop_cli.recipe.vllm_sampler import VllmSampler
 
         return VllmSampler(checkpoint.model_path(cfg.model, cfg.task), cfg.sampler, cfg.lora, tokenizer, seed=cfg.seed)
-    return HFSampler(policy, tokenizer, shared_prefill=cfg.sampler.shared_prefill, own_copy=own_copy)
+    dtype = torch.bfloat16 if cfg.learner.bf16 else None  # the learner computes in bf16: so does its sampler
+    return HFSampler(policy, tokenizer, shared_prefill=cfg.sampler.shared_prefill, own_copy=own_copy, dtype=dtype)
 
 
 def _totals(ledger: dict, flops_cfg: DictConfig) -> dict:

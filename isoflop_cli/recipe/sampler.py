@@ -43,12 +43,12 @@ class HFSampler:
     """Samples with a Hugging Face causal LM.
 
     Given the learner's own model it samples with it directly (one process, no copy). Given
-    `own_copy=True` it keeps an unsharded copy that `load_weights` refreshes after each update, as
-    a separate engine would: that is what a sharded (FSDP) learner uses.
+    `own_copy=True` it keeps an unsharded copy (in `dtype`, e.g. bf16 on GPU) that `load_weights`
+    refreshes after each update, as a separate engine would: that is what a sharded (FSDP) learner uses.
     """
 
-    def __init__(self, model, tokenizer, shared_prefill: bool = True, own_copy: bool = False):
-        self.model = copy.deepcopy(model).eval().requires_grad_(False) if own_copy else model
+    def __init__(self, model, tokenizer, shared_prefill: bool = True, own_copy: bool = False, dtype: torch.dtype | None = None):
+        self.model = copy.deepcopy(model).to(dtype=dtype).eval().requires_grad_(False) if own_copy else model
         self.tokenizer = tokenizer
         self.shared_prefill = shared_prefill
 
