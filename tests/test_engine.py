@@ -181,3 +181,16 @@ def test_changed_config_does_not_resume_from_another_runs_checkpoint(tmp_path):
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and "resumed" not in result.stdout
     assert [r["step"] for r in metrics(run_dir)] == [0, 4, 8]
+
+
+def test_micro_batches_accumulate_to_the_whole_batch_update(tmp_path):
+    """learner.micro_batch splits each mini-batch's forward/backward; the update must not change."""
+    args = [*SMALL, "grid.budgets=[8,16,24]", "grid.eval_points=1", "algo=ppo", "algo.kl_coef=0.1"]
+    for micro in (0, 3):
+        result = CliRunner().invoke(app, ["run", *args, f"learner.micro_batch={micro}", "--out", str(tmp_path / f"m{micro}")])
+        assert result.exit_code == 0, result.output
+    whole, split = metrics(tmp_path / "m0"), metrics(tmp_path / "m3")
+    for a, b in zip(whole[1:], split[1:]):
+        for key in ("train_loss", "kl", "value_loss", "clip_frac", "tis"):
+            assert abs(a[key] - b[key]) < 1e-5, (a["step"], key, a[key], b[key])
+        assert a["val_avg@k"] == b["val_avg@k"]

@@ -79,7 +79,7 @@ def test_local_checkpoint_by_path_and_gpu_hours(tmp_path):
 
 
 @pytest.mark.parametrize("algo", [["algo=dr_grpo"], ["algo=cispo", "algo.epochs=2"], ["algo.loss_agg=seq-mean-token-mean", "algo.filter_zero_variance=true"],
-                                  ["algo=ppo", "learner.micro_batch=3"]])
+                                  ["algo=ppo", "learner.micro_batch=3"], ["learner.activation_checkpointing=true", "lora.rank=4"]])
 def test_algorithms_run(tmp_path, algo):
     result = CliRunner().invoke(app, ["run", *ARGS, *algo, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output

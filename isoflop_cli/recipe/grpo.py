@@ -97,7 +97,7 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
 
         policy = get_peft_model(policy, LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, target_modules=list(cfg.lora.targets), lora_dropout=0.0))
     if cfg.learner.activation_checkpointing:
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     ppo = algo.name == "ppo"
     actor = Actor(policy, value_head=ppo).to(device)
     # The KL reference: with LoRA the same model with its adapters off (no second copy).
