@@ -1,0 +1,229 @@
+"""Step throughput of our GRPO recipe against TRL's GRPOTrainer, on the embedded tiny model (CPU).
+
+    ISOFLOP_CACHE=/tmp/isoflop-cache .venv/bin/python scripts/bench_grpo.py [--n 4 16 64] [--quick] [--no-trl]
+
+TRL is a dev-only dependency: `pip install -e '.[bench]'`.
+
+For each n, both sides do the same work per optimizer step: the same checkpoint, the same B_p
+prompts (in the same order), n completions each of at most `task.max_new_tokens` tokens at
+temperature 0.6 / top_p 1, the exact-answer reward, group-normalised advantages, a token-mean
+clipped loss with no KL (beta = 0), one on-policy AdamW step per generation, no activation
+checkpointing, fp32, the same thread count. Only steady-state steps count (those after
+`--warmup`), and each configuration runs `--repeats` times, interleaved, keeping the fastest:
+another process on a shared machine can only slow a run down, so the minimum is the closest to
+the uncontended figure (the 1-minute load average is printed to show the contention).
+
+Our step time excludes evaluation: it is the run's wall time less its `time_eval_s` (evaluation
+is also turned down to one problem), so it includes the loop's bookkeeping; "other" is that
+bookkeeping (the step less generate, score and learn). Our recipe runs with the shared prefill
+on and off. TRL's split: `generate` is its `generate` call, `score` its reward call, `rest` the
+step's remainder (tokenising, log-prob passes, loss, backward, optimizer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+
+THREADS_DEFAULT = os.cpu_count() or 1
+os.environ.setdefault("OMP_NUM_THREADS", str(THREADS_DEFAULT))  # before torch is imported
+os.environ.setdefault("ISOFLOP_CACHE", "/tmp/isoflop-cache")
+
+import torch  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from isoflop_cli import config, grid  # noqa: E402
+from isoflop_cli.recipe import checkpoint  # noqa: E402
+from isoflop_cli.recipe.grpo import Budget, train  # noqa: E402
+from isoflop_cli.tasks.arith import ArithTask, Problem  # noqa: E402
+
+@dataclass
+class Steps:
+    """Seconds per steady-state step, split into parts, and the work those steps did."""
+
+    step_s: float
+    parts: dict[str, float]  # seconds per step of each part
+    rollouts: int  # per step
+    tokens: float  # completion tokens generated per step (eos included)
+    load: list[float] = field(default_factory=list)  # 1-minute load average when the run started
+
+    @property
+    def rollouts_per_s(self) -> float:
+        return self.rollouts / self.step_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.step_s
+
+
+def ours(n: int, B_p: int, steps: int, warmup: int, shared_prefill: bool) -> Steps:
+    """One run of our recipe (`isoflop run`'s path), evaluated after `warmup` steps and at the end.
+
+    The metrics rows are cumulative, so the difference between those two rows is exactly the
+    steady-state steps.
+    """
+    B = n * B_p
+    cfg = config.load(None, [
+        f"n={n}", f"B_p={B_p}", f"grid.budgets=[{warmup * B},{steps * B}]", "grid.eval_points=1",
+        "eval.problems=1", "eval.samples=1", "eval.k=1", f"sampler.shared_prefill={str(shared_prefill).lower()}",
+        "checkpoint.every=0",
+    ])
+    plan = grid.plan_run(cfg)
+    assert plan.eval_steps == (0, warmup, steps), plan.eval_steps
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as run_dir:
+        rows = train(cfg, Budget(plan.column, plan.limit, plan.eval_at, plan.M), plan.lr, run_dir)
+    first, last = rows[1], rows[2]
+    count = steps - warmup
+    keys = ("wall_s", "time_eval_s", "time_search_s", "time_reward_s", "time_learning_s", "tokens_generated")
+    delta = {k: (last[k] - first[k]) / count for k in keys}
+    step_s = delta["wall_s"] - delta["time_eval_s"]
+    parts = {"generate": delta["time_search_s"], "score": delta["time_reward_s"], "learn": delta["time_learning_s"]}
+    parts["other"] = step_s - sum(parts.values())
+    return Steps(step_s, parts, B, delta["tokens_generated"], [load])
+
+
+def trl(n: int, B_p: int, steps: int, warmup: int) -> Steps:
+    """The same work through TRL's GRPOTrainer: one generation of B_p x n completions per optimizer step."""
+    from datasets import Dataset
+    from transformers import PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    cfg = config.load(None, [f"n={n}", f"B_p={B_p}"])
+    algo = cfg.algo
+    task = ArithTask.from_config(cfg.task)
+    problems = list(itertools.islice(task.stream("train", seed=cfg.seed), steps * B_p))  # our run's prompts, in order
+    dataset = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in problems])
+    tokenizer, model = checkpoint.load(cfg.model, cfg.task)
+
+    def exact_answer(prompts: list[str], completions: list[str], answer: list[str], **_) -> list[float]:
+        return [float(task.verify(Problem(p, a), c)) for p, c, a in zip(prompts, completions, answer)]
+
+    ends: list[float] = []
+    parts: dict[str, list[float]] = {"generate": [], "score": []}
+    tokens: list[int] = []
+
+    class StepEnds(TrainerCallback):
+        def on_step_end(self, *_, **__) -> None:
+            ends.append(time.perf_counter())
+
+    class Timed(GRPOTrainer):
+        """GRPOTrainer with its generate and reward calls timed (each runs once per step here)."""
+
+        def _generate_single_turn(self, *args, **kwargs):
+            start = time.perf_counter()
+            completion_ids, logprobs = super()._generate_single_turn(*args, **kwargs)
+            parts["generate"].append(time.perf_counter() - start)
+            tokens.append(sum(map(len, completion_ids)))
+            return completion_ids, logprobs
+
+        def _calculate_rewards(self, *args, **kwargs):
+            start = time.perf_counter()
+            out = super()._calculate_rewards(*args, **kwargs)
+            parts["score"].append(time.perf_counter() - start)
+            return out
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        args = GRPOConfig(
+            output_dir=out_dir, use_cpu=True, bf16=False, report_to="none", save_strategy="no", push_to_hub=False,
+            gradient_checkpointing=False, disable_tqdm=True, logging_steps=steps + 1, dataloader_num_workers=0,
+            per_device_train_batch_size=B_p * n, gradient_accumulation_steps=1, steps_per_generation=1,
+            num_iterations=1, num_generations=n, shuffle_dataset=False, max_steps=steps, seed=cfg.seed,
+            max_completion_length=cfg.task.max_new_tokens, temperature=algo.temperature, top_p=algo.top_p, top_k=0,
+            beta=0.0, loss_type="dapo", scale_rewards="group", epsilon=algo.clip_low, epsilon_high=algo.clip_high,
+            learning_rate=grid.learning_rate(algo, B_p * n), lr_scheduler_type="constant_with_warmup",
+            warmup_steps=algo.warmup_steps, optim="adamw_torch", weight_decay=algo.weight_decay,
+            max_grad_norm=algo.max_grad_norm,
+        )
+        trainer = Timed(model=model, reward_funcs=exact_answer, args=args, train_dataset=dataset,
+                        processing_class=tokenizer, callbacks=[StepEnds()])
+        trainer.remove_callback(PrinterCallback)
+        load = os.getloadavg()[0]
+        trainer.train()
+    assert len(ends) == steps and len(parts["generate"]) == steps, (len(ends), len(parts["generate"]))
+    count = steps - warmup
+    step_s = (ends[-1] - ends[warmup - 1]) / count
+    split = {k: sum(v[warmup:]) / count for k, v in parts.items()}
+    split["rest"] = step_s - sum(split.values())
+    return Steps(step_s, split, B_p * n, sum(tokens[warmup:]) / count, [load])
+
+
+def fastest(runs: list[Steps]) -> Steps:
+    """The fastest repeat, with every repeat's load average."""
+    best = min(runs, key=lambda r: r.step_s)
+    return Steps(best.step_s, best.parts, best.rollouts, best.tokens, [r.load[0] for r in runs])
+
+
+def table(results: dict[int, dict[str, Steps]], repeats: int, threads: int) -> Table:
+    t = Table(title=f"GRPO seconds per step (steady state, fastest of {repeats}, {threads} threads each side)")
+    for col in ("n", "B_p", "ours", "step", "gen", "score", "learn", "other", "rollouts/s", "tokens/s",
+                "TRL step", "gen", "score", "rest", "TRL/ours", "load1"):
+        t.add_column(col, justify="left" if col == "ours" else "right")
+    for n, by_side in results.items():
+        theirs = by_side.get("trl")
+        for side in ("shared prefill", "no shared prefill"):
+            r = by_side[side]
+            row = [str(n), str(r.rollouts // n), side, f"{r.step_s:.3f}", *(f"{r.parts[k]:.3f}" for k in ("generate", "score", "learn", "other")),
+                   f"{r.rollouts_per_s:,.0f}", f"{r.tokens_per_s:,.0f}"]
+            if theirs:
+                row += [f"{theirs.step_s:.3f}", *(f"{theirs.parts[k]:.3f}" for k in ("generate", "score", "rest")),
+                        f"{theirs.step_s / r.step_s:.2f}x"]
+            else:
+                row += ["-"] * 5
+            loads = r.load + (theirs.load if theirs else [])
+            t.add_row(*row, f"{min(loads):.1f}-{max(loads):.1f}")
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, nargs="+", default=[4, 16, 64], help="group sizes")
+    ap.add_argument("--B_p", type=int, default=8, help="prompts per step")
+    ap.add_argument("--steps", type=int, default=8, help="steps per run")
+    ap.add_argument("--warmup", type=int, default=2, help="leading steps left out of the timing")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per configuration; the fastest counts")
+    ap.add_argument("--threads", type=int, default=int(os.environ["OMP_NUM_THREADS"]), help="torch threads, both sides")
+    ap.add_argument("--quick", action="store_true", help="n = 4 and 16, 6 steps, 2 repeats")
+    ap.add_argument("--no-trl", action="store_true", help="our recipe only")
+    args = ap.parse_args()
+    if args.quick:
+        args.n, args.steps, args.repeats = [4, 16], 6, 2
+    if args.steps <= args.warmup:
+        ap.error("--steps must exceed --warmup")
+    warnings.filterwarnings("ignore")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(args.threads)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # our recipe sets its threads from it
+    console = Console(width=170)
+    started = time.perf_counter()
+    results: dict[int, dict[str, Steps]] = {}
+    for n in args.n:
+        runs: dict[str, list[Steps]] = {}
+        for _ in range(args.repeats):  # interleaved, so that contention spreads over all sides
+            runs.setdefault("shared prefill", []).append(ours(n, args.B_p, args.steps, args.warmup, shared_prefill=True))
+            runs.setdefault("no shared prefill", []).append(ours(n, args.B_p, args.steps, args.warmup, shared_prefill=False))
+            if not args.no_trl:
+                runs.setdefault("trl", []).append(trl(n, args.B_p, args.steps, args.warmup))
+        results[n] = {side: fastest(r) for side, r in runs.items()}
+        console.print(f"n={n} B_p={args.B_p}: done ({time.perf_counter() - started:.0f} s)")
+    console.print(table(results, args.repeats, args.threads))
+    console.print(f"steps {args.warmup + 1}..{args.steps} of each run timed; our step excludes evaluation (wall less time_eval_s); "
+                  f"load1: the 1-minute load average at the start of each run, on {os.cpu_count()} CPUs; "
+                  f"{time.perf_counter() - started:.0f} s in all")
+    ratios = [r["trl"].step_s / r["shared prefill"].step_s for r in results.values() if "trl" in r]
+    if ratios:
+        console.print(f"TRL/ours (shared prefill), geometric mean over n: {statistics.geometric_mean(ratios):.2f}x (target >= 2x)")
+
+
+if __name__ == "__main__":
+    main()
