@@ -104,8 +104,9 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
     use_reference = algo.kl_coef > 0
     reference = Actor(copy.deepcopy(policy)).to(device).eval().requires_grad_(False) if use_reference and not cfg.lora.rank else None
     sharded = _sharded(cfg)
-    # The sampler: rank 0's own unsharded copy when the learner is sharded (weights synced after each update).
+    # The sampler: the policy itself, or (a sharded learner, vLLM) its own weights, synced after each update.
     sampler = _sampler(cfg, actor.policy, tokenizer, own_copy=sharded) if group.is_main else None
+    separate_sampler = sharded or cfg.sampler.name == "vllm"
     if sharded:
         for model in filter(None, (actor, reference)):
             distributed.shard(model, cfg.learner.bf16)
@@ -125,16 +126,21 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
     fingerprint = hashlib.sha1(f"{to_yaml(cfg)}{budget}{lr}".encode()).hexdigest()
     saved = resume.load(files.checkpoint, fingerprint, actor, optimizer, scheduler)
     progress = Progress(**saved) if saved else Progress(eval_at=list(budget.eval_at))
+
+    def sync_sampler() -> None:
+        """The sampler's own weights take the learner's (LoRA: the adapter's); the gather is collective."""
+        weights = distributed.full_weights(actor.policy, trainable_only=bool(cfg.lora.rank))
+        if group.is_main:
+            sampler.load_weights(weights)
+
     if group.is_main:
         if saved:
             files.keep_metrics(until_step=progress.step)
             print(f"resumed from the checkpoint at step {progress.step} ({progress.ledger['rollouts']} rollouts)", flush=True)
         else:
             files.reset_metrics()
-        if saved and sharded:
-            sampler.load_weights(distributed.full_weights(actor.policy, trainable_only=bool(cfg.lora.rank)))
-    elif saved and sharded:
-        distributed.full_weights(actor.policy, trainable_only=bool(cfg.lora.rank))  # the gather is collective
+    if saved and separate_sampler:
+        sync_sampler()
     prompts = itertools.islice(task.stream("train", seed=cfg.seed), progress.prompts_drawn, None)
     ledger, since_eval = progress.ledger, progress.since_eval
     meter = Meter(cfg.flops.measure, progress.seconds, progress.measured)
@@ -273,10 +279,8 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
                 sums = group.all_sum(sums)
                 for k in stat:
                     since_eval[k].append(sums[STATS.index(k)].item())
-        if sharded:  # the sampler's copy takes the new weights (LoRA: the new adapter)
-            new = distributed.full_weights(actor.policy, trainable_only=bool(cfg.lora.rank))
-            if group.is_main:
-                sampler.load_weights(new)
+        if separate_sampler:
+            sync_sampler()
 
         # 6. Ledger: compute spent so far, in rollouts, generated tokens and FLOPs per part.
         ledger["rollouts"] += B_p * n
