@@ -8,7 +8,9 @@ For each n, both sides do the same work per optimizer step: the same checkpoint,
 prompts (in the same order), n completions each of at most `task.max_new_tokens` tokens at
 temperature 0.6 / top_p 1, the exact-answer reward, group-normalised advantages, a token-mean
 clipped loss with no KL (beta = 0), one on-policy AdamW step per generation, no activation
-checkpointing, fp32, the same thread count. Only steady-state steps count (those after
+checkpointing, fp32, the same thread count (`--threads`, default: the CPUs). Our recipe keeps its
+other defaults (the sampler records its log-probs for the truncated IS weight; TRL's counterpart
+is vLLM-only), which is work TRL does not do. Only steady-state steps count (those after
 `--warmup`), and each configuration runs `--repeats` times, interleaved, keeping the fastest:
 another process on a shared machine can only slow a run down, so the minimum is the closest to
 the uncontended figure (the 1-minute load average is printed to show the contention).
@@ -31,8 +33,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-THREADS_DEFAULT = os.cpu_count() or 1
-os.environ.setdefault("OMP_NUM_THREADS", str(THREADS_DEFAULT))  # before torch is imported
+os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))  # before torch is imported
 os.environ.setdefault("ISOFLOP_CACHE", "/tmp/isoflop-cache")
 
 import torch  # noqa: E402
@@ -44,6 +45,7 @@ from isoflop_cli.recipe import checkpoint  # noqa: E402
 from isoflop_cli.recipe.grpo import Budget, train  # noqa: E402
 from isoflop_cli.tasks.arith import ArithTask, Problem  # noqa: E402
 
+
 @dataclass
 class Steps:
     """Seconds per steady-state step, split into parts, and the work those steps did."""
@@ -52,7 +54,8 @@ class Steps:
     parts: dict[str, float]  # seconds per step of each part
     rollouts: int  # per step
     tokens: float  # completion tokens generated per step (eos included)
-    load: list[float] = field(default_factory=list)  # 1-minute load average when the run started
+    load: list[float] = field(default_factory=list)  # 1-minute load average when each repeat started
+    slowest_s: float = 0.0  # the slowest repeat's step: far above step_s, the machine was contended
 
     @property
     def rollouts_per_s(self) -> float:
@@ -156,15 +159,15 @@ def trl(n: int, B_p: int, steps: int, warmup: int) -> Steps:
 
 
 def fastest(runs: list[Steps]) -> Steps:
-    """The fastest repeat, with every repeat's load average."""
+    """The fastest repeat, with every repeat's load average and the slowest step."""
     best = min(runs, key=lambda r: r.step_s)
-    return Steps(best.step_s, best.parts, best.rollouts, best.tokens, [r.load[0] for r in runs])
+    return Steps(best.step_s, best.parts, best.rollouts, best.tokens, [r.load[0] for r in runs], max(r.step_s for r in runs))
 
 
 def table(results: dict[int, dict[str, Steps]], repeats: int, threads: int) -> Table:
     t = Table(title=f"GRPO seconds per step (steady state, fastest of {repeats}, {threads} threads each side)")
     for col in ("n", "B_p", "ours", "step", "gen", "score", "learn", "other", "rollouts/s", "tokens/s",
-                "TRL step", "gen", "score", "rest", "TRL/ours", "load1"):
+                "TRL step", "gen", "score", "rest", "tokens/s", "TRL/ours", "spread", "load1"):
         t.add_column(col, justify="left" if col == "ours" else "right")
     for n, by_side in results.items():
         theirs = by_side.get("trl")
@@ -174,11 +177,12 @@ def table(results: dict[int, dict[str, Steps]], repeats: int, threads: int) -> T
                    f"{r.rollouts_per_s:,.0f}", f"{r.tokens_per_s:,.0f}"]
             if theirs:
                 row += [f"{theirs.step_s:.3f}", *(f"{theirs.parts[k]:.3f}" for k in ("generate", "score", "rest")),
-                        f"{theirs.step_s / r.step_s:.2f}x"]
+                        f"{theirs.tokens_per_s:,.0f}", f"{theirs.step_s / r.step_s:.2f}x"]
             else:
-                row += ["-"] * 5
+                row += ["-"] * 6
             loads = r.load + (theirs.load if theirs else [])
-            t.add_row(*row, f"{min(loads):.1f}-{max(loads):.1f}")
+            spread = f"{r.slowest_s / r.step_s:.2f}" + (f" / {theirs.slowest_s / theirs.step_s:.2f}" if theirs else "")
+            t.add_row(*row, spread, f"{min(loads):.1f}-{max(loads):.1f}")
     return t
 
 
@@ -204,7 +208,7 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # our recipe sets its threads from it
-    console = Console(width=170)
+    console = Console(width=200)
     started = time.perf_counter()
     results: dict[int, dict[str, Steps]] = {}
     for n in args.n:
@@ -218,7 +222,8 @@ def main() -> None:
         console.print(f"n={n} B_p={args.B_p}: done ({time.perf_counter() - started:.0f} s)")
     console.print(table(results, args.repeats, args.threads))
     console.print(f"steps {args.warmup + 1}..{args.steps} of each run timed; our step excludes evaluation (wall less time_eval_s); "
-                  f"load1: the 1-minute load average at the start of each run, on {os.cpu_count()} CPUs; "
+                  f"spread: the slowest repeat's step over the fastest's, ours / TRL's; load1: the 1-minute load average at the start of each run "
+                  f"on {os.cpu_count()} CPUs, this benchmark's own {args.threads} threads included; "
                   f"{time.perf_counter() - started:.0f} s in all")
     ratios = [r["trl"].step_s / r["shared prefill"].step_s for r in results.values() if "trl" in r]
     if ratios:
