@@ -224,14 +224,15 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
         old_pass = updates > 1 or ppo
         ref_logp, old_logp, old_values = torch.zeros_like(mask), torch.zeros_like(mask), torch.zeros_like(mask)
         with meter.count("learning"), torch.no_grad():
-            if use_reference:
-                with actor.policy.disable_adapter() if cfg.lora.rank else contextlib.nullcontext():
-                    ref_logp[mine] = (reference or actor)(seq[mine], attn[mine], algo.temperature).logp
-            if old_pass:
-                old = actor(seq[mine], attn[mine], algo.temperature)
-                old_logp[mine] = old.logp
-                if ppo:
-                    old_values[mine] = old.values
+            for idx in mine.split(cfg.learner.micro_batch or max(1, len(mine))):
+                if use_reference:
+                    with actor.policy.disable_adapter() if cfg.lora.rank else contextlib.nullcontext():
+                        ref_logp[idx] = (reference or actor)(seq[idx], attn[idx], algo.temperature).logp
+                if old_pass:
+                    old = actor(seq[idx], attn[idx], algo.temperature)
+                    old_logp[idx] = old.logp
+                    if ppo:
+                        old_values[idx] = old.values
         if ppo:
             # PPO: the outcome reward on each completion's last token, GAE against the value head,
             # advantages whitened over the batch's completion tokens.
