@@ -144,7 +144,7 @@ def status_step(run_dir) -> int:
         return 0
 
 
-@pytest.mark.parametrize("variant", [[], ["algo=ppo", "lora.rank=4", "algo.epochs=2"]], ids=["full", "ppo-lora"])
+@pytest.mark.parametrize("variant", [[], ["algo=ppo", "lora.rank=4", "algo.epochs=2"], ["learner.world_size=2"]], ids=["full", "ppo-lora", "fsdp-2-ranks"])
 def test_a_killed_run_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path, variant):
     args = [*SMALL, "grid.budgets=[128]", "grid.eval_points=4", "checkpoint.every=4", "algo.kl_coef=0.01", *variant]
     command = [sys.executable, "-m", "isoflop_cli", "run", *args, "--out"]
