@@ -17,7 +17,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 
 from isoflop_cli import flops
-from isoflop_cli.config import GROUPS, BudgetUnit, ConfigError, LrScaling
+from isoflop_cli.config import GROUPS, BudgetUnit, ConfigError, LrScaling, shares_prompt
 from isoflop_cli.tasks.arith import ArithTask
 
 
@@ -88,8 +88,10 @@ def step_flops(cfg: DictConfig) -> tuple[float, float, float]:
     shared = (cfg.sampler.name == "vllm" or cfg.sampler.shared_prefill) and cfg.n > 1 and prompt > 1
     ppo = cfg.algo.name == "ppo"
     search = flops.generate(shape, rows, prompt, new, prefill_rows=cfg.B_p if shared else rows)
+    shared_prompt = shares_prompt(cfg) and prompt > 1
     learning = flops.learning(shape, rows, prompt + new, cfg.algo.epochs, reference=cfg.algo.kl_coef > 0,
-                              old_policy=ppo or cfg.algo.epochs * cfg.algo.minibatches > 1, value_head=ppo)
+                              old_policy=ppo or cfg.algo.epochs * cfg.algo.minibatches > 1, value_head=ppo,
+                              **({"prompt_rows": cfg.B_p, "prompt_len": prompt - 1} if shared_prompt else {}))
     reward = 0.0
     if cfg.reward.name == "prm":
         width = prompt + new + 1
@@ -107,8 +109,10 @@ def plan_run(cfg: DictConfig, flops_scale: float = 1.0) -> RunPlan:
     batch = cfg.B_p * cfg.n
     if batch > g.max_batch:
         raise ConfigError(f"B_p*n = {batch} exceeds grid.max_batch = {g.max_batch}")
-    if cfg.algo.minibatches > batch:
-        raise ConfigError(f"algo.minibatches = {cfg.algo.minibatches} exceeds the batch B_p*n = {batch}")
+    groups_per_update = cfg.B_p // cfg.algo.minibatches  # mini-batches and ranks take whole prompt groups
+    if groups_per_update < cfg.learner.world_size:
+        raise ConfigError(f"B_p = {cfg.B_p} prompts do not fill algo.minibatches = {cfg.algo.minibatches} x "
+                          f"learner.world_size = {cfg.learner.world_size} (each rank trains on whole prompt groups)")
     c_max = max(g.budgets)
     per_step = tuple(f * flops_scale for f in step_flops(cfg))
     by_flops = BudgetUnit(g.budget.unit) is BudgetUnit.flops

@@ -124,7 +124,7 @@ def metrics(run_dir):
 def test_two_fsdp_ranks_give_the_losses_of_one_process(tmp_path):
     """learner.world_size=2 (two processes, gloo, FSDP2) against one: the first 3 steps' losses
     within 1e-4, with a reference (KL), an entropy bonus and two mini-batches per step."""
-    args = [*SMALL, "grid.budgets=[8,16,24]", "grid.eval_points=1", "algo.kl_coef=0.1", "algo.entropy_coef=0.01", "algo.minibatches=2"]
+    args = [*SMALL, "B_p=4", "grid.budgets=[16,32,48]", "grid.eval_points=1", "algo.kl_coef=0.1", "algo.entropy_coef=0.01", "algo.minibatches=2"]
     for ws in (1, 2):
         result = CliRunner().invoke(app, ["run", *args, f"learner.world_size={ws}", "--out", str(tmp_path / f"ws{ws}")])
         assert result.exit_code == 0, result.output
@@ -134,7 +134,8 @@ def test_two_fsdp_ranks_give_the_losses_of_one_process(tmp_path):
         for key in ("train_loss", "kl", "entropy", "clip_frac", "tis"):
             assert abs(a[key] - b[key]) < 1e-4, (a["step"], key, a[key], b[key])
         assert abs(a["entropy"]) > 0.05  # the compared losses are not all near zero
-        assert (a["val_avg@k"], a["flops_total"], a["tokens_generated"]) == (b["val_avg@k"], b["flops_total"], b["tokens_generated"])
+        # (one process shares each prompt's forward across its group, FSDP does not: only learning FLOPs differ)
+        assert (a["val_avg@k"], a["flops_search"], a["tokens_generated"]) == (b["val_avg@k"], b["flops_search"], b["tokens_generated"])
 
 
 def status_step(run_dir) -> int:
@@ -194,3 +195,18 @@ def test_micro_batches_accumulate_to_the_whole_batch_update(tmp_path):
         for key in ("train_loss", "kl", "value_loss", "clip_frac", "tis"):
             assert abs(a[key] - b[key]) < 1e-5, (a["step"], key, a[key], b[key])
         assert a["val_avg@k"] == b["val_avg@k"]
+
+
+def test_shared_prompt_in_learning_changes_the_cost_not_the_update(tmp_path):
+    """learner.shared_prompt runs each prompt once per group in the learning passes: the same
+    losses and evaluations as full passes, fewer learning FLOPs."""
+    args = [*SMALL, "grid.budgets=[8,16,24]", "grid.eval_points=1", "algo.kl_coef=0.1", "algo.epochs=2"]
+    for shared in ("true", "false"):
+        result = CliRunner().invoke(app, ["run", *args, f"learner.shared_prompt={shared}", "--out", str(tmp_path / shared)])
+        assert result.exit_code == 0, result.output
+    shared, full = metrics(tmp_path / "true"), metrics(tmp_path / "false")
+    for a, b in zip(shared[1:], full[1:]):
+        for key in ("train_loss", "kl", "clip_frac", "tis"):
+            assert abs(a[key] - b[key]) < 1e-4, (a["step"], key, a[key], b[key])
+        assert a["val_avg@k"] == b["val_avg@k"] and a["flops_search"] == b["flops_search"]
+        assert a["flops_learning"] < b["flops_learning"]

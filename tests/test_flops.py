@@ -96,17 +96,20 @@ def test_ledger_matches_flop_counter(name, lora):
         assert abs(search - analytic) / search < 0.05
     actor = Actor(model)
 
-    def learn(reference):
-        logp = actor(r.sequences, r.attention_mask, 1.0).logp
+    def learn(reference, share):
+        logp = actor(r.sequences, r.attention_mask, 1.0, **share).logp
         if reference:
             with torch.no_grad(), reference_off():
-                actor(r.sequences, r.attention_mask, 1.0)
-        logp.sum().backward()
+                actor(r.sequences, r.attention_mask, 1.0, **share)
+        (logp * r.completion_mask[:, 1:]).sum().backward()
 
     for reference in (False, True):
-        learning = measured(lambda: learn(reference))
-        analytic = flops.learning(shape, 12, r.sequences.shape[1], reference=reference)
-        assert abs(learning - analytic) / learning < 0.05
+        for shared in (False, True):  # every row whole, or each prompt once for its group (its cache shared)
+            share = {"group_size": 4, "prompt_width": r.prompt_width} if shared else {}
+            learning = measured(lambda: learn(reference, share))
+            prompts = {"prompt_rows": 3, "prompt_len": r.prompt_width - 1} if shared else {}
+            analytic = flops.learning(shape, 12, r.sequences.shape[1], reference=reference, **prompts)
+            assert analytic == pytest.approx(learning, rel=1e-9), (reference, shared)
 
 
 def test_monotone_in_n_and_kl():

@@ -76,14 +76,14 @@ def test_flop_budgets_plan_and_calibration(tmp_path):
     from isoflop_cli.grid import step_flops
     from isoflop_cli.store import FINISHED, SweepDir
 
-    cfg = load("grid.n=[2,16]", "grid.B_p=[4]", "grid.budget.unit=flops", "grid.budgets=[1e9,4e9]")
+    cfg = load("grid.n=[2,32]", "grid.B_p=[4]", "grid.budget.unit=flops", "grid.budgets=[1e9,4e9]")
     cells = expand(cfg)
     small, large = cells
     per_step = sum(step_flops(small.cfg))
     assert small.plan.M == int(4e9 // per_step) and small.plan.column == "flops_total"
     assert small.plan.eval_at == (0.0, *eval_budgets(cfg.grid))
     assert small.plan.predicted_flops["flops_total"] <= 4e9
-    assert not large.feasible and "FLOPs (upper bound)" in large.reason  # B = 64: one step bounds above 4e9
+    assert not large.feasible and "FLOPs (upper bound)" in large.reason  # B = 128: one step bounds above 4e9
     with pytest.raises(ConfigError, match="no feasible cell"):
         expand(load("grid.n=[64]", "grid.B_p=[64]", "grid.budget.unit=flops", "grid.budgets=[1e6]"))
 
@@ -107,8 +107,10 @@ def test_updates_per_batch_raise_rho_at_fixed_budget():
     rhos = [c.plan.predicted_flops["rho"] for c in cells]
     assert rhos == sorted(rhos) and rhos[0] < rhos[-1]
     assert len({c.plan.M for c in cells}) == 1  # rollout budget: same steps, more learning each
-    with pytest.raises(ConfigError, match="minibatches = 8 exceeds the batch B_p\\*n = 4"):
+    with pytest.raises(ConfigError, match="B_p = 2 prompts do not fill algo.minibatches = 8"):
         expand(load("grid.n=[2]", "grid.B_p=[2]", "algo.minibatches=8"))
+    with pytest.raises(ConfigError, match="x learner.world_size = 2 .each rank trains on whole prompt groups"):
+        expand(load("grid.n=[2]", "grid.B_p=[2]", "algo.minibatches=2", "learner.world_size=2"))
 
 
 def test_recipe_presets_and_seed_sweeps(tmp_path):

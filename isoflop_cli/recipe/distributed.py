@@ -44,9 +44,9 @@ class Group:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def mine(self, rows: torch.Tensor) -> torch.Tensor:
-        """This rank's share of some rows of a batch (contiguous; every rank gets one)."""
-        return rows.tensor_split(self.world_size)[self.rank]
+    def mine(self, rows: torch.Tensor, group_size: int) -> torch.Tensor:
+        """This rank's share of some rows of a batch: whole groups of `group_size` rows, contiguous."""
+        return rows.view(-1, group_size).tensor_split(self.world_size)[self.rank].flatten()
 
 
 def launch(fn: Callable[..., None], world_size: int, *args: Any) -> None:

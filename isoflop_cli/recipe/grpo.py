@@ -26,7 +26,7 @@ import torch
 from omegaconf import DictConfig
 
 from isoflop_cli import flops
-from isoflop_cli.config import to_yaml
+from isoflop_cli.config import shares_prompt, sharded, to_yaml
 from isoflop_cli.recipe import checkpoint, distributed, resume
 from isoflop_cli.recipe.distributed import Group
 from isoflop_cli.recipe.evaluate import evaluate
@@ -71,7 +71,7 @@ def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str) -> li
     files.dir.mkdir(parents=True, exist_ok=True)
     files.set_status(RUNNING, step=0, M=budget.M, pid=os.getpid())
     try:
-        if _sharded(cfg):
+        if sharded(cfg):
             distributed.launch(_train, cfg.learner.world_size, cfg, budget, lr, files)
         else:
             _train(Group(), cfg, budget, lr, files)
@@ -103,11 +103,10 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
     # The KL reference: with LoRA the same model with its adapters off (no second copy).
     use_reference = algo.kl_coef > 0
     reference = Actor(copy.deepcopy(policy)).to(device).eval().requires_grad_(False) if use_reference and not cfg.lora.rank else None
-    sharded = _sharded(cfg)
     # The sampler: the policy itself, or (a sharded learner, vLLM) its own weights, synced after each update.
-    sampler = _sampler(cfg, actor.policy, tokenizer, own_copy=sharded) if group.is_main else None
-    separate_sampler = sharded or cfg.sampler.name == "vllm"
-    if sharded:
+    sampler = _sampler(cfg, actor.policy, tokenizer, own_copy=sharded(cfg)) if group.is_main else None
+    separate_sampler = sharded(cfg) or cfg.sampler.name == "vllm"
+    if sharded(cfg):
         for model in filter(None, (actor, reference)):
             distributed.shard(model, cfg.learner.bf16)
     task = ArithTask.from_config(cfg.task)
@@ -210,11 +209,16 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
         advantages = group_advantages(rewards, algo.adv_eps, scale=algo.name != "dr_grpo").flatten().to(device)
         keep = (rewards.std(dim=1) > 0 if algo.filter_zero_variance and n > 1 else torch.ones(B_p, dtype=torch.bool)).repeat_interleave(n)
         mask = rollouts.completion_mask[:, 1:].float().to(device) * keep[:, None].to(device)
-        minibatches = torch.arange(R).tensor_split(algo.minibatches)
+        #    Mini-batches, ranks and micro-batches split the batch along its prompt groups.
+        minibatches = [torch.arange(R).view(B_p, n)[g].flatten() for g in torch.arange(B_p).tensor_split(algo.minibatches)]
         weights = torch.zeros_like(mask)
         for mb in minibatches:
             weights[mb] = token_weights(mask[mb], "constant" if algo.name == "dr_grpo" else algo.loss_agg, cfg.task.max_new_tokens)
-        mine = torch.cat([group.mine(mb) for mb in minibatches])  # the rows this rank trains on
+        mine = torch.cat([group.mine(mb, n) for mb in minibatches])  # the rows this rank trains on
+        micro_rows = max(1, cfg.learner.micro_batch // n) * n if cfg.learner.micro_batch else R
+        # Each prompt's forward runs once for its group, its KV cache shared by the group's rows.
+        shared_prompt = shares_prompt(cfg)
+        share = {"group_size": n, "prompt_width": rollouts.prompt_width} if shared_prompt else {}
 
         # 4. Log-probs the updates compare against, on this rank's rows: the reference (KL) and,
         #    when the batch is reused for more than one update or a value head needs its old
@@ -224,12 +228,12 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
         old_pass = updates > 1 or ppo
         ref_logp, old_logp, old_values = torch.zeros_like(mask), torch.zeros_like(mask), torch.zeros_like(mask)
         with meter.count("learning"), torch.no_grad():
-            for idx in mine.split(cfg.learner.micro_batch or max(1, len(mine))):
+            for idx in mine.split(micro_rows):
                 if use_reference:
                     with actor.policy.disable_adapter() if cfg.lora.rank else contextlib.nullcontext():
-                        ref_logp[idx] = (reference or actor)(seq[idx], attn[idx], algo.temperature).logp
+                        ref_logp[idx] = (reference or actor)(seq[idx], attn[idx], algo.temperature, **share).logp
                 if old_pass:
-                    old = actor(seq[idx], attn[idx], algo.temperature)
+                    old = actor(seq[idx], attn[idx], algo.temperature, **share)
                     old_logp[idx] = old.logp
                     if ppo:
                         old_values[idx] = old.values
@@ -248,13 +252,13 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
         #    reference, - entropy bonus, + value loss), AdamW, clipped gradient norm.
         for _ in range(algo.epochs):
             for mb in minibatches:
-                rows = group.mine(mb)
+                rows = group.mine(mb, n)
                 sums = torch.zeros(len(STATS), device=device)  # this mini-batch's statistics, summed over ranks below
                 optimizer.zero_grad(set_to_none=True)
-                for idx in rows.split(cfg.learner.micro_batch or max(1, len(rows))):
+                for idx in rows.split(micro_rows):
                     w = weights[idx]
                     with meter.count("learning"):
-                        out = actor(seq[idx], attn[idx], algo.temperature, with_entropy=algo.entropy_coef > 0)
+                        out = actor(seq[idx], attn[idx], algo.temperature, with_entropy=algo.entropy_coef > 0, **share)
                         before = old_logp[idx] if old_pass else out.logp.detach()  # on-policy: ratio 1
                         policy_loss = cispo_pg if algo.name == "cispo" else clipped_pg
                         pg, clipped = policy_loss(out.logp, before, advantages[idx], algo.clip_low, algo.clip_high)
@@ -287,7 +291,8 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
         ledger["rollouts"] += B_p * n
         ledger["tokens_generated"] += rollouts.tokens_generated
         ledger["flops_search"] += flops.generate(shape, R, rollouts.prompt_width, rollouts.generated_width, rollouts.prefill_rows)
-        ledger["flops_learning"] += flops.learning(shape, R, L, algo.epochs, reference=use_reference, old_policy=old_pass, value_head=ppo)
+        ledger["flops_learning"] += flops.learning(shape, R, L, algo.epochs, reference=use_reference, old_policy=old_pass, value_head=ppo,
+                                                   **_prompt_rows(B_p, rollouts.prompt_width, shared_prompt))
         ledger["flops_reward"] += reward_flops
         ledger["reward_cpu_s"] += reward_cpu_s
         since_eval["reward"].append(rewards.mean().item())
@@ -306,9 +311,9 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
         eval_point(step)  # the run's last point, when it fell between checkpoints
 
 
-def _sharded(cfg: DictConfig) -> bool:
-    """FSDP2 for several processes, when asked for, and for bf16 (its mixed precision)."""
-    return cfg.learner.world_size > 1 or bool(cfg.learner.fsdp) or cfg.learner.bf16
+def _prompt_rows(prompts: int, prompt_width: int, shared: bool) -> dict[str, int]:
+    """The ledger's shared-prompt terms: each prompt's first prompt_width - 1 tokens run once."""
+    return {"prompt_rows": prompts, "prompt_len": prompt_width - 1} if shared and prompt_width > 1 else {}
 
 
 def _sampler(cfg: DictConfig, policy, tokenizer, own_copy: bool):
