@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from isoflop_cli.recipe.losses import (
-    cispo_pg, clipped_pg, gae, group_advantages, kl_k3, masked_mean, token_weights, truncated_is, value_loss, whiten,
+    cispo_pg, clipped_pg, gae, group_advantages, kl_k3, token_weights, truncated_is, value_loss, whiten,
 )
 
 
@@ -37,14 +37,14 @@ def test_clipped_pg_hand_computed():
     assert clipped[0].tolist() == [1.0, 0.0, 0.0, 0.0]
 
 
-def test_kl_k3_and_masked_mean():
+def test_kl_k3_and_token_mean():
     logp = torch.log(torch.tensor([0.5, 0.25]))
     ref = torch.log(torch.tensor([0.25, 0.25]))
     # d = ref - logp = log 0.5, 0: exp(d) - d - 1 = 0.5 + log 2 - 1, 0
     assert kl_k3(logp, ref).tolist() == pytest.approx([0.5 + math.log(2) - 1, 0.0])
     x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    assert masked_mean(x, mask).item() == pytest.approx((1 + 2 + 4) / 3)
+    assert aggregate(x, mask, "token-mean").item() == pytest.approx((1 + 2 + 4) / 3)
 
 
 def test_dr_grpo_advantages_are_only_mean_centred():

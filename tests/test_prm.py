@@ -4,7 +4,6 @@ inference FLOPs are counted exactly."""
 import random
 
 import pytest
-from omegaconf import OmegaConf
 from torch.utils.flop_counter import FlopCounterMode
 
 import isoflop_cli.recipe.measure  # noqa: F401  (registers the CPU attention formulas)

@@ -48,11 +48,6 @@ def token_weights(mask: torch.Tensor, mode: str, max_len: int = 0) -> torch.Tens
     raise ValueError(f"unknown loss aggregation '{mode}'")
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Token-mean over the whole batch (every completion token weighs the same)."""
-    return (x * mask).sum() / mask.sum().clamp(min=1)
-
-
 def clipped_pg(logp, old_logp, advantages, clip_low: float, clip_high: float):
     """Per-token -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A) and whether it clipped.
 

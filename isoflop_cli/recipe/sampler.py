@@ -57,8 +57,7 @@ class HFSampler:
         self.model.load_state_dict(state_dict, strict=False)
 
     def sample(self, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
-        tok = self.tokenizer
-        training = self.model.training
+        training = self.model.training  # the learner's own model samples in eval mode, then goes back
         self.model.eval()
         try:
             return self._sample(prompts, n, temperature, top_p, max_new_tokens)
