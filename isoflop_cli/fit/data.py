@@ -56,18 +56,23 @@ def input_file(path: Path) -> Path:
     return path / RESULTS if path.is_dir() else path
 
 
+def read(path: Path) -> pd.DataFrame:
+    """One results input (a sweep directory, parquet or CSV); a bad path is the user's error."""
+    if not path.exists():
+        raise ConfigError(f"no such file or directory: {path}")
+    if path.is_dir() and not (path / RESULTS).exists():
+        raise ConfigError(f"{path} has no {RESULTS} (is it a sweep directory with finished runs?)")
+    try:
+        return load_results(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: cannot read results ({e})") from None
+
+
 def load(paths: list[Path]) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Concatenate every input; run keys stay distinct across inputs; sha256 over the input bytes."""
     frames, digest = [], hashlib.sha256()
     for i, path in enumerate(paths):
-        if not path.exists():
-            raise ConfigError(f"no such file or directory: {path}")
-        if path.is_dir() and not (path / RESULTS).exists():
-            raise ConfigError(f"{path} has no {RESULTS} (is it a sweep directory with finished runs?)")
-        try:
-            df = load_results(path)
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{path}: cannot read results ({e})") from None
+        df = read(path)
         digest.update(input_file(path).read_bytes())
         key = df["run_id"].astype(str) if "run_id" in df.columns else pd.Series(np.arange(len(df)), index=df.index).astype(str)
         frames.append(df.assign(**{RUN: f"{i}:" + key}))

@@ -8,10 +8,10 @@ from pathlib import Path
 import pandas as pd
 
 from isoflop_cli.config import ConfigError
+from isoflop_cli.fit import data as fit_data
 from isoflop_cli.race import analysis, outputs
 from isoflop_cli.race import pilot as pilot_mod
 from isoflop_cli.race.recommend import recommend
-from isoflop_cli.store import RESULTS, load_results
 
 TARGETS = ("native", "downstream", "judge")
 NATIVE = "val_avg@k"  # the validation metric of the training task, at the sweep's k
@@ -43,14 +43,7 @@ def target_metric(target: str, metric: str | None, columns: list[str] | None) ->
 
 
 def read_results(path: Path) -> pd.DataFrame:
-    if not path.exists():
-        raise ConfigError(f"no such results file or sweep directory: {path}")
-    if path.is_dir() and not (path / RESULTS).exists():
-        raise ConfigError(f"{path} has no {RESULTS}")
-    try:
-        df = load_results(path)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{path}: cannot read results ({e})") from None
+    df = fit_data.read(path)
     if df.empty:
         raise ConfigError(f"{path}: no results")
     return df
