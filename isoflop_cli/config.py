@@ -136,8 +136,8 @@ class LearnerConfig:
     bf16: bool = False  # GPU only: bf16 compute and sampling, fp32 weights and gradient reduction (FSDP2 mixed precision)
     activation_checkpointing: bool = False  # recompute layer activations in backward (not in the ledger)
     micro_batch: int = 0  # rows per forward/backward on each rank (whole prompt groups), gradients accumulated; 0: all
-    # Run each prompt once per group in learning passes, its KV cache shared by the group's n rows
-    # (one process without FSDP only, and not with activation checkpointing: see `shares_prompt`).
+    # Learning passes lay each prompt group out as one sequence, the prompt once then its n
+    # completions (a 4D mask keeps them apart), when the ledger counts fewer FLOPs that way.
     shared_prompt: bool = True
 
 
@@ -433,12 +433,6 @@ def check_engine(cfg: DictConfig) -> None:
 def sharded(cfg: DictConfig) -> bool:
     """Whether a run's learner is FSDP2-sharded: several processes, asked for, or bf16 (its mixed precision)."""
     return cfg.learner.world_size > 1 or bool(cfg.learner.fsdp) or cfg.learner.bf16
-
-
-def shares_prompt(cfg: DictConfig) -> bool:
-    """Whether learning passes run each prompt once per group (learner.shared_prompt). Not with
-    activation checkpointing (it keeps no cache) nor FSDP (its hooks do not see a cache's gradients)."""
-    return cfg.learner.shared_prompt and cfg.n > 1 and not cfg.learner.activation_checkpointing and not sharded(cfg)
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

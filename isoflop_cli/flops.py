@@ -128,47 +128,40 @@ def generate(shape: Shape, rows: int, prompt_len: int, new_tokens: int, prefill_
 
 
 def learning(shape: Shape, rows: int, seq_len: int, epochs: int = 1, reference: bool = False, old_policy: bool = False,
-             value_head: bool = False, prompt_rows: int = 0, prompt_len: int = 0) -> float:
+             value_head: bool = False, logits: int | None = None) -> float:
     """One rollout batch's updates: per epoch a forward and backward over every trained sequence
-    (logits at every position; mini-batches split the rows, not the work); plus one forward each
-    for the reference model (KL on; with LoRA, the base with adapters off) and the old policy
-    (batch reused). A value head (PPO) adds a hidden -> 1 projection at every position of the
-    policy's passes: 2x its forward in backward (input and weight gradients).
+    (`rows` sequences of `seq_len` positions, each attending to all `seq_len`: the kernels compute
+    the whole square, masked or not; mini-batches split the rows, not the work), with logits at
+    `logits` positions (default: all); plus one forward each for the reference model (KL on; with
+    LoRA, the base with adapters off) and the old policy (batch reused). A value head (PPO) adds a
+    hidden -> 1 projection at each logit position of the policy's passes: 2x its forward in
+    backward (input and weight gradients).
 
-    With a shared prompt (`prompt_rows` > 0) each pass runs the first `prompt_len` tokens once per
-    distinct prompt (`prompt_rows` rows, the logits of one position) and every row the rest of its
-    sequence against that KV cache; in backward the shared part gets gradients only through the
-    keys and values it gave (see `_backward`).
+    A plain layout is rows = R, seq_len = L; a prompt tree (`learner.Layout.tree`) is one row per
+    prompt group, as wide as the longest group.
 
     Backward, full fine-tuning: a linear layer (and the LM head) computes the input gradient and
     the weight gradient, 2x its forward each; attention recomputes its scores and takes four more
     products, 2.5x. With LoRA see `_lora_backward`; the frozen LM head computes its input gradient.
     """
-    own = seq_len - prompt_len if prompt_rows else seq_len  # positions each row runs itself
-    main = forward(shape, rows, own, seq_len, own)
-    prefix = forward(shape, prompt_rows, prompt_len, prompt_len, 1) if prompt_rows else Pass(0.0, 0.0, 0.0)
-    fwd = main.total + prefix.total
-    backward = _backward(shape, main, rows * own) + _backward(shape, prefix, prompt_rows * prompt_len, shared_prefix=True)
-    value = value_head * 2.0 * rows * own * shape.hidden
-    return epochs * (fwd + backward + 3 * value) + reference * (fwd - main.adapter - prefix.adapter) + old_policy * (fwd + value)
-
-
-def _backward(shape: Shape, fwd: Pass, tokens: int, shared_prefix: bool = False) -> float:
-    """Backward FLOPs of a forward pass `fwd` over `tokens` tokens.
-
-    A shared prefix's outputs are its KV cache, not logits: no gradient reaches its LM head, nor
-    its last layer beyond the key and value projections (its queries, attention output and MLP
-    feed only the unused last-position logits).
-    """
-    if tokens == 0:
-        return 0.0
+    positions = rows * seq_len if logits is None else logits
+    fwd = replace(forward(shape, rows, seq_len, seq_len, 0), head=2.0 * positions * shape.hidden * shape.vocab)
     if shape.lora_rank:
-        return _lora_backward(shape, tokens, fwd.attention / shape.layers, kv_only_last=shared_prefix) + (0.0 if shared_prefix else fwd.head)
-    if not shared_prefix:
-        return 2 * (fwd.linear + fwd.head) + 2.5 * fwd.attention
-    per_layer = 2 * fwd.linear / shape.layers + 2.5 * fwd.attention / shape.layers
-    kv = sum(2.0 * tokens * i * o for name, (i, o) in shape.projections.items() if name in ("k_proj", "v_proj"))
-    return (shape.layers - 1) * per_layer + 2 * kv
+        backward = _lora_backward(shape, rows * seq_len, fwd.attention / shape.layers) + fwd.head
+    else:
+        backward = 2 * (fwd.linear + fwd.head) + 2.5 * fwd.attention
+    value = value_head * 2.0 * positions * shape.hidden
+    return epochs * (fwd.total + backward + 3 * value) + reference * (fwd.total - fwd.adapter) + old_policy * (fwd.total + value)
+
+
+def learning_layout(shape: Shape, prompts: int, n: int, plain_width: int, tree_width: int, logits: int,
+                    tree_allowed: bool = True, **passes) -> tuple[bool, float]:
+    """(whether to use the prompt tree, the learning FLOPs) for a batch of `prompts` groups of n
+    rows: the layout with fewer FLOPs. The tree runs each prompt once per group but its attention
+    covers the whole group's sequence, so it loses when completions are long and n is large."""
+    plain = learning(shape, prompts * n, plain_width, logits=logits, **passes)
+    tree = learning(shape, prompts, tree_width, logits=logits, **passes) if tree_allowed else plain
+    return (True, tree) if tree < plain else (False, plain)
 
 
 def model_shape(model) -> Shape:
@@ -191,7 +184,7 @@ def reward_model_shape(reward) -> Shape:
     return replace(model_shape(reward), vocab=1)
 
 
-def _lora_backward(shape: Shape, tokens: int, attention_per_layer: float, kv_only_last: bool = False) -> float:
+def _lora_backward(shape: Shape, tokens: int, attention_per_layer: float) -> float:
     """Backward FLOPs of the decoder layers with frozen weights and LoRA adapters.
 
     A frozen matrix computes only its input gradient (1x its forward), and nothing where its input
@@ -209,9 +202,7 @@ def _lora_backward(shape: Shape, tokens: int, attention_per_layer: float, kv_onl
         return frozen + (adapter if name in targets else 0.0)
 
     total, grad = 0.0, False  # grad: whether the layer's input needs a gradient
-    for layer in range(shape.layers):
-        if kv_only_last and layer == shape.layers - 1:  # a shared prefix's last layer: only its cache is used
-            return total + cost("k_proj", grad) + cost("v_proj", grad)
+    for _ in range(shape.layers):
         total += sum(cost(n, grad) for n in ("q_proj", "k_proj", "v_proj"))
         attention = grad or any(n in targets for n in ("q_proj", "k_proj", "v_proj"))
         total += 2.5 * attention_per_layer * attention + cost("o_proj", attention)

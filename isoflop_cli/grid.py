@@ -17,7 +17,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 
 from isoflop_cli import flops
-from isoflop_cli.config import GROUPS, BudgetUnit, ConfigError, LrScaling, shares_prompt
+from isoflop_cli.config import GROUPS, BudgetUnit, ConfigError, LrScaling
 from isoflop_cli.tasks.arith import ArithTask
 
 
@@ -88,10 +88,10 @@ def step_flops(cfg: DictConfig) -> tuple[float, float, float]:
     shared = (cfg.sampler.name == "vllm" or cfg.sampler.shared_prefill) and cfg.n > 1 and prompt > 1
     ppo = cfg.algo.name == "ppo"
     search = flops.generate(shape, rows, prompt, new, prefill_rows=cfg.B_p if shared else rows)
-    shared_prompt = shares_prompt(cfg) and prompt > 1
-    learning = flops.learning(shape, rows, prompt + new, cfg.algo.epochs, reference=cfg.algo.kl_coef > 0,
-                              old_policy=ppo or cfg.algo.epochs * cfg.algo.minibatches > 1, value_head=ppo,
-                              **({"prompt_rows": cfg.B_p, "prompt_len": prompt - 1} if shared_prompt else {}))
+    passes = dict(epochs=cfg.algo.epochs, reference=cfg.algo.kl_coef > 0, old_policy=ppo or cfg.algo.epochs * cfg.algo.minibatches > 1,
+                  value_head=ppo)
+    _, learning = flops.learning_layout(shape, cfg.B_p, cfg.n, prompt + new, prompt + cfg.n * new, rows * new,
+                                        tree_allowed=cfg.learner.shared_prompt, **passes)
     reward = 0.0
     if cfg.reward.name == "prm":
         width = prompt + new + 1

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 import isoflop_cli.recipe.measure  # noqa: F401  (the CPU attention formulas)
 from isoflop_cli import flops
-from isoflop_cli.recipe.learner import Actor
+from isoflop_cli.recipe.learner import Actor, Layout
 
 QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                   num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
@@ -53,11 +53,11 @@ def check(model, shape: flops.Shape, device: str, rows: int, prompt: int, new: i
 
     def learning():
         model.zero_grad(set_to_none=True)
-        logp = Actor(model)(out, attention, 1.0).logp
+        logp = Actor(model)(Layout.plain(out, attention, prompt), 1.0).logp
         logp.float().sum().backward()
 
     measured, seconds, _ = timed(device, learning)
-    rows_out.append((label, "learning", measured, flops.learning(shape, rows, out.shape[1]), seconds))
+    rows_out.append((label, "learning", measured, flops.learning(shape, rows, out.shape[1], logits=rows * (out.shape[1] - prompt)), seconds))
     return rows_out
 
 

@@ -14,7 +14,7 @@ import isoflop_cli.recipe.measure  # noqa: F401  (registers the CPU attention fo
 from isoflop_cli import flops
 from isoflop_cli.cli import app
 from isoflop_cli.recipe.checkpoint import char_tokenizer
-from isoflop_cli.recipe.learner import Actor
+from isoflop_cli.recipe.learner import Actor, Layout
 from isoflop_cli.recipe.sampler import HFSampler
 
 TINY = flops.Shape(layers=1, hidden=4, intermediate=8, heads=2, kv_heads=1, head_dim=2, vocab=10)
@@ -36,6 +36,9 @@ def test_forward_hand_computed():
     assert flops.learning(TINY, 2, 5) == pytest.approx(step)
     assert flops.learning(TINY, 2, 5, reference=True) == pytest.approx(step + t.total)
     assert flops.learning(TINY, 2, 5, epochs=3, reference=True, old_policy=True) == pytest.approx(3 * step + 2 * t.total)
+    # logits at 4 of the 10 positions: the head's share shrinks to 4/10, forward and backward
+    head = 2 * 4 * 4 * 10
+    assert flops.learning(TINY, 2, 5, logits=4) == pytest.approx(3 * (t.linear + head) + 3.5 * t.attention)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "mistral"])
@@ -95,21 +98,23 @@ def test_ledger_matches_flop_counter(name, lora):
         analytic = flops.generate(shape, 12, r.prompt_width, r.generated_width, r.prefill_rows)
         assert abs(search - analytic) / search < 0.05
     actor = Actor(model)
+    layouts = {"plain": Layout.plain(r.sequences, r.attention_mask, r.prompt_width),
+               "tree": Layout.tree(r.sequences, r.attention_mask, r.prompt_width, 4)}
+    tokens = r.tokens_generated
 
-    def learn(reference, share):
-        logp = actor(r.sequences, r.attention_mask, 1.0, **share).logp
+    def learn(reference, layout):
+        logp = actor(layout, 1.0).logp
         if reference:
             with torch.no_grad(), reference_off():
-                actor(r.sequences, r.attention_mask, 1.0, **share)
-        (logp * r.completion_mask[:, 1:]).sum().backward()
+                actor(layout, 1.0)
+        logp.sum().backward()
 
     for reference in (False, True):
-        for shared in (False, True):  # every row whole, or each prompt once for its group (its cache shared)
-            share = {"group_size": 4, "prompt_width": r.prompt_width} if shared else {}
-            learning = measured(lambda: learn(reference, share))
-            prompts = {"prompt_rows": 3, "prompt_len": r.prompt_width - 1} if shared else {}
-            analytic = flops.learning(shape, 12, r.sequences.shape[1], reference=reference, **prompts)
-            assert analytic == pytest.approx(learning, rel=1e-9), (reference, shared)
+        for name, layout in layouts.items():  # every row whole, or each prompt group as one sequence
+            learning = measured(lambda: learn(reference, layout))
+            rows, width = layout.input_ids.shape
+            analytic = flops.learning(shape, rows, width, reference=reference, logits=tokens)
+            assert analytic == pytest.approx(learning, rel=1e-9), (reference, name)
 
 
 def test_monotone_in_n_and_kl():

@@ -26,11 +26,11 @@ import torch
 from omegaconf import DictConfig
 
 from isoflop_cli import flops
-from isoflop_cli.config import shares_prompt, sharded, to_yaml
+from isoflop_cli.config import sharded, to_yaml
 from isoflop_cli.recipe import checkpoint, distributed, resume
 from isoflop_cli.recipe.distributed import Group
 from isoflop_cli.recipe.evaluate import evaluate
-from isoflop_cli.recipe.learner import Actor
+from isoflop_cli.recipe.learner import Actor, Layout, tree_width
 from isoflop_cli.recipe.losses import cispo_pg, clipped_pg, gae, group_advantages, kl_k3, token_weights, truncated_is, value_loss, whiten
 from isoflop_cli.recipe.measure import Meter
 from isoflop_cli.recipe.rewards import make_reward
@@ -214,26 +214,33 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
         weights = torch.zeros_like(mask)
         for mb in minibatches:
             weights[mb] = token_weights(mask[mb], "constant" if algo.name == "dr_grpo" else algo.loss_agg, cfg.task.max_new_tokens)
-        mine = torch.cat([group.mine(mb, n) for mb in minibatches])  # the rows this rank trains on
         micro_rows = max(1, cfg.learner.micro_batch // n) * n if cfg.learner.micro_batch else R
-        # Each prompt's forward runs once for its group, its KV cache shared by the group's rows.
-        shared_prompt = shares_prompt(cfg)
-        share = {"group_size": n, "prompt_width": rollouts.prompt_width} if shared_prompt else {}
+        #    The passes' layout: the rows as they are, or each prompt group as one sequence (the
+        #    prompt once, then its completions), whichever the ledger counts cheaper.
+        P, W = rollouts.prompt_width, tree_width(rollouts.attention_mask, rollouts.prompt_width, n)
+        updates = algo.epochs * algo.minibatches
+        old_pass = updates > 1 or ppo
+        passes = dict(epochs=algo.epochs, reference=use_reference, old_policy=old_pass, value_head=ppo)
+        tree, learning_flops = flops.learning_layout(shape, B_p, n, L, W, rollouts.tokens_generated, cfg.learner.shared_prompt, **passes)
+
+        def layout(idx: torch.Tensor) -> Layout:
+            return Layout.tree(seq[idx], attn[idx], P, n, width=W) if tree else Layout.plain(seq[idx], attn[idx], P)
+
+        with meter.count("learning"):  # per mini-batch, this rank's micro-batches: (rows, their layout)
+            chunks = [[(idx, layout(idx)) for idx in group.mine(mb, n).split(micro_rows)] for mb in minibatches]
 
         # 4. Log-probs the updates compare against, on this rank's rows: the reference (KL) and,
         #    when the batch is reused for more than one update or a value head needs its old
         #    estimates (PPO), the sampling-time policy's own.
         actor.train()
-        updates = algo.epochs * algo.minibatches
-        old_pass = updates > 1 or ppo
         ref_logp, old_logp, old_values = torch.zeros_like(mask), torch.zeros_like(mask), torch.zeros_like(mask)
         with meter.count("learning"), torch.no_grad():
-            for idx in mine.split(micro_rows):
+            for idx, lay in itertools.chain.from_iterable(chunks):
                 if use_reference:
                     with actor.policy.disable_adapter() if cfg.lora.rank else contextlib.nullcontext():
-                        ref_logp[idx] = (reference or actor)(seq[idx], attn[idx], algo.temperature, **share).logp
+                        ref_logp[idx] = (reference or actor)(lay, algo.temperature).logp
                 if old_pass:
-                    old = actor(seq[idx], attn[idx], algo.temperature, **share)
+                    old = actor(lay, algo.temperature)
                     old_logp[idx] = old.logp
                     if ppo:
                         old_values[idx] = old.values
@@ -244,6 +251,7 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
             token_rewards = torch.zeros_like(mask)
             token_rewards[torch.arange(R), last] = rewards.flatten().to(device) * mask.any(-1)
             token_adv, returns = gae(token_rewards, old_values, mask, algo.gamma, algo.lam)
+            mine = torch.cat([idx for idx, _ in itertools.chain.from_iterable(chunks)])  # the rows this rank trains on
             ours = mask * torch.isin(torch.arange(R, device=device), mine.to(device))[:, None]
             advantages = whiten(token_adv, ours, reduce=group.all_sum)
 
@@ -251,14 +259,13 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
         #    Clipped policy-gradient loss (times the truncated importance weight; + KL to the
         #    reference, - entropy bonus, + value loss), AdamW, clipped gradient norm.
         for _ in range(algo.epochs):
-            for mb in minibatches:
-                rows = group.mine(mb, n)
+            for minibatch in chunks:
                 sums = torch.zeros(len(STATS), device=device)  # this mini-batch's statistics, summed over ranks below
                 optimizer.zero_grad(set_to_none=True)
-                for idx in rows.split(micro_rows):
+                for idx, lay in minibatch:
                     w = weights[idx]
                     with meter.count("learning"):
-                        out = actor(seq[idx], attn[idx], algo.temperature, with_entropy=algo.entropy_coef > 0, **share)
+                        out = actor(lay, algo.temperature, with_entropy=algo.entropy_coef > 0)
                         before = old_logp[idx] if old_pass else out.logp.detach()  # on-policy: ratio 1
                         policy_loss = cispo_pg if algo.name == "cispo" else clipped_pg
                         pg, clipped = policy_loss(out.logp, before, advantages[idx], algo.clip_low, algo.clip_high)
@@ -291,8 +298,7 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
         ledger["rollouts"] += B_p * n
         ledger["tokens_generated"] += rollouts.tokens_generated
         ledger["flops_search"] += flops.generate(shape, R, rollouts.prompt_width, rollouts.generated_width, rollouts.prefill_rows)
-        ledger["flops_learning"] += flops.learning(shape, R, L, algo.epochs, reference=use_reference, old_policy=old_pass, value_head=ppo,
-                                                   **_prompt_rows(B_p, rollouts.prompt_width, shared_prompt))
+        ledger["flops_learning"] += learning_flops
         ledger["flops_reward"] += reward_flops
         ledger["reward_cpu_s"] += reward_cpu_s
         since_eval["reward"].append(rewards.mean().item())
@@ -309,11 +315,6 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
             files.set_status(RUNNING, step=step, M=budget.M, rollouts=ledger["rollouts"], pid=os.getpid())
     if group.is_main and files.read_metrics()[-1]["step"] != step:
         eval_point(step)  # the run's last point, when it fell between checkpoints
-
-
-def _prompt_rows(prompts: int, prompt_width: int, shared: bool) -> dict[str, int]:
-    """The ledger's shared-prompt terms: each prompt's first prompt_width - 1 tokens run once."""
-    return {"prompt_rows": prompts, "prompt_len": prompt_width - 1} if shared and prompt_width > 1 else {}
 
 
 def _sampler(cfg: DictConfig, policy, tokenizer, own_copy: bool):

@@ -1,4 +1,18 @@
-"""The learner's model: the policy, and for PPO a value head, as one module FSDP2 can shard."""
+"""The learner's model, and how a learning pass lays out a batch of rollouts.
+
+A rollout batch is [R, L]: each row a left-padded prompt (width P) then its completion,
+right-padded after eos. The learner needs the log-prob of every completion token, nothing at the
+prompt. Two layouts give exactly those, from one forward each:
+
+- `Layout.plain`: the rows as they are (HF's causal mask with the padding mask).
+- `Layout.tree`: each prompt group of n rows as one sequence, the prompt once and then the n
+  completions, padding dropped; a 4D mask lets each completion see its prompt and itself. The
+  prompt runs once per group instead of n times, and no position is padding except at the end of
+  the shorter groups' rows.
+
+Logits are computed only at the positions that predict a completion token (at a real vocabulary
+the log-softmax over every position is most of a pass's memory).
+"""
 
 from __future__ import annotations
 
@@ -6,14 +20,103 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import DynamicCache
+
+PROMPT, PAD = -1, -2  # branch ids in a tree row; completions are 0 .. n-1
+
+
+@dataclass
+class Layout:
+    input_ids: torch.Tensor  # [rows, width]
+    position_ids: torch.Tensor  # [rows, width]
+    attention_mask: torch.Tensor  # [rows, width] padding mask, or [rows, 1, width, width] bool (True: attend)
+    picked: torch.Tensor  # [N]: flat positions (row * width + column) whose logits predict a completion token
+    targets: torch.Tensor  # [N]: those tokens
+    out: tuple[torch.Tensor, torch.Tensor]  # [N] each: where each goes in the [R, L - 1] outputs
+    out_shape: tuple[int, int]  # (R, L - 1)
+
+    @classmethod
+    def plain(cls, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int) -> "Layout":
+        R, L = sequences.shape
+        on = attention_mask[:, prompt_width:].bool()  # [R, T] completion tokens (eos included)
+        row = torch.arange(R, device=sequences.device)[:, None].expand_as(on)[on]
+        col = (prompt_width - 1 + torch.arange(L - prompt_width, device=sequences.device)).expand_as(on)[on]
+        return cls(
+            input_ids=sequences,
+            position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0),
+            attention_mask=attention_mask,
+            picked=row * L + col,
+            targets=sequences[:, prompt_width:][on],
+            out=(row, col),
+            out_shape=(R, L - 1),
+        )
+
+    @classmethod
+    def tree(cls, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int, group_size: int,
+             width: int | None = None) -> "Layout":
+        """Rows in consecutive groups of `group_size` share their prompt. `width` (at least
+        `tree_width` of these rows) pads every group's sequence to one width, e.g. the whole batch's."""
+        R, L = sequences.shape
+        P, n, dev = prompt_width, group_size, sequences.device
+        G, T = R // n, L - P
+        prompt_len = attention_mask[::n, :P].sum(-1)  # [G]
+        on = attention_mask[:, P:].bool().view(G, n, T)  # [G, n, T] completion tokens
+        lengths = on.sum(-1)  # [G, n]
+        starts = prompt_len[:, None] + lengths.cumsum(-1) - lengths  # [G, n]: each completion's first column
+        W = width or int((prompt_len + lengths.sum(-1)).max())
+        ids = torch.zeros(G, W, dtype=sequences.dtype, device=dev)
+        positions = torch.zeros(G, W, dtype=torch.long, device=dev)
+        branch = torch.full((G, W), PAD, device=dev)
+
+        # The prompt, left padding dropped: columns 0 .. prompt_len - 1.
+        pcol = torch.arange(P, device=dev) - (P - prompt_len[:, None])  # [G, P]; < 0 on padding
+        p_on = pcol >= 0
+        g = torch.arange(G, device=dev)[:, None].expand(G, P)[p_on]
+        ids[g, pcol[p_on]] = sequences[::n, :P][p_on]
+        positions[g, pcol[p_on]] = pcol[p_on]
+        branch[g, pcol[p_on]] = PROMPT
+
+        # The completions one after another, each at the positions that follow the prompt.
+        j = torch.arange(T, device=dev)
+        ccol = starts[..., None] + j  # [G, n, T]
+        g3 = torch.arange(G, device=dev)[:, None, None].expand(G, n, T)[on]
+        i3 = torch.arange(n, device=dev)[None, :, None].expand(G, n, T)[on]
+        j3 = j.expand(G, n, T)[on]
+        ids[g3, ccol[on]] = sequences[:, P:].reshape(G, n, T)[on]
+        positions[g3, ccol[on]] = prompt_len[g3] + j3
+        branch[g3, ccol[on]] = i3
+
+        # Causal in the row's order; a key is the prompt or the query's own completion, never
+        # padding (which sees itself, so that no row of the mask is empty; its outputs are never read).
+        col = torch.arange(W, device=dev)
+        key, query = branch[:, None, :], branch[:, :, None]
+        mask = (col[None, :] <= col[:, None]) & (key != PAD) & ((key == PROMPT) | (key == query))
+        mask |= torch.eye(W, dtype=torch.bool, device=dev)
+
+        # A completion's first token is predicted by the prompt's last position, the others by the token before.
+        predictor = torch.where(j3 == 0, prompt_len[g3] - 1, ccol[on] - 1)
+        return cls(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=mask[:, None],
+            picked=g3 * W + predictor,
+            targets=sequences[:, P:].reshape(G, n, T)[on],
+            out=(g3 * n + i3, P - 1 + j3),
+            out_shape=(R, L - 1),
+        )
+
+
+def tree_width(attention_mask: torch.Tensor, prompt_width: int, group_size: int) -> int:
+    """The longest group sequence of `Layout.tree`: its prompt and its completions, no padding."""
+    prompt_len = attention_mask[::group_size, :prompt_width].sum(-1)
+    completions = attention_mask[:, prompt_width:].sum(-1).view(-1, group_size).sum(-1)
+    return int((prompt_len + completions).max())
 
 
 @dataclass
 class Outputs:
-    logp: torch.Tensor  # [R, L - 1]: log pi(x_t | x_<t) for t >= 1, at the sampling temperature
+    logp: torch.Tensor  # [R, L - 1]: log pi(x_t | x_<t) at the sampling temperature, at completion tokens (0 elsewhere)
     entropy: torch.Tensor | None  # [R, L - 1]
-    values: torch.Tensor | None  # [R, L - 1]: the value head's estimate before each next token
+    values: torch.Tensor | None  # [R, L - 1]: the value head's estimate before each completion token
 
 
 class Actor(nn.Module):
@@ -30,34 +133,18 @@ class Actor(nn.Module):
         if self.value_head is not None:
             nn.init.zeros_(self.value_head.weight)  # V = 0 at first: the first advantages are the returns
 
-    def forward(self, sequences: torch.Tensor, attention_mask: torch.Tensor, temperature: float, with_entropy: bool = False,
-                group_size: int = 1, prompt_width: int = 0) -> Outputs:
-        """Log-probs (and entropies, values) of every next token; zero over the prompt.
+    def forward(self, layout: Layout, temperature: float, with_entropy: bool = False) -> Outputs:
+        hidden = self.policy.get_decoder()(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
+                                           position_ids=layout.position_ids, use_cache=False).last_hidden_state
+        hidden = hidden.flatten(0, 1)[layout.picked]  # [N, hidden]
+        logprobs = torch.log_softmax(self.policy.get_output_embeddings()(hidden).float() / temperature, dim=-1)
 
-        Rows in consecutive groups of `group_size` share a prompt (left-padded to `prompt_width`):
-        the prompt's first `prompt_width - 1` tokens then run once per group and their KV cache is
-        repeated over the group, gradients included; each row runs its own last prompt token and
-        completion against it. The log-probs are those of a full pass (to float rounding).
-        """
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        hidden = self.value_head is not None
-        shared = prompt_width - 1 if group_size > 1 and prompt_width > 1 else 0
-        cache = None
-        if shared:
-            first = torch.arange(0, sequences.shape[0], group_size, device=sequences.device)
-            cache = DynamicCache(config=self.policy.config)
-            self.policy(input_ids=sequences[first, :shared], attention_mask=attention_mask[first, :shared],
-                        position_ids=position_ids[first, :shared], cache=cache, use_cache=True, logits_to_keep=1)
-            cache.batch_repeat_interleave(group_size)
-        out = self.policy(input_ids=sequences[:, shared:], attention_mask=attention_mask, position_ids=position_ids[:, shared:],
-                          cache=cache, use_cache=bool(shared), output_hidden_states=hidden)
-        logprobs = torch.log_softmax(out.logits[:, :-1].float() / temperature, dim=-1)
-        logp = _pad(logprobs.gather(-1, sequences[:, shared + 1 :].unsqueeze(-1)).squeeze(-1), shared)
-        entropy = _pad(-(logprobs.exp() * logprobs).sum(-1), shared) if with_entropy else None
-        values = _pad(self.value_head(out.hidden_states[-1]).squeeze(-1)[:, :-1].float(), shared) if hidden else None
+        def place(x: torch.Tensor) -> torch.Tensor:
+            out = x.new_zeros(layout.out_shape)
+            out[layout.out] = x
+            return out
+
+        logp = place(logprobs.gather(-1, layout.targets[:, None]).squeeze(-1))
+        entropy = place(-(logprobs.exp() * logprobs).sum(-1)) if with_entropy else None
+        values = place(self.value_head(hidden).squeeze(-1).float()) if self.value_head is not None else None
         return Outputs(logp, entropy, values)
-
-
-def _pad(x: torch.Tensor, width: int) -> torch.Tensor:
-    """Zeros for the first `width` positions (a shared prompt's, which predict nothing trained)."""
-    return torch.nn.functional.pad(x, (width, 0)) if width else x

@@ -1,0 +1,74 @@
+"""The learner's two layouts: the prompt tree built by hand, and the same log-probs, entropies,
+values and gradients as the plain rows on a random model."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+from isoflop_cli.recipe.learner import PAD, PROMPT, Actor, Layout, tree_width
+
+# Two prompts (width 3, the first left-padded) with two completions each (width 3, eos = 1, pad = 0).
+SEQ = torch.tensor([
+    [0, 5, 6, 10, 11, 1],
+    [0, 5, 6, 12, 1, 0],
+    [7, 8, 9, 13, 1, 0],
+    [7, 8, 9, 1, 0, 0],
+])
+ATTN = torch.tensor([
+    [0, 1, 1, 1, 1, 1],
+    [0, 1, 1, 1, 1, 0],
+    [1, 1, 1, 1, 1, 0],
+    [1, 1, 1, 1, 0, 0],
+])
+
+
+def test_tree_layout_by_hand():
+    assert tree_width(ATTN, 3, 2) == 7  # 2 + 3 + 2 and 3 + 2 + 1
+    t = Layout.tree(SEQ, ATTN, 3, 2)
+    assert t.input_ids.tolist() == [[5, 6, 10, 11, 1, 12, 1], [7, 8, 9, 13, 1, 1, 0]]
+    assert t.position_ids.tolist() == [[0, 1, 2, 3, 4, 2, 3], [0, 1, 2, 3, 4, 3, 0]]
+    mask = t.attention_mask[:, 0]
+    # group 0, the second completion's tokens (columns 5, 6): the prompt (0, 1) and themselves, not the first completion
+    assert mask[0, 5].tolist() == [True, True, False, False, False, True, False]
+    assert mask[0, 6].tolist() == [True, True, False, False, False, True, True]
+    assert mask[0, 4].tolist() == [True, True, True, True, True, False, False]
+    # group 1: its last column is padding, which no other position sees
+    assert mask[1, :, 6].tolist() == [False] * 6 + [True]
+    # each completion token's logits come from the prompt's last position (first token) or the token before
+    W = 7
+    assert t.picked.tolist() == [1, 2, 3, 1, 5, W + 2, W + 3, W + 2]
+    assert t.targets.tolist() == [10, 11, 1, 12, 1, 13, 1, 1]
+    assert t.out[0].tolist() == [0, 0, 0, 1, 1, 2, 2, 3] and t.out[1].tolist() == [2, 3, 4, 2, 3, 2, 3, 2]
+    assert Layout.tree(SEQ, ATTN, 3, 2, width=9).input_ids.shape == (2, 9)
+    assert PROMPT != PAD
+
+
+def test_plain_layout_picks_the_completion_positions():
+    p = Layout.plain(SEQ, ATTN, 3)
+    assert p.input_ids is SEQ and p.out_shape == (4, 5)
+    assert p.picked.tolist() == [2, 3, 4, 8, 9, 14, 15, 20]
+    assert p.targets.tolist() == [10, 11, 1, 12, 1, 13, 1, 1]
+
+
+@pytest.mark.parametrize("value_head", [False, True])
+def test_tree_gives_the_plain_outputs_and_gradients(value_head):
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, pad_token_id=0, eos_token_id=1)
+    actor = Actor(AutoModelForCausalLM.from_config(config, attn_implementation="sdpa"), value_head=value_head)
+    if value_head:
+        torch.nn.init.normal_(actor.value_head.weight)
+    results = {}
+    for name, layout in (("plain", Layout.plain(SEQ, ATTN, 3)), ("tree", Layout.tree(SEQ, ATTN, 3, 2, width=8))):
+        actor.zero_grad()
+        out = actor(layout, 0.7, with_entropy=True)
+        loss = (out.logp * torch.arange(1, 6)).sum() + out.entropy.sum() + (out.values.sum() if value_head else 0)
+        loss.backward()
+        results[name] = out, {k: p.grad.clone() for k, p in actor.named_parameters()}
+    (plain, plain_grads), (tree, tree_grads) = results["plain"], results["tree"]
+    on = ATTN[:, 3:].bool()
+    assert plain.logp[:, 2:][on].abs().min() > 0 and plain.logp[:, :2].abs().max() == 0  # completion tokens only
+    for field in ("logp", "entropy", "values") if value_head else ("logp", "entropy"):
+        torch.testing.assert_close(getattr(tree, field), getattr(plain, field), atol=1e-5, rtol=0)
+    for k, g in plain_grads.items():
+        torch.testing.assert_close(tree_grads[k], g, atol=1e-5, rtol=1e-4)
