@@ -154,6 +154,13 @@ def learning(shape: Shape, rows: int, seq_len: int, epochs: int = 1, reference: 
     return epochs * (fwd.total + backward + 3 * value) + reference * (fwd.total - fwd.adapter) + old_policy * (fwd.total + value)
 
 
+def update_passes(algo) -> dict:
+    """The passes an algorithm config runs per rollout batch, as `learning` takes them: the batch
+    reused (several updates) or a value head (PPO) adds an old-policy pass, KL a reference pass."""
+    ppo = algo.name == "ppo"
+    return dict(epochs=algo.epochs, reference=algo.kl_coef > 0, old_policy=ppo or algo.epochs * algo.minibatches > 1, value_head=ppo)
+
+
 def learning_layout(shape: Shape, prompts: int, n: int, plain_width: int, tree_width: int, logits: int,
                     tree_allowed: bool = True, **passes) -> tuple[bool, float]:
     """(whether to use the prompt tree, the learning FLOPs) for a batch of `prompts` groups of n

@@ -86,12 +86,9 @@ def step_flops(cfg: DictConfig) -> tuple[float, float, float]:
     shape = flops.model_shape(cfg.model).with_lora(cfg.lora.rank, cfg.lora.targets)
     rows, prompt, new = cfg.B_p * cfg.n, ArithTask.from_config(cfg.task).max_prompt_len, cfg.task.max_new_tokens
     shared = (cfg.sampler.name == "vllm" or cfg.sampler.shared_prefill) and cfg.n > 1 and prompt > 1
-    ppo = cfg.algo.name == "ppo"
     search = flops.generate(shape, rows, prompt, new, prefill_rows=cfg.B_p if shared else rows)
-    passes = dict(epochs=cfg.algo.epochs, reference=cfg.algo.kl_coef > 0, old_policy=ppo or cfg.algo.epochs * cfg.algo.minibatches > 1,
-                  value_head=ppo)
     _, learning = flops.learning_layout(shape, cfg.B_p, cfg.n, prompt + new, prompt + cfg.n * new, rows * new,
-                                        tree_allowed=cfg.learner.shared_prompt, **passes)
+                                        tree_allowed=cfg.learner.shared_prompt, **flops.update_passes(cfg.algo))
     reward = 0.0
     if cfg.reward.name == "prm":
         width = prompt + new + 1

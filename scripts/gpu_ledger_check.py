@@ -1,7 +1,7 @@
 """Check the FLOP ledger against torch's FlopCounterMode on the kernels a GPU runs, and time them.
 
 On a GPU: a Qwen2.5-0.5B-shaped model (random weights, bf16, the attention kernels torch picks),
-full fine-tuning and LoRA. On CPU: a small shape, float32 (what the tests check too). Prints, per
+full fine-tuning and LoRA, the learning pass in both layouts (plain rows, prompt tree). On CPU: a small shape, float32 (what the tests check too). Prints, per
 part, measured and analytic FLOPs, their ratio, the time and the achieved TFLOP/s.
 
     python scripts/gpu_ledger_check.py            # needs torch and transformers (peft for LoRA)
@@ -38,9 +38,12 @@ def timed(device: str, fn) -> tuple[float, float, object]:
     return counter.get_total_flops(), time.perf_counter() - start, out
 
 
+GROUP = 4  # rows per prompt: the learning pass is checked in both layouts, plain rows and the prompt tree
+
+
 def check(model, shape: flops.Shape, device: str, rows: int, prompt: int, new: int, label: str) -> list[tuple]:
     torch.manual_seed(0)
-    ids = torch.randint(3, model.config.vocab_size, (rows, prompt), device=device)
+    ids = torch.randint(3, model.config.vocab_size, (rows // GROUP, prompt), device=device).repeat_interleave(GROUP, 0)
     mask = torch.ones_like(ids)
 
     def search():
@@ -50,14 +53,16 @@ def check(model, shape: flops.Shape, device: str, rows: int, prompt: int, new: i
     measured, seconds, out = timed(device, search)
     rows_out = [(label, "search", measured, flops.generate(shape, rows, prompt, out.shape[1] - prompt), seconds)]
     attention = torch.ones_like(out)
+    layouts = {"plain": Layout.plain(out, attention, prompt), "tree": Layout.tree(out, attention, prompt, GROUP)}
+    for name, layout in layouts.items():
+        def learning():
+            model.zero_grad(set_to_none=True)
+            Actor(model)(layout, 1.0).logp.float().sum().backward()
 
-    def learning():
-        model.zero_grad(set_to_none=True)
-        logp = Actor(model)(Layout.plain(out, attention, prompt), 1.0).logp
-        logp.float().sum().backward()
-
-    measured, seconds, _ = timed(device, learning)
-    rows_out.append((label, "learning", measured, flops.learning(shape, rows, out.shape[1], logits=rows * (out.shape[1] - prompt)), seconds))
+        measured, seconds, _ = timed(device, learning)
+        layout_rows, width = layout.input_ids.shape
+        analytic = flops.learning(shape, layout_rows, width, logits=rows * (out.shape[1] - prompt))
+        rows_out.append((label, f"learn/{name}", measured, analytic, seconds))
     return rows_out
 
 
@@ -79,9 +84,9 @@ def main() -> None:
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     print(f"device {name}, {dtype}, Qwen2 hidden {sizes['hidden_size']} x {sizes['num_hidden_layers']} layers, "
           f"{rows} rows, prompt {prompt}, {new} new tokens")
-    print(f"{'model':10} {'part':9} {'measured':>12} {'analytic':>12} {'ratio':>7} {'seconds':>8} {'TFLOP/s':>8}")
+    print(f"{'model':10} {'part':13} {'measured':>12} {'analytic':>12} {'ratio':>7} {'seconds':>8} {'TFLOP/s':>8}")
     for label, part, measured, analytic, seconds in results:
-        print(f"{label:10} {part:9} {measured:12.4g} {analytic:12.4g} {analytic / measured:7.4f} {seconds:8.3f} {measured / seconds / 1e12:8.2f}")
+        print(f"{label:10} {part:13} {measured:12.4g} {analytic:12.4g} {analytic / measured:7.4f} {seconds:8.3f} {measured / seconds / 1e12:8.2f}")
 
 
 if __name__ == "__main__":

@@ -220,29 +220,30 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
         micro_rows = max(1, learner.micro_batch // n) * n if learner.micro_batch else R
         #    The passes' layout: the rows as they are, or each prompt group as one sequence (the
         #    prompt once, then its completions), whichever the ledger counts cheaper.
+        #    Per mini-batch, this rank's micro-batches.
+        chunks = [group.mine(mb, n).split(micro_rows) for mb in minibatches]
+        #    The passes' layout: the rows as they are, or each prompt group as one sequence (the
+        #    prompt once, then its completions), whichever the ledger counts cheaper. A layout is
+        #    built where it is used (a tree's mask is quadratic in its width).
         P, W = rollouts.prompt_width, tree_width(rollouts.attention_mask, rollouts.prompt_width, n)
-        updates = algo.epochs * algo.minibatches
-        old_pass = updates > 1 or ppo
-        passes = dict(epochs=algo.epochs, reference=use_reference, old_policy=old_pass, value_head=ppo)
-        tree, learning_flops = flops.learning_layout(shape, B_p, n, L, W, rollouts.tokens_generated, learner.shared_prompt, **passes)
+        passes = flops.update_passes(algo)
+        old_pass = passes["old_policy"]
+        use_tree, learning_flops = flops.learning_layout(shape, B_p, n, L, W, rollouts.tokens_generated, learner.shared_prompt, **passes)
 
         def layout(idx: torch.Tensor) -> Layout:
-            return Layout.tree(seq[idx], attn[idx], P, n, width=W) if tree else Layout.plain(seq[idx], attn[idx], P)
-
-        with meter.count("learning"):  # per mini-batch, this rank's micro-batches: (rows, their layout)
-            chunks = [[(idx, layout(idx)) for idx in group.mine(mb, n).split(micro_rows)] for mb in minibatches]
+            return Layout.tree(seq[idx], attn[idx], P, n, width=W) if use_tree else Layout.plain(seq[idx], attn[idx], P)
 
         # 4. Log-probs the updates compare against, on this rank's rows: the reference (KL) and,
         #    when the batch is reused for more than one update or a value head needs its old
         #    estimates (PPO), the sampling-time policy's own.
         ref_logp, old_logp, old_values = torch.zeros_like(mask), torch.zeros_like(mask), torch.zeros_like(mask)
         with meter.count("learning"), torch.no_grad():
-            for idx, lay in itertools.chain.from_iterable(chunks):
+            for idx in itertools.chain.from_iterable(chunks):
                 if use_reference:
                     with actor.policy.disable_adapter() if lora_rank else contextlib.nullcontext():
-                        ref_logp[idx] = (reference or actor)(lay, algo.temperature).logp
+                        ref_logp[idx] = (reference or actor)(layout(idx), algo.temperature).logp
                 if old_pass:
-                    old = actor(lay, algo.temperature)
+                    old = actor(layout(idx), algo.temperature, with_values=ppo)
                     old_logp[idx] = old.logp
                     if ppo:
                         old_values[idx] = old.values
@@ -253,7 +254,7 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
             token_rewards = torch.zeros_like(mask)
             token_rewards[torch.arange(R), last] = rewards.flatten().to(device) * mask.any(-1)
             token_adv, returns = gae(token_rewards, old_values, mask, algo.gamma, algo.lam)
-            mine = torch.cat([idx for idx, _ in itertools.chain.from_iterable(chunks)])  # the rows this rank trains on
+            mine = torch.cat(list(itertools.chain.from_iterable(chunks)))  # the rows this rank trains on
             ours = mask * torch.isin(torch.arange(R, device=device), mine.to(device))[:, None]
             advantages = whiten(token_adv, ours, reduce=group.all_sum)
 
@@ -264,10 +265,10 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
             for minibatch in chunks:
                 sums = torch.zeros(len(STATS), device=device)  # this mini-batch's statistics, summed over ranks below
                 optimizer.zero_grad(set_to_none=True)
-                for idx, lay in minibatch:
+                for idx in minibatch:
                     w = weights[idx]
                     with meter.count("learning"):
-                        out = actor(lay, algo.temperature, with_entropy=algo.entropy_coef > 0)
+                        out = actor(layout(idx), algo.temperature, with_entropy=algo.entropy_coef > 0, with_values=ppo)
                         before = old_logp[idx] if old_pass else out.logp.detach()  # on-policy: ratio 1
                         policy_loss = cispo_pg if algo.name == "cispo" else clipped_pg
                         pg, clipped = policy_loss(out.logp, before, advantages[idx], algo.clip_low, algo.clip_high)

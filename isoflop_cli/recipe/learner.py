@@ -31,7 +31,7 @@ class Layout:
     attention_mask: torch.Tensor  # [rows, width] padding mask, or [rows, 1, width, width] bool (True: attend)
     picked: torch.Tensor  # [N]: flat positions (row * width + column) whose logits predict a completion token
     targets: torch.Tensor  # [N]: those tokens
-    out: tuple[torch.Tensor, torch.Tensor]  # [N] each: where each goes in the [R, L - 1] outputs
+    dest: tuple[torch.Tensor, torch.Tensor]  # [N] each: (row, column) of each in the [R, L - 1] outputs
     out_shape: tuple[int, int]  # (R, L - 1)
 
     @classmethod
@@ -46,7 +46,7 @@ class Layout:
             attention_mask=attention_mask,
             picked=row * L + col,
             targets=sequences[:, prompt_width:][on],
-            out=(row, col),
+            dest=(row, col),
             out_shape=(R, L - 1),
         )
 
@@ -54,15 +54,19 @@ class Layout:
     def tree(cls, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int, group_size: int,
              width: int | None = None) -> "Layout":
         """Rows in consecutive groups of `group_size` share their prompt. `width` (at least
-        `tree_width` of these rows) pads every group's sequence to one width, e.g. the whole batch's."""
+        `tree_width` of these rows, its default) pads every group's sequence to one width, e.g. the
+        whole batch's."""
         R, L = sequences.shape
         P, n, dev = prompt_width, group_size, sequences.device
         G, T = R // n, L - P
         prompt_len = attention_mask[::n, :P].sum(-1)  # [G]
+        assert R % n == 0 and bool((prompt_len > 0).all()), "whole groups, each with a prompt"
+        assert torch.equal(sequences[:, :P].view(G, n, P), sequences[::n, None, :P].expand(G, n, P)), "a group shares its prompt"
         on = attention_mask[:, P:].bool().view(G, n, T)  # [G, n, T] completion tokens
+        completions = sequences[:, P:].reshape(G, n, T)[on]
         lengths = on.sum(-1)  # [G, n]
         starts = prompt_len[:, None] + lengths.cumsum(-1) - lengths  # [G, n]: each completion's first column
-        W = width or int((prompt_len + lengths.sum(-1)).max())
+        W = width or tree_width(attention_mask, P, n)
         ids = torch.zeros(G, W, dtype=sequences.dtype, device=dev)
         positions = torch.zeros(G, W, dtype=torch.long, device=dev)
         branch = torch.full((G, W), PAD, device=dev)
@@ -81,12 +85,12 @@ class Layout:
         g3 = torch.arange(G, device=dev)[:, None, None].expand(G, n, T)[on]
         i3 = torch.arange(n, device=dev)[None, :, None].expand(G, n, T)[on]
         j3 = j.expand(G, n, T)[on]
-        ids[g3, ccol[on]] = sequences[:, P:].reshape(G, n, T)[on]
+        ids[g3, ccol[on]] = completions
         positions[g3, ccol[on]] = prompt_len[g3] + j3
         branch[g3, ccol[on]] = i3
 
         # Causal in the row's order; a key is the prompt or the query's own completion, never
-        # padding (which sees itself, so that no row of the mask is empty; its outputs are never read).
+        # padding. Every position sees itself, so no row of the mask is empty (padding's outputs are never read).
         col = torch.arange(W, device=dev)
         key, query = branch[:, None, :], branch[:, :, None]
         mask = (col[None, :] <= col[:, None]) & (key != PAD) & ((key == PROMPT) | (key == query))
@@ -99,8 +103,8 @@ class Layout:
             position_ids=positions,
             attention_mask=mask[:, None],
             picked=g3 * W + predictor,
-            targets=sequences[:, P:].reshape(G, n, T)[on],
-            out=(g3 * n + i3, P - 1 + j3),
+            targets=completions,
+            dest=(g3 * n + i3, P - 1 + j3),
             out_shape=(R, L - 1),
         )
 
@@ -133,18 +137,36 @@ class Actor(nn.Module):
         if self.value_head is not None:
             nn.init.zeros_(self.value_head.weight)  # V = 0 at first: the first advantages are the returns
 
-    def forward(self, layout: Layout, temperature: float, with_entropy: bool = False) -> Outputs:
-        hidden = self.policy.get_decoder()(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
+    def forward(self, layout: Layout, temperature: float, with_entropy: bool = False, with_values: bool = False) -> Outputs:
+        """Outputs at the layout's completion tokens, zero elsewhere. It runs the decoder and then the
+        LM head at the picked positions only (the supported families apply nothing to logits between)."""
+        hidden = self.policy.get_decoder()(input_ids=layout.input_ids, attention_mask=self._mask(layout),
                                            position_ids=layout.position_ids, use_cache=False).last_hidden_state
         hidden = hidden.flatten(0, 1)[layout.picked]  # [N, hidden]
         logprobs = torch.log_softmax(self.policy.get_output_embeddings()(hidden).float() / temperature, dim=-1)
 
         def place(x: torch.Tensor) -> torch.Tensor:
             out = x.new_zeros(layout.out_shape)
-            out[layout.out] = x
+            out[layout.dest] = x
             return out
 
         logp = place(logprobs.gather(-1, layout.targets[:, None]).squeeze(-1))
         entropy = place(-(logprobs.exp() * logprobs).sum(-1)) if with_entropy else None
-        values = place(self.value_head(hidden).squeeze(-1).float()) if self.value_head is not None else None
+        values = place(self.value_head(hidden).squeeze(-1).float()) if with_values else None
         return Outputs(logp, entropy, values)
+
+    def _mask(self, layout: Layout) -> torch.Tensor | dict[str, torch.Tensor]:
+        """A tree's 4D mask as the model's attention takes it: SDPA (which reads a boolean mask as
+        given), with a sliding window where the model's layers have one (by position distance, as
+        HF applies it to the plain rows)."""
+        mask, config = layout.attention_mask, self.policy.config
+        if mask.dim() != 4:
+            return mask
+        if config._attn_implementation != "sdpa":
+            raise ValueError(f"the prompt-tree layout needs SDPA attention, not {config._attn_implementation}")
+        window, types = getattr(config, "sliding_window", None), getattr(config, "layer_types", None)
+        if not window or (types is not None and "sliding_attention" not in types):
+            return mask
+        pos = layout.position_ids
+        near = mask & ((pos[:, None, :, None] - pos[:, None, None, :]) < window)
+        return near if types is None else {"full_attention": mask, "sliding_attention": near}
