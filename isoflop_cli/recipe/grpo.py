@@ -218,10 +218,7 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
         for mb in minibatches:
             weights[mb] = token_weights(mask[mb], "constant" if algo.name == "dr_grpo" else algo.loss_agg, max_new_tokens)
         micro_rows = max(1, learner.micro_batch // n) * n if learner.micro_batch else R
-        #    The passes' layout: the rows as they are, or each prompt group as one sequence (the
-        #    prompt once, then its completions), whichever the ledger counts cheaper.
-        #    Per mini-batch, this rank's micro-batches.
-        chunks = [group.mine(mb, n).split(micro_rows) for mb in minibatches]
+        chunks = [group.mine(mb, n).split(micro_rows) for mb in minibatches]  # per mini-batch, this rank's micro-batches
         #    The passes' layout: the rows as they are, or each prompt group as one sequence (the
         #    prompt once, then its completions), whichever the ledger counts cheaper. A layout is
         #    built where it is used (a tree's mask is quadratic in its width).
