@@ -136,8 +136,8 @@ class LearnerConfig:
     bf16: bool = False  # GPU only: bf16 compute and sampling, fp32 weights and gradient reduction (FSDP2 mixed precision)
     activation_checkpointing: bool = False  # recompute layer activations in backward (not in the ledger)
     micro_batch: int = 0  # rows per forward/backward on each rank (whole prompt groups), gradients accumulated; 0: all
-    # Learning passes lay each prompt group out as one sequence, the prompt once then its n
-    # completions (a 4D mask keeps them apart), when the ledger counts fewer FLOPs that way.
+    # Learning passes lay the batch out as prompt trees: each prompt once then its n completions,
+    # no padding (`learner.Layout.tree`); false: the padded rows as sampled.
     shared_prompt: bool = True
 
 

@@ -127,31 +127,47 @@ def generate(shape: Shape, rows: int, prompt_len: int, new_tokens: int, prefill_
     return flops
 
 
-def learning(shape: Shape, rows: int, seq_len: int, epochs: int = 1, reference: bool = False, old_policy: bool = False,
+def learning(shape: Shape, tokens: int, pairs: int, epochs: int = 1, reference: bool = False, old_policy: bool = False,
              value_head: bool = False, logits: int | None = None) -> float:
-    """One rollout batch's updates: per epoch a forward and backward over every trained sequence
-    (`rows` sequences of `seq_len` positions, each attending to all `seq_len`: the kernels compute
-    the whole square, masked or not; mini-batches split the rows, not the work), with logits at
-    `logits` positions (default: all); plus one forward each for the reference model (KL on; with
-    LoRA, the base with adapters off) and the old policy (batch reused). A value head (PPO) adds a
-    hidden -> 1 projection at each logit position of the policy's passes: 2x its forward in
-    backward (input and weight gradients).
-
-    A plain layout is rows = R, seq_len = L; a prompt tree (`learner.Layout.tree`) is one row per
-    prompt group, as wide as the longest group.
+    """One rollout batch's updates: per epoch a forward and backward over every trained position
+    (`tokens` of them, their attention over `pairs` query-key pairs, from `plain_work` or
+    `tree_work`; mini-batches split the rows, not the work), with logits at `logits` positions
+    (default: all); plus one forward each for the reference model (KL on; with LoRA, the base with
+    adapters off) and the old policy (batch reused). A value head (PPO) adds a hidden -> 1
+    projection at each logit position of the policy's passes: 2x its forward in backward (input
+    and weight gradients).
 
     Backward, full fine-tuning: a linear layer (and the LM head) computes the input gradient and
     the weight gradient, 2x its forward each; attention recomputes its scores and takes four more
     products, 2.5x. With LoRA see `_lora_backward`; the frozen LM head computes its input gradient.
     """
-    positions = rows * seq_len if logits is None else logits
-    fwd = replace(forward(shape, rows, seq_len, seq_len, 0), head=2.0 * positions * shape.hidden * shape.vocab)
+    positions = tokens if logits is None else logits
+    fwd = Pass(
+        linear=2.0 * shape.layers * tokens * shape.linear_macs,
+        attention=2.0 * shape.layers * shape.attention_macs(pairs),  # macs per query and key, times the pairs
+        head=2.0 * positions * shape.hidden * shape.vocab,
+        adapter=2.0 * shape.layers * tokens * shape.adapter_macs(),
+    )
     if shape.lora_rank:
-        backward = _lora_backward(shape, rows * seq_len, fwd.attention / shape.layers) + fwd.head
+        backward = _lora_backward(shape, tokens, fwd.attention / shape.layers) + fwd.head
     else:
         backward = 2 * (fwd.linear + fwd.head) + 2.5 * fwd.attention
     value = value_head * 2.0 * positions * shape.hidden
     return epochs * (fwd.total + backward + 3 * value) + reference * (fwd.total - fwd.adapter) + old_policy * (fwd.total + value)
+
+
+def plain_work(rows: int, width: int) -> tuple[int, int]:
+    """(positions, attention query-key pairs) of a pass over padded rows (`learner.Layout.plain`):
+    every position against the whole row, as the kernels compute the masked square."""
+    return rows * width, rows * width * width
+
+
+def tree_work(prompts: int, n: int, prompt_width: int, width: int, tokens: int) -> tuple[int, int]:
+    """(positions, attention query-key pairs) of a pass over prompt trees (`learner.Layout.tree`):
+    `tokens` positions (each prompt once, then its completions, no padding); each prompt's
+    `prompt_width` slots against themselves, and each completion's `width - prompt_width` slots
+    against its whole row of `width`."""
+    return tokens, prompts * prompt_width * prompt_width + prompts * n * (width - prompt_width) * width
 
 
 def update_passes(algo) -> dict:
@@ -159,16 +175,6 @@ def update_passes(algo) -> dict:
     reused (several updates) or a value head (PPO) adds an old-policy pass, KL a reference pass."""
     ppo = algo.name == "ppo"
     return dict(epochs=algo.epochs, reference=algo.kl_coef > 0, old_policy=ppo or algo.epochs * algo.minibatches > 1, value_head=ppo)
-
-
-def learning_layout(shape: Shape, prompts: int, n: int, plain_width: int, tree_width: int, logits: int,
-                    tree_allowed: bool = True, **passes) -> tuple[bool, float]:
-    """(whether to use the prompt tree, the learning FLOPs) for a batch of `prompts` groups of n
-    rows: the layout with fewer FLOPs. The tree runs each prompt once per group but its attention
-    covers the whole group's sequence, so it loses when completions are long and n is large."""
-    plain = learning(shape, prompts * n, plain_width, logits=logits, **passes)
-    tree = learning(shape, prompts, tree_width, logits=logits, **passes) if tree_allowed else plain
-    return (True, tree) if tree < plain else (False, plain)
 
 
 def model_shape(model) -> Shape:

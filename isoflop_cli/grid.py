@@ -87,8 +87,9 @@ def step_flops(cfg: DictConfig) -> tuple[float, float, float]:
     rows, prompt, new = cfg.B_p * cfg.n, ArithTask.from_config(cfg.task).max_prompt_len, cfg.task.max_new_tokens
     shared = (cfg.sampler.name == "vllm" or cfg.sampler.shared_prefill) and cfg.n > 1 and prompt > 1
     search = flops.generate(shape, rows, prompt, new, prefill_rows=cfg.B_p if shared else rows)
-    _, learning = flops.learning_layout(shape, cfg.B_p, cfg.n, prompt + new, prompt + cfg.n * new, rows * new,
-                                        tree_allowed=cfg.learner.shared_prompt, **flops.update_passes(cfg.algo))
+    tree = cfg.B_p * (prompt + cfg.n * new)  # each prompt once, then its completions
+    work = flops.tree_work(cfg.B_p, cfg.n, prompt, prompt + new, tree) if cfg.learner.shared_prompt else flops.plain_work(rows, prompt + new)
+    learning = flops.learning(shape, *work, logits=rows * new, **flops.update_passes(cfg.algo))
     reward = 0.0
     if cfg.reward.name == "prm":
         width = prompt + new + 1

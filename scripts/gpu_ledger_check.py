@@ -60,8 +60,8 @@ def check(model, shape: flops.Shape, device: str, rows: int, prompt: int, new: i
             Actor(model)(layout, 1.0).logp.float().sum().backward()
 
         measured, seconds, _ = timed(device, learning)
-        layout_rows, width = layout.input_ids.shape
-        analytic = flops.learning(shape, layout_rows, width, logits=rows * (out.shape[1] - prompt))
+        work = flops.plain_work(*out.shape) if name == "plain" else flops.tree_work(rows // GROUP, GROUP, prompt, out.shape[1], layout.input_ids.numel())
+        analytic = flops.learning(shape, *work, logits=rows * (out.shape[1] - prompt))
         rows_out.append((label, f"learn/{name}", measured, analytic, seconds))
     return rows_out
 

@@ -14,7 +14,7 @@ import isoflop_cli.recipe.measure  # noqa: F401  (registers the CPU attention fo
 from isoflop_cli import flops
 from isoflop_cli.cli import app
 from isoflop_cli.recipe.checkpoint import char_tokenizer
-from isoflop_cli.recipe.learner import Actor, Layout
+from isoflop_cli.recipe.learner import Actor, Layout, tree_tokens
 from isoflop_cli.recipe.sampler import HFSampler
 
 TINY = flops.Shape(layers=1, hidden=4, intermediate=8, heads=2, kv_heads=1, head_dim=2, vocab=10)
@@ -33,12 +33,17 @@ def test_forward_hand_computed():
     # learning: forward + 2x linear and head + 2.5x attention per epoch; reference and old policy add a forward each
     t = flops.forward(TINY, 2, 5, 5, 5)
     step = 3 * (t.linear + t.head) + 3.5 * t.attention
-    assert flops.learning(TINY, 2, 5) == pytest.approx(step)
-    assert flops.learning(TINY, 2, 5, reference=True) == pytest.approx(step + t.total)
-    assert flops.learning(TINY, 2, 5, epochs=3, reference=True, old_policy=True) == pytest.approx(3 * step + 2 * t.total)
+    rows = flops.plain_work(2, 5)
+    assert rows == (10, 50)
+    assert flops.learning(TINY, *rows) == pytest.approx(step)
+    assert flops.learning(TINY, *rows, reference=True) == pytest.approx(step + t.total)
+    assert flops.learning(TINY, *rows, epochs=3, reference=True, old_policy=True) == pytest.approx(3 * step + 2 * t.total)
     # logits at 4 of the 10 positions: the head's share shrinks to 4/10, forward and backward
     head = 2 * 4 * 4 * 10
-    assert flops.learning(TINY, 2, 5, logits=4) == pytest.approx(3 * (t.linear + head) + 3.5 * t.attention)
+    assert flops.learning(TINY, *rows, logits=4) == pytest.approx(3 * (t.linear + head) + 3.5 * t.attention)
+    # a prompt tree: 2 prompts (width 3) of 2 completions (rows 5 wide), 14 positions; attention:
+    # 3 x 3 per prompt, 2 x 5 per completion
+    assert flops.tree_work(2, 2, 3, 5, 14) == (14, 2 * 9 + 4 * 10)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "mistral"])
@@ -101,6 +106,9 @@ def test_ledger_matches_flop_counter(name, lora):
     layouts = {"plain": Layout.plain(r.sequences, r.attention_mask, r.prompt_width),
                "tree": Layout.tree(r.sequences, r.attention_mask, r.prompt_width, 4)}
     tokens = r.tokens_generated
+    work = {"plain": flops.plain_work(*r.sequences.shape),
+            "tree": flops.tree_work(3, 4, r.prompt_width, r.sequences.shape[1], tree_tokens(r.attention_mask, r.prompt_width, 4))}
+    assert work["tree"][0] == layouts["tree"].input_ids.numel()
 
     def learn(reference, layout):
         logp = actor(layout, 1.0).logp
@@ -112,16 +120,17 @@ def test_ledger_matches_flop_counter(name, lora):
     for reference in (False, True):
         for name, layout in layouts.items():  # every row whole, or each prompt group as one sequence
             learning = measured(lambda: learn(reference, layout))
-            rows, width = layout.input_ids.shape
-            analytic = flops.learning(shape, rows, width, reference=reference, logits=tokens)
+            analytic = flops.learning(shape, *work[name], reference=reference, logits=tokens)
             assert analytic == pytest.approx(learning, rel=1e-9), (reference, name)
 
 
 def test_monotone_in_n_and_kl():
     shape = flops.Shape(layers=4, hidden=128, intermediate=512, heads=4, kv_heads=2, head_dim=32, vocab=17)
     assert flops.generate(shape, 8 * 16, 6, 4) > flops.generate(shape, 8 * 8, 6, 4)
-    assert flops.learning(shape, 64, 10, reference=True) > flops.learning(shape, 64, 10, reference=False)
-    assert flops.learning(shape, 64, 10, epochs=2, old_policy=True) > flops.learning(shape, 64, 10)
+    rows = flops.plain_work(64, 10)
+    assert flops.learning(shape, *rows, reference=True) > flops.learning(shape, *rows, reference=False)
+    assert flops.learning(shape, *rows, epochs=2, old_policy=True) > flops.learning(shape, *rows)
     lora = shape.with_lora(8, flops.PROJECTIONS)
-    assert flops.learning(lora, 64, 10) < flops.learning(shape, 64, 10)  # no weight gradients for the backbone
+    assert flops.learning(lora, *rows) < flops.learning(shape, *rows)  # no weight gradients for the backbone
+    assert flops.learning(shape, *flops.tree_work(8, 8, 6, 10, 8 * (6 + 8 * 4))) < flops.learning(shape, *rows)
     assert flops.generate(lora, 64, 6, 4) > flops.generate(shape, 64, 6, 4)  # the adapters run when sampling too

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, MistralConfig, Qwen2Config
 
-from isoflop_cli.recipe.learner import Actor, Layout, tree_width
+from isoflop_cli.recipe.learner import Actor, Layout, tree_tokens
 
 # Two prompts (width 3, the first left-padded) with two completions each (width 3, eos = 1, pad = 0).
 SEQ = torch.tensor([
@@ -23,23 +23,22 @@ ATTN = torch.tensor([
 
 
 def test_tree_layout_by_hand():
-    assert tree_width(ATTN, 3, 2) == 7  # 2 + 3 + 2 and 3 + 2 + 1
+    assert tree_tokens(ATTN, 3, 2) == 13  # 2 + 3 + 2 and 3 + 2 + 1
     t = Layout.tree(SEQ, ATTN, 3, 2)
-    assert t.input_ids.tolist() == [[5, 6, 10, 11, 1, 12, 1], [7, 8, 9, 13, 1, 1, 0]]
-    assert t.position_ids.tolist() == [[0, 1, 2, 3, 4, 2, 3], [0, 1, 2, 3, 4, 3, 0]]
-    mask = t.attention_mask[:, 0]
-    # group 0, the second completion's tokens (columns 5, 6): the prompt (0, 1) and themselves, not the first completion
-    assert mask[0, 5].tolist() == [True, True, False, False, False, True, False]
-    assert mask[0, 6].tolist() == [True, True, False, False, False, True, True]
-    assert mask[0, 4].tolist() == [True, True, True, True, True, False, False]
-    # group 1: its last column is padding, which no other position sees
-    assert mask[1, :, 6].tolist() == [False] * 6 + [True]
+    # the groups one after the other: prompt, completions; no padding
+    assert t.input_ids.tolist() == [[5, 6, 10, 11, 1, 12, 1, 7, 8, 9, 13, 1, 1]]
+    assert t.position_ids.tolist() == [[0, 1, 2, 3, 4, 2, 3, 0, 1, 2, 3, 4, 3]]
+    tree = t.prompt_tree
+    # attention reads the rows back as the rollout holds them (positions in the sequence; padding: 0)
+    assert tree.prompt.tolist() == [[0, 0, 1], [7, 8, 9]] and tree.prompt_on.tolist() == [[False, True, True], [True] * 3]
+    assert tree.rows.tolist() == [[0, 0, 1, 2, 3, 4], [0, 0, 1, 5, 6, 0], [7, 8, 9, 10, 11, 0], [7, 8, 9, 12, 0, 0]]
+    assert torch.equal(tree.rows_on, ATTN.bool())
+    # each position's output: prompt slots 0..5 (group * 3 + slot), completion slots 6 + row * 3 + t
+    assert tree.source.tolist() == [1, 2, 6, 7, 8, 9, 10, 3, 4, 5, 12, 13, 15]
     # each completion token's logits come from the prompt's last position (first token) or the token before
-    W = 7
-    assert t.picked.tolist() == [1, 2, 3, 1, 5, W + 2, W + 3, W + 2]
+    assert t.picked.tolist() == [1, 2, 3, 1, 5, 9, 10, 9]
     assert t.targets.tolist() == [10, 11, 1, 12, 1, 13, 1, 1]
     assert t.dest[0].tolist() == [0, 0, 0, 1, 1, 2, 2, 3] and t.dest[1].tolist() == [2, 3, 4, 2, 3, 2, 3, 2]
-    assert Layout.tree(SEQ, ATTN, 3, 2, width=9).input_ids.shape == (2, 9)
 
 
 def test_plain_layout_picks_the_completion_positions():
@@ -67,7 +66,7 @@ def test_tree_gives_the_plain_outputs_and_gradients(name, value_head):
     if value_head:
         torch.nn.init.normal_(actor.value_head.weight)
     results = {}
-    for layout_name, layout in (("plain", Layout.plain(SEQ, ATTN, 3)), ("tree", Layout.tree(SEQ, ATTN, 3, 2, width=8))):
+    for layout_name, layout in (("plain", Layout.plain(SEQ, ATTN, 3)), ("tree", Layout.tree(SEQ, ATTN, 3, 2))):
         actor.zero_grad()
         out = actor(layout, 0.7, with_entropy=True, with_values=value_head)
         loss = (out.logp * torch.arange(1, 6)).sum() + out.entropy.sum() + (out.values.sum() if value_head else 0)

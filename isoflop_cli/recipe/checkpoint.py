@@ -40,7 +40,7 @@ def load(model_cfg: DictConfig, task_cfg: DictConfig, dtype: torch.dtype = torch
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    # SDPA: the learner's prompt tree passes a 4D boolean mask, which SDPA takes as it is.
+    # SDPA: the learner's Actor adds its prompt-tree attention to it (`learner.TREE_ATTENTION`).
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
     return tokenizer, model
 

@@ -30,7 +30,7 @@ from isoflop_cli.config import sharded, to_yaml
 from isoflop_cli.recipe import checkpoint, distributed, resume
 from isoflop_cli.recipe.distributed import Group
 from isoflop_cli.recipe.evaluate import evaluate
-from isoflop_cli.recipe.learner import Actor, Layout, tree_width
+from isoflop_cli.recipe.learner import Actor, Layout, tree_tokens
 from isoflop_cli.recipe.losses import cispo_pg, clipped_pg, gae, group_advantages, kl_k3, token_weights, truncated_is, value_loss, whiten
 from isoflop_cli.recipe.measure import Meter
 from isoflop_cli.recipe.rewards import make_reward
@@ -219,16 +219,16 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
             weights[mb] = token_weights(mask[mb], "constant" if algo.name == "dr_grpo" else algo.loss_agg, max_new_tokens)
         micro_rows = max(1, learner.micro_batch // n) * n if learner.micro_batch else R
         chunks = [group.mine(mb, n).split(micro_rows) for mb in minibatches]  # per mini-batch, this rank's micro-batches
-        #    The passes' layout: the rows as they are, or each prompt group as one sequence (the
-        #    prompt once, then its completions), whichever the ledger counts cheaper. A layout is
-        #    built where it is used (a tree's mask is quadratic in its width).
-        P, W = rollouts.prompt_width, tree_width(rollouts.attention_mask, rollouts.prompt_width, n)
+        #    The passes' layout: each prompt group as one sequence (the prompt once, then its
+        #    completions, no padding), or (learner.shared_prompt=false) the rows as they are.
+        P, use_tree = rollouts.prompt_width, learner.shared_prompt
+        work = flops.tree_work(B_p, n, P, L, tree_tokens(rollouts.attention_mask, P, n)) if use_tree else flops.plain_work(R, L)
         passes = flops.update_passes(algo)
         old_pass = passes["old_policy"]
-        use_tree, learning_flops = flops.learning_layout(shape, B_p, n, L, W, rollouts.tokens_generated, learner.shared_prompt, **passes)
+        learning_flops = flops.learning(shape, *work, logits=rollouts.tokens_generated, **passes)
 
         def layout(idx: torch.Tensor) -> Layout:
-            return Layout.tree(seq[idx], attn[idx], P, n, width=W) if use_tree else Layout.plain(seq[idx], attn[idx], P)
+            return Layout.tree(seq[idx], attn[idx], P, n) if use_tree else Layout.plain(seq[idx], attn[idx], P)
 
         # 4. Log-probs the updates compare against, on this rank's rows: the reference (KL) and,
         #    when the batch is reused for more than one update or a value head needs its old

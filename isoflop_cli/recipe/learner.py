@@ -5,10 +5,10 @@ right-padded after eos. The learner needs the log-prob of every completion token
 prompt. Two layouts give exactly those, from one forward each:
 
 - `Layout.plain`: the rows as they are (HF's causal mask with the padding mask).
-- `Layout.tree`: each prompt group of n rows as one sequence, the prompt once and then the n
-  completions, padding dropped; a 4D mask lets each completion see its prompt and itself. The
-  prompt runs once per group instead of n times, and no position is padding except at the end of
-  the shorter groups' rows.
+- `Layout.tree`: the whole batch as one sequence, each prompt group's prompt once and then its n
+  completions, no padding. The projections and MLPs run each prompt once instead of n times and
+  never run on padding. Its attention (`Tree`) gives each completion its prompt and itself: the
+  plain rows' attention at the completion tokens, and each prompt's over itself, once.
 
 Logits are computed only at the positions that predict a completion token (at a real vocabulary
 the log-softmax over every position is most of a pass's memory).
@@ -16,23 +16,92 @@ the log-softmax over every position is most of a pass's memory).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-PROMPT, PAD = -1, -2  # branch ids in a tree row; completions are 0 .. n-1
+TREE_ATTENTION = "isoflop_tree"  # the attention implementation an Actor gives its policy: SDPA, or a tree's
+
+
+@dataclass
+class Tree:
+    """Where a prompt tree's attention reads its queries, keys and values (positions in its sequence).
+
+    A mask over the whole sequence would have SDPA compute its whole square: every group and
+    completion against every other. Instead each completion attends over its row as the rollout
+    holds it, [prompt, left padded | completion], gathered from the tree's keys and values, and
+    each prompt over itself: the work of the plain rows' attention at the completion tokens.
+    """
+
+    prompt: torch.Tensor  # [G, P] each group's prompt slots, left-padded (padding: 0)
+    prompt_on: torch.Tensor  # [G, P] which of them hold a token
+    rows: torch.Tensor  # [R, L] each rollout row: its group's prompt slots, then its completion's (padding: 0)
+    rows_on: torch.Tensor  # [R, L]
+    source: torch.Tensor  # [S] each position's output among the prompt slots' (G * P), then the completion slots' (R * T)
+    masks: dict = field(default_factory=dict)  # sliding window (None: none) -> (prompt mask, row mask)
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float = 0.0,
+               scaling: float | None = None, sliding_window: int | None = None) -> torch.Tensor:
+        """[1, S, heads, d] from HF's [1, heads, S, d] query and [1, kv_heads, S, d] key and value."""
+        P = self.prompt.shape[1]
+        repeat = query.shape[1] // key.shape[1]  # grouped-query attention: each key head serves `repeat` query heads
+        q, k, v = (x[0].transpose(0, 1).repeat_interleave(r, 1) for x, r in ((query, 1), (key, repeat), (value, repeat)))  # [S, heads, d]
+
+        def gather(x: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+            """[B, slots, heads, d] -> [B, heads, slots, d]; index_select's backward is a fast index_add."""
+            return x.index_select(0, at.flatten()).view(*at.shape, *x.shape[1:]).transpose(1, 2)
+
+        def sdpa(queries: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            out = F.scaled_dot_product_attention(gather(q, queries), gather(k, keys), gather(v, keys), attn_mask=mask,
+                                                 dropout_p=dropout, scale=scaling)
+            return out.transpose(1, 2).flatten(0, 1)  # [queries, heads, d]
+
+        prompt_mask, row_mask = self._masks(sliding_window)
+        prompts = sdpa(self.prompt, self.prompt, prompt_mask)
+        completions = sdpa(self.rows[:, P:], self.rows, row_mask)
+        return torch.cat([prompts, completions]).index_select(0, self.source)[None]
+
+    def _masks(self, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompts' [G, 1, P, P] and the rows' [R, 1, T, L]: each query (at the last slots) sees
+        the token slots up to its own (within the window); every query sees itself, so a padding
+        query's row is not empty (its output is never read). Built once per layout and window."""
+        if window not in self.masks:
+            def causal(on: torch.Tensor, queries: int) -> torch.Tensor:
+                slot = torch.arange(on.shape[1], device=on.device)
+                at = slot[-queries:, None]
+                see = (slot <= at) & (at - slot < window) if window else slot <= at
+                return ((on[:, None, :] & see) | (slot == at))[:, None]
+
+            self.masks[window] = causal(self.prompt_on, self.prompt.shape[1]), causal(self.rows_on, self.rows.shape[1] - self.prompt.shape[1])
+        return self.masks[window]
+
+
+def _attention(module, query, key, value, attention_mask, tree: Tree | None = None, **kwargs):
+    """HF's SDPA attention, or a prompt tree's when the forward carries one (`Actor.forward`)."""
+    if tree is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    return tree.attend(query, key, value, kwargs.get("dropout", 0.0), kwargs.get("scaling"), kwargs.get("sliding_window")), None
+
+
+AttentionInterface.register(TREE_ATTENTION, _attention)
+AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)  # outside a tree: SDPA's masks (generate, plain rows)
 
 
 @dataclass
 class Layout:
     input_ids: torch.Tensor  # [rows, width]
     position_ids: torch.Tensor  # [rows, width]
-    attention_mask: torch.Tensor  # [rows, width] padding mask, or [rows, 1, width, width] bool (True: attend)
+    attention_mask: torch.Tensor  # [rows, width] padding mask (a tree: all ones, its attention is `tree`'s)
     picked: torch.Tensor  # [N]: flat positions (row * width + column) whose logits predict a completion token
     targets: torch.Tensor  # [N]: those tokens
     dest: tuple[torch.Tensor, torch.Tensor]  # [N] each: (row, column) of each in the [R, L - 1] outputs
     out_shape: tuple[int, int]  # (R, L - 1)
+    prompt_tree: Tree | None = None  # the tree layout's attention
 
     @classmethod
     def plain(cls, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int) -> "Layout":
@@ -51,11 +120,9 @@ class Layout:
         )
 
     @classmethod
-    def tree(cls, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int, group_size: int,
-             width: int | None = None) -> "Layout":
-        """Rows in consecutive groups of `group_size` share their prompt. `width` (at least
-        `tree_width` of these rows, its default) pads every group's sequence to one width, e.g. the
-        whole batch's."""
+    def tree(cls, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int, group_size: int) -> "Layout":
+        """Rows in consecutive groups of `group_size` share their prompt. The groups follow one
+        another in a single sequence: no padding at all."""
         R, L = sequences.shape
         P, n, dev = prompt_width, group_size, sequences.device
         G, T = R // n, L - P
@@ -63,57 +130,49 @@ class Layout:
         assert R % n == 0 and bool((prompt_len > 0).all()), "whole groups, each with a prompt"
         assert torch.equal(sequences[:, :P].view(G, n, P), sequences[::n, None, :P].expand(G, n, P)), "a group shares its prompt"
         on = attention_mask[:, P:].bool().view(G, n, T)  # [G, n, T] completion tokens
-        completions = sequences[:, P:].reshape(G, n, T)[on]
         lengths = on.sum(-1)  # [G, n]
-        starts = prompt_len[:, None] + lengths.cumsum(-1) - lengths  # [G, n]: each completion's first column
-        W = width or tree_width(attention_mask, P, n)
-        ids = torch.zeros(G, W, dtype=sequences.dtype, device=dev)
-        positions = torch.zeros(G, W, dtype=torch.long, device=dev)
-        branch = torch.full((G, W), PAD, device=dev)
+        widths = prompt_len + lengths.sum(-1)  # [G]
+        first = widths.cumsum(0) - widths  # [G]: each group's first position
+        starts = first[:, None] + prompt_len[:, None] + lengths.cumsum(-1) - lengths  # [G, n]: each completion's
+        S = int(widths.sum())
+        ids = torch.empty(S, dtype=sequences.dtype, device=dev)
+        positions = torch.empty(S, dtype=torch.long, device=dev)
+        source = torch.empty(S, dtype=torch.long, device=dev)  # each position's attention output (see Tree)
 
-        # The prompt, left padding dropped: columns 0 .. prompt_len - 1.
-        pcol = torch.arange(P, device=dev) - (P - prompt_len[:, None])  # [G, P]; < 0 on padding
+        # Each group's prompt, left padding dropped, then its completions one after another, each at
+        # the positions that follow the prompt.
+        pcol = torch.arange(P, device=dev) - (P - prompt_len[:, None])  # [G, P]: position in the prompt; < 0 on padding
         p_on = pcol >= 0
-        g = torch.arange(G, device=dev)[:, None].expand(G, P)[p_on]
-        ids[g, pcol[p_on]] = sequences[::n, :P][p_on]
-        positions[g, pcol[p_on]] = pcol[p_on]
-        branch[g, pcol[p_on]] = PROMPT
-
-        # The completions one after another, each at the positions that follow the prompt.
+        prompt_at = torch.where(p_on, first[:, None] + pcol, 0)  # [G, P]
+        ids[prompt_at[p_on]] = sequences[::n, :P][p_on]
+        positions[prompt_at[p_on]] = pcol[p_on]
+        source[prompt_at[p_on]] = torch.arange(G * P, device=dev).view(G, P)[p_on]
         j = torch.arange(T, device=dev)
-        ccol = starts[..., None] + j  # [G, n, T]
-        g3 = torch.arange(G, device=dev)[:, None, None].expand(G, n, T)[on]
-        i3 = torch.arange(n, device=dev)[None, :, None].expand(G, n, T)[on]
-        j3 = j.expand(G, n, T)[on]
-        ids[g3, ccol[on]] = completions
-        positions[g3, ccol[on]] = prompt_len[g3] + j3
-        branch[g3, ccol[on]] = i3
-
-        # Causal in the row's order; a key is the prompt or the query's own completion, never
-        # padding. Every position sees itself, so no row of the mask is empty (padding's outputs are never read).
-        col = torch.arange(W, device=dev)
-        key, query = branch[:, None, :], branch[:, :, None]
-        mask = (col[None, :] <= col[:, None]) & (key != PAD) & ((key == PROMPT) | (key == query))
-        mask |= torch.eye(W, dtype=torch.bool, device=dev)
+        at = starts[..., None] + j  # [G, n, T]
+        ids[at[on]] = sequences[:, P:].reshape(G, n, T)[on]
+        positions[at[on]] = (prompt_len[:, None, None] + j).expand(G, n, T)[on]
+        source[at[on]] = G * P + torch.arange(R * T, device=dev).view(G, n, T)[on]
 
         # A completion's first token is predicted by the prompt's last position, the others by the token before.
-        predictor = torch.where(j3 == 0, prompt_len[g3] - 1, ccol[on] - 1)
+        predictor = torch.where(j == 0, (first + prompt_len - 1)[:, None, None], at - 1)[on]
+        row = torch.arange(R, device=dev).view(G, n, 1).expand(G, n, T)[on]
+        col = (P - 1 + j).expand(G, n, T)[on]
+        rows = torch.cat([prompt_at.repeat_interleave(n, 0), torch.where(on, at, 0).view(R, T)], dim=1)  # [R, L]
         return cls(
-            input_ids=ids,
-            position_ids=positions,
-            attention_mask=mask[:, None],
-            picked=g3 * W + predictor,
-            targets=completions,
-            dest=(g3 * n + i3, P - 1 + j3),
+            input_ids=ids[None],
+            position_ids=positions[None],
+            attention_mask=torch.ones(1, S, dtype=torch.long, device=dev),  # the tree's attention ignores it; all ones, HF builds no mask
+            picked=predictor,
+            targets=sequences[:, P:].reshape(G, n, T)[on],
+            dest=(row, col),
             out_shape=(R, L - 1),
+            prompt_tree=Tree(prompt_at, p_on, rows, attention_mask.bool(), source),
         )
 
 
-def tree_width(attention_mask: torch.Tensor, prompt_width: int, group_size: int) -> int:
-    """The longest group sequence of `Layout.tree`: its prompt and its completions, no padding."""
-    prompt_len = attention_mask[::group_size, :prompt_width].sum(-1)
-    completions = attention_mask[:, prompt_width:].sum(-1).view(-1, group_size).sum(-1)
-    return int((prompt_len + completions).max())
+def tree_tokens(attention_mask: torch.Tensor, prompt_width: int, group_size: int) -> int:
+    """The positions of `Layout.tree`: each group's prompt once, then every completion token."""
+    return int(attention_mask[::group_size, :prompt_width].sum() + attention_mask[:, prompt_width:].sum())
 
 
 @dataclass
@@ -133,6 +192,8 @@ class Actor(nn.Module):
     def __init__(self, policy: nn.Module, value_head: bool = False):
         super().__init__()
         self.policy = policy
+        if policy.config._attn_implementation == "sdpa":
+            policy.set_attn_implementation(TREE_ATTENTION)  # SDPA as before, and the tree's attention where a forward carries one
         self.value_head = nn.Linear(policy.config.hidden_size, 1, bias=False) if value_head else None
         if self.value_head is not None:
             nn.init.zeros_(self.value_head.weight)  # V = 0 at first: the first advantages are the returns
@@ -140,8 +201,13 @@ class Actor(nn.Module):
     def forward(self, layout: Layout, temperature: float, with_entropy: bool = False, with_values: bool = False) -> Outputs:
         """Outputs at the layout's completion tokens, zero elsewhere. It runs the decoder and then the
         LM head at the picked positions only (the supported families apply nothing to logits between)."""
-        hidden = self.policy.get_decoder()(input_ids=layout.input_ids, attention_mask=self._mask(layout),
-                                           position_ids=layout.position_ids, use_cache=False).last_hidden_state
+        tree = {}
+        if layout.prompt_tree is not None:
+            if (attention := self.policy.config._attn_implementation) != TREE_ATTENTION:
+                raise ValueError(f"the prompt-tree layout needs SDPA attention, not {attention}")
+            tree = {"tree": layout.prompt_tree}  # HF hands the forward's extra arguments to each layer's attention
+        hidden = self.policy.get_decoder()(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
+                                           position_ids=layout.position_ids, use_cache=False, **tree).last_hidden_state
         hidden = hidden.flatten(0, 1)[layout.picked]  # [N, hidden]
         logprobs = torch.log_softmax(self.policy.get_output_embeddings()(hidden).float() / temperature, dim=-1)
 
@@ -154,19 +220,3 @@ class Actor(nn.Module):
         entropy = place(-(logprobs.exp() * logprobs).sum(-1)) if with_entropy else None
         values = place(self.value_head(hidden).squeeze(-1).float()) if with_values else None
         return Outputs(logp, entropy, values)
-
-    def _mask(self, layout: Layout) -> torch.Tensor | dict[str, torch.Tensor]:
-        """A tree's 4D mask as the model's attention takes it: SDPA (which reads a boolean mask as
-        given), with a sliding window where the model's layers have one (by position distance, as
-        HF applies it to the plain rows)."""
-        mask, config = layout.attention_mask, self.policy.config
-        if mask.dim() != 4:
-            return mask
-        if config._attn_implementation != "sdpa":
-            raise ValueError(f"the prompt-tree layout needs SDPA attention, not {config._attn_implementation}")
-        window, types = getattr(config, "sliding_window", None), getattr(config, "layer_types", None)
-        if not window or (types is not None and "sliding_attention" not in types):
-            return mask
-        pos = layout.position_ids
-        near = mask & ((pos[:, None, :, None] - pos[:, None, None, :]) < window)
-        return near if types is None else {"full_attention": mask, "sliding_attention": near}
