@@ -24,8 +24,8 @@ from isoflop_cli import config as config_mod
 from isoflop_cli import grid as grid_mod
 from isoflop_cli import report
 from isoflop_cli.config import ConfigError
-from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, ray_cluster
-from isoflop_cli.store import FINISHED, SweepDir, atomic_write
+from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, check_local_head, ray_cluster
+from isoflop_cli.store import FINISHED, SweepDir, atomic_write, read_json
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -94,6 +94,7 @@ def sweep(
         cfg, cells = _load(config, overrides, out)
         if not dry_run:
             out = config_mod.check_writable(out)
+            check_local_head(cfg.cluster)
     console.print(report.plan_table(cfg, cells))
     if dry_run:
         return
@@ -240,6 +241,8 @@ def race_pilot(
 
     overrides = list(overrides or [])
     with user_errors():
+        if bootstrap < 0:
+            raise ConfigError(f"--bootstrap must be >= 0, got {bootstrap}")
         if from_results is not None:
             df = race.read_results(from_results)
             column = race.target_metric(target, metric, list(df.columns))
@@ -256,6 +259,7 @@ def race_pilot(
         root = out or DEFAULT_OUT
         if not dry_run:
             root = config_mod.check_writable(root)
+            check_local_head(pilot.cfg.cluster)
     console.print(report.plan_table(pilot.cfg, pilot.cells))
     console.print(f"pilot: {len(pilot.rewards)} reward system(s) {pilot.rewards} x algo.epochs {spec.epochs} x n {pilot.n_levels}, "
                   f"budgets {', '.join(f'{b:.3g}' for b in pilot.budgets)} FLOPs: {pilot.flops:.3g} FLOPs predicted, "
@@ -308,4 +312,7 @@ def _sweep_dir(path: Path) -> SweepDir:
     sweep_dir = SweepDir(path)
     if not sweep_dir.manifest_file.exists():
         raise ConfigError(f"{path} is not a sweep directory (no manifest.json)")
+    manifest = read_json(sweep_dir.manifest_file)
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("cells"), dict):
+        raise ConfigError(f"{sweep_dir.manifest_file} is not a readable sweep manifest (a cells object)")
     return sweep_dir

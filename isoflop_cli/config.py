@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import importlib.util
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any, Optional
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+import yaml
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -252,11 +254,24 @@ def load(config: str | None = None, overrides: list[str] | tuple[str, ...] = ())
     cfg = _compose(path, list(overrides))
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(SweepConfig), cfg)
+        OmegaConf.resolve(cfg)  # a broken ${...} interpolation fails here, not in the middle of a run
     except OmegaConfBaseException as e:
         raise ConfigError(_omegaconf_message(e)) from None
     OmegaConf.set_readonly(cfg, False)
     check(cfg)
     return cfg
+
+
+def with_values(cfg: DictConfig, values: dict[str, Any]) -> DictConfig:
+    """A copy of `cfg` with dotted keys set (a grid axis's values), checked as an override would be."""
+    out = cfg.copy()
+    for key, value in values.items():
+        try:
+            OmegaConf.update(out, key, value, merge=False)
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"grid.axes.{key}: {_omegaconf_message(e)}") from None
+    check(out)
+    return out
 
 
 def _compose(path: Path, overrides: list[str]) -> DictConfig:
@@ -274,8 +289,10 @@ def _compose(path: Path, overrides: list[str]) -> DictConfig:
         if options:
             first += f" (available: {', '.join(o.strip() for o in options.group(2).splitlines())})"
         raise ConfigError(first) from None
-    except (HydraException, OmegaConfBaseException) as e:
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
         raise ConfigError(_compose_message(e)) from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     cfg.pop("hydra", None)
     return cfg
@@ -319,8 +336,11 @@ def check(cfg: DictConfig) -> None:
 
     def positive(name: str, values: list[int] | int) -> None:
         for v in values if isinstance(values, (list, tuple)) or OmegaConf.is_list(values) else [values]:
-            if v <= 0:
-                raise ConfigError(f"{name} must be > 0, got {v}")
+            if not isinstance(v, (int, float)) or not (v > 0 and math.isfinite(v)):
+                raise ConfigError(f"{name} must be a finite number > 0, got {v}")
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", cfg.name):
+        raise ConfigError(f"name '{cfg.name}' must be a plain directory name (letters, digits, '.', '_', '-')")
 
     g = cfg.grid
     positive("grid.n", g.n)
@@ -329,6 +349,8 @@ def check(cfg: DictConfig) -> None:
     positive("grid.max_batch", g.max_batch)
     positive("grid.min_steps", g.min_steps)
     positive("grid.eval_points", g.eval_points)
+    if g.eval_points > 64:
+        raise ConfigError(f"grid.eval_points must be <= 64, got {g.eval_points}")
     positive("n", cfg.n)
     positive("B_p", cfg.B_p)
     for name in ("n", "B_p", "seed", "budgets"):
@@ -345,26 +367,35 @@ def check(cfg: DictConfig) -> None:
     positive("eval.problems", cfg.eval.problems)
     if cfg.eval.samples < cfg.eval.k:
         raise ConfigError(f"eval.samples ({cfg.eval.samples}) must be >= eval.k ({cfg.eval.k})")
+    a = cfg.algo
+    for key in ("base_lr", "weight_decay", "max_grad_norm", "clip_low", "clip_high", "adv_eps", "kl_coef", "entropy_coef",
+                "vf_coef", "value_clip", "warmup_steps"):
+        if not (math.isfinite(a[key]) and a[key] >= 0):
+            raise ConfigError(f"algo.{key} must be a finite number >= 0, got {a[key]}")
+    for key in ("max_grad_norm", "value_clip"):
+        positive(f"algo.{key}", a[key])
+    if a.clip_low > 1:
+        raise ConfigError(f"algo.clip_low must be <= 1 (the ratio's floor is 1 - clip_low), got {a.clip_low}")
     positive("algo.ref_batch", cfg.algo.ref_batch)
     positive("algo.epochs", cfg.algo.epochs)
     positive("algo.minibatches", cfg.algo.minibatches)
     if cfg.algo.base_lr <= 0:
         raise ConfigError(f"algo.base_lr must be > 0, got {cfg.algo.base_lr}")
-    if not 0 < cfg.algo.temperature:
+    if not (0 < cfg.algo.temperature and math.isfinite(cfg.algo.temperature)):
         raise ConfigError(f"algo.temperature must be > 0, got {cfg.algo.temperature}")
     if not 0 < cfg.algo.top_p <= 1:
         raise ConfigError(f"algo.top_p must be in (0, 1], got {cfg.algo.top_p}")
     check_choice("reward.name", cfg.reward.name, REWARDS)
     if cfg.reward.name in ("prm_proxy", "prm") and not cfg.task.steps:
         raise ConfigError(f"reward {cfg.reward.name} scores steps: use task=arith-steps (task.steps=true)")
-    if cfg.reward.path is not None and not (Path(cfg.reward.path).expanduser() / "config.json").is_file():
-        raise ConfigError(f"reward.path {cfg.reward.path} is not a Hugging Face checkpoint (no config.json)")
     if not 0 <= cfg.reward.format_weight <= 1:
         raise ConfigError(f"reward.format_weight must be in [0, 1], got {cfg.reward.format_weight}")
     check_choice("algo.name", cfg.algo.name, ALGOS)
     check_choice("algo.loss_agg", cfg.algo.loss_agg, LOSS_AGGS)
     check_choice("task.name", cfg.task.name, TASKS)
     t = cfg.task
+    if len(t.digits) == 0 or len(t.ops) == 0:
+        raise ConfigError("task.digits and task.ops must not be empty")
     positive("task.digits", t.digits)
     positive("task.max_new_tokens", t.max_new_tokens)
     if t.operands < 2:
@@ -377,16 +408,15 @@ def check(cfg: DictConfig) -> None:
         raise ConfigError(f"task.val_fraction must be in (0, 1), got {t.val_fraction}")
     if OmegaConf.is_missing(cfg.model, "path"):
         raise ConfigError(f"model '{cfg.model.name}' needs a local checkpoint: set model.path=/path/to/checkpoint")
-    if cfg.model.path is not None:
-        path = Path(cfg.model.path).expanduser()
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"model.path {path} is not a Hugging Face checkpoint (no config.json)")
-        try:
-            Shape.from_config(json.loads((path / "config.json").read_text()))
-        except (UnsupportedModel, json.JSONDecodeError) as e:
-            raise ConfigError(f"model.path {path}: {e}") from None
+    for part in ("model", "reward"):
+        if cfg[part].path is not None:
+            _check_checkpoint(f"{part}.path", Path(cfg[part].path).expanduser())
+        elif part == "model" or cfg.reward.name == "prm":  # the embedded model (and PRM) this run builds
+            _check_build(f"{part}.build", cfg[part].build)
     if cfg.lora.rank < 0:
         raise ConfigError(f"lora.rank must be >= 0 (0: full fine-tuning), got {cfg.lora.rank}")
+    if cfg.lora.rank:
+        positive("lora.alpha", cfg.lora.alpha)
     if cfg.lora.rank and not cfg.lora.targets:
         raise ConfigError("lora.targets is empty: name the projections to adapt")
     for target in cfg.lora.targets:
@@ -396,8 +426,46 @@ def check(cfg: DictConfig) -> None:
         raise ConfigError("flops.peak_tflops and flops.utilization go together (gpu_hours needs both)")
     if f.utilization is not None and not 0 < f.utilization <= 1:
         raise ConfigError(f"flops.utilization must be in (0, 1], got {f.utilization}")
-    positive("cluster.cpus_per_run", cfg.cluster.cpus_per_run)
+    if f.peak_tflops is not None:
+        positive("flops.peak_tflops", f.peak_tflops)
+    c = cfg.cluster
+    positive("cluster.cpus_per_run", c.cpus_per_run)
+    positive("cluster.poll_s", c.poll_s)
+    if not (math.isfinite(c.gpus_per_run) and c.gpus_per_run >= 0):
+        raise ConfigError(f"cluster.gpus_per_run must be >= 0, got {c.gpus_per_run}")
+    for key in ("local_cpus", "max_concurrent"):
+        if c[key] is not None:
+            positive(f"cluster.{key}", c[key])
     check_engine(cfg)
+
+
+def _check_checkpoint(name: str, path: Path) -> None:
+    """A local Hugging Face checkpoint of a family the ledger counts, with its weights."""
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"{name} {path} is not a Hugging Face checkpoint (no config.json)")
+    try:
+        config = json.loads((path / "config.json").read_text())
+        if not isinstance(config, dict):
+            raise ValueError("config.json does not hold an object")
+        shape = Shape.from_config(config)
+        if not all(isinstance(v, int) and v > 0 for v in (shape.layers, shape.hidden, shape.intermediate, shape.heads, shape.vocab)):
+            raise ValueError("config.json lacks the model's sizes (num_hidden_layers, hidden_size, ...)")
+    except (UnsupportedModel, ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
+        raise ConfigError(f"{name} {path}: {e}") from None
+    if not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
+        raise ConfigError(f"{name} {path} has no weights (*.safetensors or pytorch_model*.bin)")
+
+
+def _check_build(name: str, b: DictConfig) -> None:
+    """The sizes of a model built locally: heads divide the width, key/value heads the heads."""
+    for key in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "batch_size"):
+        if b[key] <= 0:
+            raise ConfigError(f"{name}.{key} must be > 0, got {b[key]}")
+    if b.hidden_size % b.num_heads or b.num_heads % b.num_kv_heads:
+        raise ConfigError(f"{name}: num_heads must divide hidden_size and num_kv_heads num_heads, got "
+                          f"{b.hidden_size}, {b.num_heads}, {b.num_kv_heads}")
+    if b.steps < 0 or not (math.isfinite(b.lr) and b.lr > 0):
+        raise ConfigError(f"{name}: steps must be >= 0 and lr > 0, got {b.steps} and {b.lr}")
 
 
 def check_engine(cfg: DictConfig) -> None:

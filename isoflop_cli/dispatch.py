@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 
 from omegaconf import DictConfig
 
+from isoflop_cli.config import ConfigError
 from isoflop_cli.store import FAILED, FINISHED, STOPPED, SUBMITTED, SweepDir, atomic_write, read_json, write_json
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -32,6 +33,17 @@ EXIT_WITH_PARENT = "ISOFLOP_EXIT_WITH_PARENT"
 
 
 HEAD_FILE = "ray-head.json"
+
+
+def check_local_head(cluster: DictConfig) -> None:
+    """A job asking a local head for more than it has would wait forever: refuse it up front."""
+    if cluster.address or os.environ.get("RAY_ADDRESS"):
+        return
+    cpus = cluster.local_cpus or os.cpu_count() or 1
+    if cluster.gpus_per_run:
+        raise ConfigError("cluster.gpus_per_run > 0 needs a Ray cluster with GPUs (cluster.address): the local head has none")
+    if cluster.cpus_per_run > cpus:
+        raise ConfigError(f"cluster.cpus_per_run={cluster.cpus_per_run} is more than the local head's {cpus} CPUs (cluster.local_cpus)")
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from isoflop_cli import flops
+from isoflop_cli import config, flops
 from isoflop_cli.config import GROUPS, BudgetUnit, ConfigError, LrScaling
 from isoflop_cli.tasks.arith import ArithTask
 
@@ -117,7 +117,7 @@ def plan_run(cfg: DictConfig, flops_scale: float = 1.0) -> RunPlan:
     cost, what = (sum(per_step), f"~{sum(per_step):.3g} FLOPs (upper bound)") if by_flops else (batch, f"B = {batch}")
     M = int(c_max // cost)
     if M < g.min_steps:
-        raise ConfigError(f"budget {c_max:g} {g.budget.unit} allows M = {M} steps of {what}, below grid.min_steps = {g.min_steps}")
+        raise ConfigError(f"budget {c_max:g} {BudgetUnit(g.budget.unit).value} allows M = {M} steps of {what}, below grid.min_steps = {g.min_steps}")
     checkpoints = eval_budgets(g) if by_flops else [c for c in eval_budgets(g) if c >= cost]
     steps = {0, M} | {int(c // cost) for c in checkpoints if c >= cost}
     return RunPlan(
@@ -163,7 +163,7 @@ def expand(
                 raise ConfigError("group axes (model, reward, ...) need the sweep's overrides to recompose")
             base = recompose([f"{k}={v}" for k, v in choice.items()])
         else:
-            base = _set_keys(cfg, choice)
+            base = config.with_values(cfg, choice)
         for n, B_p, seed in itertools.product(g.n, g.B_p, g.seed):
             axes = {"n": n, "B_p": B_p, "seed": seed, **choice}
             run_cfg = base.copy()
@@ -178,10 +178,3 @@ def expand(
         reasons = sorted({c.reason for c in cells})
         raise ConfigError(f"no feasible cell: {reasons[0]}" + (f" (and {len(reasons) - 1} more reasons)" if len(reasons) > 1 else ""))
     return cells
-
-
-def _set_keys(cfg: DictConfig, choice: dict[str, Any]) -> DictConfig:
-    out = cfg.copy()
-    for key, value in choice.items():
-        OmegaConf.update(out, key, value, merge=False)
-    return out

@@ -16,8 +16,21 @@ CASES = {
     "wrong type": (["plan", "grid.n=abc"], "grid.n"),
     "wrong enum": (["plan", "algo.lr_scaling=cube"], "algo.lr_scaling"),
     "malformed override": (["plan", "grid.n=[4,"], "[4,"),
-    "n <= 0": (["plan", "grid.n=[4,0]"], "grid.n must be > 0"),
-    "B_p <= 0": (["plan", "grid.B_p=[-1]"], "grid.B_p must be > 0"),
+    "n <= 0": (["plan", "grid.n=[4,0]"], "grid.n must be a finite number > 0"),
+    "B_p <= 0": (["plan", "grid.B_p=[-1]"], "grid.B_p must be a finite number > 0"),
+    "budget not a number": (["plan", "grid.budgets=[nan]"], "grid.budgets must be a finite number > 0"),
+    "axis value out of range": (["plan", "+grid.axes={algo.temperature:[0.6,-1.0]}"], "algo.temperature must be"),
+    "axis value of the wrong type": (["plan", "+grid.axes={algo.kl_coef:[abc]}"], "algo.kl_coef"),
+    "axis model path missing": (["plan", "+grid.axes={model.path:[/nonexistent/ckpt]}"], "/nonexistent/ckpt"),
+    "negative warm-up": (["plan", "algo.warmup_steps=-3"], "algo.warmup_steps"),
+    "non-positive grad norm": (["plan", "algo.max_grad_norm=0"], "algo.max_grad_norm"),
+    "broken interpolation": (["plan", "algo.temperature=${oops}"], "oops"),
+    "sweep name is a path": (["plan", "name=../elsewhere"], "plain directory name"),
+    "embedded model heads": (["plan", "model.build.num_kv_heads=3"], "num_kv_heads"),
+    "local head has no GPUs": (["sweep", "cluster.gpus_per_run=1", "grid.n=[2]", "grid.B_p=[4]"], "cluster.gpus_per_run"),
+    "fit axis is the metric": (["fit", "/nonexistent/sweep", "--axis", "val_avg@k"], "three different columns"),
+    "race bootstrap negative": (["race-pilot", "--dry-run", "--bootstrap", "-5"], "--bootstrap"),
+    "race cap out of range": (["race-pilot", "--dry-run", "--cap", "-1"], "--cap"),
     "batch above max_batch": (["plan", "grid.max_batch=4"], "no feasible cell"),
     "budget below one step": (["plan", "grid.budgets=[3]"], "no feasible cell"),
     "unknown model": (["plan", "model=gpt-9"], "model/gpt-9"),
@@ -33,7 +46,7 @@ CASES = {
     "minibatches above the batch": (["plan", "grid.n=[2]", "grid.B_p=[2]", "algo.minibatches=8"], "minibatches"),
     "fit path missing": (["fit", "/nonexistent/sweep"], "/nonexistent/sweep"),
     "status path missing": (["status", "/nonexistent/sweep"], "/nonexistent/sweep"),
-    "run bad override": (["run", "n=0"], "n must be > 0"),
+    "run bad override": (["run", "n=0"], "n must be a finite number > 0"),
 }
 
 
@@ -45,6 +58,13 @@ def test_bad_input_exits_2_with_one_line(name, tmp_path):
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:"), result.output
     assert needle in lines[0]
+
+
+def test_a_checkpoint_without_weights_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64, '
+                                          '"intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 19}')
+    result = runner.invoke(app, ["plan", f"model.path={tmp_path}"])
+    assert result.exit_code == 2 and "has no weights" in result.output
 
 
 def test_sweep_errors_start_nothing(tmp_path):

@@ -116,6 +116,7 @@ def test_updates_per_batch_raise_rho_at_fixed_budget():
 def test_recipe_presets_and_seed_sweeps(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584, '
                                           '"intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064}')
+    (tmp_path / "model.safetensors").touch()  # a checkpoint has its weights; planning reads only the config
     easy, hard = load("recipe=easy"), load("recipe=hard")
     assert (easy.algo.kl_coef, easy.algo.entropy_coef) == (0.001, 0.001) and (hard.algo.kl_coef, hard.algo.entropy_coef) == (0, 0)
     for name, kl, max_batch in (("seed-easy", 0.001, 65536), ("seed-hard", 0.0, 16384)):

@@ -34,6 +34,8 @@ def check(spec: FitSpec, methods: list[str]) -> None:
         raise ConfigError("parametric needs --size-col (parameters N) and --tokens-col or --compute-col (D = C / (6 N))")
     if spec.bootstrap < 0:
         raise ConfigError("--bootstrap must be >= 0")
+    if len({spec.metric, spec.axis, spec.compute}) < 3:
+        raise ConfigError(f"--metric, --axis and --compute must name three different columns, got {spec.metric}, {spec.axis}, {spec.compute}")
 
 
 def columns(method: str, spec: FitSpec) -> list[str]:

@@ -46,6 +46,9 @@ def read_results(path: Path) -> pd.DataFrame:
     df = fit_data.read(path)
     if df.empty:
         raise ConfigError(f"{path}: no results")
+    missing = [c for c in ("run_id", "flops_total") if c not in df.columns]
+    if missing:
+        raise ConfigError(f"{path}: no column {', '.join(missing)} (RACE reads isoflop results: run_id, reward, rho, flops_total, the target)")
     return df
 
 

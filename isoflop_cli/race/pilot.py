@@ -38,6 +38,8 @@ class PilotSpec:
             raise ConfigError(f"--epochs needs two or more distinct values >= 1, got {self.epochs}")
         if not 1 <= self.budgets <= 3:
             raise ConfigError(f"--budgets must be 1, 2 or 3, got {self.budgets}")
+        if not 0 < self.cap <= 1:
+            raise ConfigError(f"--cap must be in (0, 1], got {self.cap}")
         if not 0 < self.share <= self.cap:
             raise ConfigError(f"--share must be in (0, --cap = {self.cap}], got {self.share}")
 
