@@ -305,7 +305,9 @@ def _compose_message(e: Exception) -> str:
         if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None) and "axes" not in lines[0]:
             return f"unknown config key '{cause.full_key}'"
         return " ".join(lines[:2])
-    cause = e.__cause__
+    cause = e.__cause__ or e.__context__
+    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):  # e.g. a typo inside a config file
+        return f"{lines[0].split(':')[0]}: {_omegaconf_message(cause)}"
     if cause is not None and str(cause).strip():
         return f"{lines[0]}: {_first_line(cause)}"
     return lines[0] if lines else type(e).__name__

@@ -12,6 +12,7 @@ dispatcher owns the manifest and results. Both sides use this module and nothing
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import tempfile
@@ -152,5 +153,11 @@ def load_results(path: Path | str) -> pd.DataFrame:
     if path.is_dir():
         path = path / RESULTS
     if path.suffix == ".csv":
+        with open(path, newline="") as f:
+            rows = csv.reader(f)
+            width = len(next(rows, []))
+            for row in rows:
+                if row and len(row) != width:  # pandas would fill a short line with NaN
+                    raise ValueError(f"line {rows.line_num} has {len(row)} fields, the header {width}")
         return pd.read_csv(path)
     return pd.read_parquet(path)

@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from isoflop_cli.cli import app
+from isoflop_cli.config import SWEEPS_DIR as SWEEPS
 
 runner = CliRunner()
 
@@ -65,6 +66,24 @@ def test_a_checkpoint_without_weights_is_refused(tmp_path):
                                           '"intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 19}')
     result = runner.invoke(app, ["plan", f"model.path={tmp_path}"])
     assert result.exit_code == 2 and "has no weights" in result.output
+
+
+def test_a_typo_inside_a_config_file_is_named(tmp_path):
+    (tmp_path / "base.yaml").write_text((SWEEPS / "default.yaml").read_text())
+    (tmp_path / "typo.yaml").write_text("defaults:\n  - base\n  - _self_\nalgo:\n  kl_coeff: 0.1\n")
+    result = runner.invoke(app, ["plan", "--config", str(tmp_path / "typo.yaml")])
+    assert result.exit_code == 2 and "unknown config key 'algo.kl_coeff'" in result.output
+    (tmp_path / "broken.yaml").write_text("defaults: [base\nalgo: {")
+    result = runner.invoke(app, ["plan", "--config", str(tmp_path / "broken.yaml")])
+    assert result.exit_code == 2 and "not valid YAML" in result.output
+
+
+def test_a_malformed_results_line_is_named(tmp_path):
+    for name, line in (("short", "b,4"), ("long", "b,4,16,0.2,9")):
+        (tmp_path / f"{name}.csv").write_text(f"run_id,n,rollouts,val_avg@k\na,2,8,0.1\n{line}\n")
+        result = runner.invoke(app, ["fit", str(tmp_path / f"{name}.csv")])
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 2 and len(lines) == 1 and "line 3 has" in lines[0], result.output
 
 
 def test_sweep_errors_start_nothing(tmp_path):
