@@ -409,7 +409,7 @@ def check(cfg: DictConfig) -> None:
     if not 0 < t.val_fraction < 1:
         raise ConfigError(f"task.val_fraction must be in (0, 1), got {t.val_fraction}")
     if OmegaConf.is_missing(cfg.model, "path"):
-        raise ConfigError(f"model '{cfg.model.name}' needs a local checkpoint: set model.path=/path/to/checkpoint")
+        raise ConfigError(f"model '{cfg.model.name}' has no checkpoint path: set model.path=/path/to/checkpoint, or model=tiny-arith (the embedded model)")
     for part in ("model", "reward"):
         if cfg[part].path is not None:
             _check_checkpoint(f"{part}.path", Path(cfg[part].path).expanduser())
