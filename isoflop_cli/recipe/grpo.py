@@ -219,7 +219,7 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
             weights[mb] = token_weights(mask[mb], "constant" if algo.name == "dr_grpo" else algo.loss_agg, max_new_tokens)
         micro_rows = max(1, learner.micro_batch // n) * n if learner.micro_batch else R
         chunks = [group.mine(mb, n).split(micro_rows) for mb in minibatches]  # per mini-batch, this rank's micro-batches
-        #    The passes' layout: each prompt group as one sequence (the prompt once, then its
+        #    The passes' layout: each micro-batch as one sequence (each prompt once, then its
         #    completions, no padding), or (learner.shared_prompt=false) the rows as they are.
         P, use_tree = rollouts.prompt_width, learner.shared_prompt
         work = flops.tree_work(B_p, n, P, L, tree_tokens(rollouts.attention_mask, P, n)) if use_tree else flops.plain_work(R, L)
