@@ -96,7 +96,7 @@ AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)  # outside a tree: SD
 class Layout:
     input_ids: torch.Tensor  # [rows, width]
     position_ids: torch.Tensor  # [rows, width]
-    attention_mask: torch.Tensor  # [rows, width] padding mask (a tree: all ones, its attention is `tree`'s)
+    attention_mask: torch.Tensor  # [rows, width] padding mask (a tree: all ones, its attention is `prompt_tree`'s)
     picked: torch.Tensor  # [N]: flat positions (row * width + column) whose logits predict a completion token
     targets: torch.Tensor  # [N]: those tokens
     dest: tuple[torch.Tensor, torch.Tensor]  # [N] each: (row, column) of each in the [R, L - 1] outputs
