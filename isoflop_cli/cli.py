@@ -24,7 +24,7 @@ from isoflop_cli import config as config_mod
 from isoflop_cli import grid as grid_mod
 from isoflop_cli import report
 from isoflop_cli.config import ConfigError
-from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, check_local_head, ray_cluster
+from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, check_cluster, ray_cluster
 from isoflop_cli.store import FINISHED, SweepDir, atomic_write, read_json
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ def sweep(
         cfg, cells = _load(config, overrides, out)
         if not dry_run:
             out = config_mod.check_writable(out)
-            check_local_head(cfg.cluster)
+            check_cluster(cfg.cluster)
     console.print(report.plan_table(cfg, cells))
     if dry_run:
         return
@@ -259,7 +259,7 @@ def race_pilot(
         root = out or DEFAULT_OUT
         if not dry_run:
             root = config_mod.check_writable(root)
-            check_local_head(pilot.cfg.cluster)
+            check_cluster(pilot.cfg.cluster)
     console.print(report.plan_table(pilot.cfg, pilot.cells))
     console.print(f"pilot: {len(pilot.rewards)} reward system(s) {pilot.rewards} x algo.epochs {spec.epochs} x n {pilot.n_levels}, "
                   f"budgets {', '.join(f'{b:.3g}' for b in pilot.budgets)} FLOPs: {pilot.flops:.3g} FLOPs predicted, "

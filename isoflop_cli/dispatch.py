@@ -35,9 +35,17 @@ EXIT_WITH_PARENT = "ISOFLOP_EXIT_WITH_PARENT"
 HEAD_FILE = "ray-head.json"
 
 
-def check_local_head(cluster: DictConfig) -> None:
-    """A job asking a local head for more than it has would wait forever: refuse it up front."""
-    if cluster.address or os.environ.get("RAY_ADDRESS"):
+def check_cluster(cluster: DictConfig) -> None:
+    """Before anything is written: the cluster answers at its address, or a local head has what a
+    job asks for (a job asking for more would wait forever)."""
+    address = cluster.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        from ray.job_submission import JobSubmissionClient
+
+        try:
+            JobSubmissionClient(address)
+        except (ConnectionError, ValueError, RuntimeError) as e:
+            raise ConfigError(f"cannot reach the Ray cluster at {address}: {str(e).splitlines()[0]}") from None
         return
     cpus = cluster.local_cpus or os.cpu_count() or 1
     if cluster.gpus_per_run:

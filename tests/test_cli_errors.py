@@ -29,6 +29,8 @@ CASES = {
     "sweep name is a path": (["plan", "name=../elsewhere"], "plain directory name"),
     "embedded model heads": (["plan", "model.build.num_kv_heads=3"], "num_kv_heads"),
     "local head has no GPUs": (["sweep", "cluster.gpus_per_run=1", "grid.n=[2]", "grid.B_p=[4]"], "cluster.gpus_per_run"),
+    "no Ray cluster at the address": (["sweep", "cluster.address=http://127.0.0.1:9", "grid.n=[2]", "grid.B_p=[4]"], "cannot reach the Ray cluster"),
+    "not an address": (["sweep", "cluster.address=notaurl", "grid.n=[2]", "grid.B_p=[4]"], "cannot reach the Ray cluster at notaurl"),
     "fit axis is the metric": (["fit", "/nonexistent/sweep", "--axis", "val_avg@k"], "three different columns"),
     "race bootstrap negative": (["race-pilot", "--dry-run", "--bootstrap", "-5"], "--bootstrap"),
     "race cap out of range": (["race-pilot", "--dry-run", "--cap", "-1"], "--cap"),
