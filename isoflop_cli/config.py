@@ -370,8 +370,7 @@ def check(cfg: DictConfig) -> None:
     if cfg.eval.samples < cfg.eval.k:
         raise ConfigError(f"eval.samples ({cfg.eval.samples}) must be >= eval.k ({cfg.eval.k})")
     a = cfg.algo
-    for key in ("base_lr", "weight_decay", "max_grad_norm", "clip_low", "clip_high", "adv_eps", "kl_coef", "entropy_coef",
-                "vf_coef", "value_clip", "warmup_steps"):
+    for key in ("weight_decay", "clip_low", "clip_high", "adv_eps", "kl_coef", "entropy_coef", "vf_coef", "warmup_steps"):
         if not (math.isfinite(a[key]) and a[key] >= 0):
             raise ConfigError(f"algo.{key} must be a finite number >= 0, got {a[key]}")
     for key in ("max_grad_norm", "value_clip"):
@@ -381,8 +380,7 @@ def check(cfg: DictConfig) -> None:
     positive("algo.ref_batch", cfg.algo.ref_batch)
     positive("algo.epochs", cfg.algo.epochs)
     positive("algo.minibatches", cfg.algo.minibatches)
-    if cfg.algo.base_lr <= 0:
-        raise ConfigError(f"algo.base_lr must be > 0, got {cfg.algo.base_lr}")
+    positive("algo.base_lr", cfg.algo.base_lr)
     if not (0 < cfg.algo.temperature and math.isfinite(cfg.algo.temperature)):
         raise ConfigError(f"algo.temperature must be > 0, got {cfg.algo.temperature}")
     if not 0 < cfg.algo.top_p <= 1:
