@@ -1,3 +1,3 @@
-from isoflop_cli.cli import app
+from isoflop_cli.cli import main
 
-app(prog_name="isoflop")
+main()

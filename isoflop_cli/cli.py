@@ -8,8 +8,8 @@ hands the resolved config to the recipe.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
+import math
 import os
 import signal
 from pathlib import Path
@@ -24,8 +24,10 @@ from isoflop_cli import config as config_mod
 from isoflop_cli import grid as grid_mod
 from isoflop_cli import report
 from isoflop_cli.config import ConfigError
-from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, check_cluster, ray_cluster
-from isoflop_cli.store import FINISHED, SweepDir, atomic_write, read_json
+from isoflop_cli.schedule import DEFAULT_MARGIN, Schedule
+from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, check_cluster, sweep_lock
+from isoflop_cli.head import HeadError, die_with_parent, ray_cluster
+from isoflop_cli.store import FINISHED, PAUSED, SweepDir, atomic_write, disk_full_message, is_disk_full, read_json
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -68,15 +70,25 @@ def plan(
     config: Optional[str] = CONFIG,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     out: Path = typer.Option(DEFAULT_OUT, "--out", "-o", help="Where the sweep runs; its finished runs refine the FLOP predictions."),
+    replayed: Optional[Path] = typer.Option(None, "--replay", help="A replay.json of a similar sweep (isoflop replay): the share of the full grid an adaptive schedule spent there."),
 ) -> None:
     """The grid as a table: every cell, its steps M, eval points, rollouts and predicted FLOPs (search,
-    learning, reward, rho); infeasible cells and why. No compute."""
+    learning, reward, rho); infeasible cells and why; the schedule's worst case. No compute."""
     with user_errors():
         cfg, cells = _load(config, overrides, out)
+        share = _replayed_share(replayed) if replayed else None
     if as_json:
         print(json.dumps(report.plan_records(cells), indent=1))
     else:
         console.print(report.plan_table(cfg, cells))
+        console.print(report.schedule_line(cfg, cells, share, replayed), soft_wrap=True)
+
+
+def _replayed_share(path: Path) -> float:
+    data = read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("compute_share"), (int, float)):
+        raise ConfigError(f"--replay {path}: not a replay.json written by isoflop replay (no compute_share)")
+    return float(data["compute_share"])
 
 
 @app.command()
@@ -85,20 +97,22 @@ def sweep(
     config: Optional[str] = CONFIG,
     out: Path = typer.Option(DEFAULT_OUT, "--out", "-o", help="Output root; the sweep lives in OUT/<name>."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and stop."),
+    extend: bool = typer.Option(False, "--extend", help="Add this grid's cells to a sweep dir that holds other cells (they are kept, and run if unfinished)."),
 ) -> None:
     """Expand the grid, run every cell as a Ray job, watch, collect results.parquet, print the frontier.
 
     Rerunning with the same --out resumes: finished runs are kept, running jobs reattached, lost ones resubmitted.
+    A sweep dir holding other cells (a changed grid) is refused unless --extend merges the two.
     """
     with user_errors():
         cfg, cells = _load(config, overrides, out)
         if not dry_run:
-            out = config_mod.check_writable(out)
             check_cluster(cfg.cluster)
+            sweep_dir = SweepDir(config_mod.check_writable(out / cfg.name))
+            check_same_grid(sweep_dir, cells, extend)
     console.print(report.plan_table(cfg, cells))
     if dry_run:
         return
-    sweep_dir = SweepDir(out / cfg.name)
     df, failed = _dispatch(sweep_dir, cfg, cells)
     if not df.empty:
         compute = "flops_total" if cfg.grid.budget.unit == "flops" else "rollouts"
@@ -110,31 +124,65 @@ def sweep(
 def _dispatch(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell]) -> tuple[pd.DataFrame, dict[str, str]]:
     """Prepare the sweep dir, run every unfinished cell as a Ray job under a live table, collect
     results.parquet. Returns the results and the runs that did not finish, with why (printed too).
-    Ctrl-C or SIGTERM stops the jobs and exits 130; rerunning resumes."""
-    prepare(sweep_dir, cfg, cells)
-    table = lambda: report.sweep_table(sweep_dir)  # noqa: E731
-    console.print(f"sweep dir: {sweep_dir.path}")
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the jobs like Ctrl-C does
-    try:
-        with ray_cluster(cfg.cluster, sweep_dir.path) as address, Live(table(), console=console, refresh_per_second=2) as live:
-            states = Dispatcher(sweep_dir, cfg.cluster, address, on_poll=lambda: live.update(table())).run()
-    except KeyboardInterrupt:
-        err.print("interrupted: jobs stopped; rerun the same command to resume")
-        raise typer.Exit(130) from None
-    console.print()
-    df = sweep_dir.collect()
-    failed = {rid: sweep_dir.manifest()["cells"][rid].get("error", "") for rid, s in states.items() if s != FINISHED}
-    console.print(f"{len(states) - len(failed)}/{len(states)} runs finished; {len(df)} eval points in {sweep_dir.results_file}")
+    Ctrl-C or SIGTERM stops the jobs and exits 130; rerunning resumes. One sweep dir has one owner:
+    a second sweep on it while this one runs is refused (exit 2); a lost Ray head is one line (exit 1)."""
+    with contextlib.ExitStack() as held:
+        with user_errors():
+            held.enter_context(sweep_lock(sweep_dir.path))
+        prepare(sweep_dir, cfg, cells)
+        table = lambda: report.sweep_table(sweep_dir)  # noqa: E731
+        console.print(f"sweep dir: {sweep_dir.path}")
+        signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the jobs like Ctrl-C does
+        try:
+            with ray_cluster(cfg.cluster, sweep_dir.path) as address, Live(table(), console=console, refresh_per_second=2) as live:
+                states = Dispatcher(sweep_dir, cfg.cluster, address, on_poll=lambda: live.update(table())).run()
+        except KeyboardInterrupt:
+            err.print("interrupted: jobs stopped; rerun the same command to resume")
+            raise typer.Exit(130) from None
+        except HeadError as e:
+            err.print(Text.assemble(("error: ", "bold red"), str(e)), soft_wrap=True)
+            raise typer.Exit(1) from None
+        console.print()
+        df = sweep_dir.collect()
+        failed = {rid: sweep_dir.manifest()["cells"][rid].get("error", "") for rid, s in states.items() if s not in (FINISHED, PAUSED)}
+    paused = sum(s == PAUSED for s in states.values())
+    console.print(f"{len(states) - len(failed) - paused}/{len(states)} runs finished"
+                  + (f", {paused} stopped by the adaptive schedule (paused at their checkpoints; grid.schedule=full continues them)" if paused else "")
+                  + f"; {len(df)} eval points in {sweep_dir.results_file}", soft_wrap=True)
     for rid, why in failed.items():
         err.print(Text.assemble(("failed ", "red"), f"{rid}: {why}"), soft_wrap=True)
     return df, failed
 
 
+def check_same_grid(sweep_dir: SweepDir, cells: list[grid_mod.Cell], extend: bool, hint: str = "rerun with --extend to add this grid's cells to them, or ") -> None:
+    """A sweep dir is never silently narrowed: cells it holds that this grid lacks refuse the sweep
+    unless `extend` keeps them beside the new ones."""
+    if not sweep_dir.manifest_file.exists() or extend:
+        return
+    old = sweep_dir.manifest()["cells"]
+    new = {c.run_id for c in cells if c.feasible}
+    gone = [rid for rid in old if rid not in new]
+    if gone:
+        raise ConfigError(f"{sweep_dir.path} holds a different grid: {len(gone)} of its {len(old)} cells are not in this one "
+                          f"(e.g. {gone[0]}); {hint}use another --out or name=")
+
+
+def schedule_entry(cfg, cells: list[grid_mod.Cell]) -> dict:
+    """The manifest's schedule: what the dispatcher needs to run it (adaptive: the budgets it decides
+    at, the margin, the ledger column and metric the rule reads)."""
+    if cfg.grid.schedule != Schedule.adaptive:
+        return {"name": Schedule.full.value}
+    column = next(c.plan.column for c in cells if c.feasible)
+    return {"name": Schedule.adaptive.value, "budgets": sorted(float(b) for b in cfg.grid.budgets), "margin": float(cfg.grid.margin),
+            "column": column, "metric": "val_avg@k"}
+
+
 def prepare(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell]) -> None:
-    """Write the sweep config, each run's config and the manifest, keeping what earlier runs recorded."""
+    """Write the sweep config, each run's config and the manifest, keeping what earlier runs recorded
+    and every cell the dir already held (`check_same_grid` has refused an unasked merge)."""
     atomic_write(sweep_dir.config_file, config_mod.to_yaml(cfg))
     old = sweep_dir.manifest()["cells"]
-    manifest = {"name": cfg.name, "cells": {}, "infeasible": []}
+    manifest = {"name": cfg.name, "schedule": schedule_entry(cfg, cells), "cells": dict(old), "infeasible": []}
     for cell in cells:
         if not cell.feasible:
             manifest["infeasible"].append({"axes": cell.axes, "reason": cell.reason})
@@ -159,6 +207,7 @@ def run(
     overrides: Optional[list[str]] = OVERRIDES,
     config: Optional[str] = CONFIG,
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory [default: isoflop-runs/single/<run_id>]."),
+    pause_at: Optional[float] = typer.Option(None, "--pause-at", help="Stop at the first step whose ledger reaches this budget, keeping a checkpoint; a later run continues (adaptive sweeps)."),
 ) -> None:
     """One GRPO run in this process: what each Ray job executes, and how to debug a single cell (n=..., B_p=...)."""
     with user_errors():
@@ -171,7 +220,7 @@ def run(
         _exit_with_parent()
     from isoflop_cli.recipe.grpo import Budget, train
 
-    rows = train(cfg, Budget(plan.column, plan.limit, plan.eval_at, plan.M), plan.lr, run_dir)
+    rows = train(cfg, Budget(plan.column, plan.limit, plan.eval_at, plan.M), plan.lr, run_dir, pause_at)
     console.print(report.metrics_table(rows))
 
 
@@ -214,6 +263,37 @@ def fit(
     console.print(f"wrote {', '.join(str(p) for p in fitted.written)}", soft_wrap=True)
 
 
+@app.command()
+def replay(
+    path: Path = typer.Argument(..., help="A recorded full grid: a sweep directory, results parquet or CSV."),
+    schedule: str = typer.Option("adaptive", help="The schedule to simulate: adaptive or full."),
+    margin: float = typer.Option(DEFAULT_MARGIN, help="adaptive: how far a cell may trail the frontier, in sd of the metric's noise (grid.margin)."),
+    budgets: Optional[str] = typer.Option(None, help="Stage budgets, comma-separated (default: the largest compute halved down to every run's first point)."),
+    metric: str = typer.Option("val_avg@k", help="Metric column."),
+    axis: str = typer.Option("n", help="Grid axis whose compute-optimal value is compared."),
+    compute: str = typer.Option("rollouts", help="Compute column: rollouts or flops_total."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir (default: <sweep>/replay, or replay/ beside the file)."),
+) -> None:
+    """Simulate a schedule on a recorded full grid (no compute): which cells it stops and when, the
+    share of the full grid's compute it spends, and how its frontier and axis*(C) compare: replay.json, plots."""
+    from isoflop_cli.fit import data
+    from isoflop_cli.fit import replay as replay_mod
+
+    with user_errors():
+        if schedule not in [s.value for s in Schedule]:
+            raise ConfigError(f"--schedule must be one of: {', '.join(s.value for s in Schedule)}, got {schedule}")
+        if not (margin >= 0 and math.isfinite(margin)):
+            raise ConfigError(f"--margin must be a finite number >= 0, got {margin}")
+        stages = _float_list("--budgets", budgets) if budgets else None
+        df, info = data.load([path])
+        data.numeric_column(df, compute, path)
+        result = replay_mod.replay(df, metric, axis, compute, Schedule(schedule), margin, stages)
+        dest = config_mod.check_writable(out or (path if path.is_dir() else path.parent) / "replay")
+        written = replay_mod.write(result, info, axis, compute, dest)
+    console.print(report.replay_table(result, axis))
+    console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
+
+
 @app.command("race-pilot")
 def race_pilot(
     overrides: Optional[list[str]] = OVERRIDES,
@@ -241,8 +321,8 @@ def race_pilot(
 
     overrides = list(overrides or [])
     with user_errors():
-        if bootstrap < 0:
-            raise ConfigError(f"--bootstrap must be >= 0, got {bootstrap}")
+        if bootstrap < 1:
+            raise ConfigError(f"--bootstrap must be >= 1, got {bootstrap}: the regime is called from bootstrap intervals")
         if from_results is not None:
             df = race.read_results(from_results)
             column = race.target_metric(target, metric, list(df.columns))
@@ -256,10 +336,10 @@ def race_pilot(
         column = race.target_metric(target, metric, None)
         spec = PilotSpec(epochs=_int_list("--epochs", epochs), budgets=budgets, share=share, cap=cap)
         pilot = derive(config, overrides, spec, force)
-        root = out or DEFAULT_OUT
         if not dry_run:
-            root = config_mod.check_writable(root)
             check_cluster(pilot.cfg.cluster)
+            sweep_dir = SweepDir(config_mod.check_writable((out or DEFAULT_OUT) / pilot.cfg.name))
+            check_same_grid(sweep_dir, pilot.cells, extend=False, hint="")
     console.print(report.plan_table(pilot.cfg, pilot.cells))
     console.print(f"pilot: {len(pilot.rewards)} reward system(s) {pilot.rewards} x algo.epochs {spec.epochs} x n {pilot.n_levels}, "
                   f"budgets {', '.join(f'{b:.3g}' for b in pilot.budgets)} FLOPs: {pilot.flops:.3g} FLOPs predicted, "
@@ -270,7 +350,6 @@ def race_pilot(
         err.print(Text.assemble(("note: ", "bold yellow"), note), soft_wrap=True)
     if dry_run:
         return
-    sweep_dir = SweepDir(root / pilot.cfg.name)
     df, failed = _dispatch(sweep_dir, pilot.cfg, pilot.cells)
     if failed:
         err.print("the pilot is incomplete: rerun the same command to resume it")
@@ -286,6 +365,28 @@ def race_pilot(
     console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
 
 
+def main() -> None:
+    """The `isoflop` command: the app, with a full disk said as one line wherever it strikes (exit 1;
+    partial files are removed where they were written, finished work is kept)."""
+    try:
+        app(prog_name="isoflop")
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        err.print(Text.assemble(("error: ", "bold red"), disk_full_message(e)), soft_wrap=True)
+        raise SystemExit(1) from None
+
+
+def _float_list(option: str, text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{option} takes numbers separated by commas, got '{text}'") from None
+    if not values or not all(v > 0 and math.isfinite(v) for v in values):
+        raise ConfigError(f"{option} takes positive numbers, got '{text}'")
+    return values
+
+
 def _int_list(option: str, text: str) -> list[int]:
     try:
         return [int(v) for v in text.split(",") if v.strip()]
@@ -298,10 +399,8 @@ def _interrupt(*_) -> None:
 
 
 def _exit_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when its parent (the Ray job supervisor) dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    PR_SET_PDEATHSIG = 1
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    """End with the Ray job supervisor that started this run: it ends when the job is stopped or lost."""
+    die_with_parent()
     if os.getppid() == 1:  # the parent died before we asked
         raise SystemExit(1)
 
@@ -315,4 +414,7 @@ def _sweep_dir(path: Path) -> SweepDir:
     manifest = read_json(sweep_dir.manifest_file)
     if not isinstance(manifest, dict) or not isinstance(manifest.get("cells"), dict):
         raise ConfigError(f"{sweep_dir.manifest_file} is not a readable sweep manifest (a cells object)")
+    for run_id, cell in manifest["cells"].items():
+        if not isinstance(cell, dict) or not isinstance(cell.get("M"), int) or not isinstance(cell.get("attempts", 0), int):
+            raise ConfigError(f"{sweep_dir.manifest_file}: cell '{run_id}' is malformed (it needs an integer M)")
     return sweep_dir

@@ -12,6 +12,8 @@ import json
 import math
 import os
 import re
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -24,6 +26,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from isoflop_cli.flops import PROJECTIONS, Shape, UnsupportedModel
+from isoflop_cli.schedule import DEFAULT_MARGIN, Schedule
+from isoflop_cli.tasks.arith import MIN_DRAW_SHARE, ArithTask
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
@@ -176,6 +180,10 @@ class GridConfig:
     max_batch: int = 65536  # B_max: cells with B_p * n above it are dropped
     min_steps: int = 1
     eval_points: int = 8  # log-spaced compute checkpoints up to the largest budget
+    # full: every cell runs to the largest budget. adaptive: every cell runs to the smallest budget,
+    # then continues past each budget only while it can still reach the frontier (schedule.py).
+    schedule: Schedule = Schedule.full
+    margin: float = DEFAULT_MARGIN  # adaptive: how far (in sd of the metric's noise) a cell may trail
 
 
 @dataclass
@@ -251,6 +259,7 @@ def resolve_sweep_path(name_or_path: str | None) -> Path:
 def load(config: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose `config` with `overrides`, merge into the schema and check values."""
     path = resolve_sweep_path(config)
+    _check_not_empty(path)
     cfg = _compose(path, list(overrides))
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(SweepConfig), cfg)
@@ -262,16 +271,33 @@ def load(config: str | None = None, overrides: list[str] | tuple[str, ...] = ())
     return cfg
 
 
-def with_values(cfg: DictConfig, values: dict[str, Any]) -> DictConfig:
-    """A copy of `cfg` with dotted keys set (a grid axis's values), checked as an override would be."""
+def with_values(cfg: DictConfig, values: dict[str, Any], checked: bool = True) -> DictConfig:
+    """A copy of `cfg` with dotted keys set (a grid axis's values), checked as an override would be
+    (`checked=False`: values already checked on the same config)."""
     out = cfg.copy()
     for key, value in values.items():
         try:
             OmegaConf.update(out, key, value, merge=False)
         except OmegaConfBaseException as e:
             raise ConfigError(f"grid.axes.{key}: {_omegaconf_message(e)}") from None
-    check(out)
+    if checked:
+        check(out)
     return out
+
+
+def _check_not_empty(path: Path) -> None:
+    """An empty config file (or one of comments only) would compose to the bare schema and fail on
+    whatever the schema leaves unset: say what is wrong instead."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        return  # _compose names the syntax error
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path} cannot be read: {e}") from None
+    if data is None:
+        raise ConfigError(f"config file {path} is empty: start it with a defaults list (see sweeps/default.yaml)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must be a YAML mapping (defaults, name, grid ...), got a {type(data).__name__}")
 
 
 def _compose(path: Path, overrides: list[str]) -> DictConfig:
@@ -306,8 +332,12 @@ def _compose_message(e: Exception) -> str:
             return f"unknown config key '{cause.full_key}'"
         return " ".join(lines[:2])
     cause = e.__cause__ or e.__context__
-    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):  # e.g. a typo inside a config file
-        return f"{lines[0].split(':')[0]}: {_omegaconf_message(cause)}"
+    key = getattr(cause, "full_key", None) if isinstance(cause, OmegaConfBaseException) else None
+    if key and key.startswith("grid.axes.") and "typing.List" in str(cause):
+        return f"{key} must be a list of values (one cell each), got {getattr(cause, 'value', None)}"
+    if key:  # e.g. a typo inside a config file
+        where = lines[0] if lines[0].startswith("Error merging override") else lines[0].split(":")[0]
+        return f"{where}: {_omegaconf_message(cause)}"
     if cause is not None and str(cause).strip():
         return f"{lines[0]}: {_first_line(cause)}"
     return lines[0] if lines else type(e).__name__
@@ -333,8 +363,9 @@ def _omegaconf_message(e: OmegaConfBaseException) -> str:
     return msg
 
 
-def check(cfg: DictConfig) -> None:
-    """Value checks the schema's types cannot express."""
+def check(cfg: DictConfig, axes: bool = True) -> None:
+    """Value checks the schema's types cannot express. `axes=False` leaves out grid.axes (checked
+    once with the sweep; grid.expand checks each combination of their values with it)."""
 
     def positive(name: str, values: list[int] | int) -> None:
         for v in values if isinstance(values, (list, tuple)) or OmegaConf.is_list(values) else [values]:
@@ -353,18 +384,26 @@ def check(cfg: DictConfig) -> None:
     positive("grid.eval_points", g.eval_points)
     if g.eval_points > 64:
         raise ConfigError(f"grid.eval_points must be <= 64, got {g.eval_points}")
+    if g.schedule == Schedule.adaptive and len(g.budgets) < 2:
+        raise ConfigError("grid.schedule=adaptive decides at each budget which cells go on: give grid.budgets two or more values")
+    if g.margin < 0:
+        raise ConfigError(f"grid.margin must be >= 0 (standard deviations of the metric's noise), got {g.margin}")
     positive("n", cfg.n)
     positive("B_p", cfg.B_p)
     for name in ("n", "B_p", "seed", "budgets"):
         if len(g[name]) == 0:
             raise ConfigError(f"grid.{name} is empty")
-    for key, values in g.axes.items():
+        _check_no_repeats(f"grid.{name}", g[name])
+    for key, values in g.axes.items() if axes else ():
         if not OmegaConf.is_list(values) or len(values) == 0:
             raise ConfigError(f"grid.axes.{key} must be a non-empty list")
         if key in ("n", "B_p", "seed"):
             raise ConfigError(f"grid.axes.{key}: set grid.{key} instead")
         if key not in GROUPS and OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
             raise ConfigError(f"grid.axes.{key}: unknown config key '{key}'")
+        if key in GROUPS and any(OmegaConf.is_config(v) for v in values):
+            raise ConfigError(f"grid.axes.{key} takes names of {key} configs (conf/{key}/NAME.yaml), got {_show(next(v for v in values if OmegaConf.is_config(v)))}")
+        _check_no_repeats(f"grid.axes.{key}", values)
     positive("eval.k", cfg.eval.k)
     positive("eval.problems", cfg.eval.problems)
     if cfg.eval.samples < cfg.eval.k:
@@ -406,13 +445,21 @@ def check(cfg: DictConfig) -> None:
         raise ConfigError("task.steps needs task.ops=[+] and task.reverse_answer=true (column steps of an addition)")
     if not 0 < t.val_fraction < 1:
         raise ConfigError(f"task.val_fraction must be in (0, 1), got {t.val_fraction}")
+    if cfg.eval.problems > MAX_EVAL_PROBLEMS:
+        raise ConfigError(f"eval.problems must be <= {MAX_EVAL_PROBLEMS:,} (every eval point samples eval.samples completions of each), got {cfg.eval.problems}")
+    _check_splits(cfg)
     if OmegaConf.is_missing(cfg.model, "path"):
         raise ConfigError(f"model '{cfg.model.name}' has no checkpoint path: set model.path=/path/to/checkpoint, or model=tiny-arith (the embedded model)")
     for part in ("model", "reward"):
         if cfg[part].path is not None:
-            _check_checkpoint(f"{part}.path", Path(cfg[part].path).expanduser())
-        elif part == "model" or cfg.reward.name == "prm":  # the embedded model (and PRM) this run builds
-            _check_build(f"{part}.build", cfg[part].build)
+            hf_config = _check_checkpoint(f"{part}.path", Path(cfg[part].path).expanduser())
+            positions, what = hf_config.get("max_position_embeddings"), f"{part}.path {cfg[part].path}"
+        else:
+            positions, what = EMBEDDED_MAX_POSITIONS, f"the embedded {'model' if part == 'model' else 'PRM'} ({part}.build)"
+            if part == "model" or cfg.reward.name == "prm":  # the embedded model (and PRM) this run builds
+                _check_build(f"{part}.build", cfg[part].build)
+        if part == "model" or cfg.reward.name == "prm":
+            _check_positions(cfg, positions, what, scored=part == "reward")
     if cfg.lora.rank < 0:
         raise ConfigError(f"lora.rank must be >= 0 (0: full fine-tuning), got {cfg.lora.rank}")
     if cfg.lora.rank:
@@ -436,11 +483,118 @@ def check(cfg: DictConfig) -> None:
     for key in ("local_cpus", "max_concurrent"):
         if c[key] is not None:
             positive(f"cluster.{key}", c[key])
+    if not (c.address or os.environ.get("RAY_ADDRESS")):  # a remote cluster's interpreter and cache live on its nodes
+        if c.python is not None:
+            _check_executable("cluster.python", c.python)
+        if cfg.model.path is None or (cfg.reward.name == "prm" and cfg.reward.path is None):
+            _check_model_cache()
     check_engine(cfg)
+    plain = lambda node: OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node  # noqa: E731
+    _check_finite({key: plain(cfg[key]) for key in cfg if key != "grid"}, "")
+    _check_finite({key: plain(g[key]) for key in g if axes or key != "axes"}, "grid")
 
 
-def _check_checkpoint(name: str, path: Path) -> None:
-    """A local Hugging Face checkpoint of a family the ledger counts, with its weights."""
+MAX_EVAL_PROBLEMS = 100_000
+EMBEDDED_MAX_POSITIONS = 64  # the embedded models' context (recipe.checkpoint.qwen2_config)
+
+
+def _show(value: Any) -> str:
+    value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_show(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_show(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable stand-in for a config value (lists and mappings included)."""
+    value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    if isinstance(value, (list, tuple)):
+        return ("list", tuple(_frozen(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((str(k), _frozen(v)) for k, v in value.items())))
+    return value
+
+
+def _check_no_repeats(name: str, values: Any) -> None:
+    """A grid axis lists each value once: a repeat would be planned (and costed) as a cell of its own
+    that the sweep runs once."""
+    seen: set = set()
+    for value in values:
+        key = _frozen(value)
+        if key in seen:
+            raise ConfigError(f"{name} lists {_show(value)} twice: each value is one cell of the sweep; drop the repeat")
+        seen.add(key)
+
+
+def _check_finite(node: Any, path: str) -> None:
+    """Every number in the config is finite (NaN and infinity fail only deep inside a run)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            _check_finite(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for value in node:
+            _check_finite(value, path)
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(f"{path} must be a finite number, got {node}")
+
+
+def _check_executable(name: str, value: str) -> None:
+    if os.sep in value or value.startswith("~"):
+        path = Path(value).expanduser()
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise ConfigError(f"{name} {value} is not an executable file")
+    elif shutil.which(value) is None:
+        raise ConfigError(f"{name} {value} is not on PATH")
+
+
+def _check_model_cache() -> None:
+    """The embedded models are built into ISOFLOP_CACHE (recipe.checkpoint.cache_dir): a directory,
+    or one that can be made."""
+    root = Path(os.environ.get("ISOFLOP_CACHE", Path.home() / ".cache" / "isoflop")).expanduser()
+    if root.exists():
+        if not root.is_dir():
+            raise ConfigError(f"the model cache {root} (ISOFLOP_CACHE) is not a directory")
+        return
+    parent = next(p for p in root.parents if p.exists())
+    if not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
+        raise ConfigError(f"the model cache {root} (ISOFLOP_CACHE) cannot be made: {parent} is not a writable directory")
+
+
+def _check_splits(cfg: DictConfig) -> None:
+    """Both splits of the task hold problems, often enough drawn, and validation holds eval.problems:
+    a run draws from them until it has what it needs."""
+    t = cfg.task
+    s = ArithTask.from_config(t).splits()
+    space = f"{s.total:,} problems of task.digits={_show(t.digits)}, task.operands={t.operands}, task.ops={_show(t.ops)}"
+    widen = "or widen the task (task.digits, task.operands, task.ops)"
+    if s.train < 1:
+        raise ConfigError(f"task.val_fraction={t.val_fraction} leaves the training split empty (all {space} are in validation): lower it {widen}")
+    if s.val < cfg.eval.problems:
+        raise ConfigError(f"eval.problems={cfg.eval.problems} exceeds the validation split: {'' if s.exact else '~'}{s.val:,.0f} of the {space} "
+                          f"(task.val_fraction={t.val_fraction}); lower eval.problems, raise task.val_fraction {widen}")
+    for split, share in (("training", s.p_train), ("validation", s.p_val)):
+        if share < MIN_DRAW_SHARE:
+            raise ConfigError(f"task.val_fraction={t.val_fraction}: only {share:.2g} of draws land in the {split} split (~{1 / share:,.0f} "
+                              f"draws a problem, at most {1 / MIN_DRAW_SHARE:,.0f} allowed): move it toward 0.5 {widen}")
+
+
+def _check_positions(cfg: DictConfig, positions: Any, what: str, scored: bool) -> None:
+    """The longest prompt and its completion (a PRM also scores an end token) fit the model's context."""
+    if not isinstance(positions, int) or isinstance(positions, bool):
+        return  # the checkpoint does not say
+    prompt, new = ArithTask.from_config(cfg.task).max_prompt_len, cfg.task.max_new_tokens
+    need = prompt + new + scored
+    if need > positions:
+        room = positions - prompt - scored
+        fix = f"at most task.max_new_tokens={room}" if room > 0 else "fewer task.digits or task.operands"
+        raise ConfigError(f"task.max_new_tokens={new}: the longest prompt ({prompt} tokens) and its completion need {need} positions, "
+                          f"above the {positions} of {what}; {fix}")
+
+
+def _check_checkpoint(name: str, path: Path) -> dict:
+    """A local Hugging Face checkpoint of a family the ledger counts, with its weights; its config.json."""
     if not (path / "config.json").is_file():
         raise ConfigError(f"{name} {path} is not a Hugging Face checkpoint (no config.json)")
     try:
@@ -454,6 +608,7 @@ def _check_checkpoint(name: str, path: Path) -> None:
         raise ConfigError(f"{name} {path}: {e}") from None
     if not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
         raise ConfigError(f"{name} {path} has no weights (*.safetensors or pytorch_model*.bin)")
+    return config
 
 
 def _check_build(name: str, b: DictConfig) -> None:
@@ -515,9 +670,26 @@ def check_writable(out: Path) -> Path:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"output dir {out} is not writable: {e.strerror}") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise ConfigError(f"output dir {out} is not writable")
+    try:  # a real write: root ignores mode bits, and a read-only mount or a full disk says so only here
+        with tempfile.TemporaryFile(dir=out) as probe:
+            probe.write(b"isoflop")
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as e:
+        raise ConfigError(f"output dir {out} is not writable: {e.strerror}") from None
     return out
+
+
+SWEEP_ONLY = ("grid", "cluster", "name")  # config parts that do not change what a run computes
+
+
+def run_content(cfg: DictConfig) -> dict[str, Any]:
+    """What a run computes, as plain data: its config without the sweep-level parts, so a run keeps
+    its id and its checkpoints when only the sweep around it changes (its schedule, its cluster)."""
+    content = OmegaConf.to_container(cfg, resolve=True)
+    for key in SWEEP_ONLY:
+        content.pop(key, None)
+    return content
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -1,4 +1,4 @@
-"""Run every cell of a sweep as a Ray job, on a local head bound to 127.0.0.1 or on a cluster.
+"""Run every cell of a sweep as a Ray job, on a local head (`head.py`) or on a cluster.
 
 Resumable by construction: a run whose status.json says finished is never submitted again; a job
 the cluster still knows as running is reattached; a job the cluster lost (a new local head after a
@@ -8,23 +8,25 @@ the sweep resumable.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import fcntl
+import json
 import os
 import shlex
-import signal
-import subprocess
+import socket
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+import pandas as pd
 from omegaconf import DictConfig
 
 from isoflop_cli.config import ConfigError
-from isoflop_cli.store import FAILED, FINISHED, STOPPED, SUBMITTED, SweepDir, atomic_write, read_json, write_json
+from isoflop_cli.head import HeadError
+from isoflop_cli.schedule import Schedule, decide
+from isoflop_cli.store import FAILED, FINISHED, PAUSED, STOPPED, SUBMITTED, SweepDir, atomic_write
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 # Set in a job's environment: `isoflop run` then dies with the job supervisor that started it, so
@@ -32,7 +34,53 @@ TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 EXIT_WITH_PARENT = "ISOFLOP_EXIT_WITH_PARENT"
 
 
-HEAD_FILE = "ray-head.json"
+LOCK_FILE = ".lock"
+# How long the head may fail to answer before the sweep says it is lost (a busy head answers late).
+HEAD_GRACE_S = 15.0
+
+
+class HeadLost(HeadError):
+    def __init__(self, address: str, cause: BaseException, grace_s: float):
+        why = "connection refused" if "refused" in str(cause).lower() else type(cause).__name__
+        super().__init__(f"lost the Ray head at {address} (no answer for {grace_s:.0f}s: {why}); its jobs are gone, "
+                         "finished runs are kept; rerun the same command to resume")
+
+
+@contextlib.contextmanager
+def sweep_lock(path: Path) -> Iterator[None]:
+    """One sweep dir, one owner: an exclusive flock on `path/.lock`, held until the block exits (the
+    kernel drops it when the holder dies, even by kill -9). The file names the holder (pid, host,
+    command, start time) for the one-line refusal that a second sweep on the same dir gets."""
+    path.mkdir(parents=True, exist_ok=True)
+    lock = path / LOCK_FILE
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited: a head we spawn never holds it
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"sweep dir {path} is in use by {_holder(lock)}; wait for it or stop it") from None
+        except OSError as e:
+            raise ConfigError(f"cannot lock sweep dir {path} ({lock}: {e.strerror})") from None
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "command": shlex.join(["isoflop", *sys.argv[1:]]),
+              "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _holder(lock: Path) -> str:
+    try:
+        h = json.loads(lock.read_text())
+        where = "" if h.get("host") == socket.gethostname() else f" on {h.get('host')}"
+        return f"isoflop pid {h['pid']}{where} (started {h.get('started')}: {h.get('command')})"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return "another isoflop process"
 
 
 def check_cluster(cluster: DictConfig) -> None:
@@ -54,105 +102,6 @@ def check_cluster(cluster: DictConfig) -> None:
         raise ConfigError(f"cluster.cpus_per_run={cluster.cpus_per_run} is more than the local head's {cpus} CPUs (cluster.local_cpus)")
 
 
-@contextlib.contextmanager
-def ray_cluster(cluster: DictConfig, state_dir: Path) -> Iterator[str]:
-    """The Ray Jobs address: cluster.address, $RAY_ADDRESS, or a local head on 127.0.0.1.
-
-    The local head runs in its own process (its pid and address in `state_dir/ray-head.json`), so
-    a killed CLI leaves its jobs running and the next `isoflop sweep` reattaches to them. It is
-    stopped, by that pid, when the sweep ends or is interrupted.
-    """
-    address = cluster.address or os.environ.get("RAY_ADDRESS")
-    if address:
-        yield address
-        return
-    os.environ["RAY_AUTH_MODE"] = "token"  # a local head makes a token (~/.ray/auth_token); jobs use it too
-    info_file = state_dir / HEAD_FILE
-    head = _attach(info_file) or _start_head(cluster, info_file)
-    try:
-        yield head["address"]
-    finally:
-        _stop_head(head["pid"])
-        info_file.unlink(missing_ok=True)
-
-
-def _attach(info_file: Path) -> dict | None:
-    head = read_json(info_file)
-    if not head or not _is_head(head.get("pid", -1)):
-        return None
-    return head
-
-
-def _is_head(pid: int) -> bool:
-    try:
-        return "isoflop_cli.dispatch" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return False
-
-
-def _start_head(cluster: DictConfig, info_file: Path, timeout_s: float = 180) -> dict:
-    info_file.unlink(missing_ok=True)
-    cpus = cluster.local_cpus or os.cpu_count() or 1
-    log = open(info_file.with_suffix(".log"), "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "isoflop_cli.dispatch", "--cpus", str(cpus), "--info", str(info_file)],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-    )
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        head = read_json(info_file)
-        if head and head.get("pid") == proc.pid:
-            return head
-        if proc.poll() is not None:
-            raise RuntimeError(f"local Ray head exited ({proc.returncode}); see {info_file.with_suffix('.log')}")
-        time.sleep(0.2)
-    _stop_head(proc.pid)
-    raise RuntimeError(f"local Ray head did not start in {timeout_s:.0f}s; see {info_file.with_suffix('.log')}")
-
-
-def _stop_head(pid: int, grace_s: float = 60) -> None:
-    """SIGTERM (the head shuts Ray down cleanly), then SIGKILL to its process group."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.time() + grace_s
-    while time.time() < deadline and _alive(pid):
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)  # reap it when it is our child
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
-def serve_head(cpus: int, info_file: Path) -> None:
-    """The local head process: Ray on loopback only, usage stats off, until SIGTERM or SIGINT."""
-    import ray
-
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    os.environ["RAY_AUTH_MODE"] = "token"
-    context = ray.init(
-        address="local",
-        num_cpus=cpus,
-        num_gpus=0,
-        include_dashboard=True,
-        dashboard_host="127.0.0.1",
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-    )
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which installs its own handlers
-        signal.signal(sig, lambda *_: stop.set())
-    write_json(info_file, {"address": f"http://{context.dashboard_url}", "pid": os.getpid()})
-    stop.wait()
-    ray.shutdown()
-
-
 @dataclass
 class Dispatcher:
     """Submits, watches and collects the jobs of one sweep."""
@@ -162,11 +111,27 @@ class Dispatcher:
     address: str
     on_poll: Callable[[], None] = lambda: None
     active: dict[str, str] = field(default_factory=dict)  # run_id -> submission_id
+    failed: set[str] = field(default_factory=set)  # runs that failed in this dispatch: not submitted again in it
+    head_grace_s: float = HEAD_GRACE_S  # a head that does not answer for this long is lost
 
     def __post_init__(self) -> None:
         from ray.job_submission import JobSubmissionClient
 
-        self.client = JobSubmissionClient(self.address)
+        self.client = self._ask(JobSubmissionClient, self.address)
+
+    def _ask(self, call: Callable, *args, **kwargs):
+        """A request to the head, retried while the head does not answer; past head_grace_s it is
+        lost (HeadLost: one line, no traceback)."""
+        import requests
+
+        deadline = time.monotonic() + self.head_grace_s
+        while True:
+            try:
+                return call(*args, **kwargs)
+            except (ConnectionError, requests.exceptions.ConnectionError, requests.exceptions.Timeout) as e:
+                if time.monotonic() >= deadline:
+                    raise HeadLost(self.address, e, self.head_grace_s) from None
+                time.sleep(1)
 
     def capacity(self, cells: int) -> int:
         """Jobs in flight: what the local head can run at once; on a cluster, all (it queues them)."""
@@ -178,15 +143,54 @@ class Dispatcher:
         return max(1, int(cpus // self.cluster.cpus_per_run))
 
     def run(self) -> dict[str, str]:
-        """Drive every unfinished cell to a terminal state; returns run_id -> final state."""
+        """Drive every cell to the end of the sweep's schedule; returns run_id -> final state.
+
+        full: every unfinished cell runs to its budget, including cells an adaptive sweep paused.
+        adaptive: budget by budget, the cells still in the race run to the budget and pause there;
+        `schedule.decide` then stops those that can no longer reach the frontier (paused for good
+        in this schedule, `stopped_at` in the manifest)."""
         manifest = self.sweep.manifest()
         cells = manifest["cells"]
-        queue = [rid for rid, c in cells.items() if self.sweep.run(rid).status().get("state") != FINISHED]
-        for rid in cells:
-            if rid not in queue:
-                cells[rid]["state"] = FINISHED
-                if "submission_id" in cells[rid] and not self.sweep.run(rid).log.exists():
-                    self._save_log(rid, cells[rid]["submission_id"])  # it finished while no CLI watched
+        for rid, cell in cells.items():
+            if self.sweep.run(rid).finished():
+                cell["state"] = FINISHED
+                if "submission_id" in cell and not self.sweep.run(rid).log.exists():
+                    self._save_log(rid, cell["submission_id"])  # it finished while no CLI watched
+        schedule = manifest.get("schedule", {"name": Schedule.full.value})
+        try:
+            if schedule["name"] == Schedule.adaptive.value:
+                budgets = schedule["budgets"]
+                for i, budget in enumerate(budgets[:-1]):
+                    self._drive(manifest, pause_at=budget)
+                    self._stop_behind(manifest, schedule, budget)
+                self._drive(manifest, pause_at=None)
+            else:
+                for cell in cells.values():
+                    cell.pop("stopped_at", None)  # a full sweep continues what an adaptive one paused
+                self._drive(manifest, pause_at=None)
+        except (KeyboardInterrupt, HeadLost) as e:
+            for rid, sid in self.active.items():
+                if isinstance(e, KeyboardInterrupt):
+                    with contextlib.suppress(Exception):
+                        self.client.stop_job(sid)
+                cells[rid]["state"] = STOPPED  # a lost head's jobs are gone with it: a rerun resubmits them
+            self.sweep.write_manifest(manifest)
+            raise
+        return {rid: c["state"] for rid, c in cells.items()}
+
+    def _reached(self, run_id: str, pause_at: float | None) -> bool:
+        """The run is finished, or paused at `pause_at` or beyond."""
+        files = self.sweep.run(run_id)
+        if files.finished():
+            return True
+        status = files.status()
+        return pause_at is not None and status.get("state") == PAUSED and (status.get("paused_at") or 0) >= pause_at
+
+    def _drive(self, manifest: dict, pause_at: float | None) -> None:
+        """Run every cell still in the race to `pause_at` (None: to its budget), as many at once as
+        the capacity allows; reattach to jobs a killed CLI left running."""
+        cells = manifest["cells"]
+        queue = [rid for rid, c in cells.items() if "stopped_at" not in c and rid not in self.failed and not self._reached(rid, pause_at)]
         for rid in list(queue):
             sid = cells[rid].get("submission_id")
             if sid and self._job_status(sid) in ("PENDING", "RUNNING"):
@@ -194,57 +198,76 @@ class Dispatcher:
                 queue.remove(rid)
         self.sweep.write_manifest(manifest)
         limit = self.capacity(len(cells))
-        try:
-            while queue or self.active:
-                while queue and len(self.active) < limit:
-                    rid = queue.pop(0)
-                    self.active[rid] = self._submit(rid, cells[rid])
-                    cells[rid].update(state=SUBMITTED, submission_id=self.active[rid])
+        while queue or self.active:
+            while queue and len(self.active) < limit:
+                rid = queue.pop(0)
+                self.active[rid] = self._submit(rid, cells[rid], pause_at)
+                cells[rid].update(state=SUBMITTED, submission_id=self.active[rid])
+                self.sweep.write_manifest(manifest)
+            for rid, sid in list(self.active.items()):
+                job_state = self._job_status(sid)
+                if job_state in TERMINAL or job_state is None:
+                    del self.active[rid]
+                    self._save_log(rid, sid)
+                    if self._reached(rid, pause_at):
+                        cells[rid]["state"] = FINISHED if self.sweep.run(rid).finished() else PAUSED
+                    elif job_state == "SUCCEEDED" and self.sweep.run(rid).status().get("state") == PAUSED:
+                        queue.append(rid)  # a reattached job that paused at an earlier budget
+                    else:
+                        cells[rid]["state"] = FAILED
+                        cells[rid]["error"] = self._failure(rid, sid, job_state)
+                        self.failed.add(rid)
                     self.sweep.write_manifest(manifest)
-                for rid, sid in list(self.active.items()):
-                    job_state = self._job_status(sid)
-                    if job_state in TERMINAL or job_state is None:
-                        del self.active[rid]
-                        self._save_log(rid, sid)
-                        ok = self.sweep.run(rid).status().get("state") == FINISHED
-                        cells[rid]["state"] = FINISHED if ok else FAILED
-                        if not ok:
-                            cells[rid]["error"] = self._failure(rid, sid, job_state)
-                        self.sweep.write_manifest(manifest)
-                self.on_poll()
-                if queue or self.active:
-                    time.sleep(self.cluster.poll_s)
-        except KeyboardInterrupt:
-            for rid, sid in self.active.items():
-                with contextlib.suppress(Exception):
-                    self.client.stop_job(sid)
-                cells[rid]["state"] = STOPPED
-            self.sweep.write_manifest(manifest)
-            raise
-        return {rid: c["state"] for rid, c in cells.items()}
+            self.on_poll()
+            if queue or self.active:
+                time.sleep(self.cluster.poll_s)
 
-    def _submit(self, run_id: str, cell: dict) -> str:
+    def _stop_behind(self, manifest: dict, schedule: dict, budget: float) -> None:
+        """The adaptive rule at `budget`, over the cells still in the race (their eval points so far)."""
+        cells = manifest["cells"]
+        racing = [rid for rid, c in cells.items() if "stopped_at" not in c and rid not in self.failed]
+        column, metric = schedule["column"], schedule["metric"]
+        frames = [pd.DataFrame(self.sweep.run(rid).read_metrics(), columns=[column, metric]).assign(run_id=rid) for rid in racing]
+        points = pd.concat(frames, ignore_index=True).dropna() if frames else pd.DataFrame()
+        if points.empty:
+            return
+        for d in decide(points, budget, schedule["budgets"][-1], schedule["margin"], metric, column):
+            if not d.go:
+                cells[d.run].update(state=PAUSED, stopped_at=budget,
+                                    why=f"stopped at {budget:g}: best {d.best:.3f}, can reach {d.reach:.3f} by {schedule['budgets'][-1]:g}, "
+                                        f"below the frontier {d.frontier:.3f}")
+        self.sweep.write_manifest(manifest)
+
+    def _submit(self, run_id: str, cell: dict, pause_at: float | None = None) -> str:
         files = self.sweep.run(run_id)
         attempt = cell.get("attempts", 0) + 1
         cell["attempts"] = attempt
         python = self.cluster.python or sys.executable
         # exec: the run is the job's process, so it ends with its job (see EXIT_WITH_PARENT).
-        entrypoint = "exec " + shlex.join([python, "-m", "isoflop_cli", "run", "--config", str(files.config), "--out", str(files.dir)])
+        command = [python, "-m", "isoflop_cli", "run", "--config", str(files.config), "--out", str(files.dir)]
+        entrypoint = "exec " + shlex.join(command + (["--pause-at", repr(float(pause_at))] if pause_at is not None else []))
         env = {"OMP_NUM_THREADS": str(max(1, int(self.cluster.cpus_per_run))), "RAY_USAGE_STATS_ENABLED": "0", EXIT_WITH_PARENT: "1"}
         if "ISOFLOP_CACHE" in os.environ:
             env["ISOFLOP_CACHE"] = os.environ["ISOFLOP_CACHE"]
-        return self.client.submit_job(
-            entrypoint=entrypoint,
-            submission_id=f"isoflop-{run_id}-{attempt}",
-            entrypoint_num_cpus=self.cluster.cpus_per_run,
-            entrypoint_num_gpus=self.cluster.gpus_per_run,
-            runtime_env={"env_vars": env},
-        )
+        submission_id = f"isoflop-{run_id}-{attempt}"
+        try:
+            return self._ask(
+                self.client.submit_job,
+                entrypoint=entrypoint,
+                submission_id=submission_id,
+                entrypoint_num_cpus=self.cluster.cpus_per_run,
+                entrypoint_num_gpus=self.cluster.gpus_per_run,
+                runtime_env={"env_vars": env},
+            )
+        except RuntimeError as e:
+            if "already exists" not in str(e):
+                raise
+            return submission_id  # an earlier try reached the head (its answer was lost): the job is this run's
 
     def _job_status(self, submission_id: str) -> str | None:
         """The job's state, or None when the cluster does not know it (lost with an old head)."""
         try:
-            return str(self.client.get_job_status(submission_id).value)
+            return str(self._ask(self.client.get_job_status, submission_id).value)
         except RuntimeError:
             return None
 
@@ -253,17 +276,13 @@ class Dispatcher:
             atomic_write(self.sweep.run(run_id).log, self.client.get_job_logs(submission_id))
 
     def _failure(self, run_id: str, submission_id: str, job_state: str | None) -> str:
-        status = self.sweep.run(run_id).status()
-        if status.get("error"):
-            return status["error"]
-        log = self.sweep.run(run_id).log
-        tail = log.read_text().strip().splitlines()[-1:] if log.exists() else []
-        return f"job {submission_id} ended {job_state or 'lost'}" + (f": {tail[0]}" if tail else "")
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="A local Ray head for isoflop (started by `isoflop sweep`).")
-    parser.add_argument("--cpus", type=int, required=True)
-    parser.add_argument("--info", type=Path, required=True)
-    args = parser.parse_args()
-    serve_head(args.cpus, args.info)
+        """The run's own error or its log's exception line, else what Ray says of the job's end
+        (a killed process: "...exit code -9"); a job the cluster lost says so."""
+        reason = self.sweep.run(run_id).failure_reason()
+        if reason:
+            return reason
+        try:
+            message = self.client.get_job_info(submission_id).message
+        except Exception:  # the cluster no longer knows the job
+            message = None
+        return f"job {submission_id} ended {job_state or 'lost'}" + (f": {message}" if message else "")

@@ -11,10 +11,12 @@ import hashlib
 import itertools
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from isoflop_cli import config, flops
 from isoflop_cli.config import GROUPS, BudgetUnit, ConfigError, LrScaling
@@ -49,14 +51,22 @@ class RunPlan:
 @dataclass
 class Cell:
     axes: dict[str, Any]  # n, B_p, seed and any grid.axes, as set on the run config
-    cfg: DictConfig | None  # the run's resolved config (None when infeasible)
     plan: RunPlan | None
     reason: str = ""  # why the cell is infeasible
     run_id: str = field(default="")
+    # The cell's axes combination: its config is made on demand (`cfg`), not held per cell.
+    combo: "_Combo | None" = field(default=None, repr=False, compare=False)
 
     @property
     def feasible(self) -> bool:
         return self.plan is not None
+
+    @property
+    def cfg(self) -> DictConfig | None:
+        """The run's resolved config (None when infeasible), made when asked for."""
+        if self.plan is None or self.combo is None:
+            return None
+        return self.combo.run_config(self.axes["n"], self.axes["B_p"], self.axes["seed"])
 
 
 def learning_rate(algo: DictConfig, batch: int) -> float:
@@ -83,17 +93,39 @@ def eval_budgets(grid: DictConfig) -> list[float]:
 def step_flops(cfg: DictConfig) -> tuple[float, float, float]:
     """Upper bound of one step's search, learning and reward FLOPs: every prompt at the longest
     prompt's width, every completion at max_new_tokens (a reward model scores prompt, completion, eos)."""
-    shape = flops.model_shape(cfg.model).with_lora(cfg.lora.rank, cfg.lora.targets)
-    rows, prompt, new = cfg.B_p * cfg.n, ArithTask.from_config(cfg.task).max_prompt_len, cfg.task.max_new_tokens
-    shared = (cfg.sampler.name == "vllm" or cfg.sampler.shared_prefill) and cfg.n > 1 and prompt > 1
-    search = flops.generate(shape, rows, prompt, new, prefill_rows=cfg.B_p if shared else rows)
-    tree = cfg.B_p * (prompt + cfg.n * new)  # each prompt once, then its completions
-    work = flops.tree_work(cfg.B_p, cfg.n, prompt, prompt + new, tree) if cfg.learner.shared_prompt else flops.plain_work(rows, prompt + new)
+    return _step_flops(cfg, cfg.n, cfg.B_p)
+
+
+@dataclass(frozen=True)
+class _Shapes:
+    """What step FLOPs read of a config beside n and B_p, derived once per axes combination."""
+
+    policy: flops.Shape
+    prompt: int
+    reward: flops.Shape | None
+
+    @classmethod
+    def of(cls, cfg) -> "_Shapes":
+        return cls(
+            policy=flops.model_shape(cfg.model).with_lora(cfg.lora.rank, cfg.lora.targets),
+            prompt=ArithTask.from_config(cfg.task).max_prompt_len,
+            reward=flops.reward_model_shape(cfg.reward) if cfg.reward.name == "prm" else None,
+        )
+
+
+def _step_flops(cfg, n: int, B_p: int, shapes: _Shapes | None = None) -> tuple[float, float, float]:
+    shapes = shapes or _Shapes.of(cfg)
+    shape, prompt, new = shapes.policy, shapes.prompt, cfg.task.max_new_tokens
+    rows = B_p * n
+    shared = (cfg.sampler.name == "vllm" or cfg.sampler.shared_prefill) and n > 1 and prompt > 1
+    search = flops.generate(shape, rows, prompt, new, prefill_rows=B_p if shared else rows)
+    tree = B_p * (prompt + n * new)  # each prompt once, then its completions
+    work = flops.tree_work(B_p, n, prompt, prompt + new, tree) if cfg.learner.shared_prompt else flops.plain_work(rows, prompt + new)
     learning = flops.learning(shape, *work, logits=rows * new, **flops.update_passes(cfg.algo))
     reward = 0.0
-    if cfg.reward.name == "prm":
+    if shapes.reward is not None:
         width = prompt + new + 1
-        reward = flops.forward(flops.reward_model_shape(cfg.reward), rows, width, width, width).total
+        reward = flops.forward(shapes.reward, rows, width, width, width).total
     return search, learning, reward
 
 
@@ -103,22 +135,29 @@ def plan_run(cfg: DictConfig, flops_scale: float = 1.0) -> RunPlan:
     `flops_scale` (measured / upper bound, from finished runs) turns the per-step upper bound into
     a prediction.
     """
+    return _plan_run(cfg, cfg.n, cfg.B_p, flops_scale)
+
+
+def _plan_run(cfg, n: int, B_p: int, flops_scale: float = 1.0, shapes: _Shapes | None = None,
+              checkpoints: list[float] | None = None) -> RunPlan:
+    """plan_run for `n`, `B_p` on `cfg` (a DictConfig or a `_Plain` view of one)."""
     g = cfg.grid
-    batch = cfg.B_p * cfg.n
+    batch = B_p * n
     if batch > g.max_batch:
         raise ConfigError(f"B_p*n = {batch} exceeds grid.max_batch = {g.max_batch}")
-    groups_per_update = cfg.B_p // cfg.algo.minibatches  # mini-batches and ranks take whole prompt groups
+    groups_per_update = B_p // cfg.algo.minibatches  # mini-batches and ranks take whole prompt groups
     if groups_per_update < cfg.learner.world_size:
-        raise ConfigError(f"B_p = {cfg.B_p} prompts do not fill algo.minibatches = {cfg.algo.minibatches} x "
+        raise ConfigError(f"B_p = {B_p} prompts do not fill algo.minibatches = {cfg.algo.minibatches} x "
                           f"learner.world_size = {cfg.learner.world_size} (each rank trains on whole prompt groups)")
     c_max = max(g.budgets)
-    per_step = tuple(f * flops_scale for f in step_flops(cfg))
+    per_step = tuple(f * flops_scale for f in _step_flops(cfg, n, B_p, shapes))
     by_flops = BudgetUnit(g.budget.unit) is BudgetUnit.flops
     cost, what = (sum(per_step), f"~{sum(per_step):.3g} FLOPs (upper bound)") if by_flops else (batch, f"B = {batch}")
     M = int(c_max // cost)
     if M < g.min_steps:
         raise ConfigError(f"budget {c_max:g} {BudgetUnit(g.budget.unit).value} allows M = {M} steps of {what}, below grid.min_steps = {g.min_steps}")
-    checkpoints = eval_budgets(g) if by_flops else [c for c in eval_budgets(g) if c >= cost]
+    shared = eval_budgets(g) if checkpoints is None else checkpoints
+    checkpoints = shared if by_flops else [c for c in shared if c >= cost]
     steps = {0, M} | {int(c // cost) for c in checkpoints if c >= cost}
     return RunPlan(
         batch=batch, M=M, eval_steps=tuple(sorted(steps)), lr=learning_rate(cfg.algo, batch),
@@ -131,15 +170,135 @@ def plan_run(cfg: DictConfig, flops_scale: float = 1.0) -> RunPlan:
 
 def run_id(axes: dict[str, Any], cfg: DictConfig, plan: RunPlan) -> str:
     """Readable axis values plus a hash of what the run computes: same content, same run."""
-    content = OmegaConf.to_container(cfg, resolve=True)
-    for key in ("grid", "cluster", "name"):
-        content.pop(key, None)
+    content = config.run_content(cfg)
     content["plan"] = [plan.column, plan.limit, list(plan.eval_at), plan.lr]
     digest = hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{_slug(axes)}_{digest}"
+
+
+def _slug(axes: dict[str, Any]) -> str:
     parts = [f"n{axes['n']}", f"bp{axes['B_p']}", f"s{axes['seed']}"]
-    parts += [f"{k.split('.')[-1]}-{v}" for k, v in axes.items() if k not in ("n", "B_p", "seed")]
-    slug = "_".join(parts).replace("/", "-").replace(" ", "")
-    return f"{slug[:80]}_{digest}"
+    parts += [f"{k.split('.')[-1]}-{_slug_value(v)}" for k, v in axes.items() if k not in ("n", "B_p", "seed")]
+    return "_".join(parts).replace("/", "-").replace(" ", "")[:80]
+
+
+def _slug_value(value: Any) -> str:
+    """A scalar as written; a list or mapping (a list-typed key's value) as its items, joined by ','
+    and kept to characters a directory or job name takes."""
+    if isinstance(value, (list, tuple)):
+        text = ",".join(_slug_value(v) for v in value)
+    elif isinstance(value, dict):
+        text = ",".join(f"{k}={_slug_value(v)}" for k, v in value.items())
+    else:
+        return f"{value}"
+    return re.sub(r"[^A-Za-z0-9.,=+-]", "_", text)
+
+
+class _RunIds:
+    """`run_id` for every cell of one axes combination without a config per cell: the hashed JSON is
+    spliced from the combination's parts, serialised once, and each cell's n, B_p, seed and plan
+    (json.dumps(sort_keys=True) writes the same bytes)."""
+
+    VARYING = ("n", "B_p", "seed", "plan")
+
+    def __init__(self, content: dict[str, Any], choice: dict[str, Any]):
+        keys = sorted((set(content) - set(config.SWEEP_ONLY)) | set(self.VARYING))
+        self.pieces: list[str] = []
+        self.slots: dict[str, int] = {}
+        for key in keys:
+            self.pieces.append(json.dumps(key) + ": ")
+            if key in self.VARYING:
+                self.slots[key] = len(self.pieces)
+                self.pieces.append("")
+            else:
+                self.pieces.append(json.dumps(content[key], sort_keys=True))
+            self.pieces.append(", ")
+        self.pieces.pop()
+        extra = [f"{k.split('.')[-1]}-{_slug_value(v)}" for k, v in choice.items()]
+        self.extra = "".join("_" + p for p in extra).replace("/", "-").replace(" ", "")
+
+    def digest(self, n: int, B_p: int, seed: int, plan_json: str) -> str:
+        pieces = self.pieces.copy()
+        for key, value in (("n", json.dumps(n)), ("B_p", json.dumps(B_p)), ("seed", json.dumps(seed)), ("plan", plan_json)):
+            pieces[self.slots[key]] = value
+        return hashlib.sha1(("{" + "".join(pieces) + "}").encode()).hexdigest()
+
+    def slug(self, n: int, B_p: int, seed: int) -> str:
+        return f"n{n}_bp{B_p}_s{seed}{self.extra}"[:80]
+
+
+def _plan_json(plan: RunPlan) -> str:
+    return json.dumps([plan.column, plan.limit, list(plan.eval_at), plan.lr])
+
+
+class _Plain:
+    """Attribute and item access to a plain config dict, as planning reads a DictConfig (OmegaConf's
+    access costs microseconds per key, and planning reads many keys per cell)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: dict[str, Any]):
+        self._data = data
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            value = self._data[key]
+        except KeyError:
+            raise AttributeError(key) from None
+        return _Plain(value) if isinstance(value, dict) else value
+
+    __getitem__ = __getattr__
+
+
+class _Combo:
+    """One combination of grid.axes values. Its cells share it: their configs are made from it on
+    demand (`Cell.cfg`), only the last one made in the grid kept (`last`, shared by its combinations),
+    so a grid holds no config per cell, and reading one cell's config again costs nothing."""
+
+    def __init__(self, root: DictConfig, choice: dict[str, Any], last: list, base: DictConfig | None = None):
+        self.root, self.choice, self.base, self.last = root, choice, base, last
+
+    def run_config(self, n: int, B_p: int, seed: int) -> DictConfig:
+        key = (n, B_p, seed)
+        if not self.last or self.last[0] is not self or self.last[1] != key:
+            cfg = self.base.copy() if self.base is not None else config.with_values(self.root, self.choice, checked=False)
+            cfg.n, cfg.B_p, cfg.seed = n, B_p, seed
+            self.last[:] = [self, key, cfg]
+        return self.last[2]
+
+
+def _plain_value(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def _put(data: Any, parts: list[str], value: Any) -> Any:
+    """`data` with the value at a dotted path replaced, copying only the containers along it."""
+    out = list(data) if isinstance(data, list) else dict(data)
+    key: Any = int(parts[0]) if isinstance(data, list) else parts[0]
+    out[key] = value if len(parts) == 1 else _put(data[key], parts[1:], value)
+    return out
+
+
+def _set_axes(work: DictConfig, root_plain: dict[str, Any], choice: dict[str, Any]) -> dict[str, Any]:
+    """Set a combination's dotted keys on `work` (checked as an override is), and return the plain
+    config they make: `root_plain` with each key's value as the schema typed it."""
+    for key, value in choice.items():
+        try:
+            OmegaConf.update(work, key, value, merge=False)
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"grid.axes.{key}: {config._omegaconf_message(e)}") from None
+    config.check(work, axes=False)  # grid.axes itself was checked with the sweep
+    plain = root_plain
+    for key in choice:
+        plain = _put(plain, key.split("."), _plain_value(OmegaConf.select(work, key)))
+    return plain
+
+
+def _same_run(first: dict[str, Any], second: dict[str, Any], run: str) -> ConfigError:
+    differ = [k for k in second if first.get(k) != second[k]] or list(second)
+    pairs = " and ".join(", ".join(f"{k}={axes[k]}" for k in differ) for axes in (first, second))
+    return ConfigError(f"grid.axes: {pairs} are the same run ({run}): every axis value must change what a run "
+                       f"computes ({', '.join(config.SWEEP_ONLY)} settings do not)")
 
 
 def expand(
@@ -152,29 +311,68 @@ def expand(
     Axes that choose a config group (model=..., reward=...) need `recompose(overrides)`, which
     composes the sweep again with them; plain dotted keys are set directly. `flops_scale` maps a
     model name to its measured / upper-bound FLOP ratio (see plan_run).
+
+    Per-cell work is kept small: each axes combination is set, checked and converted to a plain
+    dict once, each (n, B_p) of it planned once (seeds share the plan), and run ids hashed from
+    pre-serialised parts; cells make their config only when asked (`Cell.cfg`).
     """
     g = cfg.grid
-    extra = {k: list(v) for k, v in g.axes.items()}
+    root = cfg.copy()  # cells make their configs from it: the caller's later edits do not reach them
+    extra = {k: [_plain_value(v) for v in values] for k, values in g.axes.items()}
+    ns, bps, seeds = list(g.n), list(g.B_p), list(g.seed)
+    scales = flops_scale or {}
+    work: DictConfig | None = None
+    root_plain: dict[str, Any] = {}
     cells: list[Cell] = []
+    runs: dict[str, dict[str, Any]] = {}  # content digest -> the axes of the cell that runs it
+    ids: dict[str, dict[str, Any]] = {}
+    last: list = []  # the cell config made last (see _Combo)
     for combo in itertools.product(*extra.values()) if extra else [()]:
         choice = dict(zip(extra, combo))
         if any(k in GROUPS for k in choice):
             if recompose is None:
                 raise ConfigError("group axes (model, reward, ...) need the sweep's overrides to recompose")
-            base = recompose([f"{k}={v}" for k, v in choice.items()])
+            # Scalars go to Hydra as overrides (as the sweep's own would); list values are set after.
+            scalars = {k: v for k, v in choice.items() if not isinstance(v, (list, dict))}
+            base = recompose([f"{k}={v}" for k, v in scalars.items()])
+            rest = {k: v for k, v in choice.items() if k not in scalars}
+            if rest:
+                base = config.with_values(base, rest)
+            spec = _Combo(root, choice, last, base)
+            plain = OmegaConf.to_container(base, resolve=True)
         else:
-            base = config.with_values(cfg, choice)
-        for n, B_p, seed in itertools.product(g.n, g.B_p, g.seed):
-            axes = {"n": n, "B_p": B_p, "seed": seed, **choice}
-            run_cfg = base.copy()
-            run_cfg.n, run_cfg.B_p, run_cfg.seed = n, B_p, seed
+            if work is None:
+                work, root_plain = root.copy(), OmegaConf.to_container(root, resolve=True)
+            plain = _set_axes(work, root_plain, choice) if choice else root_plain
+            spec = _Combo(root, choice, last)
+        view = _Plain(plain)
+        hashes = _RunIds(plain, choice)
+        shapes = _Shapes.of(view)
+        checkpoints = eval_budgets(view.grid)
+        scale = scales.get(view.model.name, 1.0)
+        for n, B_p in itertools.product(ns, bps):
             try:
-                plan = plan_run(run_cfg, (flops_scale or {}).get(run_cfg.model.name, 1.0))
+                plan = _plan_run(view, n, B_p, scale, shapes, checkpoints)
             except ConfigError as e:
-                cells.append(Cell(axes=axes, cfg=None, plan=None, reason=str(e)))
+                cells.extend(Cell(axes={"n": n, "B_p": B_p, "seed": seed, **choice}, plan=None, reason=str(e), combo=spec) for seed in seeds)
                 continue
-            cells.append(Cell(axes=axes, cfg=run_cfg, plan=plan, run_id=run_id(axes, run_cfg, plan)))
+            plan_json = _plan_json(plan)
+            for seed in seeds:
+                axes = {"n": n, "B_p": B_p, "seed": seed, **choice}
+                digest = hashes.digest(n, B_p, seed, plan_json)
+                rid = f"{hashes.slug(n, B_p, seed)}_{digest[:8]}"
+                if digest in runs:
+                    raise _same_run(runs[digest], axes, rid)
+                if rid in ids:
+                    raise ConfigError(f"grid: cells {_axes_text(ids[rid])} and {_axes_text(axes)} share the run id {rid}; "
+                                      "shorten the axis values or rename the sweep's axes")
+                runs[digest] = ids[rid] = axes
+                cells.append(Cell(axes=axes, plan=plan, run_id=rid, combo=spec))
     if not any(c.feasible for c in cells):
         reasons = sorted({c.reason for c in cells})
         raise ConfigError(f"no feasible cell: {reasons[0]}" + (f" (and {len(reasons) - 1} more reasons)" if len(reasons) > 1 else ""))
     return cells
+
+
+def _axes_text(axes: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in axes.items())

@@ -12,9 +12,9 @@ from rich.text import Text
 
 from isoflop_cli.config import BudgetUnit
 from isoflop_cli.grid import Cell
-from isoflop_cli.store import FINISHED, SweepDir
+from isoflop_cli.store import FAILED, FINISHED, KILLED, PAUSED, PENDING, RUNNING, STOPPED, SweepDir
 
-STATE_STYLE = {"finished": "green", "running": "cyan", "submitted": "yellow", "failed": "red", "stopped": "magenta"}
+STATE_STYLE = {"finished": "green", "running": "cyan", "submitted": "yellow", "failed": "red", "stopped": "magenta", "killed": "red", "paused": "blue"}
 
 
 def run_columns(cell: Cell) -> dict[str, Any]:
@@ -49,8 +49,12 @@ def plan_table(cfg, cells: list[Cell]) -> Group:
     for col in ["n", "B_p", "seed", *extra, "B", "M", "eval points", "rollouts", "lr", "search", "learning", "reward", "rho"]:
         table.add_column(col, justify="left" if col in extra else "right")
     infeasible = []
-    for c in cells:
-        axes = [str(c.axes[k]) for k in ("n", "B_p", "seed", *extra)]
+    # A large grid (rendering costs ~1 ms a row) lists each cell's seeds on one row (they share the
+    # plan), then the first PLAN_ROWS rows: `plan --json` lists every cell.
+    rows = [[c] for c in cells] if len(cells) <= PLAN_ROWS else _by_seeds(cells)
+    for group in rows[:PLAN_ROWS]:
+        c = group[0]
+        axes = [_value_label(c.axes[k]) if k != "seed" else _seeds_label([g.axes["seed"] for g in group]) for k in ("n", "B_p", "seed", *extra)]
         if c.feasible:
             p = c.plan
             f = p.predicted_flops
@@ -58,42 +62,117 @@ def plan_table(cfg, cells: list[Cell]) -> Group:
                           *(f"{f[k]:.3g}" for k in ("flops_search", "flops_learning", "flops_reward")), f"{f['rho']:.2f}")
         else:
             table.add_row(*axes, str(c.axes["n"] * c.axes["B_p"]), *["[red]-[/]"] * 8)
-            infeasible.append(Text(f"infeasible {_axes_label(c.axes)}: {c.reason}", style="red"))
+            label = _axes_label({**c.axes, "seed": axes[2]})
+            infeasible.append(Text(f"infeasible {label}: {c.reason}", style="red"))
+    if len(rows) > PLAN_ROWS:
+        table.caption += f"; the first {PLAN_ROWS} of {len(rows)} rows: `isoflop plan --json` lists every cell"
     return Group(table, *infeasible)
+
+
+PLAN_ROWS = 500  # rows of the plan table at most
+
+
+def _by_seeds(cells: list[Cell]) -> list[list[Cell]]:
+    """Adjacent cells that differ only in their seed (the grid puts seeds innermost): one group each."""
+    groups: list[list[Cell]] = []
+    for c in cells:
+        last = groups[-1][0] if groups else None
+        if last is not None and last.plan is c.plan and last.reason == c.reason and \
+                all(v == c.axes[k] for k, v in last.axes.items() if k != "seed"):
+            groups[-1].append(c)
+        else:
+            groups.append([c])
+    return groups
+
+
+def _value_label(value: Any) -> str:
+    """An axis value as an override writes it: a list-typed key's value as [a,b]."""
+    return "[" + ",".join(_value_label(v) for v in value) + "]" if isinstance(value, (list, tuple)) else str(value)
+
+
+def _seeds_label(seeds: list[int]) -> str:
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ",".join(map(str, seeds)) if len(seeds) <= 4 else f"{len(seeds)} seeds"
+
+
+def schedule_line(cfg, cells: list[Cell], share: float | None, replayed) -> Text:
+    """The sweep's total, which is the adaptive schedule's worst case (every cell survives), and
+    what a replay of a similar sweep says it would spend."""
+    feasible = [c for c in cells if c.feasible]
+    flops = sum(c.plan.predicted_flops["flops_total"] for c in feasible)
+    rollouts = sum(c.plan.rollouts for c in feasible)
+    total = f"{_compact(rollouts)} rollouts, {_compact(flops)} FLOPs"
+    if cfg.grid.schedule != "adaptive":
+        line = f"schedule full: {total}"
+        return Text(line + (f"; grid.schedule=adaptive spent {share:.0%} of the full grid in the replay {replayed}" if share is not None else ""))
+    line = f"schedule adaptive (margin {cfg.grid.margin:g}): at most {total} (every cell survives every budget)"
+    if share is not None:
+        line += f"; the replay {replayed} spent {share:.0%} of its full grid: ~{_compact(rollouts * share)} rollouts, {_compact(flops * share)} FLOPs"
+    return Text(line)
 
 
 def _axes_label(axes: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in axes.items())
 
 
-def sweep_table(sweep: SweepDir) -> Table:
+def run_state(sweep: SweepDir, run_id: str, cell: dict) -> tuple[str, str]:
+    """A run's true state and, when it did not finish, why.
+
+    Sealed records make a run finished; otherwise the sweep's word (failed, stopped: the dispatcher
+    saw the job end) outranks the run's own status file, which a killed run cannot update. A run
+    still marked running whose process on this host is gone was killed."""
+    files = sweep.run(run_id)
+    if files.finished():
+        return FINISHED, ""
+    status = files.status()
+    own, known = status.get("state", PENDING), cell.get("state", PENDING)
+    if known in (FAILED, STOPPED):
+        return known, cell.get("error") or files.failure_reason() or ""
+    if "stopped_at" in cell:
+        return PAUSED, cell.get("why", "")
+    if own == PAUSED:
+        return PAUSED, f"at {_compact(status.get('paused_at') or 0)}, waiting for the others to reach that budget"
+    if own == FAILED:
+        return FAILED, files.failure_reason() or ""
+    if own == RUNNING:
+        if files.process_gone():
+            return KILLED, f"process {status.get('pid')} is gone; rerun the sweep to resume from its last checkpoint"
+        return RUNNING, ""
+    if own == FINISHED:  # marked finished, records not whole: the sweep redoes it
+        return known if known != FINISHED else PENDING, "its metrics are torn; the next sweep resumes it"
+    return known, ""
+
+
+def sweep_table(sweep: SweepDir) -> Group:
     manifest = sweep.manifest()
     cells = manifest["cells"]
     done = 0
     table = Table(title=f"{sweep.path}")
-    for col in ("cell", "status", "step/M", "rollouts", "val_avg@k", "val_best@k", "wall_s"):
+    for col in ("cell", "status", "tries", "step/M", "rollouts", "val_avg@k", "wall_s"):
         table.add_column(col, justify="left" if col in ("cell", "status") else "right")
+    reasons = []
     for run_id, cell in cells.items():
         files = sweep.run(run_id)
         status = files.status()
-        state = status.get("state", "pending")
-        if cell.get("state") in ("failed", "stopped", "submitted") and state not in (FINISHED, "running"):
-            state = cell["state"]
+        state, why = run_state(sweep, run_id, cell)
         done += state == FINISHED
-        rows = files.read_metrics() if state != "pending" else []
+        if why and state != FINISHED:
+            reasons.append(Text(f"{state} {run_id}: {why}", style=STATE_STYLE.get(state, "white")))
+        rows = files.read_metrics() if state != PENDING else []
         last = rows[-1] if rows else {}
-        step = status.get("step", 0) if state != FINISHED else cell["M"]
+        step = cell["M"] if state == FINISHED else status.get("step", 0)
         table.add_row(
             run_id,
             f"[{STATE_STYLE.get(state, 'white')}]{state}[/]",
+            str(cell.get("attempts", 0)),
             f"{step}/{cell['M']}",
-            f"{status.get('rollouts', last.get('rollouts', 0)):,}" if state != "pending" else "-",
+            _fmt(status.get("rollouts", last.get("rollouts", 0))) if state != PENDING else "-",
             _fmt(last.get("val_avg@k")),
-            _fmt(last.get("val_best@k")),
             _fmt(last.get("wall_s")),
         )
     table.caption = f"{done}/{len(cells)} finished" + (f"; {len(manifest.get('infeasible', []))} infeasible cells skipped" if manifest.get("infeasible") else "")
-    return table
+    return Group(table, *reasons)
 
 
 def metrics_table(rows: list[dict]) -> Table:
@@ -126,3 +205,28 @@ def _fmt(v: Any) -> str:
     if isinstance(v, int):
         return f"{v:,}"
     return str(v)
+
+
+def replay_table(result, axis: str) -> Group:
+    """Per stage budget: both frontiers, both axis*, and how many cells were still running."""
+    table = Table(title=f"replay: {result.schedule.value} schedule (margin {result.margin:g}) against the full grid")
+    for col in ("C", "cells", "full", result.schedule.value, "gap", f"{axis}* full", f"{axis}* {result.schedule.value}"):
+        table.add_column(col, justify="right")
+    for r in result.per_budget.itertuples():
+        table.add_row(_compact(r.budget), str(r.cells_running), _fmt(r.full_value), _fmt(r.adaptive_value), _fmt(r.value_gap),
+                      str(r.full_star), f"{r.adaptive_star}" + ("" if r.star_agrees else " [red](>2x)[/]"))
+    line = Text(f"compute: {result.compute_share:.1%} of the full grid's; {axis}* within 2x at {result.n_star_agreement:.0%} of budgets; "
+                f"largest frontier gap {result.max_value_gap:.3f}; {len(result.stopped)} cells stopped")
+    return Group(table, line)
+
+
+def _compact(v: float) -> str:
+    """4.1k, 1.8e-5, 6.9e9: short enough for an 80-column table."""
+    if v == 0:
+        return "0"
+    if 1e-2 <= abs(v) < 1e3:
+        return f"{v:.3g}"
+    for scale, suffix in ((1e3, "k"), (1e6, "M"), (1e9, "G"), (1e12, "T")):
+        if scale <= abs(v) < scale * 1e3:
+            return f"{v / scale:.3g}{suffix}"
+    return f"{v:.2g}"

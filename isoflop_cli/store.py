@@ -8,13 +8,20 @@
 
 A run writes its own metrics.jsonl (appended and flushed per eval point) and status.json; the
 dispatcher owns the manifest and results. Both sides use this module and nothing else for files.
+
+A run is finished only when its records are whole: `RunFiles.finish` seals it, writing the rows
+once more atomically and keeping a copy in status.json, so a metrics file torn or cut later is
+repaired from that copy instead of silently losing eval points (`RunFiles.finished_rows`).
 """
 
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import os
+import re
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +34,8 @@ MANIFEST = "manifest.json"
 
 # Run states, as status.json and the manifest spell them.
 PENDING, SUBMITTED, RUNNING, FINISHED, FAILED, STOPPED = "pending", "submitted", "running", "finished", "failed", "stopped"
+PAUSED = "paused"  # an adaptive sweep's cell stopped at a budget, its checkpoint kept to continue from
+KILLED = "killed"  # shown by `status` only: marked running, its process gone
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:
@@ -38,9 +47,20 @@ def atomic_write(path: Path, data: str | bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if is_disk_full(e) and not e.filename:  # say where: "disk full at PATH"
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
+
+
+def is_disk_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_message(e: OSError) -> str:
+    where = e.filename or "the output dir"
+    return f"disk full at {where}: free space there and rerun the same command to resume (finished runs are kept)"
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -69,7 +89,60 @@ class RunFiles:
         return read_json(self.status_file, default={"state": PENDING})
 
     def set_status(self, state: str, **fields: Any) -> None:
-        write_json(self.status_file, {"state": state, "updated": time.time(), **fields})
+        write_json(self.status_file, {"state": state, "updated": time.time(), "host": socket.gethostname(), **fields})
+
+    def finish(self, rows: list[dict], **fields: Any) -> None:
+        """Seal a finished run: its rows written whole, and a copy in status.json to repair from."""
+        atomic_write(self.metrics, _jsonl(rows))
+        self.set_status(FINISHED, rows=rows, **fields)
+
+    def finished_rows(self) -> list[dict] | None:
+        """The eval points of a finished run, or None while it is not finished.
+
+        A sealed run whose metrics file no longer holds exactly its sealed rows (a torn or cut
+        tail, a lost line) is repaired from the copy in status.json. A run marked finished without
+        that copy (written by an older isoflop) counts when its file has no torn line."""
+        status = self.status()
+        if status.get("state") != FINISHED:
+            return None
+        text = self.metrics.read_text() if self.metrics.exists() else ""
+        sealed = status.get("rows")
+        if sealed is None:
+            rows = self.read_metrics()
+            return rows if rows and _jsonl(rows) == text else None
+        if text != _jsonl(sealed):
+            atomic_write(self.metrics, _jsonl(sealed))
+        return sealed
+
+    def finished(self) -> bool:
+        return self.finished_rows() is not None
+
+    def process_gone(self) -> bool:
+        """A run marked running whose process, on this host, no longer exists (killed)."""
+        status = self.status()
+        if status.get("state") != RUNNING or status.get("host") != socket.gethostname() or "pid" not in status:
+            return False
+        try:
+            os.kill(int(status["pid"]), 0)
+        except ProcessLookupError:
+            return True
+        except (PermissionError, ValueError, OverflowError):
+            return False
+        return False
+
+    def failure_reason(self) -> str | None:
+        """Why the run failed, as the run or its log says it: the error the run recorded, else the
+        last exception line of its log (not the traceback's last frame)."""
+        error = self.status().get("error")
+        if error:
+            return str(error)
+        if not self.log.exists():
+            return None
+        lines = [line.strip() for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
+        for line in reversed(lines):
+            if _EXCEPTION.match(line):
+                return line.removeprefix("error: ")
+        return None
 
     def reset_metrics(self) -> None:
         """A run that starts over starts its metrics over: no duplicated rows."""
@@ -77,8 +150,7 @@ class RunFiles:
 
     def keep_metrics(self, until_step: int) -> None:
         """A run resumed from a checkpoint at `until_step` drops the rows it wrote after it (it writes them again)."""
-        kept = [row for row in self.read_metrics() if row["step"] <= until_step]
-        atomic_write(self.metrics, "".join(json.dumps(row) + "\n" for row in kept))
+        atomic_write(self.metrics, _jsonl([row for row in self.read_metrics() if row["step"] <= until_step]))
 
     def append_metrics(self, row: dict) -> None:
         with open(self.metrics, "a") as f:
@@ -97,6 +169,15 @@ class RunFiles:
             except json.JSONDecodeError:
                 continue
         return rows
+
+
+def _jsonl(rows: list[dict]) -> str:
+    return "".join(json.dumps(row) + "\n" for row in rows)
+
+
+# The CLI's own one-line error, or a Python exception line as a traceback ends with it
+# ("ValueError: ...", "torch.OutOfMemoryError: ...").
+_EXCEPTION = re.compile(r"^(error: |([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|Killed)\b)")
 
 
 class SweepDir:
@@ -120,30 +201,26 @@ class SweepDir:
         how much shorter real prompts and completions are than the bounds the plan assumes."""
         ratios: dict[str, list[float]] = {}
         for run_id, cell in self.manifest()["cells"].items():
-            files = self.run(run_id)
-            rows = files.read_metrics() if "step_flops" in cell and files.status().get("state") == FINISHED else []
+            rows = self.run(run_id).finished_rows() if "step_flops" in cell else None
             if rows and rows[-1]["step"] > 0:
                 bound = rows[-1]["step"] * sum(cell["step_flops"])
                 ratios.setdefault(cell["columns"]["model"], []).append(rows[-1]["flops_total"] / bound)
         return {model: sum(r) / len(r) for model, r in ratios.items()}
 
     def collect(self) -> pd.DataFrame:
-        """results.parquet from the finished runs of the manifest: axes + eval-point rows."""
+        """results.parquet from the finished runs of the manifest, and the eval points of those an
+        adaptive sweep stopped (the points a full sweep records for them too): axes + eval-point rows."""
         frames = []
         for run_id, cell in self.manifest()["cells"].items():
             files = self.run(run_id)
-            if files.status().get("state") != FINISHED:
-                continue
-            rows = files.read_metrics()
+            rows = files.finished_rows() or (files.read_metrics() if files.status().get("state") == PAUSED else None)
             if rows:
                 meta = pd.DataFrame([{"run_id": run_id, **cell["columns"]}] * len(rows))
                 frames.append(pd.concat([meta, pd.DataFrame(rows).drop(columns=meta.columns, errors="ignore")], axis=1))
         df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
         if not df.empty:
             df = df.sort_values(["run_id", "step"]).reset_index(drop=True)
-        tmp = self.results_file.with_name(f".{RESULTS}.tmp")
-        df.to_parquet(tmp, index=False)
-        os.replace(tmp, self.results_file)
+        atomic_write(self.results_file, df.to_parquet(index=False))
         return df
 
 

@@ -21,3 +21,32 @@ def test_splits_disjoint_seeded_and_sized():
     assert not train & {p.prompt for p in val}
     one_digit = ArithTask(digits=(1,)).validation_set(1000)
     assert 5 < len(one_digit) < 40  # ~20% of the 100 one-digit sums
+
+
+def test_split_sizes_exact_and_drawn():
+    import random
+
+    task = ArithTask(digits=(1,))
+    s = task.splits()
+    assert s.exact and s.total == 100 and s.train + s.val == 100
+    assert len(task.validation_set(1000)) == s.val  # every validation problem, and no more
+    weighted = ArithTask(digits=(1, 2, 2), ops=("+", "+", "-"))
+    rng, draws = random.Random(0), 50_000
+    share = sum(weighted.is_validation(weighted.draw(rng)) for _ in range(draws)) / draws
+    assert abs(share - weighted.splits().p_val) < 0.01
+    big = ArithTask(digits=(4,)).splits()  # 81M problems: expected, not counted
+    assert not big.exact and big.val == big.total * 0.2
+
+
+def test_an_empty_split_stops_the_stream(monkeypatch):
+    import pytest
+
+    from isoflop_cli.tasks import arith
+
+    monkeypatch.setattr(arith, "MAX_REJECTS", 10_000)
+    task = ArithTask(digits=(1,), val_fraction=0.001)
+    assert task.splits().val == 0
+    with pytest.raises(arith.EmptySplit, match="the val split"):
+        next(task.stream("val", seed=0))
+    with pytest.raises(arith.EmptySplit):  # validation_set draws through the same stream
+        task.validation_set(5)

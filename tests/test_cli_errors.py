@@ -50,6 +50,36 @@ CASES = {
     "fit path missing": (["fit", "/nonexistent/sweep"], "/nonexistent/sweep"),
     "status path missing": (["status", "/nonexistent/sweep"], "/nonexistent/sweep"),
     "run bad override": (["run", "n=0"], "n must be a finite number > 0"),
+    # A repeated axis value would be planned and costed as a cell the sweep runs once.
+    "repeated n": (["plan", "grid.n=[4,4]"], "grid.n lists 4 twice"),
+    "repeated B_p": (["plan", "grid.B_p=[4,8,4]"], "grid.B_p lists 4 twice"),
+    "repeated seed": (["plan", "grid.seed=[0,1,0]"], "grid.seed lists 0 twice"),
+    "repeated budget": (["plan", "grid.budgets=[512,512]"], "grid.budgets lists 512"),
+    "repeated axis value": (["plan", "+grid.axes={algo.kl_coef:[0.1,0.1]}"], "grid.axes.algo.kl_coef lists 0.1 twice"),
+    "axis values equal once typed": (["plan", "+grid.axes={algo.kl_coef:[0,0.0]}"], "grid.axes.algo.kl_coef lists 0.0 twice"),
+    "repeated list axis value": (["plan", "+grid.axes={task.ops:[[+],[+]]}"], "grid.axes.task.ops lists [+] twice"),
+    "repeated group axis value": (["plan", "+grid.axes={reward:[sparse,sparse]}"], "grid.axes.reward lists sparse twice"),
+    "axis values that are one run": (["plan", "grid.n=[2]", "+grid.axes={cluster.poll_s:[1,2]}"], "are the same run"),
+    # grid.axes entries are lists; a list value only where the key takes a list.
+    "axis entry not a list": (["plan", "+grid.axes={algo.kl_coef:0.1}"], "grid.axes.algo.kl_coef must be a list of values"),
+    "list value for a number": (["plan", "+grid.axes={algo.kl_coef:[[0.1]]}"], "algo.kl_coef"),
+    "list value for a group": (["plan", "+grid.axes={model:[[tiny-arith]]}"], "grid.axes.model takes names of model configs"),
+    # Every number finite, every path a run needs present.
+    "NaN tis_cap": (["plan", "algo.tis_cap=nan"], "algo.tis_cap must be a finite number, got nan"),
+    "infinite tis_cap": (["run", "algo.tis_cap=inf"], "algo.tis_cap must be a finite number, got inf"),
+    "NaN unchecked float": (["plan", "lora.alpha=nan"], "lora.alpha must be a finite number"),
+    "NaN axis value": (["plan", "+grid.axes={algo.kl_coef:[0.1,nan]}"], "grid.axes.algo.kl_coef must be a finite number"),
+    "python missing": (["plan", "cluster.python=/nonexistent/python3"], "cluster.python /nonexistent/python3 is not an executable file"),
+    "python not on PATH": (["sweep", "cluster.python=no-such-python3"], "cluster.python no-such-python3 is not on PATH"),
+    # Draw loops: both splits hold what runs draw from them; completions fit the model.
+    "eval problems above the validation split": (["plan", "task.digits=[1]"], "eval.problems=128 exceeds the validation split: 16 of the 100 problems"),
+    "empty validation split": (["run", "task.digits=[1]", "task.val_fraction=0.001", "eval.problems=1"], "exceeds the validation split: 0 of"),
+    "empty training split": (["plan", "task.digits=[1]", "task.val_fraction=0.999", "eval.problems=1"], "leaves the training split empty"),
+    "validation split too rare to draw": (["plan", "task.digits=[4]", "task.val_fraction=0.00001"], "of draws land in the validation split"),
+    "eval problems absurd": (["plan", "eval.problems=1000000000"], "eval.problems must be <= 100,000"),
+    "completion above the context": (["plan", "task.max_new_tokens=100000"], "task.max_new_tokens=100000: the longest prompt (6 tokens)"),
+    "completion above the context on an axis": (["plan", "+grid.axes={task.max_new_tokens:[6,59]}"], "at most task.max_new_tokens=58"),
+    "PRM input above its context": (["plan", "task=arith-steps", "reward=prm", "task.max_new_tokens=56"], "the embedded PRM"),
 }
 
 
@@ -120,3 +150,64 @@ def test_dry_run_and_plan_json(tmp_path):
     records = json.loads(result.output)
     assert [r["M"] for r in records] == [8, 4]
     assert records[0]["eval_at"][-1] == 64 and records[0]["budget_column"] == "rollouts"
+
+
+@pytest.mark.parametrize("text", ["", "\n", "# nothing but a comment\n"])
+def test_an_empty_config_file_is_named(tmp_path, text):
+    (tmp_path / "empty.yaml").write_text(text)
+    result = runner.invoke(app, ["plan", "--config", str(tmp_path / "empty.yaml")])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and "empty.yaml is empty" in lines[0], result.output
+
+
+def test_list_valued_axes_plan_as_json_and_table():
+    import json
+
+    args = ["grid.n=[4]", "grid.B_p=[4]", "lora.rank=2", "+grid.axes={task.ops:[[+],[+,-,'*']],lora.targets:[[q_proj],[q_proj,v_proj]]}"]
+    result = runner.invoke(app, ["plan", "--json", *args])
+    assert result.exit_code == 0, result.output
+    records = json.loads(result.output)
+    assert [r["axes"]["task.ops"] for r in records] == [["+"], ["+"], ["+", "-", "*"], ["+", "-", "*"]]
+    assert [r["axes"]["lora.targets"] for r in records] == [["q_proj"], ["q_proj", "v_proj"]] * 2
+    ids = [r["run_id"] for r in records]
+    assert len(set(ids)) == 4 and ids[3].startswith("n4_bp4_s0_ops-+,-,__targets-q_proj,v_proj_")
+    assert all(set(i) <= set("abcdefghijklmnopqrstuvwxyz0123456789_.,=+-") for i in ids)  # a directory and job name
+    result = runner.invoke(app, ["plan", *args, "+grid.axes.reward=[sparse,dense]"])
+    assert result.exit_code == 0 and "8 feasible cells of 8" in result.output, result.output
+
+
+def _isoflop(*args, timeout):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "isoflop_cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_draw_loops_refuse_up_front(tmp_path):
+    # An empty split used to spin `run` forever at step 0: now exit 2 before anything is built.
+    for split in (["task.val_fraction=0.999", "eval.problems=1"], ["task.val_fraction=0.001", "eval.problems=1"]):
+        result = _isoflop("run", "--out", str(tmp_path / "r"), "task.digits=[1]", *split, timeout=120)
+        assert result.returncode == 2 and "split" in result.stderr and not (tmp_path / "r").exists(), result.stderr
+
+
+def test_long_completions_plan_without_a_stall(tmp_path):
+    # A checkpoint whose config.json does not bound its context: planning is O(1) in max_new_tokens.
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64, '
+                                          '"intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 19}')
+    (tmp_path / "model.safetensors").touch()
+    result = _isoflop("plan", "--json", f"model.path={tmp_path}", "task.max_new_tokens=100000000", timeout=60)
+    assert result.returncode == 0, result.stderr
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64, "max_position_embeddings": 32, '
+                                          '"intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 19}')
+    result = _isoflop("plan", f"model.path={tmp_path}", "task.max_new_tokens=27", timeout=60)
+    assert result.returncode == 2 and "above the 32 of model.path" in result.stderr and "at most task.max_new_tokens=26" in result.stderr
+
+
+def test_a_model_cache_that_is_a_file_is_named(tmp_path, monkeypatch):
+    (tmp_path / "cache").write_text("")
+    monkeypatch.setenv("ISOFLOP_CACHE", str(tmp_path / "cache"))
+    result = runner.invoke(app, ["plan"])
+    assert result.exit_code == 2 and "(ISOFLOP_CACHE) is not a directory" in result.output, result.output
+    monkeypatch.setenv("ISOFLOP_CACHE", str(tmp_path / "cache" / "below"))
+    result = runner.invoke(app, ["run", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "is not a writable directory" in result.output, result.output

@@ -30,7 +30,7 @@ def expected_rows(sweep_dir: Path) -> int:
 
 def assert_head_stopped(sweep_dir: Path) -> None:
     assert not (sweep_dir / "ray-head.json").exists()
-    out = subprocess.run(["pgrep", "-f", f"isoflop_cli.dispatch .*{sweep_dir}"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", f"isoflop_cli.head .*{sweep_dir}"], capture_output=True, text=True).stdout
     assert not out.strip(), f"local head still running: {out}"
 
 
@@ -182,3 +182,56 @@ def test_flop_budget_sweep_stops_every_run_within_one_step(tmp_path):
         bound = sum(step_flops(config.load(None, [*overrides, f"n={n}", "B_p=2"])))  # one step, upper bound
         assert 2e9 <= run["flops_total"].max() < 2e9 + bound
         assert ((run["flops_total"] >= 1e9) & (run["flops_total"] < 1e9 + bound)).any()  # evaluated on the FLOP axis
+
+
+def test_adaptive_sweep_pauses_cells_behind_the_frontier_and_a_full_sweep_continues_them(tmp_path):
+    """Cells sampled at temperature 3.0 (evaluated there too) stay near zero while the others learn:
+    the adaptive schedule stops them at a budget, paused at a checkpoint, exactly where its rule says;
+    the cells that go on to the end record what one uninterrupted run records; a later full sweep
+    continues the stopped cells from their checkpoints and reruns nothing else."""
+    from isoflop_cli.fit.data import RUN
+    from isoflop_cli.schedule import decide
+
+    grid = ["grid.n=[2,4]", "grid.B_p=[2]", "grid.budgets=[64,128,256]", "grid.eval_points=5", "eval.problems=32", "eval.samples=4",
+            "+grid.axes={algo.temperature:[0.6,3.0]}"]
+    result = isoflop("sweep", "--out", str(tmp_path), *grid, "grid.schedule=adaptive")
+    assert result.returncode == 0, result.stdout + result.stderr
+    sweep_dir = tmp_path / "default"
+    manifest = json.loads((sweep_dir / "manifest.json").read_text())
+    stopped = {rid: c for rid, c in manifest["cells"].items() if "stopped_at" in c}
+    assert stopped and all("temperature-3.0" in rid for rid in stopped), manifest
+    assert "stopped by the adaptive schedule" in result.stdout
+    # The rule, replayed from the recorded points, stops exactly these cells at these budgets.
+    df = pd.read_parquet(sweep_dir / "results.parquet").assign(**{RUN: lambda d: d["run_id"]})
+    racing = set(df["run_id"])
+    for budget in (64, 128):  # at 64 the noise cannot be read yet (8 second differences): nothing stops
+        seen = df[df[RUN].isin(racing) & (df["rollouts"] <= budget * 1.1)]
+        halted = {d.run for d in decide(seen, budget, 256, 1.0) if not d.go}
+        assert halted == {rid for rid, c in stopped.items() if c["stopped_at"] == budget}
+        racing -= halted
+    for rid, cell in stopped.items():
+        run_dir = sweep_dir / "runs" / rid
+        assert json.loads((run_dir / "status.json").read_text())["state"] == "paused"
+        assert (run_dir / "checkpoint").is_dir()
+        assert df[df["run_id"] == rid]["rollouts"].max() == cell["stopped_at"]  # its points are in the results
+    # A cell that ran to the end through every pause equals one uninterrupted run of the same cell.
+    survivor = next(rid for rid in manifest["cells"] if rid not in stopped)
+    whole = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", "--config", str(sweep_dir / "runs" / survivor / "config.yaml"),
+                            "--out", str(tmp_path / "whole")], capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))  # as its job ran (cluster.cpus_per_run=1)
+    assert whole.returncode == 0, whole.stderr
+    drop = lambda rows: [{k: v for k, v in r.items() if k not in ("wall_s", "reward_cpu_s") and not k.startswith("time_")} for r in rows]  # noqa: E731
+    read = lambda path: drop([json.loads(line) for line in path.read_text().splitlines()])  # noqa: E731
+    assert read(sweep_dir / "runs" / survivor / "metrics.jsonl") == read(tmp_path / "whole" / "metrics.jsonl")
+    before = finished_runs(sweep_dir)
+
+    result = isoflop("sweep", "--out", str(tmp_path), *grid)  # grid.schedule=full
+    assert result.returncode == 0, result.stdout + result.stderr
+    after = finished_runs(sweep_dir)
+    assert len(after) == 4 and all(after[rid] == snapshot for rid, snapshot in before.items())  # nothing rerun
+    for rid in stopped:
+        log = (sweep_dir / "runs" / rid / "job.log").read_text()
+        assert "resumed from the checkpoint" in log
+    full = pd.read_parquet(sweep_dir / "results.parquet")
+    assert len(full) == expected_rows(sweep_dir) and not full.duplicated(["run_id", "step"]).any()
+    assert_head_stopped(sweep_dir)

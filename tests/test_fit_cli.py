@@ -81,11 +81,15 @@ def test_seeded_and_reproducible(sweep_fit, tmp_path):
 
 def test_several_inputs_are_concatenated(tmp_path):
     results().to_parquet(tmp_path / "a.parquet")
-    results(seed=1).to_csv(tmp_path / "b.csv", index=False)
+    results(seed=1).assign(run_id=lambda d: "b-" + d["run_id"]).to_csv(tmp_path / "b.csv", index=False)
     result = invoke(tmp_path / "a.parquet", tmp_path / "b.csv", "--bootstrap", 0, "--out", tmp_path / "out")
     assert result.exit_code == 0, result.output
     fit = json.loads((tmp_path / "out" / "fit.json").read_text())
-    assert list(fit) == ["frontier"] and fit["frontier"]["input"]["runs"] == 20  # same run_ids, kept apart
+    assert list(fit) == ["frontier"] and fit["frontier"]["input"]["runs"] == 20
+    # A run id is a hash of what the run computes: the same id in two inputs is one run given twice.
+    results(seed=1).to_csv(tmp_path / "c.csv", index=False)
+    twice = invoke(tmp_path / "a.parquet", tmp_path / "c.csv", "--bootstrap", 0, "--out", tmp_path / "out")
+    assert twice.exit_code == 2 and "is in both" in twice.output
 
 
 def test_nan_metric_warns_and_fits(tmp_path):

@@ -125,3 +125,74 @@ def test_recipe_presets_and_seed_sweeps(tmp_path):
         cells = expand(cfg)
         assert len(cells) == 54 and list(cfg.grid.B_p) == [2**i for i in range(5, 11)] and list(cfg.grid.n) == [2**i for i in range(3, 12)]
         assert all(c.feasible == (c.axes["n"] * c.axes["B_p"] <= max_batch) for c in cells)
+
+
+def test_run_ids_are_pinned():
+    # A sweep dir planned before must resume: the same config gives the same run ids (the hash covers
+    # what a run computes; planning's internals do not enter it).
+    assert expand(load("grid.n=[4]", "grid.B_p=[4]"))[0].run_id == "n4_bp4_s0_88933495"
+    cells = expand(load("grid.n=[4]", "grid.B_p=[4]", "+grid.axes={algo.kl_coef:[0.0,0.1]}"))
+    assert [c.run_id for c in cells] == ["n4_bp4_s0_kl_coef-0.0_88933495", "n4_bp4_s0_kl_coef-0.1_8426bcb3"]
+
+
+@pytest.mark.parametrize("overrides", [
+    ["grid.n=[2,4]", "grid.B_p=[4,8]", "grid.seed=[0,3]", "+grid.axes={algo.kl_coef:[0,0.1],algo.epochs:[1,2]}"],
+    ["grid.n=[4]", "grid.B_p=[4]", "+grid.axes={model:[tiny-arith,tiny-arith-s],task.ops:[[+],[+,-]]}"],
+    ["grid.n=[2,32]", "grid.B_p=[4]", "grid.budget.unit=flops", "grid.budgets=[1e9,4e9]", "lora.rank=4"],
+    ["task=arith-steps", "reward=prm", "grid.n=[4]", "grid.B_p=[2,4]", "+grid.axes={task.digits:[[1,2],[2]],model.build.hidden_size:[64,128]}"],
+])
+def test_planning_shortcuts_match_the_per_cell_path(overrides):
+    """expand hashes, plans and types each cell from its combination's plain dict: the same run ids,
+    plans and step FLOPs as the public per-config functions on the cell's own config."""
+    from isoflop_cli.grid import run_id, step_flops
+
+    cfg = load(*overrides)
+    cells = expand(cfg, recompose=lambda extra: config.load(None, overrides + extra))
+    assert any(c.feasible for c in cells) and all(c.cfg is None for c in cells if not c.feasible)
+    for c in (c for c in cells if c.feasible):
+        run_cfg = c.cfg
+        assert (run_cfg.n, run_cfg.B_p, run_cfg.seed) == (c.axes["n"], c.axes["B_p"], c.axes["seed"])
+        assert c.run_id == run_id(c.axes, run_cfg, c.plan)
+        assert c.plan == plan_run(run_cfg) and c.plan.step_flops == step_flops(run_cfg)
+    assert "cfg" not in vars(cells[0])  # a cell holds no config of its own: made on demand
+
+
+def test_axis_values_that_make_the_same_run_are_refused():
+    with pytest.raises(ConfigError, match=r"cluster.cpus_per_run=1.0 and cluster.cpus_per_run=2.0 are the same run"):
+        expand(load("grid.n=[4]", "grid.B_p=[4]", "+grid.axes={cluster.cpus_per_run:[1.0,2.0]}"))
+
+
+def test_a_large_grid_plans_in_seconds(tmp_path):
+    """10^4 cells: was ~9 ms and ~0.13 MB a cell (90 s); scripts/bench_plan.py has the figures."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path.insert(0, 'scripts'); import bench_plan; r = bench_plan.one(10000); "
+            "assert r['peak_mb'] < 200, r; print(r)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=config.ROOT)
+    assert result.returncode == 0, result.stderr
+
+
+def test_embedded_context_matches_the_recipe():
+    from isoflop_cli.recipe.checkpoint import char_tokenizer, qwen2_config
+
+    cfg = load()
+    assert qwen2_config(cfg.model.build, char_tokenizer()).max_position_embeddings == config.EMBEDDED_MAX_POSITIONS
+
+
+def test_a_large_plan_table_lists_seeds_together():
+    import io
+
+    from rich.console import Console
+
+    from isoflop_cli.report import PLAN_ROWS, plan_table
+
+    seeds = ",".join(str(s) for s in range(100))
+    cfg = load("grid.n=[2,4,8]", "grid.B_p=[4,8]", f"grid.seed=[{seeds}]", "grid.max_batch=32")
+    cells = expand(cfg)
+    assert len(cells) == 600 > PLAN_ROWS
+    out = io.StringIO()
+    Console(file=out, width=200).print(plan_table(cfg, cells))
+    text = out.getvalue()
+    assert "500 feasible cells of 600" in text and text.count(" 0-99 ") == 6
+    assert text.count("infeasible n=8 B_p=8 seed=0-99: B_p*n = 64 exceeds grid.max_batch = 32") == 1

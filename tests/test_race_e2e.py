@@ -50,7 +50,7 @@ def test_pilot_on_the_embedded_default_writes_a_valid_regime(tmp_path):
     assert "does not guarantee a held-out gain" in (sweep_dir / "race" / "race.md").read_text()
     assert (sweep_dir / "race" / "race.png").stat().st_size > 1000
     assert not (sweep_dir / "ray-head.json").exists()
-    assert not subprocess.run(["pgrep", "-f", f"isoflop_cli.dispatch .*{sweep_dir}"], capture_output=True).stdout
+    assert not subprocess.run(["pgrep", "-f", f"isoflop_cli.head .*{sweep_dir}"], capture_output=True).stdout
 
     before = finished_metrics(sweep_dir)
     again = isoflop("race-pilot", "--out", str(tmp_path), *SMALL_EVAL)

@@ -30,6 +30,8 @@ def fit(paths: list[Path], spec: FitSpec, asked: list[str], out: Path | None) ->
     """Raises ConfigError for anything the user must fix; everything else is a warning in the result."""
     methods.check(spec, asked)
     df, info = data.load(paths)
+    if spec.compute in df.columns:
+        data.numeric_column(df, spec.compute, ", ".join(map(str, paths)))
     out = check_writable(out or default_out(paths[0]))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", FitWarning)

@@ -69,11 +69,25 @@ def read(path: Path) -> pd.DataFrame:
 
 
 def load(paths: list[Path]) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Concatenate every input; run keys stay distinct across inputs; sha256 over the input bytes."""
+    """Concatenate every input; run keys stay distinct across inputs; sha256 over the input bytes.
+
+    A run given twice (the same run_id in two inputs, or the same file twice) would count twice in
+    every fit and bootstrap: it is refused."""
     frames, digest = [], hashlib.sha256()
+    seen_runs: dict[str, Path] = {}
+    seen_files: dict[str, Path] = {}
     for i, path in enumerate(paths):
         df = read(path)
-        digest.update(input_file(path).read_bytes())
+        content = input_file(path).read_bytes()
+        digest.update(content)
+        same = seen_files.setdefault(hashlib.sha256(content).hexdigest(), path)
+        if same is not path:
+            raise ConfigError(f"{path} holds the same results as {same}: give each input once")
+        if "run_id" in df.columns:
+            for run_id in df["run_id"].astype(str).unique():
+                first = seen_runs.setdefault(run_id, path)
+                if first is not path:
+                    raise ConfigError(f"run {run_id} is in both {first} and {path}: give each run once")
         key = df["run_id"].astype(str) if "run_id" in df.columns else pd.Series(np.arange(len(df)), index=df.index).astype(str)
         frames.append(df.assign(**{RUN: f"{i}:" + key}))
     df = pd.concat(frames, ignore_index=True)
@@ -96,6 +110,19 @@ def usable(df: pd.DataFrame, columns: list[str], method: str) -> pd.DataFrame:
     if not keep.all():
         warn(f"{method}: dropped {int((~keep).sum())} of {len(df)} rows with NaN or non-numeric {', '.join(columns)}")
     return df.loc[keep].assign(**{c: numeric.loc[keep, c] for c in columns})
+
+
+def numeric_column(df: pd.DataFrame, column: str, where: Path | str) -> pd.Series:
+    """`column` as numbers: a value that is not one is an error naming its row; no positive value
+    at all (nothing was spent) is an error too, since no compute axis can be drawn from it."""
+    values = pd.to_numeric(df[column], errors="coerce")
+    bad = values.isna() & df[column].notna()
+    if bad.any():
+        row = bad.to_numpy().nonzero()[0][0]
+        raise ConfigError(f"{where}: {column} in row {row} is not a number ({df[column].iloc[row]!r})")
+    if not (values > 0).any():
+        raise ConfigError(f"{where}: no row has a positive {column}, so there is no compute axis to fit on")
+    return values
 
 
 def compute_unit(column: str) -> str:

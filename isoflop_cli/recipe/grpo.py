@@ -16,6 +16,7 @@ import contextlib
 import copy
 import hashlib
 import itertools
+import json
 import os
 import random
 import time
@@ -26,7 +27,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from isoflop_cli import flops
-from isoflop_cli.config import sharded, to_yaml
+from isoflop_cli.config import run_content, sharded
 from isoflop_cli.recipe import checkpoint, distributed, resume
 from isoflop_cli.recipe.distributed import Group
 from isoflop_cli.recipe.evaluate import evaluate
@@ -35,7 +36,7 @@ from isoflop_cli.recipe.losses import cispo_pg, clipped_pg, gae, group_advantage
 from isoflop_cli.recipe.measure import Meter
 from isoflop_cli.recipe.rewards import make_reward
 from isoflop_cli.recipe.sampler import HFSampler
-from isoflop_cli.store import FAILED, FINISHED, RUNNING, RunFiles
+from isoflop_cli.store import FAILED, PAUSED, RUNNING, RunFiles, disk_full_message, is_disk_full
 from isoflop_cli.tasks.arith import ArithTask
 
 STATS = ("reward", "zero_var", "loss", "kl", "entropy", "clip_frac", "tis", "value_loss")
@@ -66,25 +67,32 @@ class Progress:
     wall_s: float = 0.0
 
 
-def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str) -> list[dict]:
+def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str, pause_at: float | None = None) -> list[dict]:
+    """The run to its budget; with `pause_at` (an adaptive sweep's stage), it stops at the first step
+    whose ledger reaches it, keeping a checkpoint there, and a later call continues it as if it had
+    never stopped (the pause is not part of what the run computes)."""
     files = RunFiles(run_dir)
     files.dir.mkdir(parents=True, exist_ok=True)
     files.set_status(RUNNING, step=0, M=budget.M, pid=os.getpid())
     try:
         if sharded(cfg):
-            distributed.launch(_train, cfg.learner.world_size, cfg, budget, lr, files)
+            distributed.launch(_train, cfg.learner.world_size, cfg, budget, lr, files, pause_at)
         else:
-            _train(Group(), cfg, budget, lr, files)
+            _train(Group(), cfg, budget, lr, files, pause_at)
     except BaseException as e:
-        files.set_status(FAILED, error=f"{type(e).__name__}: {e}", M=budget.M)
+        with contextlib.suppress(OSError):  # a full disk may refuse even this; the run's error is what is raised
+            files.set_status(FAILED, error=disk_full_message(e) if is_disk_full(e) else f"{type(e).__name__}: {e}", M=budget.M)
         raise
     rows = files.read_metrics()
-    files.set_status(FINISHED, step=rows[-1]["step"], M=budget.M)
-    resume.remove(files.checkpoint)  # the run is whole: its results are in metrics.jsonl
+    if rows[-1][budget.column] < budget.limit:  # paused short of its budget (finished runs reach it)
+        files.set_status(PAUSED, step=rows[-1]["step"], M=budget.M, paused_at=pause_at, **{budget.column: rows[-1][budget.column]})
+        return rows
+    files.finish(rows, step=rows[-1]["step"], M=budget.M)
+    resume.remove(files.checkpoint)  # the run is sealed: its results are in metrics.jsonl and status.json
     return rows
 
 
-def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunFiles) -> None:
+def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunFiles, pause_at: float | None = None) -> None:
     # The loop reads plain dataclasses: a DictConfig attribute lookup costs ~50 us, ~2 ms a step.
     algo, learner, n, B_p = OmegaConf.to_object(cfg.algo), OmegaConf.to_object(cfg.learner), cfg.n, cfg.B_p
     max_new_tokens, lora_rank, save_every, flops_cfg = cfg.task.max_new_tokens, cfg.lora.rank, cfg.checkpoint.every, OmegaConf.to_object(cfg.flops)
@@ -124,7 +132,7 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (algo.warmup_steps + 1)))
 
     # Resume from this run's last checkpoint, if it has one; else start (its metrics) over.
-    fingerprint = hashlib.sha1(f"{to_yaml(cfg)}{budget}{lr}".encode()).hexdigest()
+    fingerprint = hashlib.sha1(f"{json.dumps(run_content(cfg), sort_keys=True)}{budget}{lr}".encode()).hexdigest()
     saved = resume.load(files.checkpoint, fingerprint, actor, optimizer, scheduler)
     progress = Progress(**saved) if saved else Progress(eval_at=list(budget.eval_at))
 
@@ -172,6 +180,9 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
             return ledger["rollouts"] + B_p * n <= budget.limit
         return spent() < budget.limit
 
+    def paused() -> bool:
+        return pause_at is not None and spent() >= pause_at
+
     def passed_checkpoint() -> bool:
         """Whether the ledger has reached the next compute checkpoint (passing all it reached)."""
         passed = False
@@ -186,7 +197,7 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
         passed_checkpoint()
         if group.is_main:
             eval_point(0)  # the base model
-    while budget_left():
+    while budget_left() and not paused():
         step += 1
         # 1. Sample n completions for each of B_p prompts (rank 0; then every rank has the batch).
         problems = [next(prompts) for _ in range(B_p)]
@@ -313,6 +324,10 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
             resume.save(files.checkpoint, group, fingerprint, actor, optimizer, scheduler, asdict(progress))
         if group.is_main:
             files.set_status(RUNNING, step=step, M=budget.M, rollouts=ledger["rollouts"], pid=os.getpid())
+    if budget_left():  # paused: the stage's eval point is written; continue later from here
+        progress.wall_s = time.time() - started
+        resume.save(files.checkpoint, group, fingerprint, actor, optimizer, scheduler, asdict(progress))
+        return
     if group.is_main and files.read_metrics()[-1]["step"] != step:
         eval_point(step)  # the run's last point, when it fell between checkpoints
 

@@ -9,6 +9,8 @@ and swapped in by renames, so a kill during a save leaves the previous one whole
 
 from __future__ import annotations
 
+import errno
+import os
 import random
 import shutil
 from pathlib import Path
@@ -31,12 +33,21 @@ def save(directory: Path, group: Group, fingerprint: str, model, optimizer, sche
         shutil.rmtree(tmp, ignore_errors=True)
     _barrier(group)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+    try:
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+        if group.is_main:
+            rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+            if torch.cuda.is_available():
+                rng["cuda"] = torch.cuda.get_rng_state()
+            torch.save({"fingerprint": fingerprint, "scheduler": scheduler.state_dict(), "rng": rng, "progress": progress}, tmp / STATE)
+    except BaseException as e:  # dcp's CheckpointException is a BaseException
+        shutil.rmtree(tmp, ignore_errors=True)  # a partial save must not keep the disk full
+        # torch's writers report a full disk as a wrapped "unexpected pos" error, without errno:
+        # a save that failed where the state no longer fits is said as what it is.
+        if not isinstance(e, KeyboardInterrupt) and shutil.disk_usage(directory.parent).free < _nbytes((model_sd, optim_sd)) + 2**20:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory)) from e
+        raise
     if group.is_main:
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state()
-        torch.save({"fingerprint": fingerprint, "scheduler": scheduler.state_dict(), "rng": rng, "progress": progress}, tmp / STATE)
         if directory.exists():
             directory.rename(old)
         tmp.rename(directory)
@@ -69,6 +80,17 @@ def load(directory: Path, fingerprint: str, model, optimizer, scheduler) -> dict
 def remove(directory: Path) -> None:
     for path in (directory, directory.with_name(directory.name + ".tmp"), directory.with_name(directory.name + ".old")):
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _nbytes(state: Any) -> int:
+    """Bytes of the tensors in a nested state dict: what a save of it writes, roughly."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(_nbytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(_nbytes(v) for v in state)
+    return 0
 
 
 def _barrier(group: Group) -> None:

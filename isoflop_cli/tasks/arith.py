@@ -12,7 +12,10 @@ column, least significant first: the column's digit and its carry, then `;` and 
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
+import math
 import random
 import re
 from dataclasses import dataclass
@@ -20,6 +23,29 @@ from typing import Iterator
 
 ALPHABET = "0123456789+-*=,;"
 SPECIALS = ("<pad>", "<eos>", "<unk>")  # the embedded model's character vocabulary: SPECIALS + ALPHABET
+# A split's stream gives up after this many draws in a row outside it (config.check refuses a split
+# that rare up front: a draw must land in each split at least MIN_DRAW_SHARE of the time).
+MAX_REJECTS = 1_000_000
+MIN_DRAW_SHARE = 1e-4
+ENUMERATE_UP_TO = 100_000  # problems of one operand size counted one by one to size the splits exactly
+
+
+class EmptySplit(ValueError):
+    """A split too small to draw from: the stream would never yield."""
+
+
+@dataclass(frozen=True)
+class Splits:
+    """The problem space and its train/validation partition: distinct problems in each split (exact,
+    or expected where an operand size has more than ENUMERATE_UP_TO problems) and the chance that
+    one draw lands in each."""
+
+    total: int
+    train: float
+    val: float
+    p_train: float
+    p_val: float
+    exact: bool
 
 
 @dataclass(frozen=True)
@@ -68,8 +94,11 @@ class ArithTask:
         return self.operands * max(self.digits) + self.operands
 
     def is_validation(self, problem: Problem) -> bool:
-        h = int.from_bytes(hashlib.sha1(problem.prompt.encode()).digest()[:8], "big")
-        return h / 2**64 < self.val_fraction
+        return _in_validation(problem.prompt, self.val_fraction)
+
+    def splits(self) -> Splits:
+        """How large the train and validation splits are (cached: config.check asks per axes combination)."""
+        return _splits(self.digits, self.operands, self.ops, self.val_fraction)
 
     def draw(self, rng: random.Random) -> Problem:
         d = rng.choice(self.digits)
@@ -79,13 +108,20 @@ class ArithTask:
         return self.problem(terms, ops)
 
     def stream(self, split: str, seed: int) -> Iterator[Problem]:
-        """An endless seeded stream of problems of one split ('train' or 'val')."""
+        """An endless seeded stream of problems of one split ('train' or 'val'). Raises EmptySplit
+        after MAX_REJECTS draws in a row outside the split, rather than spin on an empty one."""
         rng = random.Random(f"{split}-{seed}")
         want_val = split == "val"
-        while True:
+        rejects = 0
+        while rejects < MAX_REJECTS:
             p = self.draw(rng)
             if self.is_validation(p) == want_val:
+                rejects = 0
                 yield p
+            else:
+                rejects += 1
+        raise EmptySplit(f"the {split} split of the task (digits {list(self.digits)}, operands {self.operands}, ops {list(self.ops)}, "
+                         f"val_fraction {self.val_fraction}) is empty or too rare: {MAX_REJECTS} draws in a row fell outside it")
 
     def validation_set(self, count: int, seed: int = 0) -> list[Problem]:
         """`count` distinct validation problems (fewer if the split has fewer)."""
@@ -124,6 +160,40 @@ class ArithTask:
         steps, final = self.parse(completion)
         right = sum(a == b for a, b in zip(steps, problem.steps)) + (final == problem.answer)
         return right / (max(len(steps), len(problem.steps)) + 1)
+
+
+def _in_validation(prompt: str, val_fraction: float) -> bool:
+    """The split a prompt is in: a stable hash of it, below val_fraction for validation."""
+    h = int.from_bytes(hashlib.sha1(prompt.encode()).digest()[:8], "big")
+    return h / 2**64 < val_fraction
+
+
+@functools.lru_cache(maxsize=256)
+def _splits(digits: tuple[int, ...], operands: int, ops: tuple[str, ...], val_fraction: float) -> Splits:
+    """Split sizes and draw shares as `draw` samples: an operand size uniformly from `digits` (with
+    repeats), each operand uniformly of that size, each operator uniformly from `ops` (with repeats).
+    An operand size with at most ENUMERATE_UP_TO problems is counted exactly; a larger one holds
+    val_fraction of them in expectation (the hash is uniform)."""
+    kinds = sorted(set(ops))
+    op_share = {op: ops.count(op) / len(ops) for op in kinds}
+    total, val, p_val, exact = 0, 0.0, 0.0, True
+    for d in sorted(set(digits)):
+        lo, hi = (0 if d == 1 else 10 ** (d - 1)), 10**d
+        terms, op_rows = (hi - lo) ** operands, len(kinds) ** (operands - 1)
+        size, share = terms * op_rows, digits.count(d) / len(digits)
+        total += size
+        if size > ENUMERATE_UP_TO:
+            exact = False
+            val += size * val_fraction
+            p_val += share * val_fraction
+            continue
+        numbers = [str(t) for t in range(lo, hi)]
+        for row in itertools.product(kinds, repeat=operands - 1):
+            in_val = sum(_in_validation(first + "".join(op + t for op, t in zip(row, rest)) + "=", val_fraction)
+                         for first, *rest in itertools.product(numbers, repeat=operands))
+            val += in_val
+            p_val += share * math.prod(op_share[op] for op in row) * in_val / terms
+    return Splits(total=total, train=total - val, val=val, p_train=1.0 - p_val, p_val=p_val, exact=exact)
 
 
 def _value(terms: list[int], ops: list[str]) -> int:

@@ -1,0 +1,130 @@
+"""`isoflop replay`: a schedule simulated on a recorded full grid, with no compute.
+
+Each cell's recorded eval points are what the cell would have recorded under any schedule (one run
+to the largest budget; a paused cell resumes from its checkpoint), so a schedule on a full grid's
+results is exact: at each stage budget the rule (`schedule.decide`) sees the points the surviving
+cells had reached, the cells it stops keep what they had, and the compute a cell spends is its
+ledger when it stopped. The replay compares the adaptive frontier and axis*(C) with the full
+grid's at every stage budget.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from isoflop_cli.config import ConfigError
+from isoflop_cli.fit import plots
+from isoflop_cli.fit.data import RUN, compute_unit, plain, usable
+from isoflop_cli.fit.outputs import jsonable
+from isoflop_cli.schedule import Schedule, decide, stage_of
+from isoflop_cli.store import atomic_write
+
+
+@dataclass
+class Replay:
+    schedule: Schedule
+    margin: float
+    stages: list[float]
+    per_budget: pd.DataFrame  # budget, full_value, adaptive_value, value_gap, full_star, adaptive_star, star_agrees, cells_running
+    stopped: pd.DataFrame  # run, axis value, stopped at budget, best, reach, frontier
+    compute_share: float  # compute the schedule spends / the full grid's
+
+    @property
+    def n_star_agreement(self) -> float:
+        return float(self.per_budget["star_agrees"].mean())
+
+    @property
+    def max_value_gap(self) -> float:
+        return float(self.per_budget["value_gap"].max())
+
+    def summary(self) -> dict:
+        return {"schedule": self.schedule.value, "margin": self.margin, "stages": self.stages, "compute_share": self.compute_share,
+                "n_star_agreement": self.n_star_agreement, "max_value_gap": self.max_value_gap,
+                "cells": int(self.per_budget["cells_running"].iloc[0]), "stopped": len(self.stopped)}
+
+
+def default_stages(rows: pd.DataFrame, compute: str) -> list[float]:
+    """The largest compute halved down to the first budget every run has a positive point at:
+    the doublings a sweep's eval points are spaced on."""
+    positive = rows[rows[compute] > 0]
+    top = float(positive[compute].max())
+    floor = float(positive.groupby(RUN)[compute].min().max())
+    stages = [top]
+    while stages[-1] / 2 >= floor / 1.1:
+        stages.append(stages[-1] / 2)
+    return sorted(stages)
+
+
+def replay(df: pd.DataFrame, metric: str, axis: str, compute: str, schedule: Schedule, margin: float,
+           stages: list[float] | None = None) -> Replay:
+    rows = usable(df, [metric, axis, compute], "replay")
+    stages = sorted(stages) if stages else default_stages(rows, compute)
+    if len(stages) < 2 and schedule is Schedule.adaptive:
+        raise ConfigError("replay: the adaptive schedule decides between budgets; these results span one budget (give --budgets)")
+    rows = rows.assign(_stage=stage_of(rows[compute].to_numpy(), stages))
+    runs = pd.Index(rows[RUN].unique())
+    last = len(stages) - 1
+    stop = pd.Series(last, index=runs)  # the stage each run ends at
+    decisions = []
+    if schedule is Schedule.adaptive:
+        alive = set(runs)
+        for i in range(last):
+            seen = rows[(rows["_stage"] <= i) & rows[RUN].isin(alive)]
+            for d in decide(seen, stages[i], stages[-1], margin, metric, compute, RUN):
+                if not d.go:
+                    alive.discard(d.run)
+                    stop[d.run] = i
+                    decisions.append(d)
+    axis_of = rows.drop_duplicates(RUN).set_index(RUN)[axis]
+    reached = rows[rows["_stage"] <= stop.reindex(rows[RUN]).to_numpy()]
+    full_spend = rows.groupby(RUN)[compute].max().sum()
+    spend = reached.groupby(RUN)[compute].max().sum()
+    table = []
+    for i, budget in enumerate(stages):
+        full = _frontier_at(rows[rows["_stage"] <= i], metric, axis)
+        adaptive = _frontier_at(reached[reached["_stage"] <= i], metric, axis)
+        table.append({"budget": budget, "full_value": full[0], "adaptive_value": adaptive[0], "value_gap": full[0] - adaptive[0],
+                      "full_star": full[1], "adaptive_star": adaptive[1], "star_agrees": _within_2x(full[1], adaptive[1]),
+                      "cells_running": int((stop >= i).sum())})
+    stopped = pd.DataFrame([{"run": d.run, axis: plain(axis_of[d.run]), "stopped_at": d.budget, "best": d.best, "reach": d.reach,
+                             "frontier": d.frontier} for d in decisions], columns=["run", axis, "stopped_at", "best", "reach", "frontier"])
+    return Replay(schedule, margin, stages, pd.DataFrame(table), stopped, float(spend / full_spend))
+
+
+def _frontier_at(rows: pd.DataFrame, metric: str, axis: str) -> tuple[float, float]:
+    best = rows.loc[rows[metric].idxmax()]
+    return float(best[metric]), plain(best[axis])
+
+
+def _within_2x(a: float, b: float) -> bool:
+    if a > 0 and b > 0:
+        return bool(abs(np.log2(a) - np.log2(b)) <= 1 + 1e-9)
+    return a == b
+
+
+def write(result: Replay, info: dict, axis: str, compute: str, out: Path) -> list[Path]:
+    """replay.json (the summary, the per-budget table, the cells stopped) and the two frontiers' plot."""
+    entry = {**result.summary(), "axis": axis, "compute": compute, "input": info,
+             "per_budget": result.per_budget.to_dict("records"), "stopped_cells": result.stopped.to_dict("records")}
+    atomic_write(out / "replay.json", json.dumps(jsonable(entry), indent=1) + "\n")
+    t = result.per_budget
+    fig, (top, bottom) = plots.plt.subplots(2, 1, figsize=(7, 6.5), sharex=True, height_ratios=[2, 1])
+    top.plot(t["budget"], t["full_value"], "o-", color="black", label="full grid")
+    top.plot(t["budget"], t["adaptive_value"], "s--", color="tab:orange",
+             label=f"{result.schedule.value} (margin {result.margin:g}): {result.compute_share:.0%} of the compute")
+    top.set_ylabel("frontier (best metric with compute <= C)")
+    top.set_xscale("log")
+    top.legend()
+    bottom.plot(t["budget"], t["full_star"], "o-", color="black", label=f"{axis}* full grid")
+    bottom.plot(t["budget"], t["adaptive_star"], "s--", color="tab:orange", label=f"{axis}* {result.schedule.value}")
+    bottom.set_yscale("log", base=2)
+    plots.plain_ticks(bottom.yaxis)
+    bottom.set_ylabel(f"{axis}*(C)")
+    bottom.set_xlabel(f"C ({compute_unit(compute)})")
+    bottom.legend()
+    return [out / "replay.json", *plots.save(fig, out / "replay")]

@@ -1,0 +1,312 @@
+"""The local Ray head a sweep starts when it is given no cluster: its own process group, every
+socket on 127.0.0.1, every port its own (so sweeps in different dirs run heads side by side), token
+authentication, usage stats off; stopped by its pid, never by name.
+
+Run as `python -m isoflop_cli.head` by `ray_cluster`; that process runs `ray start --head --block`
+as its child and records its address in the sweep dir's `ray-head.json` once jobs can be submitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import random
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+from omegaconf import DictConfig
+
+from isoflop_cli.store import read_json, write_json
+
+HEAD_FILE = "ray-head.json"
+
+
+class HeadError(Exception):
+    """The Ray head did not start, or stopped answering: said as one line, exit 1."""
+
+
+@contextlib.contextmanager
+def ray_cluster(cluster: DictConfig, state_dir: Path) -> Iterator[str]:
+    """The Ray Jobs address: cluster.address, $RAY_ADDRESS, or a local head on 127.0.0.1.
+
+    The local head runs in its own process group (its pid and address in `state_dir/ray-head.json`),
+    on loopback only and on ports of its own, so a sweep in another dir runs its own head beside it.
+    A killed CLI leaves it and its jobs running, and the next `isoflop sweep` on the dir reattaches
+    to them; otherwise it is stopped, by that pid, when the sweep ends, fails or is interrupted. The
+    caller holds `sweep_lock(state_dir)`, so the head recorded there is this sweep's own.
+    """
+    address = cluster.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        yield address
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"  # the head's token (~/.ray/auth_token); jobs use it too
+    info_file = state_dir.absolute() / HEAD_FILE
+    head = _attach(info_file) or _start_head(cluster, info_file)
+    try:
+        yield head["address"]
+    finally:
+        _stop_head(head["pid"], info_file)
+        _remove_temp_dir(head.get("temp_dir"))
+        info_file.unlink(missing_ok=True)
+
+
+def _attach(info_file: Path) -> dict | None:
+    """The head recorded in `info_file` if it still runs (a killed CLI left it), else None."""
+    head = read_json(info_file)
+    if not isinstance(head, dict) or not isinstance(head.get("pid"), int):
+        return None
+    if _is_head(head["pid"], info_file) and isinstance(head.get("address"), str):
+        return head
+    _stop_head(head["pid"], info_file, grace_s=0)  # what a dead head left
+    _remove_temp_dir(head.get("temp_dir"))
+    return None
+
+
+def _is_head(pid, info_file: Path) -> bool:
+    """`pid` is the head process started for this `info_file` (not a reused pid, not another dir's head)."""
+    try:
+        args = Path(f"/proc/{int(pid)}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except (OSError, TypeError, ValueError):
+        return False
+    return "isoflop_cli.head" in args and str(info_file) in args
+
+
+def _start_head(cluster: DictConfig, info_file: Path, timeout_s: float = 180) -> dict:
+    info_file.unlink(missing_ok=True)
+    cpus = cluster.local_cpus or os.cpu_count() or 1
+    log_file = info_file.with_suffix(".log")
+    temp_dir = tempfile.mkdtemp(prefix="isoflop-ray-")  # short: Ray's unix sockets live under it
+    with open(log_file, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "isoflop_cli.head", "--cpus", str(cpus), "--info", str(info_file), "--temp-dir", temp_dir],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    try:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            head = read_json(info_file)
+            if isinstance(head, dict) and head.get("pid") == proc.pid:
+                return head
+            if proc.poll() is not None:
+                raise HeadError(f"the local Ray head exited ({proc.returncode}) before it was ready; see {log_file}")
+            time.sleep(0.2)
+        raise HeadError(f"the local Ray head did not start in {timeout_s:.0f}s; see {log_file}")
+    except BaseException:  # an error, or Ctrl-C while it starts: no head is left behind
+        _stop_head(proc.pid, info_file)
+        _remove_temp_dir(temp_dir)
+        info_file.unlink(missing_ok=True)
+        raise
+
+
+def _stop_head(pid: int, info_file: Path, grace_s: float = 60) -> None:
+    """SIGTERM (the head stops Ray cleanly), then SIGKILL to its process group, and wait until the
+    group is gone. A live pid that is not this dir's head is left alone: the pid was reused, so the
+    head and its group are long gone."""
+    if not isinstance(pid, int) or pid <= 1 or pid in (os.getpid(), os.getpgrp()):
+        return
+    if _alive(pid) and not _is_head(pid, info_file):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.time() + grace_s
+    while time.time() < deadline and _alive(pid):
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    deadline = time.time() + 10
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        while time.time() < deadline:
+            _alive(pid)  # reaps it when it is our child
+            os.killpg(pid, 0)
+            time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reap it when it is our child
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _remove_temp_dir(path) -> None:
+    if isinstance(path, str) and Path(path).name.startswith("isoflop-ray-"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# `ray start` flags that take a port: all are given one, so no two heads meet on Ray's defaults.
+RAY_PORT_FLAGS = ("port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
+                  "metrics-export-port", "ray-client-server-port", "node-manager-port", "object-manager-port")
+# Fixed ports (44217, 44227) that Ray takes from the environment only.
+RAY_PORT_ENV = ("AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT")
+
+
+def serve_head(cpus: int, info_file: Path, temp_dir: Path) -> None:
+    """The local head process: `ray start --head --block` as its child, every socket on 127.0.0.1,
+    every port its own, token auth, usage stats off; until SIGTERM or SIGINT (then it stops Ray) or
+    until Ray exits. Records its address in `info_file` once jobs can be submitted."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: else Ray "resolves" --node-ip-address=127.0.0.1 to the
+    # machine's address (services.resolve_ip_for_localhost), and gcs_server, raylet, the dashboard
+    # agent, the runtime-env agent, the client server and every worker then listen on it or on all
+    # interfaces; with it they take 127.0.0.1 (Ray then also refuses other nodes joining).
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    _ensure_token()
+    for attempt in range(3):
+        ports = _free_ports(len(RAY_PORT_FLAGS) + len(RAY_PORT_ENV))
+        flags = dict(zip(RAY_PORT_FLAGS, ports))
+        env.update(zip(RAY_PORT_ENV, map(str, ports[len(RAY_PORT_FLAGS):])))
+        ray = subprocess.Popen(
+            [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+             "--dashboard-host=127.0.0.1", "--include-dashboard=true", f"--num-cpus={cpus}", "--num-gpus=0",
+             "--disable-usage-stats", f"--temp-dir={temp_dir}", "--min-worker-port=0", "--max-worker-port=0",
+             *(f"--{flag}={port}" for flag, port in flags.items())],
+            env=env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
+        )
+        address = f"http://127.0.0.1:{flags['dashboard-port']}"
+        if _wait_ready(ray, address, flags["dashboard-agent-listen-port"], stop):
+            break
+        _end(ray)
+        if stop.is_set():
+            return
+        print(f"isoflop: the Ray head did not come up (try {attempt + 1} of 3)", flush=True)
+    else:
+        raise SystemExit(1)
+    write_json(info_file, {"address": address, "pid": os.getpid(), "gcs_address": f"127.0.0.1:{flags['port']}", "temp_dir": str(temp_dir)})
+    while not stop.is_set() and ray.poll() is None:
+        stop.wait(1)
+    _end(ray)
+
+
+def _ensure_token() -> None:
+    """`ray start` needs the token that `ray.init` would make (~/.ray/auth_token): made once, atomically
+    (two heads starting at once agree on it), readable by this user only."""
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    path = Path.home() / ".ray" / "auth_token"
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".auth_token.")  # mode 0600
+    try:
+        os.write(fd, secrets.token_hex(32).encode())
+        os.close(fd)
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct ports free on 127.0.0.1, drawn below the kernel's ephemeral range (where the ports
+    Ray leaves to the kernel land, so none of those takes one before Ray binds it) and outside Ray
+    client's 23000-24000. Heads starting at once draw apart: draws are kept for 10 minutes in a file
+    of this user's that each draw reads and writes under an flock."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    pool = [p for p in range(20000, min(low, 32768)) if not 23000 <= p < 24000]
+    if len(pool) < 1000:
+        pool = [p for p in range(max(low, 1024), 65536)]  # a narrow ephemeral range: draw inside it
+    registry = Path(tempfile.gettempdir()) / f"isoflop-ray-ports-{os.getuid()}.json"
+    with contextlib.ExitStack() as stack:
+        try:
+            fd = os.open(registry, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            stack.callback(os.close, fd)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            taken = json.loads(os.pread(fd, 1 << 20, 0) or b"{}")
+            taken = {int(p): t for p, t in taken.items() if t > time.time() - 600}
+        except (OSError, ValueError, AttributeError, TypeError):
+            fd, taken = None, {}
+        ports: list[int] = []
+        for port in random.sample(pool, len(pool)):
+            if port in taken:
+                continue
+            probe = stack.enter_context(socket.socket())  # held until all n are drawn: n distinct ports
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            ports.append(port)
+            if len(ports) == n:
+                break
+        if fd is not None:
+            taken.update({p: time.time() for p in ports})
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(taken).encode(), 0)
+    if len(ports) < n:
+        raise HeadError(f"no {n} free ports on 127.0.0.1 for a local Ray head")
+    return ports
+
+
+def _wait_ready(ray: subprocess.Popen, address: str, agent_port: int, stop: threading.Event, timeout_s: float = 120) -> bool:
+    """The dashboard answers and the dashboard agent (which runs the jobs) listens."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not stop.is_set() and ray.poll() is None:
+        if _answers(address) and _listens(agent_port):
+            return True
+        stop.wait(0.5)
+    return False
+
+
+def _answers(address: str) -> bool:
+    try:
+        urllib.request.urlopen(f"{address}/api/version", timeout=2).close()
+    except urllib.error.HTTPError:
+        return True  # it answers (401 without the token)
+    except OSError:
+        return False
+    return True
+
+
+def _listens(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def _end(proc: subprocess.Popen, grace_s: float = 45) -> None:
+    """Stop `ray start --block`: on SIGTERM it stops every Ray process it started."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when its parent dies, however it dies (a head's Ray under
+    the head process; a run under its Ray job supervisor)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="A local Ray head for isoflop (started by `isoflop sweep`).")
+    parser.add_argument("--cpus", type=int, required=True)
+    parser.add_argument("--info", type=Path, required=True)
+    parser.add_argument("--temp-dir", type=Path, required=True)
+    args = parser.parse_args()
+    serve_head(args.cpus, args.info, args.temp_dir)

@@ -1,0 +1,316 @@
+"""The local Ray head: one owner per sweep dir (a lock), heads of different dirs side by side on their
+own ports, every socket on loopback, a lost head said as one line, and no process left behind."""
+
+import contextlib
+import ipaddress
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from isoflop_cli.config import ConfigError
+from isoflop_cli.dispatch import HeadLost, sweep_lock
+
+# One cell whose run trains for some seconds (its job is alive long enough to be looked at).
+TINY = ["grid.n=[2]", "grid.B_p=[2]", "grid.eval_points=2", "eval.problems=8", "eval.samples=4", "cluster.local_cpus=1"]
+
+
+def isoflop_cmd(out: Path, budget: int) -> list[str]:
+    return [sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(out), *TINY, f"grid.budgets=[{budget}]"]
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def read_head(sweep_dir: Path) -> dict | None:
+    try:
+        return json.loads((sweep_dir / "ray-head.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def job_procs(sweep_dir: Path) -> list[psutil.Process]:
+    """The `isoflop run` processes of this sweep's jobs."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "run" in cmd and "isoflop_cli" in cmd and any(str(sweep_dir) in a for a in cmd):
+            found.append(p)
+    return found
+
+
+def head_tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def non_loopback_listeners(procs: list[psutil.Process]) -> list[str]:
+    """'name (pid N) listens on ADDR:PORT' for every TCP listener or unconnected UDP socket not on loopback."""
+    bad = []
+    for p in procs:
+        try:
+            conns, name = p.net_connections(kind="inet"), p.name()
+        except psutil.Error:
+            continue
+        for c in conns:
+            listens = c.status == psutil.CONN_LISTEN or (c.type == socket.SOCK_DGRAM and not c.raddr)
+            if not listens:
+                continue
+            ip = ipaddress.ip_address(c.laddr.ip)
+            ip = getattr(ip, "ipv4_mapped", None) or ip
+            if not ip.is_loopback:
+                bad.append(f"{name} (pid {p.pid}) listens on {c.laddr.ip}:{c.laddr.port}")
+    return bad
+
+
+def listeners(procs: list[psutil.Process]) -> int:
+    n = 0
+    for p in procs:
+        try:
+            n += sum(c.status == psutil.CONN_LISTEN for c in p.net_connections(kind="inet"))
+        except psutil.Error:
+            pass
+    return n
+
+
+def alive(procs) -> list[str]:
+    left = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{p.pid} {' '.join(p.cmdline())[:100]}")
+        except psutil.Error:
+            pass
+    return left
+
+
+def cleanup(clis: list[subprocess.Popen], seen: dict[int, psutil.Process], head_pids: set[int]) -> None:
+    """After a failed assertion too: nothing this test started keeps running (each by its own pid)."""
+    for cli in clis:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    for pid in head_pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for p in seen.values():
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def assert_all_gone(seen: dict[int, psutil.Process], sweep_dirs: list[Path], temp_dirs: list[str]) -> None:
+    deadline = time.time() + 30
+    while alive(seen.values()) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not alive(seen.values()), f"processes left: {alive(seen.values())}"
+    for d in sweep_dirs:
+        assert not (d / "ray-head.json").exists()
+    for t in temp_dirs:
+        assert not os.path.exists(t), f"Ray temp dir left: {t}"
+
+
+# Fast: no Ray head.
+
+
+@contextlib.contextmanager
+def lock_held_elsewhere(path: Path):
+    """Another process holds the sweep lock on `path` until the block ends, then dies by kill -9."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from isoflop_cli.dispatch import sweep_lock\n"
+         "with sweep_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(300)", str(path)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield holder
+    finally:
+        holder.kill()  # -9: the kernel drops its lock
+        holder.wait()
+
+
+def test_lock_names_its_holder_and_dies_with_it(tmp_path):
+    with lock_held_elsewhere(tmp_path) as holder:
+        with pytest.raises(ConfigError, match=rf"sweep dir {tmp_path} is in use by isoflop pid {holder.pid} \(started .*\); wait for it or stop it"):
+            with sweep_lock(tmp_path):
+                pass
+    with sweep_lock(tmp_path):
+        pass
+    with sweep_lock(tmp_path):  # released on exit, in the same process too
+        pass
+
+
+def test_second_sweep_on_a_held_dir_exits_2_and_touches_nothing(tmp_path):
+    sweep_dir = tmp_path / "default"
+    sweep_dir.mkdir()
+    head_file = sweep_dir / "ray-head.json"
+    head_file.write_text('{"address": "http://127.0.0.1:1", "pid": 1}\n')
+    with lock_held_elsewhere(sweep_dir) as holder:
+        result = subprocess.run(isoflop_cmd(tmp_path, 16), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"is in use by isoflop pid {holder.pid}" in lines[0], result.stderr
+    assert head_file.read_text() == '{"address": "http://127.0.0.1:1", "pid": 1}\n'
+    assert not (sweep_dir / "manifest.json").exists()
+
+
+def test_a_head_that_does_not_answer_is_lost_in_one_line(tmp_path):
+    from isoflop_cli import config
+    from isoflop_cli.dispatch import Dispatcher
+    from isoflop_cli.store import SweepDir
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    t = time.time()
+    with pytest.raises(HeadLost) as e:
+        Dispatcher(SweepDir(tmp_path), config.load().cluster, f"http://127.0.0.1:{port}", head_grace_s=2)
+    assert 2 <= time.time() - t < 30
+    assert "\n" not in str(e.value)
+    assert str(e.value).startswith(f"lost the Ray head at http://127.0.0.1:{port} (no answer for 2s")
+    assert str(e.value).endswith("rerun the same command to resume")
+
+
+def test_head_ports_are_distinct_free_and_apart_from_kernel_picks():
+    from isoflop_cli.head import _free_ports
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    first, second = _free_ports(11), _free_ports(11)  # two heads starting at once draw apart
+    assert len(set(first + second)) == 22
+    for port in first + second:
+        assert port < low and not 23000 <= port < 24000
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_the_token_is_made_once_for_this_user_only(tmp_path, monkeypatch):
+    from isoflop_cli.head import _ensure_token
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+    _ensure_token()
+    token = tmp_path / ".ray" / "auth_token"
+    first = token.read_text()
+    assert len(first) == 64 and int(first, 16) >= 0 and token.stat().st_mode & 0o777 == 0o600
+    _ensure_token()
+    assert token.read_text() == first and os.listdir(token.parent) == ["auth_token"]
+
+
+# Slow: real heads.
+
+
+@pytest.mark.e2e
+def test_two_sweeps_at_once_run_their_own_heads_on_loopback(tmp_path):
+    """Two sweeps in two dirs start together: each gets its own head (own ports), both finish; every
+    socket their heads and jobs listen on is loopback; a third sweep on a held dir is refused without
+    touching it; afterwards no process and no head is left."""
+    outs = [tmp_path / "a", tmp_path / "b"]
+    dirs = [out / "default" for out in outs]
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    clis = [subprocess.Popen(isoflop_cmd(out, 1024), stdout=log.open("w"), stderr=subprocess.STDOUT) for out, log in zip(outs, logs)]
+    seen: dict[int, psutil.Process] = {}
+    heads: dict[int, dict] = {}
+    third = None
+    try:
+        checked = [False, False]
+        deadline = time.time() + 400
+        # Both CLIs (and so both heads) run through both checks: the heads were up side by side.
+        while not all(checked) and time.time() < deadline and all(c.poll() is None for c in clis[:2]):
+            for i, d in enumerate(dirs):
+                head = read_head(d)
+                if not head:
+                    continue
+                heads[i] = head
+                if i == 0 and third is None:  # a third sweep on a's dir, while a's head runs
+                    before = (d / "ray-head.json").read_bytes()
+                    third = subprocess.Popen(isoflop_cmd(outs[0], 1024), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                    clis.append(third)
+                jobs = job_procs(d)
+                procs = head_tree(head["pid"]) + jobs
+                seen.update((p.pid, p) for p in procs)
+                if jobs and not checked[i]:
+                    time.sleep(1)  # let the run's process settle (imports, model)
+                    procs = head_tree(head["pid"]) + job_procs(d)
+                    seen.update((p.pid, p) for p in procs)
+                    assert not non_loopback_listeners(procs), non_loopback_listeners(procs)
+                    assert listeners(procs) >= 8  # the check saw Ray's servers (gcs, raylet, dashboard, agents)
+                    checked[i] = True
+            time.sleep(0.2)
+        assert all(checked), [(c.poll(), log.read_text()[-2000:]) for c, log in zip(clis, logs)]
+        assert heads[0]["address"] != heads[1]["address"] and heads[0]["gcs_address"] != heads[1]["gcs_address"]
+
+        out, err = third.communicate(timeout=120)
+        assert third.returncode == 2, out[-3000:] + err
+        assert err.strip().count("\n") == 0 and f"is in use by isoflop pid {clis[0].pid}" in err, err
+        assert clis[0].poll() is None and (dirs[0] / "ray-head.json").read_bytes() == before
+
+        for cli, log in zip(clis, logs):
+            assert cli.wait(timeout=400) == 0, log.read_text()[-3000:]
+        for d in dirs:
+            manifest = json.loads((d / "manifest.json").read_text())
+            assert [c["state"] for c in manifest["cells"].values()] == ["finished"]
+        assert_all_gone(seen, dirs, [h["temp_dir"] for h in heads.values()])
+    finally:
+        cleanup(clis, seen, {h["pid"] for h in heads.values()})
+
+
+@pytest.mark.e2e
+def test_killed_cli_frees_the_dir_rerun_reattaches_and_a_lost_head_is_one_line(tmp_path):
+    """kill -9 the CLI: the lock is free, the head and its job keep running; a rerun reattaches to that
+    head; then the head dies mid-dispatch: one line, exit 1, no traceback, the manifest intact, no
+    process left."""
+    sweep_dir = tmp_path / "default"
+    cmd = isoflop_cmd(tmp_path, 8192)
+    clis = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    seen: dict[int, psutil.Process] = {}
+    head = None
+    try:
+        wait_for(lambda: job_procs(sweep_dir) and read_head(sweep_dir), 300, "a running job")
+        head = read_head(sweep_dir)
+        seen.update((p.pid, p) for p in head_tree(head["pid"]) + job_procs(sweep_dir))
+        clis[0].kill()
+        clis[0].wait()
+        with sweep_lock(sweep_dir):  # the kernel dropped the dead CLI's lock
+            pass
+        assert psutil.pid_exists(head["pid"]) and job_procs(sweep_dir), "the head and its job outlive a killed CLI"
+
+        clis.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        wait_for(lambda: f'"pid": {clis[1].pid},' in (sweep_dir / ".lock").read_text(), 120, "the rerun to take the dir")
+        time.sleep(6)  # it attaches and polls
+        assert clis[1].poll() is None
+        assert read_head(sweep_dir) == head, "the rerun reattached to the running head"
+        seen.update((p.pid, p) for p in head_tree(head["pid"]) + job_procs(sweep_dir))
+
+        os.killpg(head["pid"], signal.SIGKILL)  # the head (and every job on it) is lost
+        out, err = clis[1].communicate(timeout=120)
+        assert clis[1].returncode == 1, out[-3000:] + err
+        assert "Traceback" not in err + out
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, err
+        assert lines[0].startswith(f"error: lost the Ray head at {head['address']}") and lines[0].endswith("rerun the same command to resume")
+        manifest = json.loads((sweep_dir / "manifest.json").read_text())
+        [cell] = manifest["cells"].values()
+        assert cell["state"] == "stopped" and cell["submission_id"].endswith("-1")
+        assert_all_gone(seen, [sweep_dir], [head["temp_dir"]])
+    finally:
+        cleanup(clis, seen, {head["pid"]} if head else set())
