@@ -1,9 +1,10 @@
 """Run every cell of a sweep as a Ray job, on a local head (`head.py`) or on a cluster.
 
-Resumable by construction: a run whose status.json says finished is never submitted again; a job
-the cluster still knows as running is reattached; a job the cluster lost (a new local head after a
-kill) is submitted again under a new attempt number. Ctrl-C stops the jobs in flight and leaves
-the sweep resumable.
+Resumable by construction: a sealed (finished) run is never submitted again; a job the cluster
+still knows as running is reattached; a job the cluster lost (a new local head after a kill) is
+submitted again under a new attempt number and resumes from the run's checkpoint. Ctrl-C stops the
+jobs in flight and leaves the sweep resumable. With the adaptive schedule each budget is a job of
+its own (the run pauses at the budget, keeping a checkpoint), so `attempts` counts those too.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ class Schedule(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Decision:
-    """One cell at one budget: its best-so-far, the most it could reach by the next budget, the
+    """One cell at one budget: its best-so-far, the most it could reach by the largest budget, the
     frontier's lower end it must reach, and whether it continues."""
 
     run: str
