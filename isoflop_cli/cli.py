@@ -256,10 +256,10 @@ def fit(
                    holdout_frac=holdout_frac, drop_early=drop_early, bootstrap=bootstrap, seed=seed)
     with user_errors():
         fitted = run_fit(paths, spec, list(method or []), out)
-    for note in fitted.warnings:
-        err.print(Text.assemble(("warning: ", "bold yellow"), note), soft_wrap=True)
     for table in fitted.tables:
         console.print(table)
+    for note in fitted.warnings:  # beside the result they qualify
+        err.print(Text.assemble(("warning: ", "bold yellow"), note), soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in fitted.written)}", soft_wrap=True)
 
 

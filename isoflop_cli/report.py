@@ -45,8 +45,11 @@ def plan_table(cfg, cells: list[Cell]) -> Group:
     extra = [k for k in cells[0].axes if k not in ("n", "B_p", "seed")]
     budgets = ", ".join(f"{b:.4g}" for b in cfg.grid.budgets)
     table = Table(title=f"sweep '{cfg.name}': {len(feasible)} feasible cells of {len(cells)}, budgets [{budgets}] {BudgetUnit(cfg.grid.budget.unit).value}",
-                  caption="M, rollouts and FLOPs predicted from max prompt and response lengths (scaled by finished runs where the sweep has them)")
-    for col in ["n", "B_p", "seed", *extra, "B", "M", "eval points", "rollouts", "lr", "search", "learning", "reward", "rho"]:
+                  caption="M, rollouts and FLOPs (search, learn, reward) predicted from max prompt and response lengths "
+                          "(scaled by finished runs where the sweep has them); B = B_p * n and more in `plan --json`")
+    # Compact numbers and no derivable column, so a grid of the default's axes fits 80 columns.
+    seeds = len(cfg.grid.seed) > 1
+    for col in ["n", "B_p", *(["seed"] if seeds else []), *extra, "M", "evals", "rollouts", "lr", "search", "learn", "reward", "rho"]:
         table.add_column(col, justify="left" if col in extra else "right")
     infeasible = []
     # A large grid (rendering costs ~1 ms a row) lists each cell's seeds on one row (they share the
@@ -54,15 +57,16 @@ def plan_table(cfg, cells: list[Cell]) -> Group:
     rows = [[c] for c in cells] if len(cells) <= PLAN_ROWS else _by_seeds(cells)
     for group in rows[:PLAN_ROWS]:
         c = group[0]
-        axes = [_value_label(c.axes[k]) if k != "seed" else _seeds_label([g.axes["seed"] for g in group]) for k in ("n", "B_p", "seed", *extra)]
+        seed = _seeds_label([g.axes["seed"] for g in group])
+        axes = [_value_label(c.axes[k]) for k in ("n", "B_p")] + ([seed] if seeds else []) + [_value_label(c.axes[k]) for k in extra]
         if c.feasible:
             p = c.plan
             f = p.predicted_flops
-            table.add_row(*axes, str(p.batch), str(p.M), str(len(p.eval_at)), f"{p.rollouts:,}", f"{p.lr:.3g}",
-                          *(f"{f[k]:.3g}" for k in ("flops_search", "flops_learning", "flops_reward")), f"{f['rho']:.2f}")
+            table.add_row(*axes, str(p.M), str(len(p.eval_at)), _compact(p.rollouts), _short(p.lr),
+                          *(_short(f[k]) for k in ("flops_search", "flops_learning", "flops_reward")), f"{f['rho']:.2f}")
         else:
-            table.add_row(*axes, str(c.axes["n"] * c.axes["B_p"]), *["[red]-[/]"] * 8)
-            label = _axes_label({**c.axes, "seed": axes[2]})
+            table.add_row(*axes, *["[red]-[/]"] * 8)
+            label = _axes_label({**c.axes, "seed": seed})
             infeasible.append(Text(f"infeasible {label}: {c.reason}", style="red"))
     if len(rows) > PLAN_ROWS:
         table.caption += f"; the first {PLAN_ROWS} of {len(rows)} rows: `isoflop plan --json` lists every cell"
@@ -218,6 +222,13 @@ def replay_table(result, axis: str) -> Group:
     line = Text(f"compute: {result.compute_share:.1%} of the full grid's; {axis}* within 2x at {result.n_star_agreement:.0%} of budgets; "
                 f"largest frontier gap {result.max_value_gap:.3f}; {len(result.stopped)} cells stopped")
     return Group(table, line)
+
+
+def _short(v: float) -> str:
+    """Two significant digits, a bare exponent: 1.8e-5, 6.9e9, 0."""
+    text = f"{v:.2g}"
+    mantissa, _, exponent = text.partition("e")
+    return f"{mantissa}e{int(exponent)}" if exponent else text
 
 
 def _compact(v: float) -> str:

@@ -119,3 +119,34 @@ def test_fixed_batch_picks_the_winning_split():
     assert result.entry["params"][f"upper@B={B}"] == pytest.approx(6.0, abs=0.3)
     with pytest.raises(ConfigError, match="two or more splits"):
         fixed_batch_method(sweep(ks=[2], b_ps=(4,)), FitSpec(bootstrap=0))
+
+
+def test_a_law_from_two_axis_values_is_flagged_and_its_saturation_not_claimed(tmp_path):
+    """Two n values: the law of n*(C) is a step pinned at its bounds, with intervals of zero width.
+    Each is a warning beside the result (terminal, report.md, fit.json) and the fit is not reliable."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from isoflop_cli.cli import app
+
+    sweep(ks=(2, 3)).drop(columns=[RUN]).assign(run_id=lambda d: d["n"].astype(str) + "_" + d.index.map(lambda i: str(i // 30))).to_csv(
+        tmp_path / "r.csv", index=False)
+    result = CliRunner().invoke(app, ["fit", str(tmp_path / "r.csv"), "--bootstrap", "20", "--out", str(tmp_path / "fit")], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    entry = json.loads((tmp_path / "fit" / "fit.json").read_text())["frontier"]
+    assert entry["reliable"] is False and entry["converged"] is True
+    text = " ".join(entry["warnings"])
+    assert "read from 2 n value(s)" in text and "zero width" in text and "at the fit's bounds" in text
+    assert "saturates at" not in result.output and "NOT reliable" in result.output
+    assert result.output.index("warning:") > result.output.index("frontier: estimate")  # beside the result, after it
+    report = (tmp_path / "fit" / "report.md").read_text()
+    assert "Reliable: no." in report and "needs at least 3" in report and "saturates at" not in report
+
+
+def test_a_healthy_law_is_reliable_and_notes_the_grid_edge(fitted):
+    from isoflop_cli.fit.methods import doubts
+
+    notes = doubts("frontier", fitted.entry, FitSpec(bootstrap=20, seed=1))
+    assert all(not grave for _, grave in notes)
+    assert [m for m, _ in notes] == ["frontier: lower at the fit's bounds: n* at the smallest budgets is the grid's smallest n; the optimum may lie below the grid"]

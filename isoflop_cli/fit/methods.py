@@ -71,10 +71,44 @@ def run(df: pd.DataFrame, spec: FitSpec, methods: list[str], explicit: bool) -> 
                     raise
                 failure = f"{e}; not fitted"
         notes = [str(w.message) for w in caught if issubclass(w.category, FitWarning)] + ([failure] if failure else [])
+        serious = bool(notes)  # a curve left out, a fit that did not converge, a method that failed
+        if result is not None:
+            for message, grave in doubts(method, result.entry, spec):
+                notes.append(message)
+                serious |= grave
         for message in notes:
             warn(message)
         if result is not None:
-            result.entry.update(warnings=notes, metric=spec.metric, axis=spec.axis, compute=spec.compute,
-                                compute_unit=compute_unit(spec.compute), bootstrap_resamples=spec.bootstrap, seed=spec.seed)
+            result.entry.update(warnings=notes, reliable=bool(result.entry.get("converged")) and not serious, metric=spec.metric, axis=spec.axis,
+                                compute=spec.compute, compute_unit=compute_unit(spec.compute), bootstrap_resamples=spec.bootstrap, seed=spec.seed)
             results[method] = result
     return results
+
+
+MIN_AXIS_VALUES = 3  # a law of axis*(C) read from fewer values than this is a step, not a law
+
+
+def doubts(method: str, entry: dict, spec: FitSpec) -> list[tuple[str, bool]]:
+    """What makes a fitted result less than it looks, to say beside it, and whether it makes the
+    result unreliable: parameters pinned at their bounds (the data did not place them), 90%
+    intervals of zero width (the resamples all landed on one value: a bound or too few runs, not
+    certainty), and an axis*(C) law read from fewer than three axis values. A law's lower plateau
+    at the grid's smallest value is a note, not a doubt: axis* is the smallest value tried there."""
+    out = []
+    pinned = entry.get("at_bound") or []
+    if pinned and entry.get("params"):
+        edge = method in ("frontier", "fixed-batch") and pinned == ["lower"]
+        why = (f"{spec.axis}* at the smallest budgets is the grid's smallest {spec.axis}; the optimum may lie below the grid" if edge
+               else "pinned there, not measured" + ("; no saturation is read from the law" if method == "frontier" else ""))
+        out.append((f"{method}: {', '.join(pinned)} at the fit's bounds: {why}", not edge))
+    for name, curve in (entry.get("curves") or {}).items():
+        if curve.get("at_bound"):
+            out.append((f"{method}: the curve {name} has {', '.join(curve['at_bound'])} at the fit's bounds", False))
+    flat = [name for name, (lo, hi) in (entry.get("interval90") or {}).items() if lo == hi]
+    if flat and spec.bootstrap > 0:
+        out.append((f"{method}: the 90% interval of {', '.join(flat)} has zero width: the bootstrap resamples all gave one value, "
+                    "which says the fit is stuck, not that it is certain", True))
+    if method == "frontier" and entry.get("curves") is not None and len(entry["curves"]) < MIN_AXIS_VALUES:
+        out.append((f"{method}: {spec.axis}*(C) is read from {len(entry['curves'])} {spec.axis} value(s) with a fitted curve; "
+                    f"a law of it needs at least {MIN_AXIS_VALUES}", True))
+    return out

@@ -52,7 +52,9 @@ def _interval(lo_hi: list[float] | None) -> str:
 def summary(method: str, entry: dict, spec: FitSpec) -> str:
     """Convergence and what to take away, in one line."""
     parts = ["converged" if entry["converged"] else "NOT converged"]
-    if method == "frontier" and entry.get("saturation"):
+    if not entry.get("reliable", True):
+        parts.append(f"NOT reliable: {len(entry.get('warnings', []))} warning(s)")
+    if method == "frontier" and entry.get("saturation") and not set(entry.get("at_bound") or []) - {"lower"}:
         sat = entry["saturation"]
         where = f"saturates at {spec.axis}* ~ {sat['axis_star']:.3g} from C ~ {sat['compute']:.3g}" if sat["within_data"] else "does not saturate within the data"
         parts.append(where)
@@ -99,6 +101,7 @@ def markdown(results: dict[str, dict], spec: FitSpec, info: dict, plots: dict[st
         lines += [""] + [f"![{method}]({name})" for name in plots.get(method, []) if name.endswith(".png")] + [""]
         lines += _method_details(method, entry, spec)
         lines += [f"- warning: {w}" for w in entry.get("warnings", [])] + [""]
+        lines += [f"Reliable: {'yes' if entry.get('reliable') else 'no'}.", ""]
     if front is not None:
         source = "fitted envelope of the per-axis sigmoids" if "frontier" in results else "empirical: best eval point with compute <= C"
         lines += ["## frontier.csv", "", f"{source}.", "", f"![frontier]({plots['frontier.csv'][0]})", "", f"| {spec.compute} | {spec.metric} | {spec.axis}* |", "| ---: | ---: | ---: |"]
