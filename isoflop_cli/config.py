@@ -27,7 +27,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from isoflop_cli.flops import PROJECTIONS, Shape, UnsupportedModel
 from isoflop_cli.schedule import DEFAULT_MARGIN, Schedule
-from isoflop_cli.tasks.arith import MIN_DRAW_SHARE, ArithTask
+from isoflop_cli import tasks
+from isoflop_cli.recipe.rewards import NEEDS, REWARDS, load_function
+from isoflop_cli.tasks.arith import ALPHABET
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
@@ -83,20 +85,32 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = "arith"
+    name: str = "arith"  # arith: synthetic sums (the embedded default); dataset: problems from local files
+    max_new_tokens: int = 6
+    val_fraction: float = 0.2  # share of the problems held out for validation (dataset: without task.val)
+    # arith
     digits: list[int] = field(default_factory=lambda: [1, 2])  # operand sizes, drawn uniformly
     operands: int = 2
     ops: list[str] = field(default_factory=lambda: ["+"])
     reverse_answer: bool = True  # answer digits least-significant first: learnable left to right
-    val_fraction: float = 0.2  # share of the problem space held out for validation
     steps: bool = False  # show the work: one step per digit column before the answer (additions)
-    max_new_tokens: int = 6
+    # dataset (tasks/dataset.py): verl-style parquet, JSONL, or a datasets save_to_disk directory
+    train: Optional[str] = None
+    val: Optional[str] = None  # null: task.val_fraction of task.train, by a stable hash of the prompt
+    prompt_key: str = "prompt"  # a string, or a list of chat messages
+    answer_key: str = "reward_model.ground_truth"  # dotted: a path into nested columns
+    max_prompt_tokens: int = 512  # longer prompts are dropped (and counted), never cut
+    chat_template: str = "auto"  # auto: the tokenizer's chat template if it has one; none: plain text
+    system_prompt: Optional[str] = None
+    instruction: Optional[str] = None  # appended to the prompt, e.g. "Put the final answer within \\boxed{}."
+    verifier: str = "math"  # math (math-verify), exact, choice
 
 
 @dataclass
 class RewardConfig:
-    name: str = "sparse"
+    name: str = "sparse"  # see recipe/rewards.py
     format_weight: float = 0.2  # structured: the share of the reward for the answer's form
+    fn: Optional[str] = None  # custom: package.module:function, called with (problems, completions) -> scores
     # prm: a local PRM checkpoint (a token classifier scoring step ends); null builds the embedded one.
     path: Optional[str] = None
     build: BuildConfig = field(default_factory=lambda: BuildConfig(hidden_size=64, intermediate_size=256, num_layers=2, num_heads=2, num_kv_heads=1, steps=300))
@@ -233,11 +247,9 @@ class SweepConfig:
 
 
 GROUPS = ("model", "task", "reward", "algo", "grid", "cluster", "sampler")
-REWARDS = ("sparse", "structured", "dense", "prm_proxy", "prm")
 ALGOS = ("grpo", "dr_grpo", "cispo", "ppo")
 SAMPLERS = ("hf", "vllm")
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean")
-TASKS = ("arith",)
 
 
 def resolve_sweep_path(name_or_path: str | None) -> Path:
@@ -267,8 +279,21 @@ def load(config: str | None = None, overrides: list[str] | tuple[str, ...] = ())
     except OmegaConfBaseException as e:
         raise ConfigError(_omegaconf_message(e)) from None
     OmegaConf.set_readonly(cfg, False)
+    _absolute_paths(cfg)
     check(cfg)
     return cfg
+
+
+PATH_KEYS = ("model.path", "reward.path", "task.train", "task.val")
+
+
+def _absolute_paths(cfg: DictConfig) -> None:
+    """Files the runs read, as absolute paths: a run is a Ray job whose working directory is not
+    the one the sweep was started from."""
+    for key in PATH_KEYS:
+        value = OmegaConf.select(cfg, key, throw_on_missing=False)
+        if isinstance(value, str) and value:
+            OmegaConf.update(cfg, key, str(Path(value).expanduser().absolute()), merge=False)
 
 
 def with_values(cfg: DictConfig, values: dict[str, Any], checked: bool = True) -> DictConfig:
@@ -280,6 +305,7 @@ def with_values(cfg: DictConfig, values: dict[str, Any], checked: bool = True) -
             OmegaConf.update(out, key, value, merge=False)
         except OmegaConfBaseException as e:
             raise ConfigError(f"grid.axes.{key}: {_omegaconf_message(e)}") from None
+    _absolute_paths(out)
     if checked:
         check(out)
     return out
@@ -424,32 +450,15 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
         raise ConfigError(f"algo.temperature must be > 0, got {cfg.algo.temperature}")
     if not 0 < cfg.algo.top_p <= 1:
         raise ConfigError(f"algo.top_p must be in (0, 1], got {cfg.algo.top_p}")
-    check_choice("reward.name", cfg.reward.name, REWARDS)
-    if cfg.reward.name in ("prm_proxy", "prm") and not cfg.task.steps:
-        raise ConfigError(f"reward {cfg.reward.name} scores steps: use task=arith-steps (task.steps=true)")
-    if not 0 <= cfg.reward.format_weight <= 1:
-        raise ConfigError(f"reward.format_weight must be in [0, 1], got {cfg.reward.format_weight}")
     check_choice("algo.name", cfg.algo.name, ALGOS)
     check_choice("algo.loss_agg", cfg.algo.loss_agg, LOSS_AGGS)
-    check_choice("task.name", cfg.task.name, TASKS)
-    t = cfg.task
-    if len(t.digits) == 0 or len(t.ops) == 0:
-        raise ConfigError("task.digits and task.ops must not be empty")
-    positive("task.digits", t.digits)
-    positive("task.max_new_tokens", t.max_new_tokens)
-    if t.operands < 2:
-        raise ConfigError(f"task.operands must be >= 2, got {t.operands}")
-    for op in t.ops:
-        check_choice("task.ops", op, ("+", "-", "*"))
-    if t.steps and (list(t.ops) != ["+"] or not t.reverse_answer):
-        raise ConfigError("task.steps needs task.ops=[+] and task.reverse_answer=true (column steps of an addition)")
-    if not 0 < t.val_fraction < 1:
-        raise ConfigError(f"task.val_fraction must be in (0, 1), got {t.val_fraction}")
+    positive("task.max_new_tokens", cfg.task.max_new_tokens)
     if cfg.eval.problems > MAX_EVAL_PROBLEMS:
         raise ConfigError(f"eval.problems must be <= {MAX_EVAL_PROBLEMS:,} (every eval point samples eval.samples completions of each), got {cfg.eval.problems}")
-    _check_splits(cfg)
     if OmegaConf.is_missing(cfg.model, "path"):
         raise ConfigError(f"model '{cfg.model.name}' has no checkpoint path: set model.path=/path/to/checkpoint, or model=tiny-arith (the embedded model)")
+    task = _task(cfg)
+    _check_reward(cfg, task)
     for part in ("model", "reward"):
         if cfg[part].path is not None:
             hf_config = _check_checkpoint(f"{part}.path", Path(cfg[part].path).expanduser())
@@ -459,7 +468,7 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
             if part == "model" or cfg.reward.name == "prm":  # the embedded model (and PRM) this run builds
                 _check_build(f"{part}.build", cfg[part].build)
         if part == "model" or cfg.reward.name == "prm":
-            _check_positions(cfg, positions, what, scored=part == "reward")
+            _check_positions(cfg, task.max_prompt_tokens, positions, what, scored=part == "reward")
     if cfg.lora.rank < 0:
         raise ConfigError(f"lora.rank must be >= 0 (0: full fine-tuning), got {cfg.lora.rank}")
     if cfg.lora.rank:
@@ -562,34 +571,54 @@ def _check_model_cache() -> None:
         raise ConfigError(f"the model cache {root} (ISOFLOP_CACHE) cannot be made: {parent} is not a writable directory")
 
 
-def _check_splits(cfg: DictConfig) -> None:
-    """Both splits of the task hold problems, often enough drawn, and validation holds eval.problems:
-    a run draws from them until it has what it needs."""
-    t = cfg.task
-    s = ArithTask.from_config(t).splits()
-    space = f"{s.total:,} problems of task.digits={_show(t.digits)}, task.operands={t.operands}, task.ops={_show(t.ops)}"
-    widen = "or widen the task (task.digits, task.operands, task.ops)"
-    if s.train < 1:
-        raise ConfigError(f"task.val_fraction={t.val_fraction} leaves the training split empty (all {space} are in validation): lower it {widen}")
-    if s.val < cfg.eval.problems:
-        raise ConfigError(f"eval.problems={cfg.eval.problems} exceeds the validation split: {'' if s.exact else '~'}{s.val:,.0f} of the {space} "
-                          f"(task.val_fraction={t.val_fraction}); lower eval.problems, raise task.val_fraction {widen}")
-    for split, share in (("training", s.p_train), ("validation", s.p_val)):
-        if share < MIN_DRAW_SHARE:
-            raise ConfigError(f"task.val_fraction={t.val_fraction}: only {share:.2g} of draws land in the {split} split (~{1 / share:,.0f} "
-                              f"draws a problem, at most {1 / MIN_DRAW_SHARE:,.0f} allowed): move it toward 0.5 {widen}")
+def _task(cfg: DictConfig) -> tasks.Task:
+    """The run's task, built (a dataset task reads and checks its files) and able to give what a run
+    draws; the embedded model reads only its own few characters."""
+    for part in ("task", "reward"):
+        missing = [key for key in cfg[part] if OmegaConf.is_missing(cfg[part], key)]
+        if missing:
+            raise ConfigError(f"{part}={cfg[part].name} needs {part}.{missing[0]}=... (see conf/{part}/{cfg[part].name}.yaml)")
+    try:
+        task = tasks.make(cfg.task)
+        if cfg.model.path is None and hasattr(task, "check_alphabet"):
+            task.check_alphabet(ALPHABET, "the embedded model")
+        task.check(cfg.eval.problems)
+    except tasks.TaskError as e:
+        raise ConfigError(str(e)) from None
+    return task
 
 
-def _check_positions(cfg: DictConfig, positions: Any, what: str, scored: bool) -> None:
+def _check_reward(cfg: DictConfig, task: tasks.Task) -> None:
+    """A known reward, one the task can score, and a custom function that imports."""
+    r = cfg.reward
+    check_choice("reward.name", r.name, tuple(REWARDS))
+    need = NEEDS.get(r.name)
+    if need and not getattr(task, need):
+        if need == "has_steps":
+            raise ConfigError(f"reward {r.name} scores steps: use task=arith-steps (task.steps=true)")
+        raise ConfigError(f"reward {r.name} gives partial credit, which task {cfg.task.name} does not define: use reward=sparse or reward=structured")
+    if not 0 <= r.format_weight <= 1:
+        raise ConfigError(f"reward.format_weight must be in [0, 1], got {r.format_weight}")
+    if (r.name == "custom") != (r.fn is not None):
+        raise ConfigError("reward.fn=package.module:function goes with reward=custom (and reward=custom needs it)")
+    if r.fn is not None:
+        try:
+            load_function(r.fn)
+        except Exception as e:  # the user's module: whatever its import raises
+            raise ConfigError(f"reward.fn '{r.fn}' cannot be loaded: {type(e).__name__}: {e}") from None
+
+
+def _check_positions(cfg: DictConfig, prompt: int, positions: Any, what: str, scored: bool) -> None:
     """The longest prompt and its completion (a PRM also scores an end token) fit the model's context."""
     if not isinstance(positions, int) or isinstance(positions, bool):
         return  # the checkpoint does not say
-    prompt, new = ArithTask.from_config(cfg.task).max_prompt_len, cfg.task.max_new_tokens
+    new = cfg.task.max_new_tokens
     need = prompt + new + scored
     if need > positions:
         room = positions - prompt - scored
-        fix = f"at most task.max_new_tokens={room}" if room > 0 else "fewer task.digits or task.operands"
-        raise ConfigError(f"task.max_new_tokens={new}: the longest prompt ({prompt} tokens) and its completion need {need} positions, "
+        fix = f"at most task.max_new_tokens={room}" if room > 0 else ("fewer task.digits or task.operands" if cfg.task.name == "arith" else "a lower task.max_prompt_tokens")
+        longest = f"the longest prompt ({prompt} tokens)" if cfg.task.name == "arith" else f"a prompt at task.max_prompt_tokens={prompt}"
+        raise ConfigError(f"task.max_new_tokens={new}: {longest} and its completion need {need} positions, "
                           f"above the {positions} of {what}; {fix}")
 
 
@@ -685,11 +714,20 @@ SWEEP_ONLY = ("grid", "cluster", "name")  # config parts that do not change what
 
 def run_content(cfg: DictConfig) -> dict[str, Any]:
     """What a run computes, as plain data: its config without the sweep-level parts, so a run keeps
-    its id and its checkpoints when only the sweep around it changes (its schedule, its cluster)."""
-    content = OmegaConf.to_container(cfg, resolve=True)
+    its id and its checkpoints when only the sweep around it changes (its schedule, its cluster),
+    and without keys that do not apply to it (so new options leave old run ids as they were)."""
+    content = applicable(OmegaConf.to_container(cfg, resolve=True))
     for key in SWEEP_ONLY:
         content.pop(key, None)
     return content
+
+
+def applicable(content: dict[str, Any]) -> dict[str, Any]:
+    """A plain config without the keys that do not apply to its run (other tasks' keys, an unset
+    custom reward); a new copy where it drops any."""
+    task = {k: v for k, v in content["task"].items() if k in tasks.config_keys(content["task"]["name"])}
+    reward = {k: v for k, v in content["reward"].items() if not (k == "fn" and v is None)}
+    return {**content, "task": task, "reward": reward}
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -18,9 +18,8 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from isoflop_cli import config, flops
+from isoflop_cli import config, flops, tasks
 from isoflop_cli.config import GROUPS, BudgetUnit, ConfigError, LrScaling
-from isoflop_cli.tasks.arith import ArithTask
 
 
 @dataclass(frozen=True)
@@ -108,7 +107,7 @@ class _Shapes:
     def of(cls, cfg) -> "_Shapes":
         return cls(
             policy=flops.model_shape(cfg.model).with_lora(cfg.lora.rank, cfg.lora.targets),
-            prompt=ArithTask.from_config(cfg.task).max_prompt_len,
+            prompt=tasks.make(cfg.task).max_prompt_tokens,
             reward=flops.reward_model_shape(cfg.reward) if cfg.reward.name == "prm" else None,
         )
 
@@ -346,7 +345,7 @@ def expand(
             plain = _set_axes(work, root_plain, choice) if choice else root_plain
             spec = _Combo(root, choice, last)
         view = _Plain(plain)
-        hashes = _RunIds(plain, choice)
+        hashes = _RunIds(config.applicable(plain), choice)
         shapes = _Shapes.of(view)
         checkpoints = eval_budgets(view.grid)
         scale = scales.get(view.model.name, 1.0)

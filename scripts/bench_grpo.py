@@ -43,7 +43,8 @@ from rich.table import Table  # noqa: E402
 from isoflop_cli import config, grid  # noqa: E402
 from isoflop_cli.recipe import checkpoint  # noqa: E402
 from isoflop_cli.recipe.grpo import Budget, train  # noqa: E402
-from isoflop_cli.tasks.arith import ArithTask, Problem  # noqa: E402
+from isoflop_cli.tasks import Problem  # noqa: E402
+from isoflop_cli.tasks.arith import ArithTask  # noqa: E402
 
 
 @dataclass

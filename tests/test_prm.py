@@ -9,13 +9,15 @@ from torch.utils.flop_counter import FlopCounterMode
 import isoflop_cli.recipe.measure  # noqa: F401  (registers the CPU attention formulas)
 from isoflop_cli import config
 from isoflop_cli.recipe import prm
+from isoflop_cli.recipe.rewards import make_reward
 from isoflop_cli.tasks.arith import ArithTask
 
 
 @pytest.fixture(scope="module")
 def scorer():
     cfg = config.load(None, ["reward=prm", "task=arith-steps", "reward.build.steps=250"])
-    return prm.load(cfg.reward, cfg.task), ArithTask.from_config(cfg.task)
+    task = ArithTask.from_config(cfg.task)
+    return make_reward(cfg.reward, task), task
 
 
 def test_prm_prefers_right_steps_on_held_out_problems(scorer):
@@ -47,7 +49,7 @@ def test_plan_predicts_the_prms_flops_for_a_full_width_batch(scorer):
 
     model, task = scorer
     cfg = config.load(None, ["reward=prm", "task=arith-steps", "reward.build.steps=250", "n=2", "B_p=2"])
-    longest = next(p for p in task.validation_set(64) if len(p.prompt) == task.max_prompt_len)
+    longest = next(p for p in task.validation_set(64) if len(p.prompt) == task.max_prompt_tokens)
     _, spent = model([longest] * 4, ["9" * cfg.task.max_new_tokens] * 4)  # B_p * n completions at max_new_tokens
     assert step_flops(cfg)[2] == spent
     assert step_flops(config.load(None, ["task=arith-steps", "n=2", "B_p=2"]))[2] == 0  # a rule costs no FLOPs

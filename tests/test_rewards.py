@@ -22,9 +22,9 @@ CASES = {  # completion: (sparse, structured, dense)
 
 @pytest.mark.parametrize("name,column", [("sparse", 0), ("structured", 1), ("dense", 2)])
 def test_rewards_on_hand_made_completions(name, column):
-    reward, rule_based = make_reward(OmegaConf.create({"name": name, "format_weight": 0.2}), OmegaConf.structured(config.TaskConfig()))
+    reward = make_reward(OmegaConf.create({"name": name, "format_weight": 0.2}), TASK)
     scores, spent = reward([P] * len(CASES), list(CASES))
-    assert rule_based and spent == 0.0
+    assert reward.rule_based and spent == 0.0
     assert scores == pytest.approx([v[column] for v in CASES.values()])
 
 
@@ -55,8 +55,8 @@ def test_step_solutions_and_their_rewards():
         "garbage": (0.0, 0.0, 0.0),
     }
     for name, column in (("sparse", 0), ("structured", 1), ("prm_proxy", 2)):
-        reward, rule_based = make_reward(OmegaConf.create({"name": name, "format_weight": 0.2}), OmegaConf.structured(config.TaskConfig(steps=True)))
-        assert rule_based
+        reward = make_reward(OmegaConf.create({"name": name, "format_weight": 0.2}), STEPS)
+        assert reward.rule_based
         scores, spent = reward([Q] * len(cases), list(cases))
         assert spent == 0.0
         assert scores == pytest.approx([v[column] for v in cases.values()]), name

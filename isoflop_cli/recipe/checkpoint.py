@@ -16,6 +16,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -51,8 +52,12 @@ def model_path(model_cfg: DictConfig, task_cfg: DictConfig) -> Path:
 
 
 def ensure_embedded(model_cfg: DictConfig, task_cfg: DictConfig) -> Path:
-    recipe = {"name": model_cfg.name, "build": OmegaConf.to_container(model_cfg.build), "task": _task_key(task_cfg), "vocab": ALPHABET}
-    return cached(model_cfg.name, recipe, lambda out: build(model_cfg.build, ArithTask.from_config(task_cfg), out))
+    """The embedded model, warm-started on the run's arithmetic task; for any other task (problems
+    from a file, in the embedded model's characters) on the default arithmetic."""
+    task = ArithTask.from_config(task_cfg) if task_cfg.name == "arith" else ArithTask()
+    # What the warm start learns from; sampling limits (max_new_tokens) do not change the model.
+    recipe = {"name": model_cfg.name, "build": OmegaConf.to_container(model_cfg.build), "task": {"name": "arith", **asdict(task)}, "vocab": ALPHABET}
+    return cached(model_cfg.name, recipe, lambda out: build(model_cfg.build, task, out))
 
 
 def cached(name: str, recipe: dict, build_fn: Callable[[Path], None]) -> Path:
@@ -74,11 +79,6 @@ def cached(name: str, recipe: dict, build_fn: Callable[[Path], None]) -> Path:
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-def _task_key(task_cfg: DictConfig) -> dict:
-    # What the warm start learns from; sampling limits (max_new_tokens) do not change the model.
-    return {k: v for k, v in OmegaConf.to_container(task_cfg).items() if k != "max_new_tokens"}
 
 
 def char_tokenizer() -> PreTrainedTokenizerFast:

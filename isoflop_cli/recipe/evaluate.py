@@ -7,7 +7,6 @@ from math import comb
 import torch
 
 
-
 def best_at_k(m: int, c: int, k: int) -> float:
     """P(at least one of k draws without replacement is correct) = 1 - C(m-c, k) / C(m, k)."""
     return 1.0 - comb(m - c, k) / comb(m, k)
@@ -36,7 +35,6 @@ def evaluate(sampler, task, problems, m: int, k: int, temperature: float, top_p:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         rollouts = sampler.sample([p.prompt for p in problems], m, temperature, top_p, max_new_tokens)
-    correct = [
-        sum(task.verify(p, text) for text in rollouts.texts[i * m : (i + 1) * m]) for i, p in enumerate(problems)
-    ]
+    verdicts = task.judge([p for p in problems for _ in range(m)], rollouts.texts)
+    correct = [sum(v.correct for v in verdicts[i * m : (i + 1) * m]) for i in range(len(problems))]
     return summarize(correct, m, k), rollouts

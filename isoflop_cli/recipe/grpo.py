@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from isoflop_cli import flops
+from isoflop_cli import flops, tasks
 from isoflop_cli.config import run_content, sharded
 from isoflop_cli.recipe import checkpoint, distributed, resume
 from isoflop_cli.recipe.distributed import Group
@@ -37,7 +37,6 @@ from isoflop_cli.recipe.measure import Meter
 from isoflop_cli.recipe.rewards import make_reward
 from isoflop_cli.recipe.sampler import HFSampler
 from isoflop_cli.store import FAILED, PAUSED, RUNNING, RunFiles, disk_full_message, is_disk_full
-from isoflop_cli.tasks.arith import ArithTask
 
 STATS = ("reward", "zero_var", "loss", "kl", "entropy", "clip_frac", "tis", "value_loss")
 
@@ -119,8 +118,11 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
     if sharded(cfg):
         for model in filter(None, (actor, reference)):
             distributed.shard(model, learner.bf16)
-    task = ArithTask.from_config(cfg.task)
-    reward, rule_based = make_reward(cfg.reward, cfg.task) if group.is_main else (None, True)
+    task = tasks.make(cfg.task)
+    task.prepare(tokenizer)  # prompts as this tokenizer sees them (chat template; too long ones dropped)
+    if group.is_main and any(task.dropped.values()):
+        print(f"prompts over task.max_prompt_tokens, left out: {task.dropped}", flush=True)
+    reward = make_reward(cfg.reward, task) if group.is_main else None
     val_problems = task.validation_set(cfg.eval.problems)
     shape = flops.Shape.from_config(policy.config).with_lora(lora_rank, cfg.lora.targets)
     params = sum(p.numel() for p in policy.parameters())
@@ -166,7 +168,7 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
             **ledger, **_totals(ledger, flops_cfg), **{f"measured_{k}": v for k, v in _measured(meter).items()},
             **{f"time_{part}_s": round(s, 3) for part, s in meter.seconds.items()},
             "train_reward_mean": means.pop("train_reward"), "zero_var_frac": means.pop("zero_var"),
-            **metrics, "k": cfg.eval.k, **means, "lr": lr, "wall_s": round(time.time() - started, 3),
+            **metrics, "k": cfg.eval.k, "prompts_dropped": sum(task.dropped.values()), **means, "lr": lr, "wall_s": round(time.time() - started, 3),
         }
         files.append_metrics(row)
         for v in since_eval.values():
@@ -208,10 +210,10 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
                 rollouts = sampler.sample([p.prompt for p in problems], n, algo.temperature, algo.top_p, max_new_tokens)
 
             # 2. Score with the reward system: a rule (CPU time, no FLOPs) or a reward model (its FLOPs).
-            cpu = time.process_time()
+            cpu = time.process_time() + task.checking_cpu_s()  # a verifier may check in a process of its own
             with meter.count("reward"):
                 scores, reward_flops = reward([problems[i // n] for i in range(B_p * n)], rollouts.texts)
-            batch = (rollouts, scores, reward_flops, time.process_time() - cpu if rule_based else 0.0)
+            batch = (rollouts, scores, reward_flops, time.process_time() + task.checking_cpu_s() - cpu if reward.rule_based else 0.0)
         rollouts, scores, reward_flops, reward_cpu_s = group.broadcast(batch)
         rewards = torch.tensor(scores).view(B_p, n)
         seq, attn = rollouts.sequences.to(device), rollouts.attention_mask.to(device)

@@ -13,7 +13,7 @@ positions.
 from __future__ import annotations
 
 import random
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -22,7 +22,8 @@ from transformers import AutoModelForTokenClassification, AutoTokenizer
 
 from isoflop_cli import flops
 from isoflop_cli.recipe.checkpoint import cached, char_tokenizer, qwen2_config, supervised
-from isoflop_cli.tasks.arith import ALPHABET, ArithTask, Problem
+from isoflop_cli.tasks import Problem
+from isoflop_cli.tasks.arith import ALPHABET, ArithTask
 
 CORRUPT = 0.3  # the chance that a training step (or answer) is replaced by a wrong one
 MALFORMED = 0.15  # the chance that a training completion is cut short or replaced by noise
@@ -35,16 +36,17 @@ class ProcessRewardModel:
         self.tokenizer.padding_side = "right"
         self.model = AutoModelForTokenClassification.from_pretrained(path).eval()
         self.shape = replace(flops.Shape.from_config(self.model.config), vocab=self.model.config.num_labels)
+        self.last_flops = 0.0
 
     @torch.no_grad()
-    def __call__(self, problems: list[Problem], completions: list[str]) -> tuple[list[float], float]:
-        """Rewards and the FLOPs the scoring took (every position of the padded batch is scored)."""
+    def score(self, problems: list[Problem], completions: list[str]) -> list[float]:
+        """Rewards; the FLOPs the scoring took (every position of the padded batch) go to `last_flops`."""
         prompts = [p.prompt for p in problems]
         ids, attention = encode(self.tokenizer, prompts, [c.strip() for c in completions])
         probs = torch.sigmoid(self.model(input_ids=ids, attention_mask=attention).logits[..., 0])
         ends = step_ends(self.tokenizer, ids, attention, prompts)
-        rewards = ((probs * ends).sum(-1) / ends.sum(-1)).tolist()
-        return rewards, flops.forward(self.shape, *ids.shape, ids.shape[1], ids.shape[1]).total
+        self.last_flops = flops.forward(self.shape, *ids.shape, ids.shape[1], ids.shape[1]).total
+        return ((probs * ends).sum(-1) / ends.sum(-1)).tolist()
 
 
 def encode(tokenizer, prompts: list[str], completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,11 +64,11 @@ def step_ends(tokenizer, ids: torch.Tensor, attention: torch.Tensor, prompts: li
     return (torch.isin(ids, ends) & after_prompt & attention.bool()).float()
 
 
-def load(reward_cfg: DictConfig, task_cfg: DictConfig) -> ProcessRewardModel:
-    task = ArithTask.from_config(task_cfg)
+def load(reward_cfg: DictConfig, task: ArithTask) -> ProcessRewardModel:
+    """The PRM `reward.path` names, or the embedded one for this task (built on first use)."""
     if reward_cfg.path:
         return ProcessRewardModel(Path(reward_cfg.path).expanduser(), task)
-    recipe = {"prm": OmegaConf.to_container(reward_cfg.build), "task": OmegaConf.to_container(task_cfg), "vocab": ALPHABET, "corrupt": CORRUPT, "malformed": MALFORMED}
+    recipe = {"prm": OmegaConf.to_container(reward_cfg.build), "task": {"name": "arith", **asdict(task)}, "vocab": ALPHABET, "corrupt": CORRUPT, "malformed": MALFORMED}
     return ProcessRewardModel(cached("prm", recipe, lambda out: build(reward_cfg.build, task, out)), task)
 
 

@@ -13,7 +13,6 @@ column, least significant first: the column's digit and its carry, then `;` and 
 from __future__ import annotations
 
 import functools
-import hashlib
 import itertools
 import math
 import random
@@ -21,16 +20,18 @@ import re
 from dataclasses import dataclass
 from typing import Iterator
 
+from isoflop_cli.tasks.base import Problem, Task, TaskError, Verdict, in_validation
+
 ALPHABET = "0123456789+-*=,;"
 SPECIALS = ("<pad>", "<eos>", "<unk>")  # the embedded model's character vocabulary: SPECIALS + ALPHABET
-# A split's stream gives up after this many draws in a row outside it (config.check refuses a split
+# A split's stream gives up after this many draws in a row outside it (`check` refuses a split
 # that rare up front: a draw must land in each split at least MIN_DRAW_SHARE of the time).
 MAX_REJECTS = 1_000_000
 MIN_DRAW_SHARE = 1e-4
 ENUMERATE_UP_TO = 100_000  # problems of one operand size counted one by one to size the splits exactly
 
 
-class EmptySplit(ValueError):
+class EmptySplit(TaskError):
     """A split too small to draw from: the stream would never yield."""
 
 
@@ -49,19 +50,8 @@ class Splits:
 
 
 @dataclass(frozen=True)
-class Problem:
-    prompt: str
-    answer: str  # the final answer the verifier accepts
-    steps: tuple[str, ...] = ()  # the column steps, when the task shows its work
-
-    @property
-    def solution(self) -> str:
-        """The full reference completion (what the warm start learns)."""
-        return ",".join(self.steps) + ";" + self.answer if self.steps else self.answer
-
-
-@dataclass(frozen=True)
-class ArithTask:
+class ArithTask(Task):
+    CONFIG_KEYS = ("digits", "operands", "ops", "reverse_answer", "val_fraction", "steps")
     digits: tuple[int, ...] = (1, 2)
     operands: int = 2
     ops: tuple[str, ...] = ("+",)
@@ -71,6 +61,18 @@ class ArithTask:
 
     @classmethod
     def from_config(cls, task) -> "ArithTask":
+        if len(task.digits) == 0 or len(task.ops) == 0:
+            raise TaskError("task.digits and task.ops must not be empty")
+        if any(not isinstance(d, int) or d < 1 for d in task.digits):
+            raise TaskError(f"task.digits must be operand sizes >= 1, got {list(task.digits)}")
+        if task.operands < 2:
+            raise TaskError(f"task.operands must be >= 2, got {task.operands}")
+        if set(task.ops) - {"+", "-", "*"}:
+            raise TaskError(f"task.ops '{sorted(set(task.ops) - {'+', '-', '*'})[0]}' is not one of: +, -, *")
+        if task.steps and (list(task.ops) != ["+"] or not task.reverse_answer):
+            raise TaskError("task.steps needs task.ops=[+] and task.reverse_answer=true (column steps of an addition)")
+        if not 0 < task.val_fraction < 1:
+            raise TaskError(f"task.val_fraction must be in (0, 1), got {task.val_fraction}")
         return cls(
             digits=tuple(task.digits),
             operands=task.operands,
@@ -89,12 +91,35 @@ class ArithTask:
         return Problem(prompt=expr + "=", answer=answer, steps=_column_steps(terms) if self.steps else ())
 
     @property
-    def max_prompt_len(self) -> int:
+    def max_prompt_tokens(self) -> int:
         """Characters (= tokens of the embedded model) of the longest prompt: operands, operators and '='."""
         return self.operands * max(self.digits) + self.operands
 
+    @property
+    def has_steps(self) -> bool:
+        return self.steps
+
+    has_partial_credit = True
+
+    def check(self, eval_problems: int) -> None:
+        """Both splits hold problems, often enough drawn, and validation holds eval.problems: a run
+        draws from them until it has what it needs."""
+        s = self.splits()
+        show = lambda values: "[" + ",".join(map(str, values)) + "]"  # noqa: E731
+        space = f"{s.total:,} problems of task.digits={show(self.digits)}, task.operands={self.operands}, task.ops={show(self.ops)}"
+        widen = "or widen the task (task.digits, task.operands, task.ops)"
+        if s.train < 1:
+            raise TaskError(f"task.val_fraction={self.val_fraction} leaves the training split empty (all {space} are in validation): lower it {widen}")
+        if s.val < eval_problems:
+            raise TaskError(f"eval.problems={eval_problems} exceeds the validation split: {'' if s.exact else '~'}{s.val:,.0f} of the {space} "
+                            f"(task.val_fraction={self.val_fraction}); lower eval.problems, raise task.val_fraction {widen}")
+        for split, share in (("training", s.p_train), ("validation", s.p_val)):
+            if share < MIN_DRAW_SHARE:
+                raise TaskError(f"task.val_fraction={self.val_fraction}: only {share:.2g} of draws land in the {split} split (~{1 / share:,.0f} "
+                                f"draws a problem, at most {1 / MIN_DRAW_SHARE:,.0f} allowed): move it toward 0.5 {widen}")
+
     def is_validation(self, problem: Problem) -> bool:
-        return _in_validation(problem.prompt, self.val_fraction)
+        return in_validation(problem.prompt, self.val_fraction)
 
     def splits(self) -> Splits:
         """How large the train and validation splits are (cached: config.check asks per axes combination)."""
@@ -145,12 +170,15 @@ class ArithTask:
     def verify(self, problem: Problem, completion: str) -> bool:
         return self.parse(completion)[1] == problem.answer
 
+    def judge(self, problems: list[Problem], completions: list[str]) -> list[Verdict]:
+        return [Verdict(self.well_formed(c), self.verify(p, c)) for p, c in zip(problems, completions)]
+
     def well_formed(self, completion: str) -> bool:
         """The form every solution takes, right or wrong: an integer, after its steps when shown."""
         pattern = r"(\d\d,)*\d\d;-?\d+" if self.steps else r"-?\d+"
         return re.fullmatch(pattern, completion.strip()) is not None
 
-    def digit_credit(self, problem: Problem, completion: str) -> float:
+    def partial_credit(self, problem: Problem, completion: str) -> float:
         """Share of positions, over the longer of answer and given answer, where the two agree."""
         got, want = self.parse(completion)[1], problem.answer
         return sum(a == b for a, b in zip(got, want)) / max(len(got), len(want))
@@ -160,12 +188,6 @@ class ArithTask:
         steps, final = self.parse(completion)
         right = sum(a == b for a, b in zip(steps, problem.steps)) + (final == problem.answer)
         return right / (max(len(steps), len(problem.steps)) + 1)
-
-
-def _in_validation(prompt: str, val_fraction: float) -> bool:
-    """The split a prompt is in: a stable hash of it, below val_fraction for validation."""
-    h = int.from_bytes(hashlib.sha1(prompt.encode()).digest()[:8], "big")
-    return h / 2**64 < val_fraction
 
 
 @functools.lru_cache(maxsize=256)
@@ -189,7 +211,7 @@ def _splits(digits: tuple[int, ...], operands: int, ops: tuple[str, ...], val_fr
             continue
         numbers = [str(t) for t in range(lo, hi)]
         for row in itertools.product(kinds, repeat=operands - 1):
-            in_val = sum(_in_validation(first + "".join(op + t for op, t in zip(row, rest)) + "=", val_fraction)
+            in_val = sum(in_validation(first + "".join(op + t for op, t in zip(row, rest)) + "=", val_fraction)
                          for first, *rest in itertools.product(numbers, repeat=operands))
             val += in_val
             p_val += share * math.prod(op_share[op] for op in row) * in_val / terms

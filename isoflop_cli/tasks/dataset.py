@@ -1,0 +1,282 @@
+"""Problems from local files (`task=dataset`): parquet, JSONL, or a `datasets` directory saved with
+`save_to_disk`. verl's parquet schema works as it is: `prompt` is a string or a list of chat
+messages, the answer is `reward_model.ground_truth`; other layouts name their columns with
+`task.prompt_key` / `task.answer_key` (dotted paths into nested columns).
+
+Validation problems come from `task.val`, or, without it, from the train file: a stable hash of
+each prompt puts `task.val_fraction` of them aside (the same split whatever the row order).
+
+Every row is checked when the config is (before any compute): a missing key, an empty answer or a
+prompt of the wrong type is one error naming the file and the row (0-based, as pandas counts).
+Prompts are made with the run's tokenizer (`prepare`): its chat template when it has one and
+`task.chat_template=auto`, plain text otherwise, with the optional system prompt and instruction.
+A prompt longer than `task.max_prompt_tokens` is dropped and counted (`dropped`), never cut.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from isoflop_cli.tasks.base import Problem, Task, TaskError, Verdict, in_validation
+from isoflop_cli.tasks.verifiers import VERIFIERS
+
+Messages = tuple[tuple[str, str], ...]  # (role, content) pairs
+
+
+@dataclass(frozen=True)
+class Row:
+    """One problem as read from a file, before it is made into a prompt."""
+
+    index: int  # the row in its file
+    prompt: str | Messages
+    answer: str
+
+    def text(self) -> str:
+        """The prompt's words, for hashing into a split and for plain-text prompts."""
+        return self.prompt if isinstance(self.prompt, str) else "\n\n".join(content for _, content in self.prompt)
+
+
+@dataclass
+class DatasetTask(Task):
+    CONFIG_KEYS = ("train", "val", "val_fraction", "prompt_key", "answer_key", "max_prompt_tokens", "chat_template",
+                   "system_prompt", "instruction", "verifier")
+    train: str
+    val: str | None = None
+    val_fraction: float = 0.2
+    prompt_key: str = "prompt"
+    answer_key: str = "reward_model.ground_truth"
+    prompt_limit: int = 512
+    chat_template: str = "auto"
+    system_prompt: str | None = None
+    instruction: str | None = None
+    verifier: str = "math"
+    dropped: dict[str, int] = field(default_factory=dict)  # per split: prompts over max_prompt_tokens (after `prepare`)
+
+    @classmethod
+    def from_config(cls, task) -> "DatasetTask":
+        if not task.train:
+            raise TaskError("task=dataset needs task.train=PATH (a parquet, JSONL or save_to_disk directory)")
+        if task.verifier not in VERIFIERS:
+            raise TaskError(f"task.verifier '{task.verifier}' is not one of: {', '.join(VERIFIERS)}")
+        if task.chat_template not in ("auto", "none"):
+            raise TaskError(f"task.chat_template '{task.chat_template}' is not one of: auto, none")
+        if not 0 < task.val_fraction < 1:
+            raise TaskError(f"task.val_fraction must be in (0, 1), got {task.val_fraction}")
+        if task.max_prompt_tokens < 1:
+            raise TaskError(f"task.max_prompt_tokens must be >= 1, got {task.max_prompt_tokens}")
+        return cls(train=task.train, val=task.val, val_fraction=task.val_fraction, prompt_key=task.prompt_key,
+                   answer_key=task.answer_key, prompt_limit=task.max_prompt_tokens, chat_template=task.chat_template,
+                   system_prompt=task.system_prompt, instruction=task.instruction, verifier=task.verifier)
+
+    def __post_init__(self) -> None:
+        train = read_rows(self.train, "task.train", self.prompt_key, self.answer_key)
+        if self.val:
+            self._rows = {"train": train, "val": read_rows(self.val, "task.val", self.prompt_key, self.answer_key)}
+        else:
+            held = [in_validation(row.text(), self.val_fraction) for row in train]
+            self._rows = {"train": tuple(r for r, h in zip(train, held) if not h), "val": tuple(r for r, h in zip(train, held) if h)}
+        self._problems: dict[str, list[Problem]] | None = None
+        self._verify = None
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return self.prompt_limit
+
+    def where(self, split: str) -> str:
+        if split == "val" and self.val:
+            return f"task.val {self.val}"
+        return f"task.train {self.train}" + (" (its validation share, task.val_fraction)" if split == "val" else "")
+
+    def check(self, eval_problems: int) -> None:
+        if not self._rows["train"]:
+            raise TaskError(f"{self.where('train')} leaves no training problems (task.val_fraction={self.val_fraction} holds them all out)")
+        if len(self._rows["val"]) < eval_problems:
+            raise TaskError(f"eval.problems={eval_problems} exceeds the validation problems: {len(self._rows['val'])} in {self.where('val')}; "
+                            f"lower eval.problems{'' if self.val else ' or raise task.val_fraction'}")
+
+    def check_alphabet(self, alphabet: str, model: str) -> None:
+        """Every character of every prompt and answer is one `model` can read (the embedded model's
+        vocabulary is a few characters: anything else would be silently unknown)."""
+        allowed = set(alphabet)
+        extra = (self.system_prompt or "") + (self.instruction or "")
+        if set(extra) - allowed:
+            raise TaskError(f"{model} reads only the characters {alphabet!r}: task.system_prompt/task.instruction has {sorted(set(extra) - allowed)[0]!r}")
+        for split, rows in self._rows.items():
+            for row in rows:
+                bad = set(row.text() + row.answer) - allowed
+                if bad:
+                    raise TaskError(f"{self.where(split)} row {row.index}: {sorted(bad)[0]!r} is not a character {model} reads ({alphabet!r}); "
+                                    "use a model of your own (model=local model.path=...)")
+
+    def prepare(self, tokenizer) -> None:
+        """Prompts as the sampler will see them, and their token counts; drops (and counts) the long ones."""
+        use_template = self.chat_template == "auto" and getattr(tokenizer, "chat_template", None)
+        self._problems, self.dropped = {}, {}
+        for split, rows in self._rows.items():
+            texts = [self._render(row, tokenizer if use_template else None) for row in rows]
+            lengths = [len(ids) for ids in tokenizer(texts).input_ids] if texts else []
+            keep = [Problem(prompt=t, answer=r.answer, id=str(r.index)) for r, t, n in zip(rows, texts, lengths) if n <= self.max_prompt_tokens]
+            self.dropped[split] = len(rows) - len(keep)
+            if not keep:
+                raise TaskError(f"every prompt of {self.where(split)} is longer than task.max_prompt_tokens={self.max_prompt_tokens} "
+                                f"(the shortest has {min(lengths)} tokens)" if lengths else f"{self.where(split)} holds no problems")
+            self._problems[split] = keep
+
+    def _render(self, row: Row, tokenizer) -> str:
+        messages = [{"role": "user", "content": row.prompt}] if isinstance(row.prompt, str) else [{"role": r, "content": c} for r, c in row.prompt]
+        if self.system_prompt and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        if self.instruction:
+            last = max(i for i, m in enumerate(messages) if m["role"] != "system") if any(m["role"] != "system" for m in messages) else len(messages) - 1
+            messages[last] = {**messages[last], "content": messages[last]["content"] + "\n" + self.instruction}
+        if tokenizer is not None:
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return "\n\n".join(m["content"] for m in messages)
+
+    def _prepared(self, split: str) -> list[Problem]:
+        if self._problems is None:
+            raise RuntimeError("DatasetTask.prepare(tokenizer) must run before problems are drawn")
+        return self._problems[split]
+
+    def stream(self, split: str, seed: int) -> Iterator[Problem]:
+        """Seeded epochs over the split, each in a new shuffled order."""
+        problems, rng = self._prepared(split), random.Random(f"{split}-{seed}")
+        while True:
+            order = list(range(len(problems)))
+            rng.shuffle(order)
+            yield from (problems[i] for i in order)
+
+    def validation_set(self, count: int, seed: int = 0) -> list[Problem]:
+        problems = list(self._prepared("val"))
+        random.Random(f"val-{seed}").shuffle(problems)
+        return problems[:count]
+
+    def judge(self, problems: list[Problem], completions: list[str]) -> list[Verdict]:
+        if self._verify is None:
+            self._verify = VERIFIERS[self.verifier]()
+        return self._verify([p.answer for p in problems], completions)
+
+    def checking_cpu_s(self) -> float:
+        return getattr(self._verify, "cpu_s", 0.0)
+
+    def close(self) -> None:
+        if hasattr(self._verify, "close"):
+            self._verify.close()
+
+
+def read_rows(path: str, what: str, prompt_key: str, answer_key: str) -> tuple[Row, ...]:
+    """The problems of one file, each row checked; cached per file version (config checks and grid
+    expansion ask again and again)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise TaskError(f"{what} {path} does not exist")
+    stat = p.stat()
+    return _read_rows(str(p.resolve()), stat.st_mtime_ns, stat.st_size, what, prompt_key, answer_key)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_rows(path: str, _mtime: int, _size: int, what: str, prompt_key: str, answer_key: str) -> tuple[Row, ...]:
+    records = _records(Path(path), what)
+    if not records:
+        raise TaskError(f"{what} {path} holds no rows")
+    return tuple(_row(i, record, f"{what} {path} row {i}", prompt_key, answer_key) for i, record in enumerate(records))
+
+
+def _records(path: Path, what: str) -> list[dict]:
+    try:
+        if path.is_dir():
+            import datasets
+
+            data = datasets.load_from_disk(str(path))
+            if isinstance(data, datasets.DatasetDict):
+                names = ["train"] if what == "task.train" else ["validation", "test"]
+                split = next(iter(data)) if len(data) == 1 else next((s for s in names if s in data), None)
+                if split is None:
+                    raise TaskError(f"{what} {path} holds the splits {', '.join(data)}: give the split's own directory")
+                data = data[split]
+            return data.to_list()
+        if path.suffix == ".parquet":
+            import pandas as pd
+
+            return pd.read_parquet(path).to_dict("records")
+        if path.suffix in (".jsonl", ".json"):
+            rows = []
+            with path.open() as f:
+                for line_no, line in enumerate(f, 1):
+                    if line.strip():
+                        try:
+                            rows.append(json.loads(line))
+                        except json.JSONDecodeError as e:
+                            raise TaskError(f"{what} {path} line {line_no}: not JSON ({e.msg})") from None
+            return rows
+    except TaskError:
+        raise
+    except Exception as e:  # an unreadable file, whatever the library raises for it
+        raise TaskError(f"{what} {path} cannot be read: {type(e).__name__}: {' '.join(str(e).split())[:300]}") from None
+    raise TaskError(f"{what} {path}: give a .parquet file, a .jsonl file or a directory saved by datasets' save_to_disk")
+
+
+_MISSING = object()
+
+
+def _get(record: Any, key: str) -> Any:
+    """A dotted key: a column of that exact name, else a path into nested mappings."""
+    if isinstance(record, dict) and key in record:
+        return record[key]
+    value = record
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
+
+
+def _row(index: int, record: Any, where: str, prompt_key: str, answer_key: str) -> Row:
+    if not isinstance(record, dict):
+        raise TaskError(f"{where}: a row must be an object of columns, got {type(record).__name__}")
+    prompt, answer = _get(record, prompt_key), _get(record, answer_key)
+    if prompt is _MISSING or prompt is None:
+        raise TaskError(f"{where}: no '{prompt_key}' (set task.prompt_key to the prompt's column)")
+    if answer is _MISSING or answer is None:
+        raise TaskError(f"{where}: no '{answer_key}' (set task.answer_key to the answer's column, dotted for nested ones)")
+    return Row(index=index, prompt=_prompt(prompt, where, prompt_key), answer=_answer(answer, where, answer_key))
+
+
+def _prompt(value: Any, where: str, key: str) -> str | Messages:
+    if isinstance(value, str):
+        if not value.strip():
+            raise TaskError(f"{where}: '{key}' is empty")
+        return value
+    if hasattr(value, "tolist"):  # parquet lists arrive as numpy arrays
+        value = value.tolist()
+    if isinstance(value, list) and value:
+        messages = []
+        for m in value:
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise TaskError(f"{where}: '{key}' must be a string or a list of chat messages ({{role, content}} strings), got an item {_short(m)}")
+            messages.append((m["role"], m["content"]))
+        if all(role == "system" for role, _ in messages):
+            raise TaskError(f"{where}: '{key}' holds only system messages")
+        return tuple(messages)
+    raise TaskError(f"{where}: '{key}' must be a string or a list of chat messages, got {_short(value)}")
+
+
+def _answer(value: Any, where: str, key: str) -> str:
+    if hasattr(value, "tolist") and not isinstance(value, str):
+        value = value.tolist()
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise TaskError(f"{where}: '{key}' must be a string or a number, got {_short(value)}")
+    text = str(value).strip()
+    if not text:
+        raise TaskError(f"{where}: '{key}' is empty")
+    return text
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
