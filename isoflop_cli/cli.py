@@ -225,6 +225,73 @@ def run(
 
 
 @app.command()
+def calibrate(
+    overrides: Optional[list[str]] = OVERRIDES,
+    config: Optional[str] = CONFIG,
+    out: Path = typer.Option(DEFAULT_OUT / "calibration", "--out", "-o", help="Output root: results go to OUT/<name>/."),
+) -> None:
+    """The first seed study's easy and hard sets: sample calibrate.samples completions per problem of
+    task.train from the base model (the sweep's model, sampler and verifier), as Ray jobs of
+    calibrate.shard problems (a rerun keeps finished ones), then write calibration.parquet,
+    easy.parquet and hard.parquet (the file's own rows, by pass-rate band), a histogram and a summary."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from isoflop_cli import calibrate as cal
+
+    overrides = list(overrides or [])
+    with user_errors():
+        cfg = config_mod.load(config, overrides)
+        cal.check(cfg)
+        check_cluster(cfg.cluster)
+        dest = SweepDir(config_mod.check_writable(out / cfg.name))
+    with contextlib.ExitStack() as held:
+        with user_errors():
+            held.enter_context(sweep_lock(dest.path))
+        manifest = cal.prepare(cfg, dest)
+        console.print(f"calibrating {manifest['rows']:,} problems of {cfg.task.train}: {cfg.calibrate.samples} samples each, "
+                      f"{len(manifest['cells'])} job(s) of {cfg.calibrate.shard} -> {dest.path}", soft_wrap=True)
+        signal.signal(signal.SIGTERM, _interrupt)
+        columns = (TextColumn("jobs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        try:
+            with ray_cluster(cfg.cluster, dest.path) as address, Progress(*columns, console=console) as progress:
+                bar = progress.add_task("calibrate", total=len(manifest["cells"]), completed=cal.finished_slices(dest))
+                states = Dispatcher(dest, cfg.cluster, address, command="calibrate-shard",
+                                    on_poll=lambda: progress.update(bar, completed=cal.finished_slices(dest))).run()
+        except KeyboardInterrupt:
+            err.print("interrupted: jobs stopped; rerun the same command to resume")
+            raise typer.Exit(130) from None
+        except HeadError as e:
+            err.print(Text.assemble(("error: ", "bold red"), str(e)), soft_wrap=True)
+            raise typer.Exit(1) from None
+        summary = cal.merge(cfg, dest, config, overrides)
+    console.print(report.calibration_table(summary))
+    console.print(f"wrote {dest.path / cal.RESULT}, easy.parquet, hard.parquet, calibration.png/.svg, summary.json", soft_wrap=True)
+    failed = {rid: dest.manifest()["cells"][rid].get("error", "") for rid, state in states.items() if state != FINISHED}
+    for rid, why in failed.items():
+        err.print(Text.assemble(("failed ", "red"), f"{rid}: {why}"), soft_wrap=True)
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command("calibrate-shard", hidden=True)
+def calibrate_shard(
+    config: Optional[str] = CONFIG,
+    out: Path = typer.Option(..., "--out", "-o", help="The job's directory."),
+) -> None:
+    """One calibration job (what `calibrate` submits): its rows of task.train, in this process."""
+    with user_errors():
+        cfg = config_mod.load(config, [])
+        if cfg.calibrate.rows is None:
+            raise ConfigError("calibrate-shard needs calibrate.rows=[start,stop] (isoflop calibrate sets it per job)")
+    if os.environ.get(EXIT_WITH_PARENT):
+        _exit_with_parent()
+    from isoflop_cli.recipe.calibrate import calibrate as calibrate_rows
+
+    df = calibrate_rows(cfg, out)
+    console.print(f"rows {cfg.calibrate.rows}: {len(df)} problems, mean pass rate {df['pass_rate'].mean():.3f}")
+
+
+@app.command()
 def status(path: Path = typer.Argument(..., help="A sweep directory (OUT/<name>).")) -> None:
     """The cells of a sweep: status, step/M, rollouts so far, latest validation metric."""
     with user_errors():
@@ -299,8 +366,8 @@ def race_pilot(
     overrides: Optional[list[str]] = OVERRIDES,
     config: Optional[str] = CONFIG,
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output root; the pilot lives in OUT/<name>-pilot, its analysis in race/ there [default: isoflop-runs]. With --from-results: the output dir [default: race/ beside the file]."),
-    target: str = typer.Option("native", help="native (the training task's validation metric), downstream or judge (their *_ columns in the results)."),
-    metric: Optional[str] = typer.Option(None, help="The target column itself [default for native: val_avg@k]."),
+    target: str = typer.Option("native", help="native (val_native: validation scored by the training reward), downstream (a held-out set's downstream_*_pass@1, else val_avg@k) or judge (judge_*)."),
+    metric: Optional[str] = typer.Option(None, help="The target column itself [default: the target's column]."),
     from_results: Optional[Path] = typer.Option(None, "--from-results", help="Analyse this results file or sweep dir (steps 3-6): no compute."),
     force: bool = typer.Option(False, "--force", help="Run a pilot that costs more than --cap of the full sweep."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the pilot plan and its cost, and stop."),
@@ -325,7 +392,7 @@ def race_pilot(
             raise ConfigError(f"--bootstrap must be >= 1, got {bootstrap}: the regime is called from bootstrap intervals")
         if from_results is not None:
             df = race.read_results(from_results)
-            column = race.target_metric(target, metric, list(df.columns))
+            column = race.target_metric(target, metric, list(df.columns), "the results have")
             base = from_results if from_results.is_dir() else from_results.parent
             dest = config_mod.check_writable(out or base / "race")
             result, written = race.analyse(df, target, column, None, config, overrides, {"pilot_flops": race.pilot_flops(df), "pilot_share": None},
@@ -333,9 +400,11 @@ def race_pilot(
             console.print(summary(result))
             console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
             return
-        column = race.target_metric(target, metric, None)
+        if target not in race.TARGETS:
+            raise ConfigError(f"--target '{target}' is not one of: {', '.join(race.TARGETS)}")
         spec = PilotSpec(epochs=_int_list("--epochs", epochs), budgets=budgets, share=share, cap=cap)
         pilot = derive(config, overrides, spec, force)
+        column = race.target_metric(target, metric, race.recorded_columns(pilot.cfg), "pilot runs record")
         if not dry_run:
             check_cluster(pilot.cfg.cluster)
             sweep_dir = SweepDir(config_mod.check_writable((out or DEFAULT_OUT) / pilot.cfg.name))

@@ -179,7 +179,11 @@ class CheckpointConfig:
 class EvalConfig:
     k: int = 4
     samples: int = 4  # completions per validation problem (m >= k; unbiased estimators)
-    problems: int = 64
+    problems: int = 64  # validation problems (and at most this many of each held-out set)
+    # Held-out sets, name -> file (read like task=dataset with the task's keys): downstream_<name>_pass@1, _best@k
+    sets: dict[str, str] = field(default_factory=dict)
+    # Reward models, name -> checkpoint (a sequence classifier): judge_<name>, the mean score; FLOPs in flops_eval
+    judges: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -226,6 +230,17 @@ class FlopsConfig:
 
 
 @dataclass
+class CalibrateConfig:
+    """`isoflop calibrate`: the base model's pass rate per problem of task.train, and the sets cut from it."""
+
+    samples: int = 16  # completions per problem (the first seed study's avg@16)
+    easy: list[float] = field(default_factory=lambda: [0.3, 0.6])  # pass-rate band of easy.parquet (bounds included)
+    hard: list[float] = field(default_factory=lambda: [0.0, 0.0625])  # pass-rate band of hard.parquet
+    shard: int = 512  # problems per Ray job
+    rows: Optional[list[int]] = None  # set by calibrate for each job: its rows [start, stop) of task.train
+
+
+@dataclass
 class SweepConfig:
     name: str = DEFAULT_SWEEP
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -240,6 +255,7 @@ class SweepConfig:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     flops: FlopsConfig = field(default_factory=FlopsConfig)
+    calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
     # The values of one run (`isoflop run`); a sweep sets them per cell from the grid.
     n: int = 8
     B_p: int = 8
@@ -290,7 +306,8 @@ PATH_KEYS = ("model.path", "reward.path", "task.train", "task.val")
 def _absolute_paths(cfg: DictConfig) -> None:
     """Files the runs read, as absolute paths: a run is a Ray job whose working directory is not
     the one the sweep was started from."""
-    for key in PATH_KEYS:
+    keys = [*PATH_KEYS, *(f"eval.{part}.{name}" for part in ("sets", "judges") for name in cfg.eval[part])]
+    for key in keys:
         value = OmegaConf.select(cfg, key, throw_on_missing=False)
         if isinstance(value, str) and value:
             OmegaConf.update(cfg, key, str(Path(value).expanduser().absolute()), merge=False)
@@ -459,6 +476,7 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
         raise ConfigError(f"model '{cfg.model.name}' has no checkpoint path: set model.path=/path/to/checkpoint, or model=tiny-arith (the embedded model)")
     task = _task(cfg)
     _check_reward(cfg, task)
+    _check_eval_sets(cfg)
     for part in ("model", "reward"):
         if cfg[part].path is not None:
             hf_config = _check_checkpoint(f"{part}.path", Path(cfg[part].path).expanduser())
@@ -588,6 +606,25 @@ def _task(cfg: DictConfig) -> tasks.Task:
     return task
 
 
+def _check_eval_sets(cfg: DictConfig) -> None:
+    """Held-out sets read like task=dataset (every row checked), judges are checkpoints."""
+    from isoflop_cli.tasks.dataset import held_out
+
+    for part in ("sets", "judges"):
+        for name in cfg.eval[part]:
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", str(name)):
+                raise ConfigError(f"eval.{part} name '{name}' must be letters, digits, '_' or '-' (it names a metrics column)")
+    for name, path in cfg.eval.sets.items():
+        try:
+            held = held_out(cfg.task, path)
+            if cfg.model.path is None:
+                held.check_alphabet(ALPHABET, "the embedded model")
+        except tasks.TaskError as e:
+            raise ConfigError(f"eval.sets.{name}: {e}") from None
+    for name, path in cfg.eval.judges.items():
+        _check_checkpoint(f"eval.judges.{name}", Path(path))
+
+
 def _check_reward(cfg: DictConfig, task: tasks.Task) -> None:
     """A known reward, one the task can score, and a custom function that imports."""
     r = cfg.reward
@@ -709,7 +746,7 @@ def check_writable(out: Path) -> Path:
     return out
 
 
-SWEEP_ONLY = ("grid", "cluster", "name")  # config parts that do not change what a run computes
+SWEEP_ONLY = ("grid", "cluster", "name", "calibrate")  # config parts that do not change what a run computes
 
 
 def run_content(cfg: DictConfig) -> dict[str, Any]:
@@ -724,10 +761,12 @@ def run_content(cfg: DictConfig) -> dict[str, Any]:
 
 def applicable(content: dict[str, Any]) -> dict[str, Any]:
     """A plain config without the keys that do not apply to its run (other tasks' keys, an unset
-    custom reward); a new copy where it drops any."""
+    custom reward, no held-out sets or judges): options added later leave earlier run ids as they
+    were. A new copy where it drops any."""
     task = {k: v for k, v in content["task"].items() if k in tasks.config_keys(content["task"]["name"])}
     reward = {k: v for k, v in content["reward"].items() if not (k == "fn" and v is None)}
-    return {**content, "task": task, "reward": reward}
+    evaluation = {k: v for k, v in content["eval"].items() if not (k in ("sets", "judges") and not v)}
+    return {**content, "task": task, "reward": reward, "eval": evaluation}
 
 
 def to_yaml(cfg: DictConfig) -> str:

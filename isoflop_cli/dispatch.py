@@ -114,6 +114,7 @@ class Dispatcher:
     active: dict[str, str] = field(default_factory=dict)  # run_id -> submission_id
     failed: set[str] = field(default_factory=set)  # runs that failed in this dispatch: not submitted again in it
     head_grace_s: float = HEAD_GRACE_S  # a head that does not answer for this long is lost
+    command: str = "run"  # the isoflop command each job runs on its directory (calibrate-shard for calibration)
 
     def __post_init__(self) -> None:
         from ray.job_submission import JobSubmissionClient
@@ -245,12 +246,12 @@ class Dispatcher:
         cell["attempts"] = attempt
         python = self.cluster.python or sys.executable
         # exec: the run is the job's process, so it ends with its job (see EXIT_WITH_PARENT).
-        command = [python, "-m", "isoflop_cli", "run", "--config", str(files.config), "--out", str(files.dir)]
+        command = [python, "-m", "isoflop_cli", self.command, "--config", str(files.config), "--out", str(files.dir)]
         entrypoint = "exec " + shlex.join(command + (["--pause-at", repr(float(pause_at))] if pause_at is not None else []))
         env = {"OMP_NUM_THREADS": str(max(1, int(self.cluster.cpus_per_run))), "RAY_USAGE_STATS_ENABLED": "0", EXIT_WITH_PARENT: "1"}
         if "ISOFLOP_CACHE" in os.environ:
             env["ISOFLOP_CACHE"] = os.environ["ISOFLOP_CACHE"]
-        submission_id = f"isoflop-{run_id}-{attempt}"
+        submission_id = f"isoflop-{self.sweep.path.name}-{run_id}-{attempt}" if self.command != "run" else f"isoflop-{run_id}-{attempt}"
         try:
             return self._ask(
                 self.client.submit_job,

@@ -241,3 +241,20 @@ def _compact(v: float) -> str:
         if scale <= abs(v) < scale * 1e3:
             return f"{v / scale:.3g}{suffix}"
     return f"{v:.2g}"
+
+
+def calibration_table(summary: dict) -> Table:
+    """Problems per pass-rate band, their response length, and what a sweep on each set would cost."""
+    notes = [f"{summary['left_out']} left out (prompt over task.max_prompt_tokens, or a job that failed)"] if summary["left_out"] else []
+    notes += [f"no sweep on {b['name']}: {b['why_not']}" for b in summary["bands"] if b.get("why_not")]
+    table = Table(title=f"calibration: {summary['calibrated']:,} of {summary['rows']:,} problems, avg@{summary['samples']}",
+                  caption="\n".join(notes) or None, caption_justify="left")
+    for name in ("set", "pass rate", "problems", "resp. tokens", "sweep FLOPs", "at measured len"):
+        table.add_column(name, justify="left" if name == "set" else "right")
+    for b in summary["bands"]:
+        low, high = b["range"]
+        table.add_row(b["name"], f"[{low:g}, {high:g}]", str(b["problems"]),
+                      f"{b['mean_response_tokens']:.1f}" if b["mean_response_tokens"] is not None else "-",
+                      _compact(b["sweep_flops_bound"]) if b["sweep_flops_bound"] is not None else "-",
+                      _compact(b["sweep_flops_measured"]) if b["sweep_flops_measured"] is not None else "-")
+    return table

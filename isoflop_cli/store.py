@@ -3,8 +3,10 @@
     <out>/<sweep>/sweep.yaml          resolved sweep config
     <out>/<sweep>/manifest.json       cells: run_id, axes, plan, status, job submissions
     <out>/<sweep>/runs/<run_id>/      config.yaml, metrics.jsonl, status.json, job.log,
-                                      checkpoint/ (the training state while the run is unfinished)
+                                      problems.jsonl (per eval point, each validation problem's
+                                      correct samples), checkpoint/ (while the run is unfinished)
     <out>/<sweep>/results.parquet     one row per eval point of every finished run
+    <out>/<sweep>/problems.parquet    run_id, step, problem_id, correct, samples of those runs
 
 A run writes its own metrics.jsonl (appended and flushed per eval point) and status.json; the
 dispatcher owns the manifest and results. Both sides use this module and nothing else for files.
@@ -30,6 +32,7 @@ from typing import Any
 import pandas as pd
 
 RESULTS = "results.parquet"
+PROBLEMS = "problems.parquet"
 MANIFEST = "manifest.json"
 
 # Run states, as status.json and the manifest spell them.
@@ -81,6 +84,7 @@ class RunFiles:
         self.dir = Path(run_dir)
         self.config = self.dir / "config.yaml"
         self.metrics = self.dir / "metrics.jsonl"
+        self.problems = self.dir / "problems.jsonl"
         self.status_file = self.dir / "status.json"
         self.log = self.dir / "job.log"
         self.checkpoint = self.dir / "checkpoint"
@@ -145,30 +149,48 @@ class RunFiles:
         return None
 
     def reset_metrics(self) -> None:
-        """A run that starts over starts its metrics over: no duplicated rows."""
+        """A run that starts over starts its metrics (and per-problem records) over: no duplicated rows."""
         atomic_write(self.metrics, "")
+        self.problems.unlink(missing_ok=True)
 
     def keep_metrics(self, until_step: int) -> None:
         """A run resumed from a checkpoint at `until_step` drops the rows it wrote after it (it writes them again)."""
         atomic_write(self.metrics, _jsonl([row for row in self.read_metrics() if row["step"] <= until_step]))
+        atomic_write(self.problems, _jsonl([row for row in self.read_problems() if row["step"] <= until_step]))
 
     def append_metrics(self, row: dict) -> None:
-        with open(self.metrics, "a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        _append(self.metrics, row)
+
+    def append_problems(self, step: int, per_problem: list[tuple[str, int, int]]) -> None:
+        """One eval point's validation problems: ids, correct samples, samples (written before its metrics row)."""
+        ids, correct, samples = zip(*per_problem) if per_problem else ((), (), ())
+        _append(self.problems, {"step": step, "problem_id": list(ids), "correct": list(correct), "samples": list(samples)})
+
+    def read_problems(self) -> list[dict]:
+        return _read_jsonl(self.problems)
 
     def read_metrics(self) -> list[dict]:
-        """Complete lines only: a line torn by a kill is ignored."""
-        if not self.metrics.exists():
-            return []
-        rows = []
-        for line in self.metrics.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return rows
+        return _read_jsonl(self.metrics)
+
+
+def _append(path: Path, row: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """Complete lines only: a line torn by a kill is ignored."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
 
 
 def _jsonl(rows: list[dict]) -> str:
@@ -221,7 +243,21 @@ class SweepDir:
         if not df.empty:
             df = df.sort_values(["run_id", "step"]).reset_index(drop=True)
         atomic_write(self.results_file, df.to_parquet(index=False))
+        self._collect_problems(df)
         return df
+
+    def _collect_problems(self, results: pd.DataFrame) -> None:
+        """problems.parquet: per eval point in results, each validation problem's correct samples."""
+        columns = ["run_id", "step", "problem_id", "correct", "samples"]
+        frames = []
+        for run_id, steps in results.groupby("run_id")["step"] if not results.empty else ():
+            wanted = set(steps)
+            for row in self.run(run_id).read_problems():
+                if row["step"] in wanted:
+                    frames.append(pd.DataFrame({"run_id": run_id, **row}))
+        df = pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+        df = df.drop_duplicates(["run_id", "step", "problem_id"], keep="last")  # an eval point redone after a crash
+        atomic_write(self.path / PROBLEMS, df.to_parquet(index=False))
 
 
 def load_results(path: Path | str) -> pd.DataFrame:

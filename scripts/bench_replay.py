@@ -56,7 +56,7 @@ def main() -> None:
     for path in args.results:
         df, _ = data.load([path])
         grids[str(path)] = df
-    print(f"| grid | margin | compute share | n* within 2x | max value gap |\n| --- | --- | --- | --- | --- |")
+    print("| grid | margin | compute share | n* within 2x | max value gap |\n| --- | --- | --- | --- | --- |")
     for name, df in grids.items():
         if data.RUN not in df.columns:
             df = df.assign(**{data.RUN: df["run_id"].astype(str)})

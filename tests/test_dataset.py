@@ -12,7 +12,6 @@ import pytest
 from typer.testing import CliRunner
 
 from isoflop_cli.cli import app
-from isoflop_cli.tasks import TaskError
 from isoflop_cli.tasks.dataset import DatasetTask, read_rows
 from isoflop_cli.tasks.verifiers import MathVerifier, choice, exact
 
@@ -48,12 +47,12 @@ def test_three_formats_read_alike_and_split_by_prompt(files):
     assert parquet[0].prompt == (("user", "0+0="),) and jsonl[0].prompt == "0+0=" and parquet[57].answer == str(1 + 17)[::-1]
     # The held-out share is a hash of each prompt: the same problems whatever the row order.
     task = DatasetTask(train=str(files / "train.parquet"), val_fraction=0.25)
-    held = {r.text() for r in task._rows["val"]}
-    assert 0.15 < len(held) / len(PROBLEMS) < 0.35 and not held & {r.text() for r in task._rows["train"]}
+    held = {r.text() for r in task.rows_of["val"]}
+    assert 0.15 < len(held) / len(PROBLEMS) < 0.35 and not held & {r.text() for r in task.rows_of["train"]}
     shuffled = arith_rows()
     random.Random(0).shuffle(shuffled)
     pd.DataFrame(shuffled).to_parquet(files / "shuffled.parquet")
-    assert {r.text() for r in DatasetTask(train=str(files / "shuffled.parquet"), val_fraction=0.25)._rows["val"]} == held
+    assert {r.text() for r in DatasetTask(train=str(files / "shuffled.parquet"), val_fraction=0.25).rows_of["val"]} == held
 
 
 MATH = [  # reference, completion, (parsed, correct)
@@ -129,7 +128,7 @@ def chat_model(tmp_path_factory):
     tok.chat_template = CHAT_TEMPLATE
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=1, max_position_embeddings=256, tie_word_embeddings=True,
+                         num_key_value_heads=1, max_position_embeddings=4096, tie_word_embeddings=True,
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.pad_token_id)
     AutoModelForCausalLM.from_config(config).save_pretrained(out)
     tok.save_pretrained(out)
@@ -160,7 +159,7 @@ def test_chat_template_system_prompt_instruction_and_long_prompts_dropped(chat_m
     assert p.prompt.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is ")
     assert p.prompt.endswith("\nPut the final answer within \\boxed{}.<|im_end|>\n<|im_start|>assistant\n")
     # Dropped: exactly the prompts whose tokens exceed the limit, counted per split.
-    for split, rows in task._rows.items():
+    for split, rows in task.rows_of.items():
         lengths = [len(tok(task._render(r, tok)).input_ids) for r in rows]
         assert task.dropped[split] == sum(n > 60 for n in lengths) > 0
     kept = [next(task.stream("train", seed=3)) for _ in range(200)]
@@ -272,3 +271,64 @@ def test_chat_checkpoint_trains_with_math_verify_and_a_custom_reward(tmp_path, c
                         ("my_rewards", "must be package.module:function")):
         bad = CliRunner().invoke(app, ["plan", *common, "reward=custom", f"reward.fn={fn}"])
         assert bad.exit_code == 2 and message in bad.output, bad.output
+
+
+def test_eval_targets_native_held_out_sets_judges_and_per_problem_records(tmp_path, files):
+    """Each eval point also scores the validation completions with the training reward
+    (`val_native`), samples each held-out set and scores with each judge, all as evaluation compute:
+    training is the same with or without them. Per-problem counts add up to val_avg@k."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from isoflop_cli import config
+    from isoflop_cli.recipe.checkpoint import char_tokenizer, qwen2_config
+
+    judge = tmp_path / "judge"
+    tok = char_tokenizer()
+    torch.manual_seed(0)
+    b = config.load(None, []).reward.build
+    AutoModelForSequenceClassification.from_config(qwen2_config(b, tok, num_labels=1)).save_pretrained(judge)
+    tok.save_pretrained(judge)
+    base = ["run", "n=4", "B_p=2", "grid.budgets=[32]", "grid.eval_points=2", "eval.problems=8", "eval.samples=4"]
+    runs = {"plain": [], "extras": [f"+eval.sets={{sums:{files / 'train.parquet'}}}", f"+eval.judges={{tiny:{judge}}}"]}
+    rows = {}
+    for name, extra in runs.items():
+        result = CliRunner().invoke(app, [*base, *extra, "--out", str(tmp_path / name)])
+        assert result.exit_code == 0, result.output
+        rows[name] = _rows(tmp_path / name)
+    plain, extras = rows["plain"], rows["extras"]
+    training = ("rollouts", "tokens_generated", "flops_total", "train_reward_mean", "train_loss", "val_avg@k")
+    assert [[r[c] for c in training] for r in plain] == [[r[c] for c in training] for r in extras]
+    assert all(e["flops_eval"] > p["flops_eval"] for p, e in zip(plain, extras))
+    for r in extras:
+        assert r["val_native"] == r["val_avg@k"]  # reward=sparse scores what the verifier checks
+        assert 0 < r["downstream_sums_pass@1"] <= r["downstream_sums_best@k"] <= 1 and isinstance(r["judge_tiny"], float)
+    records = [json.loads(line) for line in (tmp_path / "extras" / "problems.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [r["step"] for r in extras]
+    for record, row in zip(records, extras):
+        assert len(record["problem_id"]) == 8 and sum(record["correct"]) / (4 * 8) == pytest.approx(row["val_avg@k"])
+    bad = CliRunner().invoke(app, [*base, f"+eval.judges={{tiny:{tmp_path}}}"])
+    assert bad.exit_code == 2 and "eval.judges.tiny" in bad.output and "no config.json" in bad.output
+
+
+def test_seed_study_configs_compose_on_a_real_style_checkpoint(chat_model, math_file):
+    """The seed studies as configs: calibrate, then easy and hard sweeps on the files it writes, and
+    the allocation setting for race-pilot."""
+    from isoflop_cli import config
+    from isoflop_cli.grid import expand
+
+    files = [f"model.path={chat_model}", f"task.train={math_file}", "eval.problems=16"]
+    easy, hard = (config.load(f"seed-{level}", files) for level in ("easy", "hard"))
+    for cfg in (easy, hard):
+        assert cfg.task.name == "dataset" and cfg.task.verifier == "math" and "\\boxed{}" in cfg.task.instruction
+        assert (cfg.eval.k, cfg.eval.samples, cfg.algo.base_lr, cfg.algo.ref_batch) == (4, 16, 1e-6, 1024)
+    assert easy.algo.kl_coef > 0 and easy.algo.entropy_coef > 0 and hard.algo.kl_coef == hard.algo.entropy_coef == 0
+    cells = expand(easy)
+    assert sum(c.feasible for c in cells) > 20 and max(c.axes["n"] for c in cells if c.feasible) == 2048
+    with pytest.raises(config.ConfigError, match="calibration/seed-calibrate/easy.parquet does not exist"):
+        config.load("seed-easy", [f"model.path={chat_model}"])  # by default, the easy set calibrate writes
+    calibrate = config.load("seed-calibrate", files)
+    assert (calibrate.calibrate.samples, list(calibrate.calibrate.easy), list(calibrate.calibrate.hard)) == (16, [0.3, 0.6], [0.0, 0.0625])
+    assert calibrate.task.instruction == easy.task.instruction and calibrate.task.max_new_tokens == easy.task.max_new_tokens
+    allocation = config.load("seed-allocation", ["model=tiny-arith", "cluster=local"])
+    assert list(allocation.grid.axes.reward) == ["sparse", "structured", "dense", "prm_proxy", "prm"] and allocation.lora.rank == 32

@@ -59,6 +59,12 @@ def test_sweep_writes_every_eval_point_once(sweep):
         assert "Running entrypoint" in (run_dir / "job.log").read_text()
     assert "frontier" in result.stdout
     assert_head_stopped(sweep_dir)
+    # Per-problem records beside the results: every eval point's 32 validation problems, adding up to its avg@k.
+    problems = pd.read_parquet(sweep_dir / "problems.parquet")
+    per_point = problems.groupby(["run_id", "step"]).agg(count=("problem_id", "size"), correct=("correct", "sum"), samples=("samples", "sum"))
+    assert len(per_point) == len(df) and (per_point["count"] == 32).all()
+    joined = df.set_index(["run_id", "step"]).join(per_point)
+    assert (joined["correct"] / joined["samples"] - joined["val_avg@k"]).abs().max() < 1e-12
 
 
 def test_training_reward_rises_in_some_cell(sweep):
@@ -153,6 +159,8 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     df = pd.read_parquet(sweep_dir / "results.parquet")
     assert len(df) == expected_rows(sweep_dir)
     assert not df.duplicated(["run_id", "step"]).any()
+    records = [json.loads(line)["step"] for line in (sweep_dir / "runs" / interrupted / "problems.jsonl").read_text().splitlines()]
+    assert sorted(records) == sorted(set(records)) == sorted(df[df["run_id"] == interrupted]["step"])  # per-problem records: none lost, none twice
     assert_head_stopped(sweep_dir)
 
 

@@ -37,11 +37,12 @@ def results(shape: str, seed: int = 0, noise: float = 0.01, rewards=("sparse",),
                     y += (prm_gain * growth if reward == "prm" else 0.0) + ((run_effect + rng.normal(0, noise)) if c else 0.0)
                     rows.append({"run_id": f"{reward}_e{epochs}_r{rep}", "reward": reward, "algo.epochs": epochs, "n": 4 * (rep + 1), "step": step,
                                  "rho": run_rho if c else np.nan, "flops_total": c * (1 + 0.03 * rng.random()),
-                                 "flops_reward": 0.1 * c if reward == "prm" else 0.0, "val_avg@k": y})
+                                 "flops_reward": 0.1 * c if reward == "prm" else 0.0, "val_avg@k": y, "val_native": y})
     return pd.DataFrame(rows)
 
 
 def race(df: pd.DataFrame, tmp_path, *args: str):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "results.parquet"
     df.to_parquet(path)
     result = runner.invoke(app, ["race-pilot", "--from-results", str(path), "--out", str(tmp_path / "race"), *args])
@@ -121,11 +122,17 @@ def test_weighted_fit_matches_duplicated_points():
     assert np.isnan(analysis.fit_weighted(x, y, np.array([[1.0, 0, 0, 0]]), 1)).all()  # one point cannot pin a line
 
 
-def test_downstream_and_judge_columns(tmp_path):
-    df = results("rising")
-    df["downstream_avg@k"] = df["val_avg@k"]
-    report, _ = race(df, tmp_path, "--target", "downstream")
-    assert report["metric"] == "downstream_avg@k" and report["regimes"][0]["regime"] == "update-heavy"
+def test_targets_read_their_columns(tmp_path):
+    """native: val_native (the training reward on validation); downstream: a held-out set's pass@1,
+    else the verified-answer accuracy; judge: a judge's score."""
+    df = results("rising").assign(**{"val_avg@k": lambda d: -d["val_native"]})  # verified accuracy falls where the native target rises
+    assert race(df, tmp_path / "native")[0]["regimes"][0]["regime"] == "update-heavy"
+    report, _ = race(df, tmp_path / "verified", "--target", "downstream")
+    assert report["metric"] == "val_avg@k" and report["regimes"][0]["regime"] == "search-heavy"
+    report, _ = race(df.assign(**{"downstream_gsm_pass@1": df["val_native"]}), tmp_path / "held", "--target", "downstream")
+    assert report["metric"] == "downstream_gsm_pass@1" and report["regimes"][0]["regime"] == "update-heavy"
+    report, _ = race(df.assign(judge_rm=df["val_native"]), tmp_path / "judge", "--target", "judge")
+    assert report["metric"] == "judge_rm" and report["regimes"][0]["regime"] == "update-heavy"
 
 
 def one_error_line(result, needle: str) -> None:
@@ -136,7 +143,6 @@ def one_error_line(result, needle: str) -> None:
 
 @pytest.mark.parametrize("args, needle", [
     (["--target", "vibes"], "--target 'vibes'"),
-    (["--target", "downstream"], "downstream_*"),
     (["--target", "judge"], "judge_*"),
     (["--metric", "val_median@k"], "val_median@k"),
 ])
@@ -148,7 +154,7 @@ def test_bad_target_exits_2(args, needle, tmp_path):
 
 def test_bad_input_before_any_compute(tmp_path):
     one_error_line(runner.invoke(app, ["race-pilot", "--from-results", str(tmp_path / "nope.parquet")]), "nope.parquet")
-    one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--target", "downstream"]), "downstream")
+    one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--target", "judge"]), "eval.judges")
     one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--metric", "judge_score"]), "judge_score")
     one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--epochs", "1"]), "--epochs")
     assert not any(tmp_path.iterdir())

@@ -34,7 +34,7 @@ def test_pilot_on_the_embedded_default_writes_a_valid_regime(tmp_path):
     sweep_dir = tmp_path / "default-pilot"
     report = json.loads((sweep_dir / "race" / "regime.json").read_text())
     [entry] = report["regimes"]
-    assert entry["reward"] == "sparse" and entry["target"] == "native" and entry["metric"] == "val_avg@k"
+    assert entry["reward"] == "sparse" and entry["target"] == "native" and entry["metric"] == "val_native"
     assert entry["regime"] in REGIMES and entry["curve"] in ("constant", "log-linear", "quadratic")
     assert entry["effect"] is not None and entry["interval90"][0] <= entry["interval90"][1]
     assert report["same_regime_rate"] is None or 0 <= report["same_regime_rate"] <= 1

@@ -14,32 +14,44 @@ from isoflop_cli.race import pilot as pilot_mod
 from isoflop_cli.race.recommend import recommend
 
 TARGETS = ("native", "downstream", "judge")
-NATIVE = "val_avg@k"  # the validation metric of the training task, at the sweep's k
-PILOT_METRICS = ("val_avg@k", "val_best@k", "val_worst@k", "train_reward_mean")  # what pilot runs record
+NATIVE = "val_native"  # the validation completions scored by the run's own training reward
+VERIFIED = "val_avg@k"  # the verified-answer accuracy: downstream without a held-out set
 
 
-def target_metric(target: str, metric: str | None, columns: list[str] | None) -> str:
-    """The target's column. `columns` is None for a pilot, whose runs record PILOT_METRICS only."""
+def recorded_columns(cfg) -> list[str]:
+    """The metric columns runs of this config record (a pilot's, before it runs)."""
+    return ["val_avg@k", "val_best@k", "val_worst@k", NATIVE, "train_reward_mean",
+            *(f"downstream_{name}_{m}" for name in cfg.eval.sets for m in ("pass@1", "best@k")), *(f"judge_{name}" for name in cfg.eval.judges)]
+
+
+def target_metric(target: str, metric: str | None, columns: list[str], where: str) -> str:
+    """The target's column: native reads val_native; downstream a held-out set's pass@1
+    (eval.sets), else the verified-answer accuracy; judge a judge's mean score (eval.judges)."""
     if target not in TARGETS:
         raise ConfigError(f"--target '{target}' is not one of: {', '.join(TARGETS)}")
-    available = list(PILOT_METRICS) if columns is None else columns
-    where = "pilot runs record" if columns is None else "the results have"
     if metric is not None:
-        if metric not in available:
-            raise ConfigError(f"--metric {metric}: {where} no such column (have: {', '.join(c for c in available if not c.startswith('_'))})")
+        if metric not in columns:
+            raise ConfigError(f"--metric {metric}: {where} no such column (have: {', '.join(c for c in columns if not c.startswith('_'))})")
         return metric
     if target == "native":
-        if NATIVE not in available:
-            raise ConfigError(f"--target native: {where} no {NATIVE} column; name the target with --metric COL")
+        if NATIVE not in columns:
+            raise ConfigError(f"--target native: {where} no {NATIVE} column (the validation set scored by the training reward, "
+                              "recorded by runs of this isoflop); name the target with --metric COL")
         return NATIVE
-    found = [c for c in available if c.startswith(target)]
-    if not found:
-        hint = " (the recipe evaluates its own validation set only; use --from-results with a file that has them)" if columns is None else ""
-        raise ConfigError(f"--target {target}: {where} no {target}_* metric column{hint}")
-    preferred = [c for c in found if c.endswith("avg@k")]
-    if len(found) > 1 and not preferred:
+    if target == "downstream":
+        found = [c for c in columns if c.startswith("downstream_") and c.endswith("_pass@1")]
+        if not found:
+            if VERIFIED not in columns:
+                raise ConfigError(f"--target downstream: {where} no downstream_*_pass@1 or {VERIFIED} column; name the target with --metric COL")
+            return VERIFIED
+    else:
+        found = [c for c in columns if c.startswith("judge_")]
+        if not found:
+            hint = " (give eval.judges={name: CHECKPOINT})" if where.startswith("pilot") else ""
+            raise ConfigError(f"--target judge: {where} no judge_* column{hint}")
+    if len(found) > 1:
         raise ConfigError(f"--target {target}: several {target} columns ({', '.join(found)}); pick one with --metric")
-    return (preferred or found)[0]
+    return found[0]
 
 
 def read_results(path: Path) -> pd.DataFrame:

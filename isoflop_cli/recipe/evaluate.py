@@ -1,10 +1,14 @@
-"""Validation metrics: avg@k, best@k (unbiased pass@k) and worst@k from m >= k samples per problem."""
+"""Evaluation at a run's eval points: avg@k, best@k (unbiased pass@k) and worst@k from m >= k
+samples per problem, the native reward, held-out sets and judges."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from math import comb
 
 import torch
+
+from isoflop_cli import flops
 
 
 def best_at_k(m: int, c: int, k: int) -> float:
@@ -27,14 +31,84 @@ def summarize(correct: list[int], m: int, k: int) -> dict[str, float]:
     }
 
 
-def evaluate(sampler, task, problems, m: int, k: int, temperature: float, top_p: float, max_new_tokens: int, seed: int):
-    """Sample m completions per validation problem with a private RNG stream (training's is untouched).
+@dataclass
+class Evaluation:
+    """One eval point: its metrics, the FLOPs it took (never training compute), and each validation
+    problem's count of correct samples (problem id, correct, samples)."""
 
-    Returns the metrics and the rollouts (whose shapes the ledger counts as evaluation compute).
-    """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        rollouts = sampler.sample([p.prompt for p in problems], m, temperature, top_p, max_new_tokens)
-    verdicts = task.judge([p for p in problems for _ in range(m)], rollouts.texts)
-    correct = [sum(v.correct for v in verdicts[i * m : (i + 1) * m]) for i in range(len(problems))]
-    return summarize(correct, m, k), rollouts
+    metrics: dict[str, float]
+    flops: float
+    per_problem: list[tuple[str, int, int]]
+
+
+class Judge:
+    """A reward model given by path (`eval.judges`): a sequence classifier whose first logit scores
+    prompt + completion, read as plain text with its own tokenizer."""
+
+    def __init__(self, path: str):
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer.padding_side = "right"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+        if self.model.config.pad_token_id is None:
+            self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        self.shape = replace(flops.Shape.from_config(self.model.config), vocab=self.model.config.num_labels)
+
+    @torch.no_grad()
+    def __call__(self, prompts: list[str], completions: list[str]) -> tuple[float, float]:
+        """The mean score and the FLOPs it took (the head runs at every position of the padded batch)."""
+        enc = self.tokenizer([p + c for p, c in zip(prompts, completions)], padding=True, return_tensors="pt")
+        scores = self.model(**enc).logits[:, 0]
+        rows, width = enc.input_ids.shape
+        return scores.mean().item(), flops.forward(self.shape, rows, width, width, width).total
+
+
+class Evaluator:
+    """What a run measures at each eval point, in one place: the validation set by the task's
+    verifier (avg@k, best@k, worst@k), the same completions scored by the training reward
+    (`val_native`), each held-out set of `eval.sets`, and each judge of `eval.judges`. Sampling uses
+    a private RNG stream, so evaluation never changes what training draws."""
+
+    def __init__(self, task, problems, reward, sets: dict, judges: dict[str, Judge], shape, m: int, k: int,
+                 temperature: float, top_p: float, max_new_tokens: int):
+        self.task, self.problems, self.reward, self.sets, self.judges = task, problems, reward, sets, judges
+        self.shape, self.m, self.k = shape, m, k
+        self.sampling = (temperature, top_p, max_new_tokens)
+
+    def __call__(self, sampler, seed: int) -> Evaluation:
+        m, k = self.m, self.k
+        rollouts = self._sample(sampler, self.problems, seed)
+        spent = self._flops(rollouts)
+        expanded = [p for p in self.problems for _ in range(m)]
+        correct = _correct(self.task, expanded, rollouts.texts, m)
+        metrics = summarize(correct, m, k)
+        native, native_flops = self.reward(expanded, rollouts.texts)
+        metrics["val_native"] = sum(native) / len(native)
+        spent += native_flops
+        for name, judge in self.judges.items():
+            metrics[f"judge_{name}"], judge_flops = judge([p.prompt for p in expanded], rollouts.texts)
+            spent += judge_flops
+        for i, (name, (task, problems)) in enumerate(self.sets.items(), 1):
+            held = self._sample(sampler, problems, seed + i)
+            spent += self._flops(held)
+            scores = summarize(_correct(task, [p for p in problems for _ in range(m)], held.texts, m), m, k)
+            metrics[f"downstream_{name}_pass@1"] = scores["val_avg@k"]
+            metrics[f"downstream_{name}_best@k"] = scores["val_best@k"]
+        return Evaluation(metrics, spent, [(p.key, c, m) for p, c in zip(self.problems, correct)])
+
+    def _sample(self, sampler, problems, seed: int):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return sampler.sample([p.prompt for p in problems], self.m, *self.sampling)
+
+    def _flops(self, rollouts) -> float:
+        return flops.generate(self.shape, len(rollouts.texts), rollouts.prompt_width, rollouts.generated_width, rollouts.prefill_rows)
+
+
+def _correct(task, problems, texts: list[str], m: int) -> list[int]:
+    """Per problem (each repeated m times in `problems`), how many of its m completions are right."""
+    verdicts = task.judge(problems, texts)
+    return [sum(v.correct for v in verdicts[i : i + m]) for i in range(0, len(verdicts), m)]

@@ -30,12 +30,12 @@ from isoflop_cli import flops, tasks
 from isoflop_cli.config import run_content, sharded
 from isoflop_cli.recipe import checkpoint, distributed, resume
 from isoflop_cli.recipe.distributed import Group
-from isoflop_cli.recipe.evaluate import evaluate
+from isoflop_cli.recipe.evaluate import Evaluator, Judge
 from isoflop_cli.recipe.learner import Actor, Layout, tree_tokens
 from isoflop_cli.recipe.losses import cispo_pg, clipped_pg, gae, group_advantages, kl_k3, token_weights, truncated_is, value_loss, whiten
 from isoflop_cli.recipe.measure import Meter
 from isoflop_cli.recipe.rewards import make_reward
-from isoflop_cli.recipe.sampler import HFSampler
+from isoflop_cli.recipe.sampler import make_sampler
 from isoflop_cli.store import FAILED, PAUSED, RUNNING, RunFiles, disk_full_message, is_disk_full
 
 STATS = ("reward", "zero_var", "loss", "kl", "entropy", "clip_frac", "tis", "value_loss")
@@ -113,7 +113,7 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
     use_reference = algo.kl_coef > 0
     reference = Actor(copy.deepcopy(policy)).to(device).eval().requires_grad_(False) if use_reference and not lora_rank else None
     # The sampler: the policy itself, or (a sharded learner, vLLM) its own weights, synced after each update.
-    sampler = _sampler(cfg, actor.policy, tokenizer, own_copy=sharded(cfg)) if group.is_main else None
+    sampler = make_sampler(cfg, actor.policy, tokenizer, own_copy=sharded(cfg)) if group.is_main else None
     separate_sampler = sharded(cfg) or cfg.sampler.name == "vllm"
     if sharded(cfg):
         for model in filter(None, (actor, reference)):
@@ -123,7 +123,6 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
     if group.is_main and any(task.dropped.values()):
         print(f"prompts over task.max_prompt_tokens, left out: {task.dropped}", flush=True)
     reward = make_reward(cfg.reward, task) if group.is_main else None
-    val_problems = task.validation_set(cfg.eval.problems)
     shape = flops.Shape.from_config(policy.config).with_lora(lora_rank, cfg.lora.targets)
     params = sum(p.numel() for p in policy.parameters())
     trainable = [p for p in actor.parameters() if p.requires_grad]
@@ -157,18 +156,20 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
     meter = Meter(flops_cfg.measure, progress.seconds, progress.measured)
     started = time.time() - progress.wall_s
 
+    evaluator = _evaluator(cfg, task, tokenizer, reward, shape) if group.is_main else None
+
     def eval_point(step: int) -> None:
         with meter.count("eval"):
-            metrics, rollouts = evaluate(sampler, task, val_problems, cfg.eval.samples, cfg.eval.k, algo.temperature,
-                                         algo.top_p, max_new_tokens, seed=cfg.seed * 1_000_003 + step)
-        ledger["flops_eval"] += flops.generate(shape, len(rollouts.texts), rollouts.prompt_width, rollouts.generated_width, rollouts.prefill_rows)
+            evaluation = evaluator(sampler, seed=cfg.seed * 1_000_003 + step)
+        ledger["flops_eval"] += evaluation.flops
+        files.append_problems(step, evaluation.per_problem)
         means = {f"train_{k}" if k in ("reward", "loss") else k: _mean(v) for k, v in since_eval.items()}
         row = {
             "step": step, "model_params": params, "trainable_params": trainable_params,
             **ledger, **_totals(ledger, flops_cfg), **{f"measured_{k}": v for k, v in _measured(meter).items()},
             **{f"time_{part}_s": round(s, 3) for part, s in meter.seconds.items()},
             "train_reward_mean": means.pop("train_reward"), "zero_var_frac": means.pop("zero_var"),
-            **metrics, "k": cfg.eval.k, "prompts_dropped": sum(task.dropped.values()), **means, "lr": lr, "wall_s": round(time.time() - started, 3),
+            **evaluation.metrics, "k": cfg.eval.k, "prompts_dropped": sum(task.dropped.values()), **means, "lr": lr, "wall_s": round(time.time() - started, 3),
         }
         files.append_metrics(row)
         for v in since_eval.values():
@@ -334,13 +335,19 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
         eval_point(step)  # the run's last point, when it fell between checkpoints
 
 
-def _sampler(cfg: DictConfig, policy, tokenizer, own_copy: bool):
-    if cfg.sampler.name == "vllm":
-        from isoflop_cli.recipe.vllm_sampler import VllmSampler
+def _evaluator(cfg: DictConfig, task, tokenizer, reward, shape) -> Evaluator:
+    """The validation set, each held-out set of eval.sets (read and prompted like task=dataset) and
+    each judge of eval.judges."""
+    from isoflop_cli.tasks.dataset import held_out
 
-        return VllmSampler(checkpoint.model_path(cfg.model, cfg.task), cfg.sampler, cfg.lora, tokenizer, seed=cfg.seed)
-    dtype = torch.bfloat16 if cfg.learner.bf16 else None  # the learner computes in bf16: so does its sampler
-    return HFSampler(policy, tokenizer, shared_prefill=cfg.sampler.shared_prefill, own_copy=own_copy, dtype=dtype)
+    sets = {}
+    for name, path in cfg.eval.sets.items():
+        held = held_out(cfg.task, path)
+        held.prepare(tokenizer)
+        sets[name] = (held, held.validation_set(cfg.eval.problems))
+    judges = {name: Judge(path) for name, path in cfg.eval.judges.items()}
+    return Evaluator(task, task.validation_set(cfg.eval.problems), reward, sets, judges, shape, cfg.eval.samples, cfg.eval.k,
+                     cfg.algo.temperature, cfg.algo.top_p, cfg.task.max_new_tokens)
 
 
 def _totals(ledger: dict, flops_cfg: DictConfig) -> dict:

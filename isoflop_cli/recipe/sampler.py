@@ -39,6 +39,17 @@ class Rollouts:
         return int(self.completion_mask.sum())
 
 
+def make_sampler(cfg, policy, tokenizer, own_copy: bool = False):
+    """The run's sampler (`sampler.name`): vLLM with its own engine, or HF generate on `policy`."""
+    if cfg.sampler.name == "vllm":
+        from isoflop_cli.recipe import checkpoint
+        from isoflop_cli.recipe.vllm_sampler import VllmSampler
+
+        return VllmSampler(checkpoint.model_path(cfg.model, cfg.task), cfg.sampler, cfg.lora, tokenizer, seed=cfg.seed)
+    dtype = torch.bfloat16 if cfg.learner.bf16 else None  # the learner computes in bf16: so does its sampler
+    return HFSampler(policy, tokenizer, shared_prefill=cfg.sampler.shared_prefill, own_copy=own_copy, dtype=dtype)
+
+
 class HFSampler:
     """Samples with a Hugging Face causal LM.
 

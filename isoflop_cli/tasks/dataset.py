@@ -75,11 +75,12 @@ class DatasetTask(Task):
 
     def __post_init__(self) -> None:
         train = read_rows(self.train, "task.train", self.prompt_key, self.answer_key)
+        self.rows_of: dict[str, tuple[Row, ...]]  # each split's rows as read, before prompts are made
         if self.val:
-            self._rows = {"train": train, "val": read_rows(self.val, "task.val", self.prompt_key, self.answer_key)}
+            self.rows_of = {"train": train, "val": read_rows(self.val, "task.val", self.prompt_key, self.answer_key)}
         else:
             held = [in_validation(row.text(), self.val_fraction) for row in train]
-            self._rows = {"train": tuple(r for r, h in zip(train, held) if not h), "val": tuple(r for r, h in zip(train, held) if h)}
+            self.rows_of = {"train": tuple(r for r, h in zip(train, held) if not h), "val": tuple(r for r, h in zip(train, held) if h)}
         self._problems: dict[str, list[Problem]] | None = None
         self._verify = None
 
@@ -93,10 +94,10 @@ class DatasetTask(Task):
         return f"task.train {self.train}" + (" (its validation share, task.val_fraction)" if split == "val" else "")
 
     def check(self, eval_problems: int) -> None:
-        if not self._rows["train"]:
+        if not self.rows_of["train"]:
             raise TaskError(f"{self.where('train')} leaves no training problems (task.val_fraction={self.val_fraction} holds them all out)")
-        if len(self._rows["val"]) < eval_problems:
-            raise TaskError(f"eval.problems={eval_problems} exceeds the validation problems: {len(self._rows['val'])} in {self.where('val')}; "
+        if len(self.rows_of["val"]) < eval_problems:
+            raise TaskError(f"eval.problems={eval_problems} exceeds the validation problems: {len(self.rows_of['val'])} in {self.where('val')}; "
                             f"lower eval.problems{'' if self.val else ' or raise task.val_fraction'}")
 
     def check_alphabet(self, alphabet: str, model: str) -> None:
@@ -106,7 +107,7 @@ class DatasetTask(Task):
         extra = (self.system_prompt or "") + (self.instruction or "")
         if set(extra) - allowed:
             raise TaskError(f"{model} reads only the characters {alphabet!r}: task.system_prompt/task.instruction has {sorted(set(extra) - allowed)[0]!r}")
-        for split, rows in self._rows.items():
+        for split, rows in self.rows_of.items():
             for row in rows:
                 bad = set(row.text() + row.answer) - allowed
                 if bad:
@@ -117,7 +118,7 @@ class DatasetTask(Task):
         """Prompts as the sampler will see them, and their token counts; drops (and counts) the long ones."""
         use_template = self.chat_template == "auto" and getattr(tokenizer, "chat_template", None)
         self._problems, self.dropped = {}, {}
-        for split, rows in self._rows.items():
+        for split, rows in self.rows_of.items():
             texts = [self._render(row, tokenizer if use_template else None) for row in rows]
             lengths = [len(ids) for ids in tokenizer(texts).input_ids] if texts else []
             keep = [Problem(prompt=t, answer=r.answer, id=str(r.index)) for r, t, n in zip(rows, texts, lengths) if n <= self.max_prompt_tokens]
@@ -138,21 +139,22 @@ class DatasetTask(Task):
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return "\n\n".join(m["content"] for m in messages)
 
-    def _prepared(self, split: str) -> list[Problem]:
+    def problems(self, split: str) -> list[Problem]:
+        """The problems of a split as `prepare` made them (prompts over the limit left out)."""
         if self._problems is None:
             raise RuntimeError("DatasetTask.prepare(tokenizer) must run before problems are drawn")
         return self._problems[split]
 
     def stream(self, split: str, seed: int) -> Iterator[Problem]:
         """Seeded epochs over the split, each in a new shuffled order."""
-        problems, rng = self._prepared(split), random.Random(f"{split}-{seed}")
+        problems, rng = self.problems(split), random.Random(f"{split}-{seed}")
         while True:
             order = list(range(len(problems)))
             rng.shuffle(order)
             yield from (problems[i] for i in order)
 
     def validation_set(self, count: int, seed: int = 0) -> list[Problem]:
-        problems = list(self._prepared("val"))
+        problems = list(self.problems("val"))
         random.Random(f"val-{seed}").shuffle(problems)
         return problems[:count]
 
@@ -169,6 +171,14 @@ class DatasetTask(Task):
             self._verify.close()
 
 
+def held_out(task_cfg, path: str) -> DatasetTask:
+    """A held-out evaluation set (`eval.sets`): the whole file is validation, its prompts made and
+    its answers checked as the task config's dataset keys say (columns, template, verifier)."""
+    return DatasetTask(train=path, val=path, prompt_key=task_cfg.prompt_key, answer_key=task_cfg.answer_key,
+                       prompt_limit=task_cfg.max_prompt_tokens, chat_template=task_cfg.chat_template,
+                       system_prompt=task_cfg.system_prompt, instruction=task_cfg.instruction, verifier=task_cfg.verifier)
+
+
 def read_rows(path: str, what: str, prompt_key: str, answer_key: str) -> tuple[Row, ...]:
     """The problems of one file, each row checked; cached per file version (config checks and grid
     expansion ask again and again)."""
@@ -181,13 +191,14 @@ def read_rows(path: str, what: str, prompt_key: str, answer_key: str) -> tuple[R
 
 @functools.lru_cache(maxsize=16)
 def _read_rows(path: str, _mtime: int, _size: int, what: str, prompt_key: str, answer_key: str) -> tuple[Row, ...]:
-    records = _records(Path(path), what)
-    if not records:
+    rows = records(Path(path), what)
+    if not rows:
         raise TaskError(f"{what} {path} holds no rows")
-    return tuple(_row(i, record, f"{what} {path} row {i}", prompt_key, answer_key) for i, record in enumerate(records))
+    return tuple(_row(i, record, f"{what} {path} row {i}", prompt_key, answer_key) for i, record in enumerate(rows))
 
 
-def _records(path: Path, what: str) -> list[dict]:
+def records(path: Path, what: str) -> list[dict]:
+    """The rows of a file as they are (every column), for reading problems and for writing subsets."""
     try:
         if path.is_dir():
             import datasets

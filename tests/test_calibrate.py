@@ -1,0 +1,100 @@
+"""`isoflop calibrate`: easy and hard sets cut by the base model's pass rate, merged from slices;
+end to end through a real local Ray head, then a sweep on the easy set it wrote."""
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from isoflop_cli import calibrate, config
+from isoflop_cli.cli import app
+from isoflop_cli.store import SweepDir, atomic_write
+
+SUMS = [(a, b) for a in range(10) for b in range(30)]  # 300 sums the embedded model was warm-started on
+
+
+@pytest.fixture(scope="module")
+def sums(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sums") / "sums.parquet"
+    pd.DataFrame([{"prompt": [{"role": "user", "content": f"{a}+{b}="}], "reward_model": {"ground_truth": str(a + b)[::-1]},
+                   "data_source": "sums", "extra_info": {"index": i}} for i, (a, b) in enumerate(SUMS)]).to_parquet(path)
+    return path
+
+
+def test_slices_cover_every_row_once():
+    assert calibrate.slices(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert calibrate.slices(8, 8) == [(0, 8)]
+
+
+def test_merge_cuts_bands_from_the_files_own_rows(tmp_path, sums):
+    """Slices with known pass rates: easy and hard hold exactly the source rows in their bands
+    (bounds included), in the source's schema; one slice unfinished is left out and counted."""
+    overrides = ["task=dataset", f"task.train={sums}", "task.max_new_tokens=6", "task.max_prompt_tokens=8", "calibrate.shard=100",
+                 "eval.problems=4", "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]"]
+    cfg = config.load(None, overrides)
+    dest = SweepDir(tmp_path / "cal")
+    manifest = calibrate.prepare(cfg, dest)
+    assert [c["rows"] for c in manifest["cells"].values()] == [[0, 100], [100, 200], [200, 300]]
+    rates = {i: (i % 17) / 16 for i in range(300)}  # every count of 16 samples, 0 to 16
+    for rid, cell in list(manifest["cells"].items())[:2]:
+        start, stop = cell["rows"]
+        part = pd.DataFrame([{"problem_id": i, "prompt": f"{SUMS[i][0]}+{SUMS[i][1]}=", "answer": "x", "pass_rate": rates[i], "samples": 16,
+                              "mean_response_tokens": 3.0} for i in range(start, stop)])
+        files = dest.run(rid)
+        files.dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(files.dir / calibrate.RESULT, part.to_parquet(index=False))
+        files.finish([{"step": 0, "problems": len(part)}])
+    summary = calibrate.merge(cfg, dest, None, overrides)
+    assert summary["calibrated"] == 200 and summary["left_out"] == 100
+    source = pd.read_parquet(sums)
+    for band, (low, high) in (("easy", (0.3, 0.6)), ("hard", (0.0, 0.0625))):
+        got = pd.read_parquet(tmp_path / "cal" / f"{band}.parquet")
+        want = [i for i in range(200) if low <= rates[i] <= high]
+        assert [int(r["index"]) for r in got["extra_info"]] == want  # the file's own rows, verl schema kept
+        assert list(got.columns) == list(source.columns)
+        entry = next(b for b in summary["bands"] if b["name"] == band)
+        assert entry["problems"] == len(want) and entry["mean_response_tokens"] == 3.0
+    assert (tmp_path / "cal" / "calibration.png").exists() and (tmp_path / "cal" / "calibration.svg").exists()
+    assert json.loads((tmp_path / "cal" / "summary.json").read_text())["calibrated"] == 200
+
+
+def test_bad_calibration_input_exits_2(tmp_path, sums):
+    for args, needle in ((["task.digits=[1,2]"], "use task=dataset"),
+                         (["task=dataset", f"task.train={sums}", "task.max_new_tokens=6", "task.max_prompt_tokens=8", "eval.problems=4", "calibrate.easy=[0.6,0.3]"], "calibrate.easy"),
+                         (["task=dataset", f"task.train={sums}", "task.max_new_tokens=6", "task.max_prompt_tokens=8", "eval.problems=4", "calibrate.samples=0"], "calibrate.samples")):
+        result = CliRunner().invoke(app, ["calibrate", "--out", str(tmp_path / "out"), *args])
+        assert result.exit_code == 2 and needle in result.output, result.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.e2e
+def test_calibrate_then_sweep_on_the_easy_set(tmp_path, sums):
+    """Calibrate 300 problems in 2 Ray jobs; a rerun keeps both slices; then a two-cell sweep
+    trains on the easy set calibrate wrote."""
+    common = ["task=dataset", f"task.train={sums}", "task.max_new_tokens=6", "task.max_prompt_tokens=8", "eval.problems=16"]
+    cmd = [sys.executable, "-m", "isoflop_cli", "calibrate", "--out", str(tmp_path), *common, "calibrate.shard=150", "calibrate.samples=8",
+           "calibrate.easy=[0.25,0.75]"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = tmp_path / "default"
+    df = pd.read_parquet(out / "calibration.parquet")
+    assert list(df["problem_id"]) == list(range(300)) and (df["samples"] == 8).all()
+    assert set((df["pass_rate"] * 8).round(9)) <= set(range(9)) and 0 < df["pass_rate"].mean() < 1
+    assert (df["mean_response_tokens"] > 0).all() and "easy" in result.stdout
+    easy = pd.read_parquet(out / "easy.parquet")
+    assert len(easy) == ((df["pass_rate"] >= 0.25) & (df["pass_rate"] <= 0.75)).sum() > 8
+    slices = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/calibration.parquet")}
+    assert len(slices) == 2
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and {p: p.stat().st_mtime_ns for p in slices} == slices  # nothing sampled twice
+
+    sweep = subprocess.run([sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(tmp_path / "sweeps"), "task=dataset",
+                            f"task.train={out / 'easy.parquet'}", "task.val_fraction=0.3", "task.max_new_tokens=6", "task.max_prompt_tokens=8",
+                            "grid.n=[4]", "grid.B_p=[2,4]", "grid.budgets=[32]", "grid.eval_points=2", "eval.problems=4", "eval.samples=4"],
+                           capture_output=True, text=True, timeout=600)
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    results = pd.read_parquet(tmp_path / "sweeps" / "default" / "results.parquet")
+    assert results["run_id"].nunique() == 2 and results.groupby("run_id")["rollouts"].max().eq(32).all()
