@@ -119,8 +119,10 @@ def test_recipe_presets_and_seed_sweeps(tmp_path):
     (tmp_path / "model.safetensors").touch()  # a checkpoint has its weights; planning reads only the config
     easy, hard = load("recipe=easy"), load("recipe=hard")
     assert (easy.algo.kl_coef, easy.algo.entropy_coef) == (0.001, 0.001) and (hard.algo.kl_coef, hard.algo.entropy_coef) == (0, 0)
+    problems = tmp_path / "problems.jsonl"  # a calibrated set, as `isoflop calibrate` writes one
+    problems.write_text("".join(f'{{"prompt": "What is {i} + 1?", "reward_model": {{"ground_truth": "{i + 1}"}}}}\n' for i in range(3000)))
     for name, kl, max_batch in (("seed-easy", 0.001, 65536), ("seed-hard", 0.0, 16384)):
-        cfg = config.load(name, [f"model.path={tmp_path}"])
+        cfg = config.load(name, [f"model.path={tmp_path}", f"task.train={problems}"])
         assert (cfg.algo.kl_coef, cfg.grid.max_batch, cfg.algo.base_lr, cfg.algo.ref_batch) == (kl, max_batch, 1e-6, 1024)
         cells = expand(cfg)
         assert len(cells) == 54 and list(cfg.grid.B_p) == [2**i for i in range(5, 11)] and list(cfg.grid.n) == [2**i for i in range(3, 12)]

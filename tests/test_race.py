@@ -210,3 +210,45 @@ def test_budgets_read_at_equal_compute():
     run = pd.DataFrame({"flops_total": [0.0, 1e9, 4e9], "rho": [np.nan, 0.8, 0.8], "m": [0.1, 0.2, 0.4]})
     assert analysis.read_at(run, 2e9, "m")[0] == pytest.approx(0.3)  # halfway in log compute
     assert analysis.read_at(run, 1e10, "m") is None  # beyond the run
+
+
+INTERIOR_RHO = [0.2, 0.3, 0.45, 0.6, 0.72, 0.85, 0.95]  # allocation levels spanning both sides of both optima
+
+
+def interior_results(optima: dict[str, float], seed: int = 0, noise: float = 0.005, reps: int = 2) -> pd.DataFrame:
+    """The second seed study's finding: the target peaks inside the rho range, at 0.72 for a
+    rule-based reward and 0.45 for a PRM (whose peak is lower, so it is not reward-heavy)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for reward, best in optima.items():
+        for level, rho in enumerate(INTERIOR_RHO, 1):
+            for rep in range(reps):
+                for step, c in enumerate([0.0, BUDGET / 4, BUDGET / 2, BUDGET]):
+                    growth = np.log2(c / (BUDGET / 8)) / 3 if c else 0.0
+                    peak = 0.5 if reward == "sparse" else 0.4
+                    y = 0.3 + (peak - 0.3 - 0.2 * (np.log2(rho) - np.log2(best)) ** 2) * growth + (rng.normal(0, noise) if c else 0.0)
+                    rows.append({"run_id": f"{reward}_l{level}_r{rep}", "reward": reward, "algo.epochs": level, "n": 8, "step": step,
+                                 "rho": rho if c else np.nan, "flops_total": c * (1 + 0.03 * rng.random()),
+                                 "flops_reward": 0.1 * c if reward == "prm" else 0.0, "val_native": y, "val_avg@k": y})
+    return pd.DataFrame(rows)
+
+
+def test_interior_optima_are_read_as_interior(tmp_path):
+    report, result = race(interior_results({"sparse": 0.72, "prm": 0.45}), tmp_path)
+    by_reward = {e["reward"]: e for e in report["regimes"]}
+    for reward, best in (("sparse", 0.72), ("prm", 0.45)):
+        entry = by_reward[reward]
+        assert entry["regime"] == "interior" and entry["curve"] == "quadratic", entry["why"]
+        assert abs(entry["optimum_rho"] - best) < 0.05
+        low, high = entry["optimum_interval90"]
+        assert INTERIOR_RHO[0] < low <= entry["optimum_rho"] <= high < INTERIOR_RHO[-1]
+    rec = report["recommendation"]
+    assert rec["reward"] == "sparse" and rec["regime"] == "interior" and abs(rec["optimum_rho"] - 0.72) < 0.05
+    assert min(rec["rho_range"]) <= rec["optimum_rho"] <= max(rec["rho_range"]) and len(rec["algo.epochs"]) <= 3
+    assert "interior" in result.output and "optimum" in (tmp_path / "race" / "race.md").read_text()
+
+
+def test_monotone_targets_have_no_optimum(tmp_path):
+    report, _ = race(results("rising"), tmp_path)
+    [entry] = report["regimes"]
+    assert entry["regime"] == "update-heavy" and entry["optimum_rho"] is None and entry["optimum_interval90"] is None
