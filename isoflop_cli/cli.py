@@ -369,6 +369,7 @@ def race_pilot(
     target: str = typer.Option("native", help="native (val_native: validation scored by the training reward), downstream (a held-out set's downstream_*_pass@1, else val_avg@k) or judge (judge_*)."),
     metric: Optional[str] = typer.Option(None, help="The target column itself [default: the target's column]."),
     from_results: Optional[Path] = typer.Option(None, "--from-results", help="Analyse this results file or sweep dir (steps 3-6): no compute."),
+    validate_with: Optional[Path] = typer.Option(None, "--validate-with", help="Full-scale results (a sweep dir or results file): same_regime_rate compares the pilot's call with the call on them."),
     force: bool = typer.Option(False, "--force", help="Run a pilot that costs more than --cap of the full sweep."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the pilot plan and its cost, and stop."),
     epochs: str = typer.Option("1,2,4", help="Allocation levels: algo.epochs values (updates per rollout batch = epochs x algo.minibatches)."),
@@ -390,13 +391,15 @@ def race_pilot(
     with user_errors():
         if bootstrap < 1:
             raise ConfigError(f"--bootstrap must be >= 1, got {bootstrap}: the regime is called from bootstrap intervals")
+        full_results = race.read_results(validate_with) if validate_with is not None else None
         if from_results is not None:
             df = race.read_results(from_results)
             column = race.target_metric(target, metric, list(df.columns), "the results have")
+            race.check_full(full_results, column, validate_with)
             base = from_results if from_results.is_dir() else from_results.parent
             dest = config_mod.check_writable(out or base / "race")
             result, written = race.analyse(df, target, column, None, config, overrides, {"pilot_flops": race.pilot_flops(df), "pilot_share": None},
-                                           dest, None, bootstrap, seed)
+                                           dest, None, bootstrap, seed, full_results)
             console.print(summary(result))
             console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
             return
@@ -405,6 +408,7 @@ def race_pilot(
         spec = PilotSpec(epochs=_int_list("--epochs", epochs), budgets=budgets, share=share, cap=cap)
         pilot = derive(config, overrides, spec, force)
         column = race.target_metric(target, metric, race.recorded_columns(pilot.cfg), "pilot runs record")
+        race.check_full(full_results, column, validate_with)
         if not dry_run:
             check_cluster(pilot.cfg.cluster)
             sweep_dir = SweepDir(config_mod.check_writable((out or DEFAULT_OUT) / pilot.cfg.name))
@@ -429,7 +433,7 @@ def race_pilot(
         full = race.full_sweep_flops(config, overrides, scale)
         cost = {"pilot_flops": spent, "pilot_share": spent / full, "full_flops": full, "pilot_share_planned": pilot.share, "scale": scale}
         result, written = race.analyse(df, target, column, pilot.budgets, config, overrides, cost, sweep_dir.path / "race",
-                                       str(out) if out else None, bootstrap, seed)
+                                       str(out) if out else None, bootstrap, seed, full_results)
     console.print(summary(result))
     console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
 

@@ -60,7 +60,7 @@ def test_known_rho_regimes_via_from_results(shape, regime, tmp_path):
         low, high = entry["interval90"]
         assert (low > 0) if regime == "update-heavy" else (high < 0)
         assert np.sign(entry["effect"]) == (1 if regime == "update-heavy" else -1)
-        assert report["same_regime_rate"] == 1.0
+        assert report["loo_same_regime_rate"] == 1.0 and report["same_regime_rate"] is None  # no full-scale results given
     assert report["pilot_share"] is None
     assert report["pilot_flops"] == pytest.approx(results(shape).groupby("run_id")["flops_total"].max().sum())
     assert "does not guarantee a held-out gain" in (tmp_path / "race" / "race.md").read_text()
@@ -95,10 +95,11 @@ def test_prm_no_better_is_not_reward_heavy(tmp_path):
 
 def test_regime_json_contract(tmp_path):
     report, _ = race(results("rising"), tmp_path, "--bootstrap", "50")
-    assert {"regimes", "same_regime_rate", "pilot_flops", "pilot_share", "recommendation"} <= set(report)
+    assert {"regimes", "same_regime_rate", "loo_same_regime_rate", "pilot_flops", "pilot_share", "recommendation"} <= set(report)
     for entry in report["regimes"]:
         assert {"reward", "target", "regime", "curve", "effect", "interval90"} <= set(entry)
-        assert entry["regime"] in ("search-heavy", "update-heavy", "reward-heavy", "undetermined")
+        assert entry["regime"] in ("search-heavy", "update-heavy", "reward-heavy", "interior", "undetermined")
+        assert {"optimum_rho", "optimum_interval90"} <= set(entry)
         assert entry["curve"] in ("constant", "log-linear", "quadratic")
     rec = report["recommendation"]
     assert rec["reward"] == "sparse" and rec["algo.epochs"] == [2, 4, 8]
@@ -196,7 +197,7 @@ def test_several_models_are_validated_leave_one_model_out():
     check = analysis.validate(data, "native", entries, 50)
     assert [e["regime"] for e in entries] == ["update-heavy"]
     assert {next(iter(s["left_out"])) for s in check["subsets"]} == {"budget", "model"} and len(check["subsets"]) == 5
-    assert check["same_regime_rate"] == 1.0
+    assert check["loo_same_regime_rate"] == 1.0
 
 
 def test_budgets_read_at_equal_compute():
@@ -252,3 +253,16 @@ def test_monotone_targets_have_no_optimum(tmp_path):
     report, _ = race(results("rising"), tmp_path)
     [entry] = report["regimes"]
     assert entry["regime"] == "update-heavy" and entry["optimum_rho"] is None and entry["optimum_interval90"] is None
+
+
+def test_validate_with_full_scale_results(tmp_path):
+    """same_regime_rate: the pilot's call against the call on full-scale results (null without them)."""
+    full = tmp_path / "full.parquet"
+    results("rising", seed=7).to_parquet(full)
+    agree, _ = race(results("rising"), tmp_path / "agree", "--validate-with", str(full))
+    assert agree["same_regime_rate"] == 1.0 and agree["validation"]["full_scale"]["full_regimes"] == {"sparse": "update-heavy"}
+    results("falling", seed=7).to_parquet(full)
+    disagree, _ = race(results("rising"), tmp_path / "disagree", "--validate-with", str(full))
+    assert disagree["same_regime_rate"] == 0.0 and "against full-scale results: 0%" in (tmp_path / "disagree" / "race" / "race.md").read_text()
+    bad = runner.invoke(app, ["race-pilot", "--from-results", str(full), "--validate-with", str(tmp_path / "nope.parquet")])
+    assert bad.exit_code == 2 and "nope.parquet" in bad.output

@@ -9,6 +9,12 @@ effect is the fitted change of the target from the lowest to the highest rho of 
 over slices, with a 90% interval from a bootstrap over runs. A regime is named only when both say
 so: the constant curve is beaten and the interval excludes 0. Otherwise it is `undetermined`.
 
+`interior` comes first: where the quadratic is chosen, the slice-averaged curve's peak (its vertex)
+is the optimum rho, and each bootstrap replicate gives one (a replicate whose curve peaks at an end
+of the range counts as that end). When the 90% interval of the optimum lies strictly inside the
+pilot's rho range, the target peaks there: the regime is `interior`, with `optimum_rho` and its
+interval. A monotone target has no optimum (null).
+
 Reward-heavy is the same test between reward systems: at equal compute (the same slice), does a
 model-based reward (one that spends reward FLOPs: a learned PRM) beat the best rule-based one?
 """
@@ -26,6 +32,7 @@ from isoflop_cli.fit import bootstrap
 
 CURVES = {"constant": 0, "log-linear": 1, "quadratic": 2}  # polynomial degree in x = log2 rho
 SEARCH, UPDATE, REWARD, UNDETERMINED = "search-heavy", "update-heavy", "reward-heavy", "undetermined"
+INTERIOR = "interior"  # the target peaks inside the pilot's rho range (the second seed study's finding)
 MODEL_BASED = ("prm",)  # reward names that are model-based when the data has no flops_reward column
 LEVEL_COLUMNS = ("algo.epochs", "algo.minibatches")  # the pilot's allocation levels, where results name them
 REACH = 1.5  # a run is read at a budget up to this factor beyond its first or last eval point
@@ -207,6 +214,9 @@ def trend(s: Slices, counts: np.ndarray) -> dict:
     regime = UNDETERMINED
     if curve != "constant" and band is not None:
         regime = UPDATE if band[0] > 0 else SEARCH if band[1] < 0 else UNDETERMINED
+    optimum, optimum_band = (optimum_rho(s, counts) if degree == 2 else (None, None))
+    if optimum_band is not None and optimum_band[0] > min(x.min() for x in s.x) and optimum_band[1] < max(x.max() for x in s.x):
+        regime = INTERIOR
     params = {}
     for name, x, y, run in zip(s.names, s.x, s.y, s.run):
         coef = fit_weighted(x, y, np.ones((1, x.size)), degree)[0]
@@ -215,8 +225,36 @@ def trend(s: Slices, counts: np.ndarray) -> dict:
             params[name]["optimum_rho"] = float(2 ** (-coef[1] / (2 * coef[2])))
     why = {UNDETERMINED: "the constant curve is not beaten by more than the noise" if curve == "constant"
            else "the effect's 90% interval covers 0" if band is not None else "too few runs for a bootstrap interval",
-           UPDATE: "the target rises toward higher rho", SEARCH: "the target rises toward lower rho (more rollouts)"}[regime]
-    return {"regime": regime, "curve": curve, "effect": effect, "interval90": band, "loo": loo, "params": params, "why": why}
+           UPDATE: "the target rises toward higher rho", SEARCH: "the target rises toward lower rho (more rollouts)",
+           INTERIOR: "the target peaks inside the rho range (the optimum's 90% interval excludes both ends)"}[regime]
+    rho = lambda v: float(2**v)  # noqa: E731
+    return {"regime": regime, "curve": curve, "effect": effect, "interval90": band, "loo": loo, "params": params, "why": why,
+            "optimum_rho": rho(optimum) if optimum is not None else None,
+            "optimum_interval90": [rho(v) for v in optimum_band] if optimum is not None and optimum_band is not None else None}
+
+
+def optimum_rho(s: Slices, counts: np.ndarray) -> tuple[float | None, list[float] | None]:
+    """log2 of the rho where the slice-averaged quadratic peaks, on the data (None where it does not
+    peak inside the range every slice covers) and its 90% bootstrap interval (a replicate peaking at
+    or beyond an end counts as that end; None with too few replicates)."""
+    low, high = max(x.min() for x in s.x), min(x.max() for x in s.x)
+    if not low < high:
+        return None, None
+
+    def vertices(weights: np.ndarray) -> np.ndarray:
+        coef = np.mean([fit_weighted(x, y, weights[:, run].astype(float), 2) for x, y, run in zip(s.x, s.y, s.run)], axis=0)  # (B, 3)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            vertex = -coef[:, 1] / (2 * coef[:, 2])
+        peak_inside = (coef[:, 2] < 0) & (vertex > low) & (vertex < high)
+        # Otherwise the curve's highest point in the range is an end: the one where it is higher.
+        value = lambda v: coef[:, 0] + coef[:, 1] * v + coef[:, 2] * v * v  # noqa: E731
+        at_end = np.where(value(high) >= value(low), high, low)
+        return np.where(np.isnan(coef[:, 2]), np.nan, np.where(peak_inside, vertex, at_end))
+
+    data = vertices(np.ones((1, counts.shape[1])))[0]
+    inside = low < data < high
+    band = interval(vertices(counts))
+    return (float(data) if inside else None), band
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,7 +332,9 @@ def decide(data: Data, target: str, n_boot: int = 200, seed: int = 0) -> list[di
     for reward, pts in data.points.groupby("reward", sort=True):
         t = trend(Slices.of(pts, data.runs), boot)
         gap = reward_gap(data, reward, counts) if reward in data.model_based else None
-        entry = {"reward": reward, "target": target, "metric": data.metric, **{k: t[k] for k in ("regime", "curve", "effect", "interval90")},
+        entry = {"reward": reward, "target": target, "metric": data.metric,
+                 **{k: t[k] for k in ("regime", "curve", "effect", "interval90")}, "optimum_rho": t.get("optimum_rho"),
+                 "optimum_interval90": t.get("optimum_interval90"),
                  "basis": "rho", "why": t["why"], "rho_regime": t["regime"], "loo": t.get("loo"), "params": t.get("params"),
                  "model_based": reward in data.model_based, "runs": int(pts["run"].nunique())}
         if gap is not None:
@@ -309,7 +349,9 @@ def decide(data: Data, target: str, n_boot: int = 200, seed: int = 0) -> list[di
 def validate(data: Data, target: str, entries: list[dict], n_boot: int = 100, seed: int = 0) -> dict:
     """The same decision from subsets: leave one budget out (and one model out, with several models).
 
-    Returns the same-regime rate over every (subset, reward system) pair, and each subset's regimes.
+    Returns the leave-one-out same-regime rate over every (subset, reward system) pair, and each
+    subset's regimes: how stable the pilot's call is within the pilot, not whether it holds at full
+    scale (that is `same_regime` against full-scale results).
     """
     full = {e["reward"]: e["regime"] for e in entries}
     subsets = [("budget", b, data.points["budget"] != b) for b in data.budgets] if len(data.budgets) > 1 else []
@@ -324,4 +366,14 @@ def validate(data: Data, target: str, entries: list[dict], n_boot: int = 100, se
     total = len(checks) * len(full)
     rate = sum(c["same"] for c in checks) / total if total else None
     why = None if checks else "one budget and one model: no subset to leave out"
-    return {"same_regime_rate": rate, "subsets": checks, "why": why}
+    return {"loo_same_regime_rate": rate, "subsets": checks, "why": why}
+
+
+def same_regime(entries: list[dict], full: Data, target: str, n_boot: int = 100, seed: int = 0) -> dict:
+    """The second seed study's same-regime rate: the pilot's call per reward system against the call
+    the same analysis makes on full-scale results (`--validate-with`)."""
+    calls = {e["reward"]: e["regime"] for e in decide(full, target, n_boot, seed)}
+    shared = [e["reward"] for e in entries if e["reward"] in calls]
+    rate = sum(calls[r] == next(e["regime"] for e in entries if e["reward"] == r) for r in shared) / len(shared) if shared else None
+    return {"same_regime_rate": rate, "full_regimes": calls, "rewards_compared": shared,
+            "why": None if shared else "the full-scale results share no reward system with the pilot"}

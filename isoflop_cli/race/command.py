@@ -54,6 +54,14 @@ def target_metric(target: str, metric: str | None, columns: list[str], where: st
     return found[0]
 
 
+def check_full(full: pd.DataFrame | None, column: str, path: Path | None) -> None:
+    """Full-scale results to validate against carry the pilot's target column and rho."""
+    if full is not None:
+        missing = [c for c in (column, "rho", "reward") if c not in full.columns]
+        if missing:
+            raise ConfigError(f"--validate-with {path}: no column {', '.join(missing)} (the pilot's target and rho per reward system)")
+
+
 def read_results(path: Path) -> pd.DataFrame:
     df = fit_data.read(path)
     if df.empty:
@@ -70,18 +78,23 @@ def pilot_flops(df: pd.DataFrame) -> float:
 
 
 def analyse(df: pd.DataFrame, target: str, metric: str, budgets: list[float] | None, config: str | None, overrides: list[str],
-            cost: dict, out: Path, sweep_out: str | None, n_boot: int = 200, seed: int = 0) -> tuple[dict, list[Path]]:
+            cost: dict, out: Path, sweep_out: str | None, n_boot: int = 200, seed: int = 0,
+            full: pd.DataFrame | None = None) -> tuple[dict, list[Path]]:
     """Steps 3 to 6 on a results table: curves, regimes, validation, recommendation; writes into `out`.
 
     `cost` holds pilot_flops, pilot_share (None for a results file), full_flops and the FLOP scale
-    measured on the pilot (for the recommendation's prediction).
+    measured on the pilot (for the recommendation's prediction). `full`: full-scale results, whose
+    own regimes the pilot's are checked against (same_regime_rate; null without them).
     """
     data = analysis.collect(df, metric, budgets)
     entries = analysis.decide(data, target, n_boot, seed)
     validation = analysis.validate(data, target, entries, max(n_boot // 2, 50), seed)
+    if full is not None:
+        validation["full_scale"] = analysis.same_regime(entries, analysis.collect(full, metric, None), target, max(n_boot // 2, 50), seed)
     report = {
         "regimes": entries,
-        "same_regime_rate": validation["same_regime_rate"],
+        "same_regime_rate": validation["full_scale"]["same_regime_rate"] if full is not None else None,
+        "loo_same_regime_rate": validation["loo_same_regime_rate"],
         "pilot_flops": cost["pilot_flops"],
         "pilot_share": cost["pilot_share"],
         "full_flops": cost.get("full_flops"),

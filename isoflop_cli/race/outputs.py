@@ -47,6 +47,10 @@ def plot(report: dict, data: Data, out: Path) -> list[Path]:
             if params:
                 x = np.linspace(g["x"].min(), g["x"].max(), 50)
                 ax.plot(2**x, predict(np.array(params["coef"]), x), color=colour[name], lw=1.4)
+        if entry.get("optimum_rho") is not None:
+            if entry.get("optimum_interval90"):
+                ax.axvspan(*entry["optimum_interval90"], color="0.85", zorder=0, label="optimum, 90%")
+            ax.axvline(entry["optimum_rho"], color="k", ls="--", lw=1, label=f"optimum rho {entry['optimum_rho']:.2f}")
         ax.set(xscale="log", xlabel="rho = C_learning / C_total", title=f"{entry['reward']}: {entry['regime']} ({entry['curve']})")
         ax.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.2f}"))
         ax.legend(fontsize=7)
@@ -62,11 +66,16 @@ def markdown(report: dict, plots: list[str]) -> str:
              f"from {report['runs']} runs. Curves of the target against log2 rho per reward system and budget "
              f"({', '.join(CURVES)}), chosen by leave-one-out error with the one-standard-error rule; effects with 90% intervals "
              f"from {report['bootstrap']} bootstrap resamples over runs. A regime is named only when the constant curve is beaten "
-             "by more than the noise and the interval excludes 0.", "",
-             "| reward | regime | basis | curve | effect | 90% interval | rho regime | runs | why |", "| --- | --- | --- | --- | ---: | --- | --- | ---: | --- |"]
+             "by more than the noise and the interval excludes 0; `interior` when the quadratic is chosen and the 90% interval of its "
+             "peak (the optimum rho) lies strictly inside the pilot's rho range.", "",
+             "| reward | regime | basis | curve | effect | 90% interval | optimum rho | 90% interval | rho regime | runs | why |",
+             "| --- | --- | --- | --- | ---: | --- | ---: | --- | --- | ---: | --- |"]
     for e in report["regimes"]:
         lines.append(f"| {e['reward']} | **{e['regime']}** | {e['basis']} | {e['curve']} | {fmt(e['effect'])} | {_interval(e['interval90'])} "
-                     f"| {e['rho_regime']} | {e['runs']} | {e['why']} |")
+                     f"| {fmt(e.get('optimum_rho'))} | {_interval(e.get('optimum_interval90'))} | {e['rho_regime']} | {e['runs']} | {e['why']} |")
+    if any(e["reward"] == "prm_proxy" for e in report["regimes"]):
+        lines += ["", "`prm_proxy` checks solution steps by rule (no model FLOPs): it is not the second seed study's proxy PRM, "
+                  "which is a model; that is `prm` with a small scorer."]
     lines += ["", "The effect is the fitted change of the target from the lowest to the highest rho of the pilot (basis rho), "
               "or the model-based reward's mean minus the best rule-based mean at equal compute (basis reward).", ""]
     lines += [f"![target against rho]({p})" for p in plots] + [""]
@@ -84,8 +93,12 @@ def markdown(report: dict, plots: list[str]) -> str:
             loo = " / ".join(f"{v['loo_mse']:.3g}" for v in g["loo"].values())
             lines.append(f"| {e['reward']} | {', '.join(g['against'])} | {fmt(g['effect'])} | {_interval(g['interval90'])} | {loo} | {g['beats_rule_based']} |")
     v = report["validation"]
-    lines += ["", "## Validation", "", f"Same-regime rate: {_rate(report['same_regime_rate'])}" + (f" ({v['why']})" if v.get("why") else "")
-              + " — the decision repeated with each budget (and each model, where there are several) left out.", ""]
+    full = v.get("full_scale")
+    lines += ["", "## Validation", "",
+              f"Same-regime rate against full-scale results: {_rate(report['same_regime_rate'])}"
+              + (f" (full-scale calls: {', '.join(f'{r} {g}' for r, g in full['full_regimes'].items())})" if full else " (no full-scale results: `--validate-with PATH`)"),
+              "", f"Leave-one-out same-regime rate: {_rate(report['loo_same_regime_rate'])}" + (f" ({v['why']})" if v.get("why") else "")
+              + " — the decision repeated with each budget (and each model, where there are several) left out: stability within the pilot.", ""]
     for s in v["subsets"]:
         lines.append(f"- without {', '.join(f'{k} {fmt(x)}' for k, x in s['left_out'].items())}: "
                      + ", ".join(f"{r} {g}" for r, g in s["regimes"].items()))
@@ -103,16 +116,20 @@ def markdown(report: dict, plots: list[str]) -> str:
 
 
 def summary(report: dict) -> Group:
-    table = Table(title=f"RACE regimes: target {report['target']} ({report['metric']})", caption=CAVEAT)
-    for col in ("reward", "regime", "curve", "effect", "90% interval", "rho regime", "runs"):
-        table.add_column(col, justify="right" if col in ("effect", "runs") else "left", no_wrap=col in ("reward", "regime", "rho regime"))
+    table = Table(title=f"RACE regimes: target {report['target']} ({report['metric']}); curves in race.md", caption=CAVEAT)
+    for col in ("reward", "regime", "effect [90%]", "optimum rho [90%]", "runs"):
+        table.add_column(col, justify="right" if col in ("runs",) else "left", no_wrap=True)
     style = {"undetermined": "yellow"}
+    short = lambda v: f"{v:.2g}" if v is not None else "-"  # noqa: E731
+    span = lambda lo_hi: f" [{short(lo_hi[0])}, {short(lo_hi[1])}]" if lo_hi else ""  # noqa: E731
     for e in report["regimes"]:
-        table.add_row(e["reward"], f"[{style.get(e['regime'], 'bold green')}]{e['regime']}[/]", e["curve"], fmt(e["effect"]),
-                      _interval(e["interval90"]), e["rho_regime"], str(e["runs"]))
+        optimum = f"{short(e['optimum_rho'])}{span(e['optimum_interval90'])}" if e.get("optimum_rho") is not None else "-"
+        table.add_row(e["reward"], f"[{style.get(e['regime'], 'bold green')}]{e['regime']}[/]",
+                      f"{short(e['effect'])}{span(e['interval90'])}", optimum, str(e["runs"]))
     rec = report["recommendation"]
     share = report["pilot_share"]
-    lines = [Text(f"same-regime rate {_rate(report['same_regime_rate'])}; pilot {report['pilot_flops']:.3g} FLOPs"
+    lines = [Text(f"same-regime rate {_rate(report['same_regime_rate'])} against full scale, {_rate(report['loo_same_regime_rate'])} "
+                  f"leaving a budget out; pilot {report['pilot_flops']:.3g} FLOPs"
                   + (f" = {share:.1%} of the full sweep" if share is not None else "")),
              Text(f"recommend: reward {rec['reward']} ({rec['reward_why']}); {rec['allocation']}"
                   + (f" (algo.epochs {rec['algo.epochs']})" if rec.get("algo.epochs") else ""))]

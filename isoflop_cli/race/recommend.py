@@ -3,8 +3,9 @@
 The reward system: a reward-heavy one if the pilot found one, else the rule-based reward with the
 highest mean target at the largest budget (rule-based rewards are not tested against each other).
 The allocation levels follow that reward's rho regime: the low end of the pilot's epoch levels when
-search-heavy, the high end and one doubling beyond when update-heavy, and the sweep's own
-allocation when undetermined (no evidence to move compute).
+search-heavy, the high end and one doubling beyond when update-heavy, the levels whose rho brackets
+the fitted optimum when interior, and the sweep's own allocation when undetermined (no evidence to
+move compute).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 
 from isoflop_cli.config import ConfigError
 from isoflop_cli.race import pilot as pilot_mod
-from isoflop_cli.race.analysis import REWARD, SEARCH, UPDATE, Data
+from isoflop_cli.race.analysis import INTERIOR, REWARD, SEARCH, UPDATE, Data
 
 AXES_OVERRIDES = ("grid.axes", "+grid.axes", "++grid.axes", "reward=", "+reward=", "algo.epochs=")
 
@@ -40,12 +41,18 @@ def choose_reward(entries: list[dict], data: Data) -> tuple[str, str]:
     return reward, why
 
 
-def choose_epochs(regime: str, pilot_epochs: list[int]) -> list[int] | None:
+def choose_epochs(regime: str, pilot_epochs: list[int], rho_of: dict[int, float] | None = None, optimum: float | None = None) -> list[int] | None:
+    """The epoch levels to sweep at full scale; `rho_of` (each level's median rho) and the optimum
+    place an interior regime's levels: the nearest level below the optimum and the nearest above."""
     levels = sorted(int(e) for e in pilot_epochs)
     if regime == SEARCH:
         return levels[:2]
     if regime == UPDATE:
         return sorted({*levels[-2:], 2 * levels[-1]})
+    if regime == INTERIOR and rho_of and optimum is not None:
+        below = [e for e in levels if rho_of[e] <= optimum]
+        above = [e for e in levels if rho_of[e] >= optimum]
+        return sorted({*(below and [max(below, key=lambda e: rho_of[e])]), *(above and [min(above, key=lambda e: rho_of[e])])})
     return None
 
 
@@ -72,16 +79,19 @@ def recommend(entries: list[dict], data: Data, config: str | None, overrides: li
     entry = next(e for e in entries if e["reward"] == reward)
     regime = entry["rho_regime"]
     pilot_epochs = sorted({int(e) for e in data.points["epochs"].dropna()})
-    epochs = choose_epochs(regime, pilot_epochs) if len(pilot_epochs) >= 2 else None
     pts = data.points[data.points["reward"] == reward]
+    rho_of = pts.dropna(subset=["epochs"]).groupby("epochs")["rho"].median().rename(int).to_dict()
+    epochs = choose_epochs(regime, pilot_epochs, rho_of, entry.get("optimum_rho")) if len(pilot_epochs) >= 2 else None
     chosen = pts[pts["epochs"].isin(epochs or [])] if epochs else pts
     rho = chosen["rho"] if not chosen.empty else pts["rho"]
     rec = {"reward": reward, "reward_why": reward_why, "regime": regime, "algo.epochs": epochs,
            "rho_range": [float(np.min(rho)), float(np.max(rho))],
+           "optimum_rho": entry.get("optimum_rho"), "optimum_interval90": entry.get("optimum_interval90"),
            "allocation": {SEARCH: "the low-rho end: fewer updates per rollout batch, more rollouts",
-                          UPDATE: "the high-rho end: more updates per rollout batch (and one doubling beyond the pilot)"}
+                          UPDATE: "the high-rho end: more updates per rollout batch (and one doubling beyond the pilot)",
+                          INTERIOR: f"around the optimum rho {entry.get('optimum_rho') or 0:.2f}: the levels just below and above it"}
            .get(regime, "the sweep's own allocation: the pilot found no evidence to move compute")}
-    if regime in (SEARCH, UPDATE) and not pilot_epochs:
+    if regime in (SEARCH, UPDATE, INTERIOR) and not pilot_epochs:
         rec["note"] = "the results name no algo.epochs levels: run the full sweep at the rho range above"
     try:
         sweep = sweep_overrides(config, overrides, reward, epochs)
