@@ -21,12 +21,15 @@ def test_sigmoid_and_scalerl_at_their_midpoints():
 
 
 def test_record_points_hand_computed():
-    # buckets of 0.01: 30, 30, 32, 31, 35 -> records at the first, third and fifth points
+    # buckets of 0.01: 30 (the base, at compute 0), 30, 32, 31, 35 -> records at the third and fifth
+    # points: the second ties the base evaluation, which counts as an earlier point
     df = pd.DataFrame({RUN: "a", "rollouts": [0, 10, 20, 30, 40], "m": [0.30, 0.305, 0.32, 0.31, 0.35]})
-    other = pd.DataFrame({RUN: "b", "rollouts": [0, 10], "m": [0.5, 0.4]})
+    other = pd.DataFrame({RUN: "b", "rollouts": [0, 10, 20], "m": [0.5, 0.4, 0.52]})  # below its base, then above it
     rec = record_points(pd.concat([other, df]), "m", "rollouts")
-    assert rec[rec[RUN] == "a"]["rollouts"].tolist() == [0, 20, 40]
-    assert rec[rec[RUN] == "b"]["rollouts"].tolist() == [0]
+    assert rec[rec[RUN] == "a"]["rollouts"].tolist() == [20, 40]
+    assert rec[rec[RUN] == "b"]["rollouts"].tolist() == [20]
+    no_base = record_points(df[df["rollouts"] > 0], "m", "rollouts")  # without a base point, the first is a record
+    assert no_base["rollouts"].tolist() == [10, 20, 40]
 
 
 def test_sigmoid_fit_is_exact_on_noise_free_points():

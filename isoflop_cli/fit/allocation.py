@@ -27,11 +27,15 @@ LAW = ["lower", "upper", "midpoint", "slope"]
 
 
 def record_points(df: pd.DataFrame, metric: str, compute: str, bucket: float = BUCKET) -> pd.DataFrame:
-    """Each run's record-breaking eval points: the first whose bucket beats every earlier point."""
+    """Each run's record-breaking eval points at compute > 0: those whose bucket beats every earlier
+    point, the base model's evaluation at compute 0 included (a run that starts below its base
+    breaks no record until it passes it). The compute-0 point itself is not returned: the curves
+    are fitted in log compute."""
     d = df.sort_values([RUN, compute], kind="stable")
     level = np.floor(np.round(d[metric].to_numpy(float) / bucket, 9))
     best_before = pd.Series(level, index=d.index).groupby(d[RUN]).cummax().groupby(d[RUN]).shift()
-    return d[best_before.isna().to_numpy() | (level > best_before.to_numpy())]
+    record = best_before.isna().to_numpy() | (level > best_before.to_numpy())
+    return d[record & (d[compute].to_numpy(float) > 0)]
 
 
 @dataclass
@@ -55,7 +59,7 @@ def fit_axis_curves(df: pd.DataFrame, spec: FitSpec, runs: pd.Index, method: str
     if lo < 0 or hi > 1:
         raise ConfigError(f"{method}: the sigmoid is bounded to [0, 1]; {spec.metric} ranges {lo:.3g}..{hi:.3g}")
     positive = df[df[spec.compute] > 0]
-    records = record_points(positive, spec.metric, spec.compute)
+    records = record_points(df, spec.metric, spec.compute)
     out, dropped = [], []
     for value, g in records.groupby(spec.axis):
         x = np.log10(g[spec.compute].to_numpy(float))
@@ -139,7 +143,7 @@ def frontier_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     entry["axis_star"] = _axis_star_rows(a)
     entry["bucket"] = BUCKET
     frames = {"frontier": _frontier_frame(a, df[spec.axis]), "curves": _curve_frame(a), "rows": df,
-              "records": record_points(df[df[spec.compute] > 0], spec.metric, spec.compute), "axis_star": pd.DataFrame(entry["axis_star"])}
+              "records": record_points(df, spec.metric, spec.compute), "axis_star": pd.DataFrame(entry["axis_star"])}
     return MethodResult(entry, frames)
 
 
