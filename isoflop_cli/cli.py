@@ -372,7 +372,7 @@ def race_pilot(
     validate_with: Optional[Path] = typer.Option(None, "--validate-with", help="Full-scale results (a sweep dir or results file): same_regime_rate compares the pilot's call with the call on them."),
     force: bool = typer.Option(False, "--force", help="Run a pilot that costs more than --cap of the full sweep."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the pilot plan and its cost, and stop."),
-    epochs: str = typer.Option("1,2,4", help="Allocation levels: algo.epochs values (updates per rollout batch = epochs x algo.minibatches)."),
+    epochs: str = typer.Option("0.25,0.5,1,2,4", help="Allocation levels, algo.epochs values: below 1, one pass over that share of each group's completions (rho down); from 1, whole epochs (rho up)."),
     budgets: int = typer.Option(3, help="At most this many FLOP budgets (1-3), read off the same runs."),
     share: float = typer.Option(0.10, help="Target pilot cost as a share of the full sweep's predicted FLOPs."),
     cap: float = typer.Option(0.25, help="Refuse a pilot above this share of the full sweep (unless --force)."),
@@ -385,7 +385,7 @@ def race_pilot(
     scale. The pilot identifies a regime; it does not guarantee a held-out gain."""
     from isoflop_cli.race import command as race
     from isoflop_cli.race.outputs import summary
-    from isoflop_cli.race.pilot import PilotSpec, derive
+    from isoflop_cli.race.pilot import PilotSpec, derive, level
 
     overrides = list(overrides or [])
     with user_errors():
@@ -405,7 +405,7 @@ def race_pilot(
             return
         if target not in race.TARGETS:
             raise ConfigError(f"--target '{target}' is not one of: {', '.join(race.TARGETS)}")
-        spec = PilotSpec(epochs=_int_list("--epochs", epochs), budgets=budgets, share=share, cap=cap)
+        spec = PilotSpec(epochs=_number_list("--epochs", epochs), budgets=budgets, share=share, cap=cap)
         pilot = derive(config, overrides, spec, force)
         column = race.target_metric(target, metric, race.recorded_columns(pilot.cfg), "pilot runs record")
         race.check_full(full_results, column, validate_with)
@@ -414,7 +414,7 @@ def race_pilot(
             sweep_dir = SweepDir(config_mod.check_writable((out or DEFAULT_OUT) / pilot.cfg.name))
             check_same_grid(sweep_dir, pilot.cells, extend=False, hint="")
     console.print(report.plan_table(pilot.cfg, pilot.cells))
-    console.print(f"pilot: {len(pilot.rewards)} reward system(s) {pilot.rewards} x algo.epochs {spec.epochs} x n {pilot.n_levels}, "
+    console.print(f"pilot: {len(pilot.rewards)} reward system(s) {pilot.rewards} x algo.epochs {[level(e) for e in spec.epochs]} x n {pilot.n_levels}, "
                   f"budgets {', '.join(f'{b:.3g}' for b in pilot.budgets)} FLOPs: {pilot.flops:.3g} FLOPs predicted, "
                   f"{pilot.share:.1%} of the full sweep's {pilot.full_flops:.3g} (target {spec.share:.0%}, cap {spec.cap:.0%})"
                   + ("; the full sweep's FLOPs are per-step upper bounds, so the share measured after the pilot is higher" if pilot.full_by_bound else ""),
@@ -460,11 +460,11 @@ def _float_list(option: str, text: str) -> list[float]:
     return values
 
 
-def _int_list(option: str, text: str) -> list[int]:
+def _number_list(option: str, text: str) -> list[float]:
     try:
-        return [int(v) for v in text.split(",") if v.strip()]
+        return [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise ConfigError(f"{option} takes integers separated by commas, got '{text}'") from None
+        raise ConfigError(f"{option} takes numbers separated by commas, got '{text}'") from None
 
 
 def _interrupt(*_) -> None:

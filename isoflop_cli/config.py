@@ -133,8 +133,9 @@ class AlgoConfig:
     temperature: float = 0.6
     top_p: float = 1.0
     # Updates per rollout batch: epochs over it, each in mini-batches. More than one reuses the batch
-    # (off-policy, the clip matters, an old-policy pass is added): rho rises at a fixed budget.
-    epochs: int = 1
+    # (off-policy, the clip matters, an old-policy pass is added): rho rises at a fixed budget. A
+    # fraction below 1 trains (one pass) on that share of each group's completions: rho falls.
+    epochs: float = 1
     minibatches: int = 1
     loss_agg: str = "token-mean"  # or seq-mean-token-mean; dr_grpo always uses its constant normaliser
     filter_zero_variance: bool = False  # leave out of the loss the groups whose rewards are all equal
@@ -461,6 +462,8 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
         raise ConfigError(f"algo.clip_low must be <= 1 (the ratio's floor is 1 - clip_low), got {a.clip_low}")
     positive("algo.ref_batch", cfg.algo.ref_batch)
     positive("algo.epochs", cfg.algo.epochs)
+    if cfg.algo.epochs > 1 and not float(cfg.algo.epochs).is_integer():
+        raise ConfigError(f"algo.epochs must be whole passes (1, 2, ...) or a share of each group's completions below 1, got {cfg.algo.epochs}")
     positive("algo.minibatches", cfg.algo.minibatches)
     positive("algo.base_lr", cfg.algo.base_lr)
     if not (0 < cfg.algo.temperature and math.isfinite(cfg.algo.temperature)):
@@ -766,7 +769,9 @@ def applicable(content: dict[str, Any]) -> dict[str, Any]:
     task = {k: v for k, v in content["task"].items() if k in tasks.config_keys(content["task"]["name"])}
     reward = {k: v for k, v in content["reward"].items() if not (k == "fn" and v is None)}
     evaluation = {k: v for k, v in content["eval"].items() if not (k in ("sets", "judges") and not v)}
-    return {**content, "task": task, "reward": reward, "eval": evaluation}
+    epochs = content["algo"]["epochs"]  # whole epochs hash as the integers they were before fractions
+    algo = {**content["algo"], "epochs": int(epochs) if float(epochs).is_integer() else epochs}
+    return {**content, "task": task, "reward": reward, "eval": evaluation, "algo": algo}
 
 
 def to_yaml(cfg: DictConfig) -> str:

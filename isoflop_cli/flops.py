@@ -13,6 +13,7 @@ batch ends. That is the work done, so that is the compute spent.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -175,11 +176,22 @@ def tree_work(prompts: int, n: int, prompt_width: int, width: int, tokens: int) 
     return tokens, prompts * prompt_width * prompt_width + prompts * n * (width - prompt_width) * width
 
 
+def epoch_plan(epochs: float, n: int) -> tuple[int, int]:
+    """(passes over the rollout batch, completions per group the updates learn from). Whole epochs
+    >= 1 are passes over every completion; a fraction below 1 is one pass over that share of each
+    group's n completions (at least one; their advantages still come from all n): fewer updates per
+    sampled token, so rho falls below one epoch's (RACE's lever on the search-heavy side)."""
+    if epochs >= 1:
+        return int(epochs), n
+    return 1, max(1, min(n, math.ceil(epochs * n - 1e-9)))
+
+
 def update_passes(algo) -> dict:
     """The passes an algorithm config runs per rollout batch, as `learning` takes them: the batch
     reused (several updates) or a value head (PPO) adds an old-policy pass, KL a reference pass."""
     ppo = algo.name == "ppo"
-    return dict(epochs=algo.epochs, reference=algo.kl_coef > 0, old_policy=ppo or algo.epochs * algo.minibatches > 1, value_head=ppo)
+    passes = int(max(1, algo.epochs))
+    return dict(epochs=passes, reference=algo.kl_coef > 0, old_policy=ppo or passes * algo.minibatches > 1, value_head=ppo)
 
 
 def model_shape(model) -> Shape:

@@ -118,9 +118,10 @@ def _step_flops(cfg, n: int, B_p: int, shapes: _Shapes | None = None) -> tuple[f
     rows = B_p * n
     shared = (cfg.sampler.name == "vllm" or cfg.sampler.shared_prefill) and n > 1 and prompt > 1
     search = flops.generate(shape, rows, prompt, new, prefill_rows=B_p if shared else rows)
-    tree = B_p * (prompt + n * new)  # each prompt once, then its completions
-    work = flops.tree_work(B_p, n, prompt, prompt + new, tree) if cfg.learner.shared_prompt else flops.plain_work(rows, prompt + new)
-    learning = flops.learning(shape, *work, logits=rows * new, **flops.update_passes(cfg.algo))
+    _, k = flops.epoch_plan(cfg.algo.epochs, n)  # completions per group the updates learn from
+    tree = B_p * (prompt + k * new)  # each prompt once, then its completions
+    work = flops.tree_work(B_p, k, prompt, prompt + new, tree) if cfg.learner.shared_prompt else flops.plain_work(B_p * k, prompt + new)
+    learning = flops.learning(shape, *work, logits=B_p * k * new, **flops.update_passes(cfg.algo))
     reward = 0.0
     if shapes.reward is not None:
         width = prompt + new + 1

@@ -27,7 +27,7 @@ def test_run_is_deterministic_and_writes_its_files(tmp_path):
     assert json.loads((tmp_path / "a" / "status.json").read_text())["state"] == "finished"
 
 
-@pytest.mark.parametrize("updates", [["algo.epochs=1"], ["algo.epochs=2", "algo.minibatches=2"], ["lora.rank=4"], ["algo=ppo"]])
+@pytest.mark.parametrize("updates", [["algo.epochs=1"], ["algo.epochs=2", "algo.minibatches=2"], ["algo.epochs=0.5"], ["lora.rank=4"], ["algo=ppo"]])
 def test_run_ledger_agrees_with_measurement(tmp_path, updates):
     result = CliRunner().invoke(app, ["run", *ARGS, *updates, "flops.measure=true", "algo.kl_coef=0.1", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
@@ -85,3 +85,20 @@ def test_algorithms_run(tmp_path, algo):
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 4 and all(r["train_loss"] is not None for r in rows[1:])
+
+
+def test_a_fractional_epoch_learns_from_a_share_of_each_group(tmp_path):
+    """algo.epochs=0.5 samples what one epoch samples and learns from half of each group's
+    completions: the same search FLOPs and rollouts; learning FLOPs between half and the whole (the
+    prompt tree keeps every prompt once: P + 2T positions per group instead of P + 4T); rho lower.
+    The ledger's exactness against FlopCounterMode at epochs=0.5 is test_run_ledger_agrees_with_measurement."""
+    rows = {}
+    for epochs in ("1", "0.5"):
+        result = CliRunner().invoke(app, ["run", *ARGS, f"algo.epochs={epochs}", "--out", str(tmp_path / epochs)])
+        assert result.exit_code == 0, result.output
+        rows[epochs] = read(tmp_path / epochs)[1]  # the first step: same sampled batch (same seed, same weights)
+    whole, half = rows["1"], rows["0.5"]
+    assert (half["rollouts"], half["flops_search"], half["tokens_generated"]) == (whole["rollouts"], whole["flops_search"], whole["tokens_generated"])
+    assert 0.5 < half["flops_learning"] / whole["flops_learning"] < 0.8 and half["rho"] < whole["rho"]
+    bad = CliRunner().invoke(app, ["plan", "algo.epochs=1.5"])
+    assert bad.exit_code == 2 and "algo.epochs must be whole passes" in bad.output

@@ -1,6 +1,7 @@
 """The RACE pilot: a small iso-FLOP grid derived from the sweep the user would run at full scale.
 
-The pilot moves rho through updates per rollout batch (`algo.epochs` levels: each epoch adds a
+The pilot moves rho through updates per rollout batch (`algo.epochs` levels: a fraction below one
+learns from that share of each group's completions, lowering rho; each further epoch adds a
 forward and backward over the same rollouts while search stays put) at two of the sweep's n values
 (rho barely depends on n; the second n is a replicate that also samples the n axis), crosses them
 with every reward system of the sweep, and runs them to one to three small FLOP budgets read off
@@ -28,14 +29,14 @@ FIXED = ("n", "B_p", "seed")
 
 @dataclass
 class PilotSpec:
-    epochs: list[int] = field(default_factory=lambda: [1, 2, 4])  # allocation levels: algo.epochs values
+    epochs: list[float] = field(default_factory=lambda: [0.25, 0.5, 1, 2, 4])  # allocation levels: algo.epochs values, both sides of one epoch
     budgets: int = 3  # FLOP budgets read off the pilot's runs (1 to 3)
     share: float = 0.10  # target: pilot FLOPs / full sweep FLOPs
     cap: float = 0.25  # refuse above this share unless forced
 
     def check(self) -> None:
-        if not self.epochs or any(e < 1 for e in self.epochs) or len(set(self.epochs)) < 2:
-            raise ConfigError(f"--epochs needs two or more distinct values >= 1, got {self.epochs}")
+        if len(set(self.epochs)) < 2 or any(not e > 0 or (e > 1 and not float(e).is_integer()) for e in self.epochs):
+            raise ConfigError(f"--epochs needs two or more distinct levels: shares of each group below 1, whole epochs from 1, got {self.epochs}")
         if not 1 <= self.budgets <= 3:
             raise ConfigError(f"--budgets must be 1, 2 or 3, got {self.budgets}")
         if not 0 < self.cap <= 1:
@@ -95,10 +96,15 @@ def n_levels(values: list[int]) -> list[int]:
     return sorted({values[round(last / 3)], values[round(2 * last / 3)]})
 
 
-def axes_override(cfg: DictConfig, rewards: list[str], epochs: list[int]) -> str:
+def level(value: float) -> int | float:
+    """An epoch level as written: whole epochs as integers (their run ids and labels stay as they were)."""
+    return int(value) if float(value).is_integer() else float(value)
+
+
+def axes_override(cfg: DictConfig, rewards: list[str], epochs: list[float]) -> str:
     """`++grid.axes={...}`: every reward, the epoch levels, and every other axis at its first value."""
     axes = {k: [v[0]] for k, v in cfg.grid.axes.items() if k not in ("reward", "algo.epochs")}
-    axes.update({"reward": rewards, "algo.epochs": epochs})
+    axes.update({"reward": rewards, "algo.epochs": [level(e) for e in epochs]})
     return "++grid.axes={" + ",".join(f"{k}:[{','.join(str(v) for v in vals)}]" for k, vals in axes.items()) + "}"
 
 

@@ -41,10 +41,11 @@ def choose_reward(entries: list[dict], data: Data) -> tuple[str, str]:
     return reward, why
 
 
-def choose_epochs(regime: str, pilot_epochs: list[int], rho_of: dict[int, float] | None = None, optimum: float | None = None) -> list[int] | None:
+def choose_epochs(regime: str, pilot_epochs: list[float], rho_of: dict[float, float] | None = None,
+                  optimum: float | None = None) -> list[float] | None:
     """The epoch levels to sweep at full scale; `rho_of` (each level's median rho) and the optimum
     place an interior regime's levels: the nearest level below the optimum and the nearest above."""
-    levels = sorted(int(e) for e in pilot_epochs)
+    levels = sorted(pilot_mod.level(e) for e in pilot_epochs)
     if regime == SEARCH:
         return levels[:2]
     if regime == UPDATE:
@@ -78,9 +79,9 @@ def recommend(entries: list[dict], data: Data, config: str | None, overrides: li
     reward, reward_why = choose_reward(entries, data)
     entry = next(e for e in entries if e["reward"] == reward)
     regime = entry["rho_regime"]
-    pilot_epochs = sorted({int(e) for e in data.points["epochs"].dropna()})
+    pilot_epochs = sorted({pilot_mod.level(e) for e in data.points["epochs"].dropna()})
     pts = data.points[data.points["reward"] == reward]
-    rho_of = pts.dropna(subset=["epochs"]).groupby("epochs")["rho"].median().rename(int).to_dict()
+    rho_of = {pilot_mod.level(e): r for e, r in pts.dropna(subset=["epochs"]).groupby("epochs")["rho"].median().items()}
     epochs = choose_epochs(regime, pilot_epochs, rho_of, entry.get("optimum_rho")) if len(pilot_epochs) >= 2 else None
     chosen = pts[pts["epochs"].isin(epochs or [])] if epochs else pts
     rho = chosen["rho"] if not chosen.empty else pts["rho"]

@@ -215,34 +215,39 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
             with meter.count("reward"):
                 scores, reward_flops = reward([problems[i // n] for i in range(B_p * n)], rollouts.texts)
             batch = (rollouts, scores, reward_flops, time.process_time() + task.checking_cpu_s() - cpu if reward.rule_based else 0.0)
-        rollouts, scores, reward_flops, reward_cpu_s = group.broadcast(batch)
-        rewards = torch.tensor(scores).view(B_p, n)
-        seq, attn = rollouts.sequences.to(device), rollouts.attention_mask.to(device)
-        R, L = seq.shape
+        sampled, scores, reward_flops, reward_cpu_s = group.broadcast(batch)
+        group_rewards = torch.tensor(scores).view(B_p, n)
 
         # 3. Advantages within each prompt's group, one per completion: normalised by the group's
         #    std (grpo, cispo, ppo's outcome) or only mean-centred (dr_grpo). Optionally drop
-        #    all-equal groups. Token weights: how each mini-batch's per-token losses add up to one.
-        advantages = group_advantages(rewards, algo.adv_eps, scale=algo.name != "dr_grpo").flatten().to(device)
-        keep = (rewards.std(dim=1) > 0 if algo.filter_zero_variance and n > 1 else torch.ones(B_p, dtype=torch.bool)).repeat_interleave(n)
+        #    all-equal groups. A fractional algo.epochs learns from the first n_learn of each group's n
+        #    completions (exchangeable samples: a uniform subset), with the whole group's advantages.
+        #    Token weights: how each mini-batch's per-token losses add up to one.
+        epochs, n_learn = flops.epoch_plan(algo.epochs, n)
+        learned = torch.arange(B_p * n).view(B_p, n)[:, :n_learn].flatten()
+        advantages = group_advantages(group_rewards, algo.adv_eps, scale=algo.name != "dr_grpo").flatten()[learned].to(device)
+        keep = (group_rewards.std(dim=1) > 0 if algo.filter_zero_variance and n > 1 else torch.ones(B_p, dtype=torch.bool)).repeat_interleave(n_learn)
+        rollouts, rewards = (sampled.select(learned), group_rewards[:, :n_learn]) if n_learn < n else (sampled, group_rewards)
+        seq, attn = rollouts.sequences.to(device), rollouts.attention_mask.to(device)
+        R, L = seq.shape  # R = B_p * n_learn rows learned from
         mask = rollouts.completion_mask[:, 1:].float().to(device) * keep[:, None].to(device)
         #    Mini-batches, ranks and micro-batches split the batch along its prompt groups.
-        minibatches = [torch.arange(R).view(B_p, n)[g].flatten() for g in torch.arange(B_p).tensor_split(algo.minibatches)]
+        minibatches = [torch.arange(R).view(B_p, n_learn)[g].flatten() for g in torch.arange(B_p).tensor_split(algo.minibatches)]
         weights = torch.zeros_like(mask)
         for mb in minibatches:
             weights[mb] = token_weights(mask[mb], "constant" if algo.name == "dr_grpo" else algo.loss_agg, max_new_tokens)
-        micro_rows = max(1, learner.micro_batch // n) * n if learner.micro_batch else R
-        chunks = [group.mine(mb, n).split(micro_rows) for mb in minibatches]  # per mini-batch, this rank's micro-batches
+        micro_rows = max(1, learner.micro_batch // n_learn) * n_learn if learner.micro_batch else R
+        chunks = [group.mine(mb, n_learn).split(micro_rows) for mb in minibatches]  # per mini-batch, this rank's micro-batches
         #    The passes' layout: each micro-batch as one sequence (each prompt once, then its
         #    completions, no padding), or (learner.shared_prompt=false) the rows as they are.
         P, use_tree = rollouts.prompt_width, learner.shared_prompt
-        work = flops.tree_work(B_p, n, P, L, tree_tokens(rollouts.attention_mask, P, n)) if use_tree else flops.plain_work(R, L)
+        work = flops.tree_work(B_p, n_learn, P, L, tree_tokens(rollouts.attention_mask, P, n_learn)) if use_tree else flops.plain_work(R, L)
         passes = flops.update_passes(algo)
         old_pass = passes["old_policy"]
         learning_flops = flops.learning(shape, *work, logits=rollouts.tokens_generated, **passes)
 
         def layout(idx: torch.Tensor) -> Layout:
-            return Layout.tree(seq[idx], attn[idx], P, n) if use_tree else Layout.plain(seq[idx], attn[idx], P)
+            return Layout.tree(seq[idx], attn[idx], P, n_learn) if use_tree else Layout.plain(seq[idx], attn[idx], P)
 
         # 4. Log-probs the updates compare against, on this rank's rows: the reference (KL) and,
         #    when the batch is reused for more than one update or a value head needs its old
@@ -272,7 +277,7 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
         # 5. Updates: epochs over the batch, each in mini-batches; each rank its rows, in micro-batches.
         #    Clipped policy-gradient loss (times the truncated importance weight; + KL to the
         #    reference, - entropy bonus, + value loss), AdamW, clipped gradient norm.
-        for _ in range(algo.epochs):
+        for _ in range(epochs):
             for minibatch in chunks:
                 sums = torch.zeros(len(STATS), device=device)  # this mini-batch's statistics, summed over ranks below
                 optimizer.zero_grad(set_to_none=True)
@@ -310,13 +315,13 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
 
         # 6. Ledger: compute spent so far, in rollouts, generated tokens and FLOPs per part.
         ledger["rollouts"] += B_p * n
-        ledger["tokens_generated"] += rollouts.tokens_generated
-        ledger["flops_search"] += flops.generate(shape, R, rollouts.prompt_width, rollouts.generated_width, rollouts.prefill_rows)
+        ledger["tokens_generated"] += sampled.tokens_generated
+        ledger["flops_search"] += flops.generate(shape, B_p * n, sampled.prompt_width, sampled.generated_width, sampled.prefill_rows)
         ledger["flops_learning"] += learning_flops
         ledger["flops_reward"] += reward_flops
         ledger["reward_cpu_s"] += reward_cpu_s
-        since_eval["reward"].append(rewards.mean().item())
-        since_eval["zero_var"].append((rewards.std(dim=1) == 0).float().mean().item() if n > 1 else 1.0)
+        since_eval["reward"].append(group_rewards.mean().item())
+        since_eval["zero_var"].append((group_rewards.std(dim=1) == 0).float().mean().item() if n > 1 else 1.0)
 
         # 7. Evaluate at the compute checkpoints this step reached; save the training state every K steps.
         progress.step = step

@@ -38,6 +38,11 @@ class Rollouts:
     def tokens_generated(self) -> int:
         return int(self.completion_mask.sum())
 
+    def select(self, rows: torch.Tensor) -> "Rollouts":
+        """These rows only, in the same layout (the rows a fractional epoch learns from)."""
+        return replace(self, sequences=self.sequences[rows], attention_mask=self.attention_mask[rows], completion_mask=self.completion_mask[rows],
+                       logprobs=self.logprobs[rows], texts=[self.texts[i] for i in rows.tolist()], prefill_rows=min(self.prefill_rows, len(rows)))
+
 
 def make_sampler(cfg, policy, tokenizer, own_copy: bool = False):
     """The run's sampler (`sampler.name`): vLLM with its own engine, or HF generate on `policy`."""
