@@ -12,6 +12,7 @@ from rich.table import Table
 from isoflop_cli.config import check_writable
 from isoflop_cli.fit import data, methods, outputs, report
 from isoflop_cli.fit.data import FitSpec, FitWarning
+from isoflop_cli.fit.interference import load_problems
 
 
 @dataclass
@@ -35,7 +36,8 @@ def fit(paths: list[Path], spec: FitSpec, asked: list[str], out: Path | None) ->
     out = check_writable(out or default_out(paths[0]))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", FitWarning)
-        results = methods.run(df, spec, asked or methods.defaults(df, spec), explicit=bool(asked))
+        problems = load_problems(paths) if any(m in methods.NEEDS_PROBLEMS for m in asked) else None
+        results = methods.run(df, spec, asked or methods.defaults(df, spec), explicit=bool(asked), problems=problems)
         written, front = outputs.write(df, info, spec, results, out)
     notes = list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, FitWarning)))
     return Fitted(tables(results, spec, front), written, notes)

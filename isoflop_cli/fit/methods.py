@@ -10,6 +10,7 @@ import pandas as pd
 from isoflop_cli.config import ConfigError
 from isoflop_cli.fit.allocation import fixed_batch_method, frontier_method
 from isoflop_cli.fit.data import FitSpec, FitWarning, MethodResult, compute_unit, usable, warn
+from isoflop_cli.fit.interference import interference_method
 from isoflop_cli.fit.parametric import parametric_method
 from isoflop_cli.fit.scalerl import scalerl_method
 from isoflop_cli.fit.slices import slices_method
@@ -20,7 +21,9 @@ METHODS: dict[str, Callable[[pd.DataFrame, FitSpec], MethodResult]] = {
     "scalerl": scalerl_method,
     "isoflop-slices": slices_method,
     "parametric": parametric_method,
+    "interference": interference_method,  # also reads the per-problem records (problems.parquet)
 }
+NEEDS_PROBLEMS = ("interference",)
 
 
 def check(spec: FitSpec, methods: list[str]) -> None:
@@ -43,6 +46,8 @@ def columns(method: str, spec: FitSpec) -> list[str]:
         return [spec.size_col, spec.tokens_col or spec.compute_col, spec.metric]
     if method == "fixed-batch":
         return [spec.metric, spec.compute, "n", "B_p"]
+    if method == "interference":
+        return ["step", spec.axis, spec.compute]
     return [spec.metric, spec.axis, spec.compute]
 
 
@@ -54,9 +59,10 @@ def defaults(df: pd.DataFrame, spec: FitSpec) -> list[str]:
     return chosen
 
 
-def run(df: pd.DataFrame, spec: FitSpec, methods: list[str], explicit: bool) -> dict[str, MethodResult]:
-    """Fit each method on its usable rows. A method that cannot fit is an error when asked for by
-    name, and a warning when it was only a default (the empirical frontier still gets written)."""
+def run(df: pd.DataFrame, spec: FitSpec, methods: list[str], explicit: bool, problems: pd.DataFrame | None = None) -> dict[str, MethodResult]:
+    """Fit each method on its usable rows (and `problems`, the per-problem records, where it reads
+    them). A method that cannot fit is an error when asked for by name, and a warning when it was
+    only a default (the empirical frontier still gets written)."""
     results = {}
     for method in methods:
         result, failure = None, None
@@ -65,7 +71,7 @@ def run(df: pd.DataFrame, spec: FitSpec, methods: list[str], explicit: bool) -> 
             warnings.simplefilter("ignore", RuntimeWarning)  # overflow inside trial steps; convergence is reported per fit
             data = usable(df, columns(method, spec), method)
             try:
-                result = METHODS[method](data, spec)
+                result = METHODS[method](data, spec, problems) if method in NEEDS_PROBLEMS else METHODS[method](data, spec)
             except ConfigError as e:
                 if explicit:
                     raise

@@ -164,3 +164,43 @@ def parametric_plot(result: MethodResult, out: Path) -> list[Path]:
            title=f"E={p['E']:.3g}, A={p['A']:.4g}, B={p['B']:.4g}, alpha={p['alpha']:.3f}, beta={p['beta']:.3f}")
     ax.title.set_fontsize(8)
     return save(fig, out)
+
+
+BANDS = {  # pass-rate bands of a validation problem at one eval point
+    "never right": lambda r: r == 0,
+    "below 0.5": lambda r: (r > 0) & (r < 0.5),
+    "0.5 and up": lambda r: (r >= 0.5) & (r < 1),
+    "always right": lambda r: r == 1,
+}
+
+
+def interference_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
+    """Per axis value, how the validation problems' pass rates spread over training (the share of
+    problems in each pass-rate band at each compute, over its runs), and the shares that fell or
+    regressed against the axis, with their bootstrap intervals."""
+    rates = result.frames["rates"]
+    values = sorted(rates[spec.axis].unique())
+    fig, axes = plt.subplots(1, len(values) + 1, figsize=(3.4 * (len(values) + 1), 3.4), dpi=120, squeeze=False)
+    colours = ["#c44e52", "#dd8452", "#8fbf7f", "#2f7f4f"]
+    for ax, value in zip(axes[0], values):
+        sub = rates[rates[spec.axis] == value]
+        by_compute = sub.groupby(spec.compute)["rate"]
+        shares = np.array([[test(g).mean() for test in BANDS.values()] for _, g in by_compute])
+        compute = np.array(sorted(sub[spec.compute].unique()), float)
+        x = np.maximum(compute, compute[compute > 0].min() / 2 if (compute > 0).any() else 1.0)  # the base point left of the first
+        ax.stackplot(x, shares.T, colors=colours, labels=list(BANDS))
+        ax.set(xscale="log", ylim=(0, 1), title=f"{spec.axis}={plain(value)}", xlabel=spec.compute)
+    axes[0][0].set_ylabel("share of validation problems")
+    axes[0][0].legend(fontsize=7, loc="lower left")
+    ax = axes[0][-1]
+    per_value = result.entry["per_value"]
+    xs = np.array([v[spec.axis] for v in per_value], float)
+    for share, colour in (("fell", "#dd8452"), ("regressed", "#c44e52")):
+        ys = np.array([v[share] for v in per_value], float)
+        err = np.array([[y - (v[f"{share}_interval90"] or [y, y])[0], (v[f"{share}_interval90"] or [y, y])[1] - y] for y, v in zip(ys, per_value)]).T
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=colour, label=share)
+    ax.set(xscale="log", xlabel=spec.axis, ylabel="share per eval interval",
+           title=f"up to {spec.compute} {result.entry['compute_upto']:.3g}")
+    plain_ticks(ax.xaxis)
+    ax.legend(fontsize=7)
+    return save(fig, out)

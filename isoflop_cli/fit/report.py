@@ -15,6 +15,7 @@ FORMS = {
     "scalerl": "R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)",
     "isoflop-slices": "{axis}* = coef * C^exponent",
     "parametric": "L(N, D) = E + A / N^alpha + B / D^beta",
+    "interference": "per eval interval: shares of problems whose pass rate rose / fell, and of once-solved ones that regressed; slopes against log2 {axis}",
 }
 
 
@@ -39,6 +40,9 @@ def extra_rows(method: str, entry: dict) -> list[tuple[str, str, str, str]]:
     if method == "parametric":
         ex = entry["exponents"]
         return [(f"{k} (N_opt ~ C^a, D_opt ~ C^b)" if k == "a" else k, fmt(v), "-", _interval(ex["interval90"].get(k))) for k, v in ex["params"].items()]
+    if method == "interference":
+        axis = entry["axis"]
+        return [(f"{axis}={fmt(v[axis])}: {s}", fmt(v[s]), "-", _interval(v[f"{s}_interval90"])) for v in entry["per_value"] for s in ("fell", "regressed")]
     if method == "isoflop-slices" and entry["sigmoid"]:
         s = entry["sigmoid"]
         return [(f"sigmoid {k}", fmt(v), fmt(s["median"].get(k)), _interval(s["interval90"].get(k))) for k, v in s["params"].items()]
@@ -64,6 +68,10 @@ def summary(method: str, entry: dict, spec: FitSpec) -> str:
         parts.append(f"preferred law: {entry['preferred']}")
     if method == "parametric":
         parts.append(f"Huber objective {entry['objective']:.6g} over {entry['rows']} rows")
+    if method == "interference":
+        fewer = entry["fewer_regressions_with_larger_n"]
+        parts.append(f"up to {spec.compute} {entry['compute_upto']:.4g}: " + ("a larger " + spec.axis + " means fewer regressions" if fewer
+                     else "a larger " + spec.axis + " means more regressions" if fewer is False else f"no trend of regressions in {spec.axis} (the slope's interval covers 0)"))
     return "; ".join(parts)
 
 
