@@ -6,7 +6,8 @@ finished slices and submits the rest. The results are then merged into `DIR/<nam
 - `calibration.parquet`: problem_id (the row in the file), prompt, answer, pass_rate, samples,
   mean_response_tokens;
 - `easy.parquet`, `hard.parquet`: the file's own rows (verl's schema as it came) whose pass rate is
-  in `calibrate.easy` / `calibrate.hard` (bounds included);
+  in `calibrate.easy` / `calibrate.hard` (bounds included), plus `calibrated_response_tokens` (the
+  base model's mean response length on each), from which `plan` predicts a sweep's FLOPs on them;
 - `calibration.png` / `.svg`: the histogram of pass rates with both bands;
 - the summary: problems per band, their mean response length, and the predicted FLOPs of the
   sweep on each set (at the config's length bounds, and at the measured mean response length).
@@ -25,7 +26,7 @@ from omegaconf import DictConfig
 from isoflop_cli import config as config_mod
 from isoflop_cli import grid as grid_mod
 from isoflop_cli.store import FINISHED, SweepDir, atomic_write, write_json
-from isoflop_cli.tasks.dataset import read_rows, records
+from isoflop_cli.tasks.dataset import CALIBRATED, read_rows, records
 
 RESULT = "calibration.parquet"
 
@@ -89,7 +90,8 @@ def merge(cfg: DictConfig, dest: SweepDir, config: str | None, overrides: list[s
     for band in (Band("easy", *cfg.calibrate.easy), Band("hard", *cfg.calibrate.hard)):
         chosen = df[band.holds(df["pass_rate"])] if not df.empty else df
         path = dest.path / f"{band.name}.parquet"
-        atomic_write(path, pd.DataFrame([source[i] for i in chosen["problem_id"]]).to_parquet(index=False) if len(chosen) else pd.DataFrame().to_parquet())
+        subset = pd.DataFrame([source[i] for i in chosen["problem_id"]]).assign(**{CALIBRATED: chosen["mean_response_tokens"].to_numpy()})
+        atomic_write(path, subset.to_parquet(index=False) if len(chosen) else pd.DataFrame().to_parquet())
         tokens = float(chosen["mean_response_tokens"].mean()) if len(chosen) else None
         summary["bands"].append({"name": band.name, "range": [band.low, band.high], "problems": len(chosen), "path": str(path),
                                  "mean_response_tokens": tokens, **_sweep_flops(config, overrides, path, tokens)})

@@ -56,10 +56,13 @@ def user_errors() -> Iterator[None]:
 
 
 def _load(config: Optional[str], overrides: Optional[list[str]], out: Path):
-    """The config and its cells; FLOP predictions are scaled by the sweep's finished runs in OUT, if any."""
+    """The config and its cells; FLOP predictions are scaled by the sweep's finished runs in OUT, if
+    any, else by the response lengths calibrate measured on the problem set, if it did."""
     overrides = list(overrides or [])
     cfg = config_mod.load(config, overrides)
     scale = SweepDir(out / cfg.name).flops_scale()
+    if cfg.model.name not in scale and (calibrated := grid_mod.calibrated_scale(cfg)):
+        scale[cfg.model.name] = calibrated
     cells = grid_mod.expand(cfg, recompose=lambda extra: config_mod.load(config, overrides + extra), flops_scale=scale)
     return cfg, cells
 

@@ -129,6 +129,17 @@ def _step_flops(cfg, n: int, B_p: int, shapes: _Shapes | None = None) -> tuple[f
     return search, learning, reward
 
 
+def calibrated_scale(cfg: DictConfig) -> float | None:
+    """Step FLOPs at the base model's measured mean response length over those at
+    task.max_new_tokens, for a problem set `isoflop calibrate` wrote; None for any other task: the
+    plan's first estimate of a sweep on a calibrated set, before any run of it has finished."""
+    tokens = getattr(tasks.make(cfg.task), "response_tokens", None)
+    if not tokens or tokens >= cfg.task.max_new_tokens:
+        return None
+    expected = config.with_values(cfg, {"task.max_new_tokens": max(1, math.ceil(tokens))}, checked=False)
+    return sum(step_flops(expected)) / sum(step_flops(cfg))
+
+
 def plan_run(cfg: DictConfig, flops_scale: float = 1.0) -> RunPlan:
     """The plan of the run `cfg` describes (its n, B_p) under the sweep's budgets; raises if infeasible.
 

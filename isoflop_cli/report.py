@@ -46,7 +46,8 @@ def plan_table(cfg, cells: list[Cell]) -> Group:
     budgets = ", ".join(f"{b:.4g}" for b in cfg.grid.budgets)
     table = Table(title=f"sweep '{cfg.name}': {len(feasible)} feasible cells of {len(cells)}, budgets [{budgets}] {BudgetUnit(cfg.grid.budget.unit).value}",
                   caption="M, rollouts and FLOPs (search, learn, reward) predicted from max prompt and response lengths "
-                          "(scaled by finished runs where the sweep has them); B = B_p * n and more in `plan --json`")
+                          "(scaled by finished runs where the sweep has them, else by calibrated response lengths); "
+                          "B = B_p * n and more in `plan --json`")
     # Compact numbers and no derivable column, so a grid of the default's axes fits 80 columns.
     seeds = len(cfg.grid.seed) > 1
     for col in ["n", "B_p", *(["seed"] if seeds else []), *extra, "M", "evals", "rollouts", "lr", "search", "learn", "reward", "rho"]:

@@ -54,11 +54,24 @@ def test_merge_cuts_bands_from_the_files_own_rows(tmp_path, sums):
         got = pd.read_parquet(tmp_path / "cal" / f"{band}.parquet")
         want = [i for i in range(200) if low <= rates[i] <= high]
         assert [int(r["index"]) for r in got["extra_info"]] == want  # the file's own rows, verl schema kept
-        assert list(got.columns) == list(source.columns)
         entry = next(b for b in summary["bands"] if b["name"] == band)
         assert entry["problems"] == len(want) and entry["mean_response_tokens"] == 3.0
+        assert list(got.columns) == [*source.columns, "calibrated_response_tokens"] and (got["calibrated_response_tokens"] == 3.0).all()
     assert (tmp_path / "cal" / "calibration.png").exists() and (tmp_path / "cal" / "calibration.svg").exists()
+    # plan predicts a sweep on a calibrated set at the measured response length (3 tokens, not 6)
+    from isoflop_cli.grid import calibrated_scale, step_flops
+
+    on_easy = [*overrides, f"task.train={tmp_path / 'cal' / 'easy.parquet'}", "task.val_fraction=0.5", "eval.problems=2"]
+    scale = calibrated_scale(config.load(None, on_easy))
+    assert scale == pytest.approx(sum(step_flops(config.load(None, [*on_easy, "task.max_new_tokens=3"]))) / sum(step_flops(config.load(None, on_easy))))
+    assert 0 < scale < 1 and calibrate_scale_is_none(overrides)
     assert json.loads((tmp_path / "cal" / "summary.json").read_text())["calibrated"] == 200
+
+
+def calibrate_scale_is_none(overrides) -> bool:
+    from isoflop_cli.grid import calibrated_scale
+
+    return calibrated_scale(config.load(None, overrides)) is None  # an uncalibrated file: no scale
 
 
 def test_bad_calibration_input_exits_2(tmp_path, sums):

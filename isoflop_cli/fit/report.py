@@ -15,7 +15,7 @@ FORMS = {
     "scalerl": "R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)",
     "isoflop-slices": "{axis}* = coef * C^exponent",
     "parametric": "L(N, D) = E + A / N^alpha + B / D^beta",
-    "interference": "per eval interval: shares of problems whose pass rate rose / fell, and of once-solved ones that regressed; slopes against log2 {axis}",
+    "interference": "per eval interval: shares of problems whose pass rate rose / fell, and of those solved at its start that regressed; slopes against log2 {axis}",
 }
 
 
@@ -71,7 +71,8 @@ def summary(method: str, entry: dict, spec: FitSpec) -> str:
     if method == "interference":
         fewer = entry["fewer_regressions_with_larger_n"]
         parts.append(f"up to {spec.compute} {entry['compute_upto']:.4g}: " + ("a larger " + spec.axis + " means fewer regressions" if fewer
-                     else "a larger " + spec.axis + " means more regressions" if fewer is False else f"no trend of regressions in {spec.axis} (the slope's interval covers 0)"))
+                     else "a larger " + spec.axis + " means more regressions" if fewer is False else f"no trend of regressions in {spec.axis}")
+                     + (f" (permutation p = {entry['trend_p_value']:.2g})" if entry.get("trend_p_value") is not None else f" (one {spec.axis} value)"))
     return "; ".join(parts)
 
 

@@ -26,6 +26,7 @@ from isoflop_cli.tasks.base import Problem, Task, TaskError, Verdict, in_validat
 from isoflop_cli.tasks.verifiers import VERIFIERS
 
 Messages = tuple[tuple[str, str], ...]  # (role, content) pairs
+CALIBRATED = "calibrated_response_tokens"  # the column `isoflop calibrate` adds to the sets it writes
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Row:
     index: int  # the row in its file
     prompt: str | Messages
     answer: str
+    response_tokens: float | None = None  # the base model's mean response length, where calibrate measured it
 
     def text(self) -> str:
         """The prompt's words, for hashing into a split and for plain-text prompts."""
@@ -87,6 +89,13 @@ class DatasetTask(Task):
     @property
     def max_prompt_tokens(self) -> int:
         return self.prompt_limit
+
+    @property
+    def response_tokens(self) -> float | None:
+        """The base model's mean response length on the training problems, where every one of them
+        was calibrated (a set `isoflop calibrate` wrote); None otherwise."""
+        measured = [r.response_tokens for r in self.rows_of["train"]]
+        return sum(measured) / len(measured) if measured and None not in measured else None
 
     def where(self, split: str) -> str:
         if split == "val" and self.val:
@@ -255,7 +264,9 @@ def _row(index: int, record: Any, where: str, prompt_key: str, answer_key: str) 
         raise TaskError(f"{where}: no '{prompt_key}' (set task.prompt_key to the prompt's column)")
     if answer is _MISSING or answer is None:
         raise TaskError(f"{where}: no '{answer_key}' (set task.answer_key to the answer's column, dotted for nested ones)")
-    return Row(index=index, prompt=_prompt(prompt, where, prompt_key), answer=_answer(answer, where, answer_key))
+    measured = record.get(CALIBRATED)
+    tokens = float(measured) if isinstance(measured, (int, float)) and not isinstance(measured, bool) and measured > 0 else None
+    return Row(index=index, prompt=_prompt(prompt, where, prompt_key), answer=_answer(answer, where, answer_key), response_tokens=tokens)
 
 
 def _prompt(value: Any, where: str, key: str) -> str | Messages:
