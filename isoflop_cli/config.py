@@ -213,6 +213,10 @@ class ClusterConfig:
     local_cpus: Optional[int] = None  # CPUs a local head offers (default: all of this machine)
     max_concurrent: Optional[int] = None  # jobs in flight (default: what the resources allow)
     python: Optional[str] = None  # interpreter on the nodes (default: this one)
+    # Jobs per run in one sweep: a job that fails for a reason that may pass (a lost node, a killed
+    # process, an OOM) is resubmitted after a wait and resumes from its checkpoint; a user error
+    # (exit 2) or the same error twice is not. 1: never retry.
+    max_attempts: int = 3
     poll_s: float = 1.0
 
 
@@ -508,6 +512,7 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
     c = cfg.cluster
     positive("cluster.cpus_per_run", c.cpus_per_run)
     positive("cluster.poll_s", c.poll_s)
+    positive("cluster.max_attempts", c.max_attempts)
     if not (math.isfinite(c.gpus_per_run) and c.gpus_per_run >= 0):
         raise ConfigError(f"cluster.gpus_per_run must be >= 0, got {c.gpus_per_run}")
     for key in ("local_cpus", "max_concurrent"):

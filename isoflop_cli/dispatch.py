@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from isoflop_cli.config import ConfigError
 from isoflop_cli.head import HeadError
 from isoflop_cli.schedule import Schedule, decide
-from isoflop_cli.store import FAILED, FINISHED, PAUSED, STOPPED, SUBMITTED, SweepDir, atomic_write
+from isoflop_cli.store import FAILED, FINISHED, PAUSED, RETRYING, STOPPED, SUBMITTED, SweepDir, atomic_write
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 # Set in a job's environment: `isoflop run` then dies with the job supervisor that started it, so
@@ -36,6 +36,8 @@ EXIT_WITH_PARENT = "ISOFLOP_EXIT_WITH_PARENT"
 
 
 LOCK_FILE = ".lock"
+USER_ERROR = 2  # the exit code of `isoflop run` for bad input: the same input fails again
+RETRY_WAIT_S = (2.0, 60.0)  # first wait before a resubmission, doubled each time up to the second
 # How long the head may fail to answer before the sweep says it is lost (a busy head answers late).
 HEAD_GRACE_S = 15.0
 
@@ -84,6 +86,13 @@ def _holder(lock: Path) -> str:
         return "another isoflop process"
 
 
+def should_retry(tries: int, max_attempts: int, exit_code: int | None, reason: str, earlier: list[str]) -> bool:
+    """Whether a failed job is worth another attempt: attempts are left, it was not a user error
+    (exit 2: the config or data is wrong, and stays wrong), and it did not fail the same way before
+    (a deterministic error repeats; a lost node or a killed process does not)."""
+    return tries < max_attempts and exit_code != USER_ERROR and reason not in earlier
+
+
 def check_cluster(cluster: DictConfig) -> None:
     """Before anything is written: the cluster answers at its address, or a local head has what a
     job asks for (a job asking for more would wait forever)."""
@@ -113,6 +122,7 @@ class Dispatcher:
     on_poll: Callable[[], None] = lambda: None
     active: dict[str, str] = field(default_factory=dict)  # run_id -> submission_id
     failed: set[str] = field(default_factory=set)  # runs that failed in this dispatch: not submitted again in it
+    tries: dict[str, int] = field(default_factory=dict)  # jobs submitted per run in this dispatch (cluster.max_attempts bounds it)
     head_grace_s: float = HEAD_GRACE_S  # a head that does not answer for this long is lost
     command: str = "run"  # the isoflop command each job runs on its directory (calibrate-shard for calibration)
 
@@ -193,6 +203,7 @@ class Dispatcher:
         the capacity allows; reattach to jobs a killed CLI left running."""
         cells = manifest["cells"]
         queue = [rid for rid, c in cells.items() if "stopped_at" not in c and rid not in self.failed and not self._reached(rid, pause_at)]
+        waiting: dict[str, float] = {}  # runs to resubmit after a failure -> when (monotonic)
         for rid in list(queue):
             sid = cells[rid].get("submission_id")
             if sid and self._job_status(sid) in ("PENDING", "RUNNING"):
@@ -200,7 +211,10 @@ class Dispatcher:
                 queue.remove(rid)
         self.sweep.write_manifest(manifest)
         limit = self.capacity(len(cells))
-        while queue or self.active:
+        while queue or self.active or waiting:
+            for rid in [r for r, when in waiting.items() if time.monotonic() >= when]:
+                del waiting[rid]
+                queue.append(rid)  # its checkpoint is where the new job resumes
             while queue and len(self.active) < limit:
                 rid = queue.pop(0)
                 self.active[rid] = self._submit(rid, cells[rid], pause_at)
@@ -216,12 +230,20 @@ class Dispatcher:
                     elif job_state == "SUCCEEDED" and self.sweep.run(rid).status().get("state") == PAUSED:
                         queue.append(rid)  # a reattached job that paused at an earlier budget
                     else:
-                        cells[rid]["state"] = FAILED
-                        cells[rid]["error"] = self._failure(rid, sid, job_state)
-                        self.failed.add(rid)
+                        reason = self._failure(rid, sid, job_state)
+                        earlier = [a["reason"] for a in cells[rid].get("failures", [])]
+                        cells[rid].setdefault("failures", []).append({"attempt": cells[rid].get("attempts", 0), "reason": reason, "at": time.time()})
+                        if should_retry(self.tries.get(rid, 0), self.cluster.max_attempts, self._exit_code(sid), reason, earlier):
+                            cells[rid]["state"] = RETRYING
+                            wait = min(RETRY_WAIT_S[0] * 2 ** (self.tries[rid] - 1), RETRY_WAIT_S[1])
+                            waiting[rid] = time.monotonic() + wait
+                        else:
+                            cells[rid]["state"] = FAILED
+                            cells[rid]["error"] = reason
+                            self.failed.add(rid)
                     self.sweep.write_manifest(manifest)
             self.on_poll()
-            if queue or self.active:
+            if queue or self.active or waiting:
                 time.sleep(self.cluster.poll_s)
 
     def _stop_behind(self, manifest: dict, schedule: dict, budget: float) -> None:
@@ -244,6 +266,7 @@ class Dispatcher:
         files = self.sweep.run(run_id)
         attempt = cell.get("attempts", 0) + 1
         cell["attempts"] = attempt
+        self.tries[run_id] = self.tries.get(run_id, 0) + 1
         python = self.cluster.python or sys.executable
         # exec: the run is the job's process, so it ends with its job (see EXIT_WITH_PARENT).
         command = [python, "-m", "isoflop_cli", self.command, "--config", str(files.config), "--out", str(files.dir)]
@@ -271,6 +294,13 @@ class Dispatcher:
         try:
             return str(self._ask(self.client.get_job_status, submission_id).value)
         except RuntimeError:
+            return None
+
+    def _exit_code(self, submission_id: str) -> int | None:
+        """The job's driver exit code, where the cluster still knows the job."""
+        try:
+            return self.client.get_job_info(submission_id).driver_exit_code
+        except Exception:  # a lost job, an older Ray
             return None
 
     def _save_log(self, run_id: str, submission_id: str) -> None:

@@ -12,9 +12,9 @@ from rich.text import Text
 
 from isoflop_cli.config import BudgetUnit
 from isoflop_cli.grid import Cell
-from isoflop_cli.store import FAILED, FINISHED, KILLED, PAUSED, PENDING, RUNNING, STOPPED, SweepDir
+from isoflop_cli.store import FAILED, FINISHED, KILLED, PAUSED, PENDING, RETRYING, RUNNING, STOPPED, SweepDir
 
-STATE_STYLE = {"finished": "green", "running": "cyan", "submitted": "yellow", "failed": "red", "stopped": "magenta", "killed": "red", "paused": "blue"}
+STATE_STYLE = {"finished": "green", "running": "cyan", "submitted": "yellow", "failed": "red", "stopped": "magenta", "killed": "red", "paused": "blue", "retrying": "yellow"}
 
 
 def run_columns(cell: Cell) -> dict[str, Any]:
@@ -134,6 +134,8 @@ def run_state(sweep: SweepDir, run_id: str, cell: dict) -> tuple[str, str]:
     own, known = status.get("state", PENDING), cell.get("state", PENDING)
     if known in (FAILED, STOPPED):
         return known, cell.get("error") or files.failure_reason() or ""
+    if known == RETRYING:
+        return RETRYING, f"attempt {cell.get('attempts', 0)} failed ({cell['failures'][-1]['reason']}); resubmitting, it resumes from its checkpoint"
     if "stopped_at" in cell:
         return PAUSED, cell.get("why", "")
     if own == PAUSED:
@@ -164,6 +166,9 @@ def sweep_table(sweep: SweepDir) -> Group:
         done += state == FINISHED
         if why and state != FINISHED:
             reasons.append(Text(f"{state} {run_id}: {why}", style=STATE_STYLE.get(state, "white")))
+        elif state == FINISHED and cell.get("failures"):
+            earlier = "; ".join(f"attempt {f['attempt']}: {f['reason']}" for f in cell["failures"])
+            reasons.append(Text(f"finished {run_id} after {len(cell['failures'])} failed attempt(s): {earlier}", style="dim"))
         rows = files.read_metrics() if state != PENDING else []
         last = rows[-1] if rows else {}
         step = cell["M"] if state == FINISHED else status.get("step", 0)

@@ -39,6 +39,7 @@ MANIFEST = "manifest.json"
 PENDING, SUBMITTED, RUNNING, FINISHED, FAILED, STOPPED = "pending", "submitted", "running", "finished", "failed", "stopped"
 PAUSED = "paused"  # an adaptive sweep's cell stopped at a budget, its checkpoint kept to continue from
 KILLED = "killed"  # shown by `status` only: marked running, its process gone
+RETRYING = "retrying"  # its job failed for a reason that may pass (a lost node, a killed process): resubmitted after a wait
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:

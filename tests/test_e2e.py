@@ -243,3 +243,27 @@ def test_adaptive_sweep_pauses_cells_behind_the_frontier_and_a_full_sweep_contin
     full = pd.read_parquet(sweep_dir / "results.parquet")
     assert len(full) == expected_rows(sweep_dir) and not full.duplicated(["run_id", "step"]).any()
     assert_head_stopped(sweep_dir)
+
+
+def test_a_killed_run_is_retried_by_itself_and_resumes_from_its_checkpoint(tmp_path):
+    """SIGKILL a run's process mid-run: the sweep resubmits it on its own (cluster.max_attempts),
+    the new job resumes from the checkpoint, and the sweep ends with every eval point once."""
+    args = [sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(tmp_path), "grid.n=[4]", "grid.B_p=[4]", "grid.budgets=[512]",
+            "grid.eval_points=4", "eval.problems=16", "eval.samples=4", "checkpoint.every=4"]
+    sweep_dir = tmp_path / "default"
+    cli = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = {}
+    wait_for(lambda: seen.setdefault("run", running_run(sweep_dir, past_step=6)) or seen.clear(), 300, "a run past its first checkpoint")
+    status = json.loads((sweep_dir / "runs" / seen["run"] / "status.json").read_text())
+    os.kill(status["pid"], signal.SIGKILL)
+    out, err = cli.communicate(timeout=600)
+    assert cli.returncode == 0, out + err
+    cell = json.loads((sweep_dir / "manifest.json").read_text())["cells"][seen["run"]]
+    assert cell["state"] == "finished" and cell["attempts"] == 2 and len(cell["failures"]) == 1, cell
+    assert "resumed from the checkpoint at step" in (sweep_dir / "runs" / seen["run"] / "job.log").read_text()
+    df = pd.read_parquet(sweep_dir / "results.parquet")
+    assert len(df) == expected_rows(sweep_dir) and not df.duplicated(["run_id", "step"]).any()
+    shown = subprocess.run([sys.executable, "-m", "isoflop_cli", "status", str(sweep_dir)], capture_output=True, text=True).stdout
+    assert "after 1 failed attempt(s)" in " ".join(shown.split())
+    assert_head_stopped(sweep_dir)
+

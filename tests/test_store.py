@@ -31,3 +31,13 @@ def test_collect_only_finished_runs(tmp_path):
     assert df["run_id"].tolist() == ["a", "a"] and df["n"].tolist() == [2, 2]
     assert list(df.columns[:3]) == ["run_id", "n", "B_p"]
     assert (tmp_path / "results.parquet").exists()
+
+
+def test_retry_decisions():
+    from isoflop_cli.dispatch import should_retry
+
+    assert should_retry(1, 3, -9, "job ended FAILED: killed", [])  # a killed process: once more
+    assert not should_retry(3, 3, -9, "killed", [])  # no attempts left
+    assert not should_retry(1, 3, 2, "error: task.train x does not exist", [])  # a user error stays one
+    assert not should_retry(2, 3, 1, "ValueError: boom", ["ValueError: boom"])  # the same error twice is deterministic
+    assert not should_retry(1, 1, -9, "killed", [])  # cluster.max_attempts=1: never
