@@ -124,6 +124,21 @@ def sweep(
         raise typer.Exit(1)
 
 
+@contextlib.contextmanager
+def dispatch_errors() -> Iterator[None]:
+    """While jobs run: Ctrl-C or SIGTERM (`kill` stops the jobs like Ctrl-C does) leaves the work
+    resumable and exits 130; a lost Ray head is one line and exit 1."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    except KeyboardInterrupt:
+        err.print("interrupted: jobs stopped; rerun the same command to resume")
+        raise typer.Exit(130) from None
+    except HeadError as e:
+        err.print(Text.assemble(("error: ", "bold red"), str(e)), soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
 def _dispatch(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell]) -> tuple[pd.DataFrame, dict[str, str]]:
     """Prepare the sweep dir, run every unfinished cell as a Ray job under a live table, collect
     results.parquet. Returns the results and the runs that did not finish, with why (printed too).
@@ -135,16 +150,8 @@ def _dispatch(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell]) -> tuple[pd.
         prepare(sweep_dir, cfg, cells)
         table = lambda: report.sweep_table(sweep_dir)  # noqa: E731
         console.print(f"sweep dir: {sweep_dir.path}")
-        signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the jobs like Ctrl-C does
-        try:
-            with ray_cluster(cfg.cluster, sweep_dir.path) as address, Live(table(), console=console, refresh_per_second=2) as live:
-                states = Dispatcher(sweep_dir, cfg.cluster, address, on_poll=lambda: live.update(table())).run()
-        except KeyboardInterrupt:
-            err.print("interrupted: jobs stopped; rerun the same command to resume")
-            raise typer.Exit(130) from None
-        except HeadError as e:
-            err.print(Text.assemble(("error: ", "bold red"), str(e)), soft_wrap=True)
-            raise typer.Exit(1) from None
+        with dispatch_errors(), ray_cluster(cfg.cluster, sweep_dir.path) as address, Live(table(), console=console, refresh_per_second=2) as live:
+            states = Dispatcher(sweep_dir, cfg.cluster, address, on_poll=lambda: live.update(table())).run()
         console.print()
         df = sweep_dir.collect()
         failed = {rid: sweep_dir.manifest()["cells"][rid].get("error", "") for rid, s in states.items() if s not in (FINISHED, PAUSED)}
@@ -253,19 +260,11 @@ def calibrate(
         manifest = cal.prepare(cfg, dest)
         console.print(f"calibrating {manifest['rows']:,} problems of {cfg.task.train}: {cfg.calibrate.samples} samples each, "
                       f"{len(manifest['cells'])} job(s) of {cfg.calibrate.shard} -> {dest.path}", soft_wrap=True)
-        signal.signal(signal.SIGTERM, _interrupt)
         columns = (TextColumn("jobs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        try:
-            with ray_cluster(cfg.cluster, dest.path) as address, Progress(*columns, console=console) as progress:
-                bar = progress.add_task("calibrate", total=len(manifest["cells"]), completed=cal.finished_slices(dest))
-                states = Dispatcher(dest, cfg.cluster, address, command="calibrate-shard",
-                                    on_poll=lambda: progress.update(bar, completed=cal.finished_slices(dest))).run()
-        except KeyboardInterrupt:
-            err.print("interrupted: jobs stopped; rerun the same command to resume")
-            raise typer.Exit(130) from None
-        except HeadError as e:
-            err.print(Text.assemble(("error: ", "bold red"), str(e)), soft_wrap=True)
-            raise typer.Exit(1) from None
+        with dispatch_errors(), ray_cluster(cfg.cluster, dest.path) as address, Progress(*columns, console=console) as progress:
+            bar = progress.add_task("calibrate", total=len(manifest["cells"]), completed=cal.finished_slices(dest))
+            states = Dispatcher(dest, cfg.cluster, address, command="calibrate-shard",
+                                on_poll=lambda: progress.update(bar, completed=cal.finished_slices(dest))).run()
         summary = cal.merge(cfg, dest, config, overrides)
     console.print(report.calibration_table(summary))
     console.print(f"wrote {dest.path / cal.RESULT}, easy.parquet, hard.parquet, calibration.png/.svg, summary.json", soft_wrap=True)

@@ -150,3 +150,13 @@ def test_a_healthy_law_is_reliable_and_notes_the_grid_edge(fitted):
     notes = doubts("frontier", fitted.entry, FitSpec(bootstrap=20, seed=1))
     assert all(not grave for _, grave in notes)
     assert [m for m, _ in notes] == ["frontier: lower at the fit's bounds: n* at the smallest budgets is the grid's smallest n; the optimum may lie below the grid"]
+
+
+def test_most_resamples_at_a_bound_is_flagged():
+    """A parameter the data fit places but most resamples pin at a bound: its interval is the bound's."""
+    from isoflop_cli.fit.methods import doubts
+
+    entry = {"params": {"lower": 2.0, "upper": 5.0, "midpoint": 3.0, "slope": 4.0}, "at_bound": [],
+             "interval90": {"slope": [2.0, 100.0]}, "bootstrap": {"at_bound_share": {"lower": 0.9, "upper": 0.1, "midpoint": 0.0, "slope": 0.7}}}
+    [(message, grave)] = doubts("frontier", entry, FitSpec(bootstrap=20))
+    assert grave and "most bootstrap resamples pin slope (70%)" in message and "lower" not in message

@@ -127,7 +127,7 @@ def analyse(df: pd.DataFrame, spec: FitSpec, method: str) -> dict | None:
         draw = {f"{c.value}/{k}": v for c, f in zip(curves, refits) if f.converged for k, v in f.params.items()}
         relaw = fit_law(grid, s, levels, law.params if law else None)
         if relaw is not None and relaw.converged:
-            draw.update(relaw.params)
+            draw.update(relaw.params, _law_at_bound=relaw.at_bound)
         draws.append(draw)
     return {"curves": curves, "fits": fits, "grid": grid, "value": value, "star": star, "law": law, "draws": draws,
             "star_band": bootstrap.band(np.array(stars), discrete=True) if stars else None}
@@ -187,10 +187,17 @@ def _law_entry(a: dict, axis: str, method: str) -> dict:
         return {"params": {}, "interval90": {}, "median": {}, "converged": False, "note": f"{axis}* is {plain(only[0])} at every budget"}
     entry = {"params": law.params, "interval90": interval, "median": median, "converged": law.converged,
              "at_bound": law.at_bound, "saturation": saturation(law, a["grid"]),
-             "bootstrap": {"resamples": len(a["draws"]), "converged": sum(all(k in d for k in LAW) for d in a["draws"])}}
+             "bootstrap": {"resamples": len(a["draws"]), "converged": sum(all(k in d for k in LAW) for d in a["draws"]),
+                           "at_bound_share": _bound_shares(a["draws"])}}
     if not law.converged:
         warn(f"{method}: the sigmoid of log2 {axis}* against log10 compute did not converge")
     return entry
+
+
+def _bound_shares(draws: list[dict]) -> dict[str, float]:
+    """Per law parameter, the share of converged resamples whose fit pinned it at a bound."""
+    fitted = [d for d in draws if "_law_at_bound" in d]
+    return {k: sum(k in d["_law_at_bound"] for d in fitted) / len(fitted) for k in LAW} if fitted else {}
 
 
 def _curve_entries(a: dict, axis: str) -> dict:

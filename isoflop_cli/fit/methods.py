@@ -96,9 +96,10 @@ MIN_AXIS_VALUES = 3  # a law of axis*(C) read from fewer values than this is a s
 
 def doubts(method: str, entry: dict, spec: FitSpec) -> list[tuple[str, bool]]:
     """What makes a fitted result less than it looks, to say beside it, and whether it makes the
-    result unreliable: parameters pinned at their bounds (the data did not place them), 90%
-    intervals of zero width (the resamples all landed on one value: a bound or too few runs, not
-    certainty), and an axis*(C) law read from fewer than three axis values. A law's lower plateau
+    result unreliable: parameters pinned at their bounds (the data did not place them), parameters
+    most bootstrap resamples pin at a bound, 90% intervals of zero width (the resamples all landed
+    on one value: a bound or too few runs, not certainty), and an axis*(C) law read from fewer than
+    three axis values. A law's lower plateau
     at the grid's smallest value is a note, not a doubt: axis* is the smallest value tried there."""
     out = []
     pinned = entry.get("at_bound") or []
@@ -110,6 +111,11 @@ def doubts(method: str, entry: dict, spec: FitSpec) -> list[tuple[str, bool]]:
     for name, curve in (entry.get("curves") or {}).items():
         if curve.get("at_bound"):
             out.append((f"{method}: the curve {name} has {', '.join(curve['at_bound'])} at the fit's bounds", False))
+    shares = (entry.get("bootstrap") or {}).get("at_bound_share") or {}
+    most = [f"{name} ({share:.0%})" for name, share in shares.items() if share > 0.5 and name not in pinned and name != "lower"]
+    if most:
+        out.append((f"{method}: most bootstrap resamples pin {', '.join(most)} at the fit's bounds: its 90% interval runs into a bound, "
+                    "not a measured range", True))
     flat = [name for name, (lo, hi) in (entry.get("interval90") or {}).items() if lo == hi]
     if flat and spec.bootstrap > 0:
         out.append((f"{method}: the 90% interval of {', '.join(flat)} has zero width: the bootstrap resamples all gave one value, "
