@@ -606,7 +606,7 @@ def _task(cfg: DictConfig) -> tasks.Task:
             raise ConfigError(f"{part}={cfg[part].name} needs {part}.{missing[0]}=... (see conf/{part}/{cfg[part].name}.yaml)")
     try:
         task = tasks.make(cfg.task)
-        if cfg.model.path is None and hasattr(task, "check_alphabet"):
+        if cfg.model.path is None:
             task.check_alphabet(ALPHABET, "the embedded model")
         task.check(cfg.eval.problems)
     except tasks.TaskError as e:

@@ -133,7 +133,7 @@ def calibrated_scale(cfg: DictConfig) -> float | None:
     """Step FLOPs at the base model's measured mean response length over those at
     task.max_new_tokens, for a problem set `isoflop calibrate` wrote; None for any other task: the
     plan's first estimate of a sweep on a calibrated set, before any run of it has finished."""
-    tokens = getattr(tasks.make(cfg.task), "response_tokens", None)
+    tokens = tasks.make(cfg.task).response_tokens
     if not tokens or tokens >= cfg.task.max_new_tokens:
         return None
     expected = config.with_values(cfg, {"task.max_new_tokens": max(1, math.ceil(tokens))}, checked=False)

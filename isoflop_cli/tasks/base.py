@@ -59,6 +59,16 @@ class Task(ABC):
         """Raise TaskError if a run could not draw what it needs (an empty split, too few validation
         problems for `eval.problems`). Called by config checks, before any compute."""
 
+    def check_alphabet(self, alphabet: str, model: str) -> None:
+        """Raise TaskError if a prompt or answer has a character outside `alphabet` (what `model`
+        reads); tasks that write their own problems in it need not check."""
+
+    @property
+    def response_tokens(self) -> float | None:
+        """The base model's measured mean response length on the training problems, where known
+        (a set `isoflop calibrate` wrote): plan's first FLOP estimate before any run finishes."""
+        return None
+
     def prepare(self, tokenizer) -> None:
         """Make the prompts for this tokenizer; called once by the recipe before drawing."""
 
@@ -79,6 +89,8 @@ class Task(ABC):
     def judge(self, problems: list[Problem], completions: list[str]) -> list[Verdict]:
         """Each completion checked against its problem's answer."""
 
+    # Only for tasks whose has_partial_credit / has_steps is true: config checks refuse the rewards
+    # that call these (dense, prm_proxy, prm) for any other task, before a run starts.
     def partial_credit(self, problem: Problem, completion: str) -> float:
         raise NotImplementedError(f"{type(self).__name__} gives no partial credit")
 
