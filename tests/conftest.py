@@ -18,3 +18,15 @@ def cfg():
     from isoflop_cli import config
 
     return config.load()
+
+
+def pytest_collection_modifyitems(config, items):
+    """vLLM tests need vLLM's environment; elsewhere they are skipped, saying where they run."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    skip = pytest.mark.skip(reason="needs vLLM: make setup-vllm, then .venv-vllm/bin/python -m pytest -m vllm")
+    for item in items:
+        if "vllm" in item.keywords:
+            item.add_marker(skip)

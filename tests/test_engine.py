@@ -80,10 +80,9 @@ def test_sampler_copy_follows_load_weights(tiny):
     assert all(torch.equal(sampler.model.state_dict()[k], v) for k, v in changed.items())
 
 
-def test_vllm_and_bf16_are_gpu_only_switches_with_clear_errors():
+def test_engine_switches_fail_with_clear_errors():
     runner = CliRunner()
     cases = {
-        ("sampler=vllm",): "sampler=vllm is GPU-only",
         ("learner.bf16=true",): "learner.bf16 is GPU-only",
         ("learner.world_size=4", "cluster.gpus_per_run=2"): "needs a GPU each",
         ("algo.tis_cap=0.5",): "algo.tis_cap must be >= 1",
@@ -91,7 +90,8 @@ def test_vllm_and_bf16_are_gpu_only_switches_with_clear_errors():
         ("sampler=nope",): "available: hf, vllm",
     }
     if importlib_spec("vllm") is None:
-        cases[("sampler=vllm", "cluster.gpus_per_run=1")] = "pip install 'isoflop[vllm]'"
+        cases[("sampler=vllm",)] = "make setup-vllm"
+        cases[("sampler=vllm", f"cluster.python={sys.executable}")] = "needs vLLM in cluster.python"
     for overrides, message in cases.items():
         result = runner.invoke(app, ["plan", *overrides])
         assert result.exit_code == 2 and message in result.output, (overrides, result.output)
@@ -106,8 +106,8 @@ def test_vllm_sampler_without_vllm_says_how_to_get_it():
     from isoflop_cli.recipe.vllm_sampler import VllmSampler
 
     cfg = OmegaConf.structured(SweepConfig)
-    with pytest.raises(RuntimeError, match=r"pip install 'isoflop\[vllm\]'"):
-        VllmSampler("/nowhere", cfg.sampler, cfg.lora, tokenizer=None, seed=0)
+    with pytest.raises(RuntimeError, match=r"make setup-vllm"):
+        VllmSampler("/nowhere", cfg.sampler, cfg.lora, tokenizer=None, seed=0, max_len=32)
 
 
 def importlib_spec(name):
@@ -182,6 +182,25 @@ def test_changed_config_does_not_resume_from_another_runs_checkpoint(tmp_path):
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and "resumed" not in result.stdout
     assert [r["step"] for r in metrics(run_dir)] == [0, 4, 8]
+
+
+def test_a_save_after_a_swap_killed_in_its_clean_up_keeps_the_newest_state(tmp_path):
+    """A kill between a save's swap and its removal of `checkpoint.old` leaves that directory (whole
+    or half deleted); the next save must replace it, and a load must read the newest state."""
+    from isoflop_cli.recipe import resume
+    from isoflop_cli.recipe.distributed import Group
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    directory = tmp_path / "checkpoint"
+    resume.save(directory, Group(), "run", model, optimizer, scheduler, {"step": 1})
+    leftover = tmp_path / "checkpoint.old"
+    leftover.mkdir()
+    (leftover / "half-deleted").write_text("x")
+    resume.save(directory, Group(), "run", model, optimizer, scheduler, {"step": 2})
+    assert not leftover.exists()
+    assert resume.load(directory, "run", model, optimizer, scheduler) == {"step": 2}
 
 
 def test_micro_batches_accumulate_to_the_whole_batch_update(tmp_path):

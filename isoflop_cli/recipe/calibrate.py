@@ -47,7 +47,7 @@ def _calibrate(cfg: DictConfig, start: int, stop: int) -> pd.DataFrame:
     task.prepare(tokenizer)  # chat template; prompts over task.max_prompt_tokens are left out
     problems = [p for p in task.problems("val") if start <= int(p.id) < stop]
     texts = {r.index: r.text() for r in task.rows_of["val"]}
-    sampler = make_sampler(cfg, model, tokenizer)
+    sampler = make_sampler(cfg, model, tokenizer, task.max_prompt_tokens)
     m, started, out = cfg.calibrate.samples, time.time(), []
     torch.manual_seed(cfg.seed * 1_000_003 + start)
     for i in range(0, len(problems), PROMPTS_PER_BATCH):

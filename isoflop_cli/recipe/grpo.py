@@ -112,16 +112,16 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
     # The KL reference: with LoRA the same model with its adapters off (no second copy).
     use_reference = algo.kl_coef > 0
     reference = Actor(copy.deepcopy(policy)).to(device).eval().requires_grad_(False) if use_reference and not lora_rank else None
-    # The sampler: the policy itself, or (a sharded learner, vLLM) its own weights, synced after each update.
-    sampler = make_sampler(cfg, actor.policy, tokenizer, own_copy=sharded(cfg)) if group.is_main else None
-    separate_sampler = sharded(cfg) or cfg.sampler.name == "vllm"
-    if sharded(cfg):
-        for model in filter(None, (actor, reference)):
-            distributed.shard(model, learner.bf16)
     task = tasks.make(cfg.task)
     task.prepare(tokenizer)  # prompts as this tokenizer sees them (chat template; too long ones dropped)
     if group.is_main and any(task.dropped.values()):
         print(f"prompts over task.max_prompt_tokens, left out: {task.dropped}", flush=True)
+    # The sampler: the policy itself, or (a sharded learner, vLLM) its own weights, synced after each update.
+    sampler = make_sampler(cfg, actor.policy, tokenizer, task.max_prompt_tokens, own_copy=sharded(cfg)) if group.is_main else None
+    separate_sampler = sharded(cfg) or cfg.sampler.name == "vllm"
+    if sharded(cfg):
+        for model in filter(None, (actor, reference)):
+            distributed.shard(model, learner.bf16)
     reward = make_reward(cfg.reward, task) if group.is_main else None
     shape = flops.Shape.from_config(policy.config).with_lora(lora_rank, cfg.lora.targets)
     params = sum(p.numel() for p in policy.parameters())
@@ -311,7 +311,8 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
                 for k in stat:
                     since_eval[k].append(sums[STATS.index(k)].item())
         if separate_sampler:
-            sync_sampler()
+            with meter.count("sync"):
+                sync_sampler()
 
         # 6. Ledger: compute spent so far, in rollouts, generated tokens and FLOPs per part.
         ledger["rollouts"] += B_p * n

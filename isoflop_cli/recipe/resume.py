@@ -49,8 +49,11 @@ def save(directory: Path, group: Group, fingerprint: str, model, optimizer, sche
         raise
     if group.is_main:
         if directory.exists():
+            # An `.old` beside a whole checkpoint is what a kill during an earlier swap's clean-up
+            # left (possibly half deleted): the rename below needs its place.
+            shutil.rmtree(old, ignore_errors=True)
             directory.rename(old)
-        tmp.rename(directory)
+        tmp.rename(directory)  # with no checkpoint, `.old` is the last whole one until here
         shutil.rmtree(old, ignore_errors=True)
     _barrier(group)
 

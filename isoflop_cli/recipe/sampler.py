@@ -16,7 +16,13 @@ import copy
 from dataclasses import dataclass, replace
 
 import torch
+import transformers
+from packaging.version import Version
 from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
+
+# transformers 5.24 renamed `past_key_values` to `cache` (the old name warns); vLLM's CPU build pins
+# transformers < 5.20, so the sampler runs in both environments and passes the name each knows.
+CACHE = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
 
 
 @dataclass
@@ -44,14 +50,15 @@ class Rollouts:
                        logprobs=self.logprobs[rows], texts=[self.texts[i] for i in rows.tolist()], prefill_rows=min(self.prefill_rows, len(rows)))
 
 
-def make_sampler(cfg, policy, tokenizer, own_copy: bool = False):
+def make_sampler(cfg, policy, tokenizer, max_prompt_tokens: int, own_copy: bool = False):
     """The run's sampler (`sampler.name`): vLLM with its own engine, or HF generate on `policy`."""
+    dtype = torch.bfloat16 if cfg.learner.bf16 else None  # the learner computes in bf16: so does its sampler
     if cfg.sampler.name == "vllm":
         from isoflop_cli.recipe import checkpoint
         from isoflop_cli.recipe.vllm_sampler import VllmSampler
 
-        return VllmSampler(checkpoint.model_path(cfg.model, cfg.task), cfg.sampler, cfg.lora, tokenizer, seed=cfg.seed)
-    dtype = torch.bfloat16 if cfg.learner.bf16 else None  # the learner computes in bf16: so does its sampler
+        return VllmSampler(checkpoint.model_path(cfg.model, cfg.task), cfg.sampler, cfg.lora, tokenizer, seed=cfg.seed,
+                           max_len=max_prompt_tokens + cfg.task.max_new_tokens, dtype=dtype or torch.float32)
     return HFSampler(policy, tokenizer, shared_prefill=cfg.sampler.shared_prefill, own_copy=own_copy, dtype=dtype)
 
 
@@ -95,7 +102,7 @@ class HFSampler:
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=prompt_mask,
-            cache=cache,
+            **{CACHE: cache},
             do_sample=True,
             temperature=temperature,
             top_p=top_p,
@@ -126,7 +133,7 @@ class HFSampler:
         cache = DynamicCache(config=self.model.config)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   cache=cache, use_cache=True, logits_to_keep=1)
+                   **{CACHE: cache}, use_cache=True, logits_to_keep=1)
         cache.batch_repeat_interleave(n)
         return cache
 
