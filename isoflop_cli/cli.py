@@ -228,7 +228,7 @@ def run(
     console.print(f"run: n={cfg.n} B_p={cfg.B_p} seed={cfg.seed} M={plan.M} lr={plan.lr:.3g}, to {plan.limit:.4g} {plan.column} -> {run_dir}")
     if os.environ.get(EXIT_WITH_PARENT):
         _exit_with_parent()
-    from isoflop_cli.recipe.grpo import Budget, train
+    from isoflop_cli.recipe.trainer import Budget, train
 
     rows = train(cfg, Budget(plan.column, plan.limit, plan.eval_at, plan.M), plan.lr, run_dir, pause_at)
     console.print(report.metrics_table(rows))

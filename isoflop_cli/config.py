@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Optional
 
 from hydra import compose, initialize_config_dir
@@ -26,6 +27,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from isoflop_cli.algorithms import ALGORITHMS, LOSS_AGGS, spec
 from isoflop_cli.flops import PROJECTIONS, Shape, UnsupportedModel
 from isoflop_cli.schedule import DEFAULT_MARGIN, Schedule
 from isoflop_cli import tasks
@@ -138,7 +140,10 @@ class AlgoConfig:
     # fraction below 1 trains (one pass) on that share of each group's completions: rho falls.
     epochs: float = 1
     minibatches: int = 1
-    loss_agg: str = "token-mean"  # or seq-mean-token-mean; dr_grpo always uses its constant normaliser
+    # The algorithm's own (algorithms.ALGORITHMS) unless set: grpo's are Dr. GRPO's with
+    # std_norm=false and loss_agg=constant.
+    std_norm: Optional[bool] = None  # group advantages divided by the group's std
+    loss_agg: Optional[str] = None  # token-mean, seq-mean-token-mean or constant (1 / (rows * task.max_new_tokens))
     filter_zero_variance: bool = False  # leave out of the loss the groups whose rewards are all equal
     # Truncated importance sampling: each token's policy gradient times min(pi_learner / pi_sampler,
     # tis_cap), correcting the sampler/learner mismatch (vLLM vs FSDP); null: off.
@@ -271,9 +276,7 @@ class SweepConfig:
 
 
 GROUPS = ("model", "task", "reward", "algo", "grid", "cluster", "sampler")
-ALGOS = ("grpo", "dr_grpo", "cispo", "ppo")
 SAMPLERS = ("hf", "vllm")
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean")
 
 
 def resolve_sweep_path(name_or_path: str | None) -> Path:
@@ -477,8 +480,9 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
         raise ConfigError(f"algo.temperature must be > 0, got {cfg.algo.temperature}")
     if not 0 < cfg.algo.top_p <= 1:
         raise ConfigError(f"algo.top_p must be in (0, 1], got {cfg.algo.top_p}")
-    check_choice("algo.name", cfg.algo.name, ALGOS)
-    check_choice("algo.loss_agg", cfg.algo.loss_agg, LOSS_AGGS)
+    check_choice("algo.name", cfg.algo.name, tuple(ALGORITHMS))
+    if cfg.algo.loss_agg is not None:
+        check_choice("algo.loss_agg", cfg.algo.loss_agg, LOSS_AGGS)
     positive("task.max_new_tokens", cfg.task.max_new_tokens)
     if cfg.eval.problems > MAX_EVAL_PROBLEMS:
         raise ConfigError(f"eval.problems must be <= {MAX_EVAL_PROBLEMS:,} (every eval point samples eval.samples completions of each), got {cfg.eval.problems}")
@@ -799,6 +803,12 @@ def applicable(content: dict[str, Any]) -> dict[str, Any]:
     evaluation = {k: v for k, v in content["eval"].items() if not (k in ("sets", "judges") and not v)}
     epochs = content["algo"]["epochs"]  # whole epochs hash as the integers they were before fractions
     algo = {**content["algo"], "epochs": int(epochs) if float(epochs).is_integer() else epochs}
+    if algo["name"] in ALGORITHMS:  # the knobs as the run applies them; std_norm only where it departs from the algorithm's own
+        effective = spec(SimpleNamespace(**algo))
+        algo["loss_agg"] = effective.loss_agg
+        algo.pop("std_norm", None)
+        if effective.std_norm != ALGORITHMS[algo["name"]].std_norm:
+            algo["std_norm"] = effective.std_norm
     sampler = {k: v for k, v in content["sampler"].items() if not (k in ("kv_cache_gib", "enforce_eager") and v is None)}
     return {**content, "task": task, "reward": reward, "eval": evaluation, "algo": algo, "sampler": sampler}
 

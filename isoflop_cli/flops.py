@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from isoflop_cli.algorithms import passes
 from isoflop_cli.tasks.arith import ALPHABET, SPECIALS
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
@@ -109,6 +110,48 @@ def forward(shape: Shape, rows: int, query_len: int, key_len: int, logit_positio
     )
 
 
+@dataclass(frozen=True)
+class StepBatch:
+    """The sizes one step's compute depends on: measured from its rollouts in a run, their bounds in
+    `plan` (every prompt at the widest, every completion at task.max_new_tokens)."""
+
+    prompts: int  # B_p
+    n: int  # completions sampled per prompt
+    prompt_width: int  # padded prompt positions
+    generated_width: int  # decode steps the batch ran
+    prefill_rows: int  # rows whose prompt was prefilled: B_p when shared over its group, else B_p * n
+    n_learn: int  # completions per prompt the updates learn from (below n with a fractional algo.epochs)
+    tree_tokens: int  # positions of the learned rows as prompt trees: each prompt once, then its completions
+    learned_tokens: int  # completion tokens the updates learn from: their logit positions
+
+
+@dataclass(frozen=True)
+class StepCost:
+    search: float
+    learning: float
+    reward: float
+
+
+def step_cost(shape: Shape, algo, batch: StepBatch, shared_prompt: bool, reward: float = 0.0) -> StepCost:
+    """One step's FLOPs per ledger part. `plan` calls it at the batch's bounds and a run at its
+    measured sizes, so predicted and spent compute are assembled the same way. `shared_prompt`:
+    the learner's passes run over prompt trees (`learner.shared_prompt`), else over padded rows.
+    `reward`: the reward model's FLOPs (`reward_model`), 0 for a rule."""
+    search = generate(shape, batch.prompts * batch.n, batch.prompt_width, batch.generated_width, batch.prefill_rows)
+    width = batch.prompt_width + batch.generated_width
+    if shared_prompt:
+        work = tree_work(batch.prompts, batch.n_learn, batch.prompt_width, width, batch.tree_tokens)
+    else:
+        work = plain_work(batch.prompts * batch.n_learn, width)
+    return StepCost(search, learning(shape, *work, logits=batch.learned_tokens, **asdict(passes(algo))), reward)
+
+
+def reward_model(shape: Shape, rows: int, width: int) -> float:
+    """A reward model (or judge) scoring `rows` padded sequences of `width` tokens: one forward with
+    a score at every position."""
+    return forward(shape, rows, width, width, width).total
+
+
 def generate(shape: Shape, rows: int, prompt_len: int, new_tokens: int, prefill_rows: int | None = None) -> float:
     """Sampling with a KV cache: a prefill at the padded prompt width (logits of its last position),
     then one decode step per further token, each attending to the growing context.
@@ -184,14 +227,6 @@ def epoch_plan(epochs: float, n: int) -> tuple[int, int]:
     if epochs >= 1:
         return int(epochs), n
     return 1, max(1, min(n, math.ceil(epochs * n - 1e-9)))
-
-
-def update_passes(algo) -> dict:
-    """The passes an algorithm config runs per rollout batch, as `learning` takes them: the batch
-    reused (several updates) or a value head (PPO) adds an old-policy pass, KL a reference pass."""
-    ppo = algo.name == "ppo"
-    passes = int(max(1, algo.epochs))
-    return dict(epochs=passes, reference=algo.kl_coef > 0, old_policy=ppo or passes * algo.minibatches > 1, value_head=ppo)
 
 
 def model_shape(model) -> Shape:

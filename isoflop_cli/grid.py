@@ -117,16 +117,12 @@ def _step_flops(cfg, n: int, B_p: int, shapes: _Shapes | None = None) -> tuple[f
     shape, prompt, new = shapes.policy, shapes.prompt, cfg.task.max_new_tokens
     rows = B_p * n
     shared = (cfg.sampler.name == "vllm" or cfg.sampler.shared_prefill) and n > 1 and prompt > 1
-    search = flops.generate(shape, rows, prompt, new, prefill_rows=B_p if shared else rows)
     _, k = flops.epoch_plan(cfg.algo.epochs, n)  # completions per group the updates learn from
-    tree = B_p * (prompt + k * new)  # each prompt once, then its completions
-    work = flops.tree_work(B_p, k, prompt, prompt + new, tree) if cfg.learner.shared_prompt else flops.plain_work(B_p * k, prompt + new)
-    learning = flops.learning(shape, *work, logits=B_p * k * new, **flops.update_passes(cfg.algo))
-    reward = 0.0
-    if shapes.reward is not None:
-        width = prompt + new + 1
-        reward = flops.forward(shapes.reward, rows, width, width, width).total
-    return search, learning, reward
+    batch = flops.StepBatch(prompts=B_p, n=n, prompt_width=prompt, generated_width=new, prefill_rows=B_p if shared else rows,
+                            n_learn=k, tree_tokens=B_p * (prompt + k * new), learned_tokens=B_p * k * new)
+    reward = flops.reward_model(shapes.reward, rows, prompt + new + 1) if shapes.reward is not None else 0.0
+    cost = flops.step_cost(shape, cfg.algo, batch, cfg.learner.shared_prompt, reward)
+    return cost.search, cost.learning, cost.reward
 
 
 def calibrated_scale(cfg: DictConfig) -> float | None:

@@ -1,8 +1,15 @@
 """Step throughput of our GRPO recipe against TRL's GRPOTrainer, on the embedded tiny model (CPU).
 
     ISOFLOP_CACHE=/tmp/isoflop-cache .venv/bin/python scripts/bench_grpo.py [--n 4 16 64] [--quick] [--no-trl]
+    ISOFLOP_CACHE=/tmp/isoflop-cache .venv-vllm/bin/python scripts/bench_grpo.py --vllm [--quick]
 
-TRL is a dev-only dependency: `pip install -e '.[bench]'`.
+TRL is a dev-only dependency: `pip install -e '.[bench]'` (in .venv-vllm: `pip install trl==1.16.0`,
+which accepts its transformers). `--vllm` adds our recipe with `sampler=vllm` (vLLM's CPU build,
+`make setup-vllm`): its step split gains `sync` (the weight push after each update), its engine
+start-up is reported apart from the steady-state step (`start`: the run's set-up before its first
+step, for every side), and `offline` is the same engine's own throughput on the same batch outside
+the loop (`LLM.generate` through the sampler, nothing else), against which its in-step generation
+is put as a share.
 
 For each n, both sides do the same work per optimizer step: the same checkpoint, the same B_p
 prompts (in the same order), n completions each of at most `task.max_new_tokens` tokens at
@@ -42,7 +49,7 @@ from rich.table import Table  # noqa: E402
 
 from isoflop_cli import config, grid  # noqa: E402
 from isoflop_cli.recipe import checkpoint  # noqa: E402
-from isoflop_cli.recipe.grpo import Budget, train  # noqa: E402
+from isoflop_cli.recipe.trainer import Budget, train  # noqa: E402
 from isoflop_cli.tasks import Problem  # noqa: E402
 from isoflop_cli.tasks.arith import ArithTask  # noqa: E402
 
@@ -57,6 +64,7 @@ class Steps:
     tokens: float  # completion tokens generated per step (eos included)
     load: list[float] = field(default_factory=list)  # 1-minute load average when each repeat started
     slowest_s: float = 0.0  # the slowest repeat's step: far above step_s, the machine was contended
+    start_s: float = 0.0  # set-up before the first step: model load, and for vLLM its engine start
 
     @property
     def rollouts_per_s(self) -> float:
@@ -67,7 +75,7 @@ class Steps:
         return self.tokens / self.step_s
 
 
-def ours(n: int, B_p: int, steps: int, warmup: int, shared_prefill: bool) -> Steps:
+def ours(n: int, B_p: int, steps: int, warmup: int, shared_prefill: bool = True, sampler: str = "hf") -> Steps:
     """One run of our recipe (`isoflop run`'s path), evaluated after `warmup` steps and at the end.
 
     The metrics rows are cumulative, so the difference between those two rows is exactly the
@@ -77,21 +85,43 @@ def ours(n: int, B_p: int, steps: int, warmup: int, shared_prefill: bool) -> Ste
     cfg = config.load(None, [
         f"n={n}", f"B_p={B_p}", f"grid.budgets=[{warmup * B},{steps * B}]", "grid.eval_points=1",
         "eval.problems=1", "eval.samples=1", "eval.k=1", f"sampler.shared_prefill={str(shared_prefill).lower()}",
-        "checkpoint.every=0",
+        "checkpoint.every=0", f"sampler={sampler}",
     ])
     plan = grid.plan_run(cfg)
     assert plan.eval_steps == (0, warmup, steps), plan.eval_steps
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as run_dir:
+        started = time.perf_counter()
         rows = train(cfg, Budget(plan.column, plan.limit, plan.eval_at, plan.M), plan.lr, run_dir)
+        total_s = time.perf_counter() - started
     first, last = rows[1], rows[2]
     count = steps - warmup
-    keys = ("wall_s", "time_eval_s", "time_search_s", "time_reward_s", "time_learning_s", "tokens_generated")
-    delta = {k: (last[k] - first[k]) / count for k in keys}
+    keys = ("wall_s", "time_eval_s", "time_search_s", "time_reward_s", "time_learning_s", "time_sync_s", "tokens_generated")
+    delta = {k: (last.get(k, 0.0) - first.get(k, 0.0)) / count for k in keys}
     step_s = delta["wall_s"] - delta["time_eval_s"]
-    parts = {"generate": delta["time_search_s"], "score": delta["time_reward_s"], "learn": delta["time_learning_s"]}
+    parts = {"generate": delta["time_search_s"], "score": delta["time_reward_s"], "learn": delta["time_learning_s"], "sync": delta["time_sync_s"]}
     parts["other"] = step_s - sum(parts.values())
-    return Steps(step_s, parts, B, delta["tokens_generated"], [load])
+    return Steps(step_s, parts, B, delta["tokens_generated"], [load], start_s=total_s - last["wall_s"])
+
+
+def offline(n: int, B_p: int, rounds: int) -> Steps:
+    """vLLM's own generation throughput on the same B_p x n batch of the run's prompts, through the
+    sampler alone (one engine, `rounds` batches after one warm-up batch)."""
+    from isoflop_cli.recipe.sampler import make_sampler
+
+    cfg = config.load(None, [f"n={n}", f"B_p={B_p}", "sampler=vllm"])
+    tokenizer, model = checkpoint.load(cfg.model, cfg.task)
+    task = ArithTask.from_config(cfg.task)
+    sampler = make_sampler(cfg, model, tokenizer, task.max_prompt_tokens)
+    prompts = [p.prompt for p in itertools.islice(task.stream("train", seed=cfg.seed), B_p * (rounds + 1))]
+    batches = [prompts[i * B_p : (i + 1) * B_p] for i in range(rounds + 1)]
+    args = (n, cfg.algo.temperature, cfg.algo.top_p, cfg.task.max_new_tokens)
+    sampler.sample(batches[0], *args)
+    start, tokens = time.perf_counter(), 0
+    for batch in batches[1:]:
+        tokens += sampler.sample(batch, *args).tokens_generated
+    step_s = (time.perf_counter() - start) / rounds
+    return Steps(step_s, {"generate": step_s}, B_p * n, tokens / rounds, [os.getloadavg()[0]])
 
 
 def trl(n: int, B_p: int, steps: int, warmup: int) -> Steps:
@@ -162,20 +192,23 @@ def trl(n: int, B_p: int, steps: int, warmup: int) -> Steps:
 def fastest(runs: list[Steps]) -> Steps:
     """The fastest repeat, with every repeat's load average and the slowest step."""
     best = min(runs, key=lambda r: r.step_s)
-    return Steps(best.step_s, best.parts, best.rollouts, best.tokens, [r.load[0] for r in runs], max(r.step_s for r in runs))
+    return Steps(best.step_s, best.parts, best.rollouts, best.tokens, [r.load[0] for r in runs], max(r.step_s for r in runs),
+                 min(r.start_s for r in runs))
 
 
 def table(results: dict[int, dict[str, Steps]], repeats: int, threads: int) -> Table:
     t = Table(title=f"GRPO seconds per step (steady state, fastest of {repeats}, {threads} threads each side)")
-    for col in ("n", "B_p", "ours", "step", "gen", "score", "learn", "other", "rollouts/s", "tokens/s",
+    for col in ("n", "B_p", "ours", "start", "step", "gen", "score", "learn", "sync", "other", "rollouts/s", "tokens/s",
                 "TRL step", "gen", "score", "rest", "tokens/s", "TRL/ours", "spread", "load1"):
         t.add_column(col, justify="left" if col == "ours" else "right")
     for n, by_side in results.items():
         theirs = by_side.get("trl")
-        for side in ("shared prefill", "no shared prefill"):
+        for side in ("shared prefill", "no shared prefill", "vllm"):
+            if side not in by_side:
+                continue
             r = by_side[side]
-            row = [str(n), str(r.rollouts // n), side, f"{r.step_s:.3f}", *(f"{r.parts[k]:.3f}" for k in ("generate", "score", "learn", "other")),
-                   f"{r.rollouts_per_s:,.0f}", f"{r.tokens_per_s:,.0f}"]
+            row = [str(n), str(r.rollouts // n), side, f"{r.start_s:.1f}", f"{r.step_s:.3f}",
+                   *(f"{r.parts[k]:.3f}" for k in ("generate", "score", "learn", "sync", "other")), f"{r.rollouts_per_s:,.0f}", f"{r.tokens_per_s:,.0f}"]
             if theirs:
                 row += [f"{theirs.step_s:.3f}", *(f"{theirs.parts[k]:.3f}" for k in ("generate", "score", "rest")),
                         f"{theirs.tokens_per_s:,.0f}", f"{theirs.step_s / r.step_s:.2f}x"]
@@ -197,7 +230,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=int(os.environ["OMP_NUM_THREADS"]), help="torch threads, both sides")
     ap.add_argument("--quick", action="store_true", help="n = 4 and 16, 6 steps, 2 repeats")
     ap.add_argument("--no-trl", action="store_true", help="our recipe only")
+    ap.add_argument("--vllm", action="store_true", help="also sampler=vllm (run from .venv-vllm)")
     args = ap.parse_args()
+    if args.vllm:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            ap.error("--vllm needs vLLM: make setup-vllm, then run this with .venv-vllm/bin/python")
     if args.quick:
         args.n, args.steps, args.repeats = [4, 16], 6, 2
     if args.steps <= args.warmup:
@@ -217,9 +256,13 @@ def main() -> None:
         for _ in range(args.repeats):  # interleaved, so that contention spreads over all sides
             runs.setdefault("shared prefill", []).append(ours(n, args.B_p, args.steps, args.warmup, shared_prefill=True))
             runs.setdefault("no shared prefill", []).append(ours(n, args.B_p, args.steps, args.warmup, shared_prefill=False))
+            if args.vllm:
+                runs.setdefault("vllm", []).append(ours(n, args.B_p, args.steps, args.warmup, sampler="vllm"))
             if not args.no_trl:
                 runs.setdefault("trl", []).append(trl(n, args.B_p, args.steps, args.warmup))
         results[n] = {side: fastest(r) for side, r in runs.items()}
+        if args.vllm:
+            results[n]["offline"] = offline(n, args.B_p, args.steps - args.warmup)
         console.print(f"n={n} B_p={args.B_p}: done ({time.perf_counter() - started:.0f} s)")
     console.print(table(results, args.repeats, args.threads))
     console.print(f"steps {args.warmup + 1}..{args.steps} of each run timed; our step excludes evaluation (wall less time_eval_s); "
@@ -229,6 +272,12 @@ def main() -> None:
     ratios = [r["trl"].step_s / r["shared prefill"].step_s for r in results.values() if "trl" in r]
     if ratios:
         console.print(f"TRL/ours (shared prefill), geometric mean over n: {statistics.geometric_mean(ratios):.2f}x (target >= 2x)")
+    for n, r in results.items():
+        if "vllm" in r:
+            v, hf, off = r["vllm"], r["shared prefill"], r["offline"]
+            console.print(f"n={n}: sampler=vllm step / hf step {v.step_s / hf.step_s:.2f}x (generate {v.parts['generate'] / hf.parts['generate']:.2f}x, "
+                          f"sync {v.parts['sync']:.3f} s); vLLM in the step at {off.step_s / v.parts['generate']:.0%} of its offline rollouts/s "
+                          f"({off.rollouts_per_s:,.0f}); engine start {v.start_s - hf.start_s:.1f} s more than hf's set-up")
 
 
 if __name__ == "__main__":

@@ -102,3 +102,20 @@ def test_a_fractional_epoch_learns_from_a_share_of_each_group(tmp_path):
     assert 0.5 < half["flops_learning"] / whole["flops_learning"] < 0.8 and half["rho"] < whole["rho"]
     bad = CliRunner().invoke(app, ["plan", "algo.epochs=1.5"])
     assert bad.exit_code == 2 and "algo.epochs must be whole passes" in bad.output
+
+
+@pytest.mark.parametrize("updates", [[], ["algo.epochs=2", "algo.kl_coef=0.1"], ["algo.epochs=0.5"], ["algo=ppo"], ["lora.rank=4"], ["learner.shared_prompt=false"]])
+def test_plan_and_run_assemble_a_step_s_flops_the_same_way(tmp_path, updates):
+    """Where every prompt has the same width and every completion the full task.max_new_tokens
+    (two-digit operands, one new token), a step's measured sizes are the plan's bounds: the run's
+    ledger is the plan's step cost times the steps, part for part (both call flops.step_cost)."""
+    from isoflop_cli import config
+    from isoflop_cli.grid import step_flops
+
+    args = ["n=4", "B_p=2", "task.digits=[2]", "task.max_new_tokens=1", "grid.budgets=[24]", "grid.eval_points=1", "eval.problems=8", *updates]
+    result = CliRunner().invoke(app, ["run", *args, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    last = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
+    search, learning, reward = step_flops(config.load(None, args))
+    assert last["step"] == 3 and last["tokens_generated"] == 24
+    assert (last["flops_search"], last["flops_learning"], last["flops_reward"]) == pytest.approx((3 * search, 3 * learning, 3 * reward), rel=1e-12)

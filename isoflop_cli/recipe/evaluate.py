@@ -63,7 +63,7 @@ class Judge:
         enc = self.tokenizer([p + c for p, c in zip(prompts, completions)], padding=True, return_tensors="pt")
         scores = self.model(**enc).logits[:, 0]
         rows, width = enc.input_ids.shape
-        return scores.mean().item(), flops.forward(self.shape, rows, width, width, width).total
+        return scores.mean().item(), flops.reward_model(self.shape, rows, width)
 
 
 class Evaluator:

@@ -1,11 +1,11 @@
-"""Advantages and policy losses of GRPO and its relatives, on plain tensors (tested against
-hand-computed values).
+"""Advantage estimators and policy losses of GRPO and its relatives, on plain tensors (tested
+against hand-computed values), each registered under the name an `algorithms.Algorithm` spec uses.
 
-- grpo: group-normalised advantages, clipped ratio loss (separate low and high clip).
-- dr_grpo: mean-centred advantages (no std division), the same clipped loss, and a constant length
-  normaliser instead of the token count.
-- cispo: a clipped, stop-gradient importance weight times advantage times log-prob.
-- ppo: per-token advantages from a value head by GAE, the clipped ratio loss and a clipped value loss.
+- advantages "group" (grpo, dr_grpo, cispo): each completion's reward against its group's mean,
+  divided by the group's std unless the spec's std_norm is off (Dr. GRPO).
+- advantages "gae" (ppo): per-token advantages from a value head, whitened over the batch.
+- policy loss "clipped": the PPO-style clipped ratio (separate low and high clip).
+- policy loss "cispo": a clipped, stop-gradient importance weight times advantage times log-prob.
 
 Per-token losses become one number through `token_weights`: a loss is sum(x * w). The weights are
 computed on a whole mini-batch, so any split of its rows (data-parallel ranks, micro-batches) sums
@@ -14,9 +14,57 @@ to exactly the same loss and gradient.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+ADVANTAGES: dict[str, Callable[..., "Advantages"]] = {}
+POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
+
+
+def register(registry: dict, name: str) -> Callable:
+    def add(fn: Callable) -> Callable:
+        registry[name] = fn
+        return fn
+    return add
+
+
+@dataclass
+class AdvantageInputs:
+    """What an estimator may read about one rollout batch; R = B_p * n_learn rows learned from."""
+
+    rewards: torch.Tensor  # [B_p, n] every sampled completion's reward, by prompt group
+    n_learn: int  # the first n_learn completions of each group are learned from
+    mask: torch.Tensor  # [R, T] the completion tokens learned from
+    mine: torch.Tensor  # [R] bool: the rows this process trains on
+    values: torch.Tensor  # [R, T] the value head's estimates at sampling time (zeros without a value head)
+    reduce: Callable[[torch.Tensor], torch.Tensor]  # sums over the processes of a sharded learner
+
+
+@dataclass
+class Advantages:
+    advantages: torch.Tensor  # [R] one per completion, or [R, T] one per token
+    returns: torch.Tensor | None = None  # [R, T] the value head's targets
+
+
+@register(ADVANTAGES, "group")
+def group_estimator(batch: AdvantageInputs, algo, spec) -> Advantages:
+    """Each group's advantages from all n of its rewards, kept for the completions learned from."""
+    return Advantages(group_advantages(batch.rewards, algo.adv_eps, scale=spec.std_norm)[:, :batch.n_learn].flatten().to(batch.mask.device))
+
+
+@register(ADVANTAGES, "gae")
+def gae_estimator(batch: AdvantageInputs, algo, spec) -> Advantages:
+    """The outcome reward on each completion's last token, GAE against the value head, advantages
+    whitened over the completion tokens of every process's rows."""
+    mask = batch.mask
+    R = mask.shape[0]
+    last = mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
+    token_rewards = torch.zeros_like(mask)
+    token_rewards[torch.arange(R), last] = batch.rewards[:, :batch.n_learn].flatten().to(mask.device) * mask.any(-1)
+    token_adv, returns = gae(token_rewards, batch.values, mask, algo.gamma, algo.lam)
+    return Advantages(whiten(token_adv, mask * batch.mine[:, None], reduce=batch.reduce), returns)
 
 
 def group_advantages(rewards: torch.Tensor, eps: float, scale: bool = True) -> torch.Tensor:
@@ -48,6 +96,7 @@ def token_weights(mask: torch.Tensor, mode: str, max_len: int = 0) -> torch.Tens
     raise ValueError(f"unknown loss aggregation '{mode}'")
 
 
+@register(POLICY_LOSSES, "clipped")
 def clipped_pg(logp, old_logp, advantages, clip_low: float, clip_high: float):
     """Per-token -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A) and whether it clipped.
 
@@ -60,6 +109,7 @@ def clipped_pg(logp, old_logp, advantages, clip_low: float, clip_high: float):
     return -torch.minimum(unclipped, clipped), (clipped < unclipped).float()
 
 
+@register(POLICY_LOSSES, "cispo")
 def cispo_pg(logp, old_logp, advantages, clip_low: float, clip_high: float):
     """Per-token -sg(clip(r, 1 - clip_low, 1 + clip_high)) A log pi and whether the weight clipped.
 

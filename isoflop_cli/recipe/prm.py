@@ -45,7 +45,7 @@ class ProcessRewardModel:
         ids, attention = encode(self.tokenizer, prompts, [c.strip() for c in completions])
         probs = torch.sigmoid(self.model(input_ids=ids, attention_mask=attention).logits[..., 0])
         ends = step_ends(self.tokenizer, ids, attention, prompts)
-        self.last_flops = flops.forward(self.shape, *ids.shape, ids.shape[1], ids.shape[1]).total
+        self.last_flops = flops.reward_model(self.shape, *ids.shape)
         return ((probs * ends).sum(-1) / ends.sum(-1)).tolist()
 
 

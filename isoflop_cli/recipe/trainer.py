@@ -1,0 +1,451 @@
+"""One run of GRPO or a relative (`algorithms.py`), top to bottom: `Trainer.step` samples, scores,
+lays out the batch, runs the passes the updates compare against, estimates advantages, updates,
+syncs the sampler and accounts; the loop around it evaluates and checkpoints.
+
+Called with a resolved config, a compute budget on one ledger column (where to stop and where to
+evaluate) and the learning rate; it knows nothing of grids or Ray. It writes one metrics row per
+eval point to the run directory (flushed as it goes), a status file the dispatcher can watch, and
+every `checkpoint.every` steps the training state, from which a restarted run resumes.
+
+With `learner.world_size` > 1 the run is that many processes (see `distributed`): rank 0 samples,
+scores and evaluates; every rank trains on its share of each mini-batch of an FSDP2-sharded model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import itertools
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from isoflop_cli import flops, tasks
+from isoflop_cli.algorithms import passes, spec
+from isoflop_cli.config import run_content, sharded
+from isoflop_cli.recipe import checkpoint, distributed, resume
+from isoflop_cli.recipe.distributed import Group
+from isoflop_cli.recipe.evaluate import Evaluator, Judge
+from isoflop_cli.recipe.learner import Actor, Layout, tree_tokens
+from isoflop_cli.recipe.losses import ADVANTAGES, POLICY_LOSSES, AdvantageInputs, Advantages, kl_k3, token_weights, truncated_is, value_loss
+from isoflop_cli.recipe.measure import Meter
+from isoflop_cli.recipe.rewards import make_reward
+from isoflop_cli.recipe.sampler import Rollouts, make_sampler
+from isoflop_cli.store import FAILED, PAUSED, RUNNING, RunFiles, disk_full_message, is_disk_full
+
+STATS = ("reward", "zero_var", "loss", "kl", "entropy", "clip_frac", "tis", "value_loss")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Where a run stops and evaluates, on one ledger column (rollouts or flops_total)."""
+
+    column: str
+    limit: float  # rollouts: never exceeded (a step's cost is known); FLOPs: the first step that reaches it ends the run
+    eval_at: tuple[float, ...]  # evaluate at the first step whose ledger value reaches each
+    M: int  # the steps expected (exact for rollouts), for progress only
+
+
+@dataclass
+class Progress:
+    """What the loop carries from step to step besides weights and optimizer; saved in checkpoints."""
+
+    eval_at: list[float]  # compute checkpoints not reached yet
+    step: int = 0
+    prompts_drawn: int = 0
+    ledger: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("rollouts", "tokens_generated", "flops_search", "flops_learning", "flops_reward", "reward_cpu_s", "flops_eval"), 0))
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time per part (search, reward, learning, sync, eval)
+    measured: dict[str, float] = field(default_factory=dict)  # FlopCounterMode per part (flops.measure)
+    since_eval: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in STATS})
+    wall_s: float = 0.0
+
+
+@dataclass
+class Batch:
+    """One step's rollouts on their way through the update. Rank 0 fills the first four fields and
+    broadcasts them; every rank then adds the rest. R = B_p * n_learn rows learned from, L = P + T."""
+
+    sampled: Rollouts  # all B_p * n completions
+    rewards: torch.Tensor  # [B_p, n]
+    reward_flops: float  # a reward model's FLOPs (0 for a rule)
+    reward_cpu_s: float  # a rule's CPU time
+    epochs: int = 1  # passes over the rows learned from
+    n_learn: int = 0  # completions per group learned from (below n with a fractional algo.epochs)
+    rollouts: Rollouts | None = None  # the rows learned from
+    mask: torch.Tensor | None = None  # [R, L - 1] completion tokens the loss counts (zero-variance groups filtered out)
+    weights: torch.Tensor | None = None  # [R, L - 1] each token's weight in its mini-batch's loss
+    chunks: list[list[torch.Tensor]] = field(default_factory=list)  # per mini-batch, this rank's micro-batches (row indices)
+    ref_logp: torch.Tensor | None = None  # [R, L - 1] the KL reference's log-probs
+    old_logp: torch.Tensor | None = None  # [R, L - 1] the sampling-time policy's (batch reused or value head)
+    old_values: torch.Tensor | None = None  # [R, L - 1] the value head's estimates at sampling time
+    advantages: Advantages | None = None
+
+
+def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str, pause_at: float | None = None) -> list[dict]:
+    """The run to its budget; with `pause_at` (an adaptive sweep's stage), it stops at the first step
+    whose ledger reaches it, keeping a checkpoint there, and a later call continues it as if it had
+    never stopped (the pause is not part of what the run computes)."""
+    files = RunFiles(run_dir)
+    files.dir.mkdir(parents=True, exist_ok=True)
+    files.set_status(RUNNING, step=0, M=budget.M, pid=os.getpid())
+    try:
+        if sharded(cfg):
+            distributed.launch(_train, cfg.learner.world_size, cfg, budget, lr, files, pause_at)
+        else:
+            _train(Group(), cfg, budget, lr, files, pause_at)
+    except BaseException as e:
+        with contextlib.suppress(OSError):  # a full disk may refuse even this; the run's error is what is raised
+            files.set_status(FAILED, error=disk_full_message(e) if is_disk_full(e) else f"{type(e).__name__}: {e}", M=budget.M)
+        raise
+    rows = files.read_metrics()
+    if rows[-1][budget.column] < budget.limit:  # paused short of its budget (finished runs reach it)
+        files.set_status(PAUSED, step=rows[-1]["step"], M=budget.M, paused_at=pause_at, **{budget.column: rows[-1][budget.column]})
+        return rows
+    files.finish(rows, step=rows[-1]["step"], M=budget.M)
+    resume.remove(files.checkpoint)  # the run is sealed: its results are in metrics.jsonl and status.json
+    return rows
+
+
+def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunFiles, pause_at: float | None = None) -> None:
+    Trainer(group, cfg, budget, lr, files, pause_at).fit()
+
+
+class Trainer:
+    """One process's share of a run: its models, sampler, reward, optimizer and progress."""
+
+    def __init__(self, group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunFiles, pause_at: float | None):
+        # The loop reads plain dataclasses: a DictConfig attribute lookup costs ~50 us, ~2 ms a step.
+        self.group, self.cfg, self.budget, self.lr, self.files, self.pause_at = group, cfg, budget, lr, files, pause_at
+        self.algo, self.learner, self.flops_cfg = OmegaConf.to_object(cfg.algo), OmegaConf.to_object(cfg.learner), OmegaConf.to_object(cfg.flops)
+        self.spec, self.passes = spec(self.algo), passes(self.algo)
+        self.n, self.B_p, self.lora = cfg.n, cfg.B_p, cfg.lora.rank
+        if group.world_size == 1:
+            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self._build_models()
+        self._build_task()
+        self._build_optimizer()
+        self._resume()
+
+    def _build_models(self) -> None:
+        """The policy (with LoRA adapters), its value head if the algorithm has one, and the KL
+        reference: a frozen copy, or with LoRA the same model with its adapters off."""
+        cfg = self.cfg
+        self.tokenizer, policy = checkpoint.load(cfg.model, cfg.task)
+        torch.manual_seed(cfg.seed)  # after the load: a first-use build must not shift the run's RNG stream
+        random.seed(cfg.seed)
+        if self.lora:
+            from peft import LoraConfig, get_peft_model
+
+            policy = get_peft_model(policy, LoraConfig(r=self.lora, lora_alpha=cfg.lora.alpha, target_modules=list(cfg.lora.targets), lora_dropout=0.0))
+        if self.learner.activation_checkpointing:
+            policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        self.actor = Actor(policy, value_head=self.spec.value_head).to(self.device)
+        separate = self.passes.reference and not self.lora
+        self.reference = Actor(copy.deepcopy(policy)).to(self.device).eval().requires_grad_(False) if separate else None
+        self.shape = flops.Shape.from_config(policy.config).with_lora(self.lora, cfg.lora.targets)
+        self.params = sum(p.numel() for p in policy.parameters())
+
+    def _build_task(self) -> None:
+        """The task's prompts as this tokenizer sees them, the sampler (rank 0: the policy itself, or
+        with a sharded learner or vLLM its own weights, synced after each update), the reward."""
+        cfg, main = self.cfg, self.group.is_main
+        self.task = tasks.make(cfg.task)
+        self.task.prepare(self.tokenizer)  # chat template; prompts over task.max_prompt_tokens dropped
+        if main and any(self.task.dropped.values()):
+            print(f"prompts over task.max_prompt_tokens, left out: {self.task.dropped}", flush=True)
+        self.sampler = make_sampler(cfg, self.actor.policy, self.tokenizer, self.task.max_prompt_tokens, own_copy=sharded(cfg)) if main else None
+        self.separate_sampler = sharded(cfg) or cfg.sampler.name == "vllm"
+        if sharded(cfg):
+            for model in filter(None, (self.actor, self.reference)):
+                distributed.shard(model, self.learner.bf16)
+        self.reward = make_reward(cfg.reward, self.task) if main else None
+        self.evaluator = _evaluator(cfg, self.task, self.tokenizer, self.reward, self.shape) if main else None
+
+    def _build_optimizer(self) -> None:
+        self.trainable = [p for p in self.actor.parameters() if p.requires_grad]
+        self.trainable_params = sum(p.numel() for p in self.trainable)
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=self.lr, weight_decay=self.algo.weight_decay, fused=True)  # one kernel for all tensors
+        # Short linear warm-up, then constant: a run read at any budget is the run trained to that budget.
+        warmup = self.algo.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
+
+    def _resume(self) -> None:
+        """From this run's last checkpoint, if it has one (its metrics kept up to there); else from the start."""
+        cfg = self.cfg
+        self.fingerprint = hashlib.sha1(f"{json.dumps(run_content(cfg), sort_keys=True)}{self.budget}{self.lr}".encode()).hexdigest()
+        saved = resume.load(self.files.checkpoint, self.fingerprint, self.actor, self.optimizer, self.scheduler)
+        self.progress = Progress(**saved) if saved else Progress(eval_at=list(self.budget.eval_at))
+        if self.group.is_main:
+            if saved:
+                self.files.keep_metrics(until_step=self.progress.step)
+                print(f"resumed from the checkpoint at step {self.progress.step} ({self.progress.ledger['rollouts']} rollouts)", flush=True)
+            else:
+                self.files.reset_metrics()
+        if saved and self.separate_sampler:
+            self.sync_sampler()
+        self.prompts = itertools.islice(self.task.stream("train", seed=cfg.seed), self.progress.prompts_drawn, None)
+        self.meter = Meter(self.flops_cfg.measure, self.progress.seconds, self.progress.measured)
+        self.started = time.time() - self.progress.wall_s
+
+    # The loop.
+
+    def fit(self) -> None:
+        self.actor.train()  # the sampler switches the policy to eval mode while it samples, and back
+        if self.progress.step == 0:
+            self.passed_checkpoint()
+            self.evaluate()  # the base model
+        while self.budget_left() and not self.paused():
+            self.step()
+            self.progress.step += 1
+            if self.passed_checkpoint():
+                self.evaluate()
+            every = self.cfg.checkpoint.every
+            if every and self.progress.step % every == 0 and self.budget_left():
+                self.save()
+            if self.group.is_main:
+                self.files.set_status(RUNNING, step=self.progress.step, M=self.budget.M, rollouts=self.progress.ledger["rollouts"], pid=os.getpid())
+        if self.budget_left():  # paused: the stage's eval point is written; continue later from here
+            self.save()
+        elif self.group.is_main and self.files.read_metrics()[-1]["step"] != self.progress.step:
+            self.evaluate()  # the run's last point, when it fell between checkpoints
+
+    def step(self) -> None:
+        problems = [next(self.prompts) for _ in range(self.B_p)]
+        self.progress.prompts_drawn += self.B_p
+        batch = self.group.broadcast(self.score(problems, self.sample(problems)) if self.group.is_main else None)
+        self.arrange(batch)
+        self.pre_passes(batch)
+        self.estimate_advantages(batch)
+        self.update(batch)
+        if self.separate_sampler:
+            with self.meter.count("sync"):
+                self.sync_sampler()
+        self.account(batch)
+
+    # The step's parts, in order.
+
+    def sample(self, problems: list) -> Rollouts:
+        """n completions for each of the B_p prompts (rank 0)."""
+        with self.meter.count("search"):
+            return self.sampler.sample([p.prompt for p in problems], self.n, self.algo.temperature, self.algo.top_p, self.cfg.task.max_new_tokens)
+
+    def score(self, problems: list, rollouts: Rollouts) -> Batch:
+        """The reward system's scores: a rule (its CPU time, no FLOPs) or a reward model (its FLOPs)."""
+        n, task = self.n, self.task
+        cpu = time.process_time() + task.checking_cpu_s()  # a verifier may check in a process of its own
+        with self.meter.count("reward"):
+            scores, reward_flops = self.reward([problems[i // n] for i in range(self.B_p * n)], rollouts.texts)
+        cpu_s = time.process_time() + task.checking_cpu_s() - cpu if self.reward.rule_based else 0.0
+        return Batch(rollouts, torch.tensor(scores).view(self.B_p, n), reward_flops, cpu_s)
+
+    def arrange(self, batch: Batch) -> None:
+        """The rows learned from (a fractional algo.epochs: the first n_learn of each group, a
+        uniform subset of exchangeable samples), the tokens the loss counts and their weights in
+        each mini-batch's loss, and the split into mini-batches, ranks and micro-batches, all
+        along prompt groups."""
+        algo, B_p, n = self.algo, self.B_p, self.n
+        batch.epochs, batch.n_learn = flops.epoch_plan(algo.epochs, n)
+        k = batch.n_learn
+        learned = torch.arange(B_p * n).view(B_p, n)[:, :k].flatten()
+        batch.rollouts = batch.sampled.select(learned) if k < n else batch.sampled
+        keep = batch.rewards.std(dim=1) > 0 if algo.filter_zero_variance and n > 1 else torch.ones(B_p, dtype=torch.bool)
+        batch.mask = batch.rollouts.completion_mask[:, 1:].float().to(self.device) * keep.repeat_interleave(k)[:, None].to(self.device)
+        R = B_p * k
+        minibatches = [torch.arange(R).view(B_p, k)[g].flatten() for g in torch.arange(B_p).tensor_split(algo.minibatches)]
+        batch.weights = torch.zeros_like(batch.mask)
+        for mb in minibatches:
+            batch.weights[mb] = token_weights(batch.mask[mb], self.spec.loss_agg, self.cfg.task.max_new_tokens)
+        micro_rows = max(1, self.learner.micro_batch // k) * k if self.learner.micro_batch else R
+        batch.chunks = [self.group.mine(mb, k).split(micro_rows) for mb in minibatches]
+
+    def layout(self, batch: Batch, idx: torch.Tensor) -> Layout:
+        """Rows `idx` as a learning pass reads them: one sequence of prompt trees (each prompt once,
+        then its completions, no padding), or (learner.shared_prompt=false) the rows as they are."""
+        r = batch.rollouts
+        seq, attn = r.sequences[idx].to(self.device), r.attention_mask[idx].to(self.device)
+        return Layout.tree(seq, attn, r.prompt_width, batch.n_learn) if self.learner.shared_prompt else Layout.plain(seq, attn, r.prompt_width)
+
+    @torch.no_grad()
+    def pre_passes(self, batch: Batch) -> None:
+        """Log-probs the updates compare against, on this rank's rows: the reference's (KL) and,
+        when the batch is reused or a value head needs its old estimates, the sampling-time policy's."""
+        batch.ref_logp, batch.old_logp, batch.old_values = (torch.zeros_like(batch.mask) for _ in range(3))
+        with self.meter.count("learning"):
+            for idx in itertools.chain.from_iterable(batch.chunks):
+                rows = self.layout(batch, idx)
+                if self.passes.reference:
+                    with self.actor.policy.disable_adapter() if self.lora else contextlib.nullcontext():
+                        batch.ref_logp[idx] = (self.reference or self.actor)(rows, self.algo.temperature).logp
+                if self.passes.old_policy:
+                    old = self.actor(rows, self.algo.temperature, with_values=self.spec.value_head)
+                    batch.old_logp[idx] = old.logp
+                    if self.spec.value_head:
+                        batch.old_values[idx] = old.values
+
+    def estimate_advantages(self, batch: Batch) -> None:
+        """The spec's estimator (losses.ADVANTAGES) on the batch."""
+        mine = torch.zeros(batch.mask.shape[0], dtype=torch.bool, device=self.device)
+        mine[torch.cat(list(itertools.chain.from_iterable(batch.chunks))).to(self.device)] = True
+        inputs = AdvantageInputs(batch.rewards, batch.n_learn, batch.mask, mine, batch.old_values, self.group.all_sum)
+        batch.advantages = ADVANTAGES[self.spec.advantage](inputs, self.algo, self.spec)
+
+    def update(self, batch: Batch) -> None:
+        """Epochs over the batch, each in mini-batches: per mini-batch one AdamW step on the summed
+        gradients of this rank's micro-batches (clipped norm), its statistics summed over ranks."""
+        for _ in range(batch.epochs):
+            for minibatch in batch.chunks:
+                sums = torch.zeros(len(STATS), device=self.device)
+                self.optimizer.zero_grad(set_to_none=True)
+                for idx in minibatch:
+                    with self.meter.count("learning"):
+                        terms = self.loss_terms(batch, idx)
+                    for k, v in terms.items():
+                        sums[STATS.index(k)] += v
+                torch.nn.utils.clip_grad_norm_(self.trainable, self.algo.max_grad_norm)
+                self.optimizer.step()
+                self.scheduler.step()
+                sums = self.group.all_sum(sums)
+                for k in terms:
+                    self.progress.since_eval[k].append(sums[STATS.index(k)].item())
+
+    def loss_terms(self, batch: Batch, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One micro-batch's forward and backward: the spec's policy loss (times the truncated
+        importance weight; + KL to the reference, - entropy bonus, + value loss), each term summed
+        with the token weights. Returns the detached terms."""
+        algo, value_head = self.algo, self.spec.value_head
+        out = self.actor(self.layout(batch, idx), algo.temperature, with_entropy=algo.entropy_coef > 0, with_values=value_head)
+        before = batch.old_logp[idx] if self.passes.old_policy else out.logp.detach()  # on-policy: ratio 1
+        pg, clipped = POLICY_LOSSES[self.spec.policy_loss](out.logp, before, batch.advantages.advantages[idx], algo.clip_low, algo.clip_high)
+        terms = {"loss": pg, "clip_frac": clipped}
+        if algo.tis_cap:
+            terms["tis"] = truncated_is(before, batch.rollouts.logprobs[idx].to(self.device), algo.tis_cap)
+            terms["loss"] = pg * terms["tis"]
+        if self.passes.reference:
+            terms["kl"] = kl_k3(out.logp, batch.ref_logp[idx])
+        if out.entropy is not None:
+            terms["entropy"] = out.entropy
+        if value_head:
+            terms["value_loss"] = value_loss(out.values, batch.old_values[idx], batch.advantages.returns[idx], algo.value_clip)
+        w = batch.weights[idx]
+        stat = {k: (x * w).sum() for k, x in terms.items()}
+        loss = stat["loss"] + algo.kl_coef * stat.get("kl", 0) - algo.entropy_coef * stat.get("entropy", 0) + algo.vf_coef * stat.get("value_loss", 0)
+        (loss * self.group.world_size).backward()  # FSDP averages gradients over ranks: this sums them
+        stat["loss"] = loss
+        return {k: v.detach() for k, v in stat.items()}
+
+    def sync_sampler(self) -> None:
+        """The sampler's own weights take the learner's (LoRA: the adapter's); the gather is collective."""
+        weights = distributed.full_weights(self.actor.policy, trainable_only=bool(self.lora))
+        if self.group.is_main:
+            self.sampler.load_weights(weights)
+
+    def account(self, batch: Batch) -> None:
+        """The ledger: rollouts, generated tokens and FLOPs per part, the step's measured sizes
+        through the step cost `plan` bounds; and the training statistics since the last eval."""
+        r, s, B_p, n = batch.rollouts, batch.sampled, self.B_p, self.n
+        sizes = flops.StepBatch(prompts=B_p, n=n, prompt_width=r.prompt_width, generated_width=s.generated_width, prefill_rows=s.prefill_rows,
+                                n_learn=batch.n_learn, tree_tokens=tree_tokens(r.attention_mask, r.prompt_width, batch.n_learn),
+                                learned_tokens=r.tokens_generated)
+        cost = flops.step_cost(self.shape, self.algo, sizes, self.learner.shared_prompt, batch.reward_flops)
+        ledger, since_eval = self.progress.ledger, self.progress.since_eval
+        ledger["rollouts"] += B_p * n
+        ledger["tokens_generated"] += s.tokens_generated
+        ledger["flops_search"] += cost.search
+        ledger["flops_learning"] += cost.learning
+        ledger["flops_reward"] += cost.reward
+        ledger["reward_cpu_s"] += batch.reward_cpu_s
+        since_eval["reward"].append(batch.rewards.mean().item())
+        since_eval["zero_var"].append((batch.rewards.std(dim=1) == 0).float().mean().item() if n > 1 else 1.0)
+
+    # Budget, evaluation, checkpoints.
+
+    def spent(self) -> float:
+        ledger = self.progress.ledger
+        return ledger["rollouts"] if self.budget.column == "rollouts" else _totals(ledger, self.flops_cfg)["flops_total"]
+
+    def budget_left(self) -> bool:
+        if self.budget.column == "rollouts":
+            return self.progress.ledger["rollouts"] + self.B_p * self.n <= self.budget.limit
+        return self.spent() < self.budget.limit
+
+    def paused(self) -> bool:
+        return self.pause_at is not None and self.spent() >= self.pause_at
+
+    def passed_checkpoint(self) -> bool:
+        """Whether the ledger has reached the next compute checkpoint (passing all it reached)."""
+        passed, eval_at = False, self.progress.eval_at
+        while eval_at and self.spent() >= eval_at[0]:
+            eval_at.pop(0)
+            passed = True
+        return passed
+
+    def evaluate(self) -> None:
+        """One metrics row (rank 0): the ledger, timings, validation metrics and the training
+        statistics since the last row; per-problem results beside it."""
+        if not self.group.is_main:
+            return
+        step, ledger, since_eval, cfg = self.progress.step, self.progress.ledger, self.progress.since_eval, self.cfg
+        with self.meter.count("eval"):
+            evaluation = self.evaluator(self.sampler, seed=cfg.seed * 1_000_003 + step)
+        ledger["flops_eval"] += evaluation.flops
+        self.files.append_problems(step, evaluation.per_problem)
+        means = {f"train_{k}" if k in ("reward", "loss") else k: _mean(v) for k, v in since_eval.items()}
+        row = {
+            "step": step, "model_params": self.params, "trainable_params": self.trainable_params,
+            **ledger, **_totals(ledger, self.flops_cfg), **{f"measured_{k}": v for k, v in _measured(self.meter).items()},
+            **{f"time_{part}_s": round(s, 3) for part, s in self.meter.seconds.items()},
+            "train_reward_mean": means.pop("train_reward"), "zero_var_frac": means.pop("zero_var"),
+            **evaluation.metrics, "k": cfg.eval.k, "prompts_dropped": sum(self.task.dropped.values()), **means, "lr": self.lr,
+            "wall_s": round(time.time() - self.started, 3),
+        }
+        self.files.append_metrics(row)
+        for v in since_eval.values():
+            v.clear()
+
+    def save(self) -> None:
+        self.progress.wall_s = time.time() - self.started
+        resume.save(self.files.checkpoint, self.group, self.fingerprint, self.actor, self.optimizer, self.scheduler, asdict(self.progress))
+
+
+def _evaluator(cfg: DictConfig, task, tokenizer, reward, shape) -> Evaluator:
+    """The validation set, each held-out set of eval.sets (read and prompted like task=dataset) and
+    each judge of eval.judges."""
+    from isoflop_cli.tasks.dataset import held_out
+
+    sets = {}
+    for name, path in cfg.eval.sets.items():
+        held = held_out(cfg.task, path)
+        held.prepare(tokenizer)
+        sets[name] = (held, held.validation_set(cfg.eval.problems))
+    judges = {name: Judge(path) for name, path in cfg.eval.judges.items()}
+    return Evaluator(task, task.validation_set(cfg.eval.problems), reward, sets, judges, shape, cfg.eval.samples, cfg.eval.k,
+                     cfg.algo.temperature, cfg.algo.top_p, cfg.task.max_new_tokens)
+
+
+def _totals(ledger: dict, flops_cfg) -> dict:
+    """flops_total (search + learning + reward; evaluation is not training compute), rho, gpu_hours."""
+    total = ledger["flops_search"] + ledger["flops_learning"] + ledger["flops_reward"]
+    out = {"flops_total": total, "rho": ledger["flops_learning"] / total if total else None}
+    if flops_cfg.peak_tflops:
+        out["gpu_hours"] = total / (flops_cfg.peak_tflops * 1e12 * flops_cfg.utilization) / 3600
+    return out
+
+
+def _measured(meter: Meter) -> dict:
+    if not meter.on:
+        return {}
+    parts = {f"flops_{p}": meter.totals.get(p, 0.0) for p in ("search", "learning", "reward", "eval")}
+    return {**parts, "flops_total": parts["flops_search"] + parts["flops_learning"] + parts["flops_reward"]}
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
