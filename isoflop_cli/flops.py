@@ -16,6 +16,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Sequence
 
 from isoflop_cli.algorithms import passes
 from isoflop_cli.tasks.arith import ALPHABET, SPECIALS
@@ -123,6 +124,7 @@ class StepBatch:
     n_learn: int  # completions per prompt the updates learn from (below n with a fractional algo.epochs)
     tree_tokens: int  # positions of the learned rows as prompt trees: each prompt once, then its completions
     learned_tokens: int  # completion tokens the updates learn from: their logit positions
+    decode_rows: tuple[int, ...] | None = None  # rows still running at each decode step; None: all (the bound)
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ def step_cost(shape: Shape, algo, batch: StepBatch, shared_prompt: bool, reward:
     measured sizes, so predicted and spent compute are assembled the same way. `shared_prompt`:
     the learner's passes run over prompt trees (`learner.shared_prompt`), else over padded rows.
     `reward`: the reward model's FLOPs (`reward_model`), 0 for a rule."""
-    search = generate(shape, batch.prompts * batch.n, batch.prompt_width, batch.generated_width, batch.prefill_rows)
+    search = generate(shape, batch.prompts * batch.n, batch.prompt_width, batch.generated_width, batch.prefill_rows, batch.decode_rows)
     width = batch.prompt_width + batch.generated_width
     if shared_prompt:
         work = tree_work(batch.prompts, batch.n_learn, batch.prompt_width, width, batch.tree_tokens)
@@ -152,13 +154,16 @@ def reward_model(shape: Shape, rows: int, width: int) -> float:
     return forward(shape, rows, width, width, width).total
 
 
-def generate(shape: Shape, rows: int, prompt_len: int, new_tokens: int, prefill_rows: int | None = None) -> float:
+def generate(shape: Shape, rows: int, prompt_len: int, new_tokens: int, prefill_rows: int | None = None,
+             decode_rows: Sequence[int] | None = None) -> float:
     """Sampling with a KV cache: a prefill at the padded prompt width (logits of its last position),
     then one decode step per further token, each attending to the growing context.
 
     With a shared prefill (`prefill_rows` < rows: each distinct prompt once, its cache repeated over
     its group) the prefill covers all but the last prompt token for `prefill_rows` rows, and every
-    row then runs that last token against the shared cache.
+    row then runs that last token against the shared cache. `decode_rows`: the rows still running
+    at each decode step 1 .. new_tokens - 1 (`Rollouts.decode_rows`; a row that said eos leaves the
+    batch); None: every row at every step, the bound `plan` uses.
     """
     if new_tokens <= 0:
         return 0.0
@@ -166,14 +171,17 @@ def generate(shape: Shape, rows: int, prompt_len: int, new_tokens: int, prefill_
         flops = forward(shape, rows, prompt_len, prompt_len, 1).total
     else:
         flops = forward(shape, prefill_rows, prompt_len - 1, prompt_len - 1, 1).total + forward(shape, rows, 1, prompt_len, 1).total
-    # Decode steps 1 .. new_tokens - 1, each one token per row over prompt_len + step keys: summed in
-    # closed form (attention is linear in the keys), so a long completion costs no loop.
     steps = new_tokens - 1
-    if steps > 0:
-        keys = steps * prompt_len + steps * (steps + 1) // 2
-        fixed = forward(shape, rows, 1, 0, 1)  # a decode step without its attention
-        flops += steps * fixed.total + 2.0 * shape.layers * rows * shape.attention_macs(keys)
-    return flops
+    if steps <= 0:
+        return flops
+    fixed = forward(shape, 1, 1, 0, 1).total  # one row's decode step without its attention
+    if decode_rows is None:  # rows x the steps' keys in closed form, so a long bound costs no loop
+        row_steps, keys = rows * steps, rows * (steps * prompt_len + steps * (steps + 1) // 2)
+    else:  # step t attends over prompt_len + t keys
+        if len(decode_rows) != steps:
+            raise ValueError(f"decode_rows has {len(decode_rows)} steps, new_tokens - 1 = {steps}")
+        row_steps, keys = sum(decode_rows), sum(r * (prompt_len + t) for t, r in enumerate(decode_rows, start=1))
+    return flops + row_steps * fixed + 2.0 * shape.layers * shape.attention_macs(keys)
 
 
 def learning(shape: Shape, tokens: int, pairs: int, epochs: int = 1, reference: bool = False, old_policy: bool = False,

@@ -48,6 +48,32 @@ def test_shared_prefill_samples_the_same_and_its_logprobs_are_the_learners(tiny)
     assert torch.equal(r.logprobs[~on], torch.zeros_like(r.logprobs[~on]))
 
 
+@pytest.mark.parametrize("shared, top_p", [(True, 1.0), (False, 1.0), (True, 0.8)])
+def test_the_decode_loop_draws_what_generate_draws_until_rows_leave(tiny, shared, top_p):
+    """Same seed, same tokens as `generate` with do_sample, top_k=0 and that top_p, up to the step
+    where the first row says eos: the loop is `generate`'s sampling, not a different sampler. From
+    there it runs fewer rows (the finished ones leave the batch), so the draws part; that the KV
+    cache stays aligned after rows leave is the learner's log-probs matching the sampler's
+    (test_shared_prefill_samples_the_same...). Top-p 0.8 at T = 1.5 cuts the nucleus on most steps."""
+    from isoflop_cli.recipe.sampler import HFSampler
+
+    tokenizer, model = tiny
+    torch.manual_seed(2)
+    ours = HFSampler(model, tokenizer, shared_prefill=shared).sample(PROMPTS, 8, 1.5, top_p, 6)
+    enc = tokenizer(PROMPTS, padding=True, return_tensors="pt")
+    torch.manual_seed(2)
+    theirs = model.generate(input_ids=enc.input_ids.repeat_interleave(8, 0), attention_mask=enc.attention_mask.repeat_interleave(8, 0),
+                            do_sample=True, temperature=1.5, top_p=top_p, top_k=0, max_new_tokens=6,
+                            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    width = ours.prompt_width
+    said_eos = (ours.sequences[:, width:] == tokenizer.eos_token_id).any(0).nonzero()
+    first = int(said_eos[0]) if len(said_eos) else 6  # the first step at which a row finished
+    assert 0 < first < ours.generated_width - 1  # rows left the batch, and later steps ran without them
+    assert torch.equal(ours.sequences[:, : width + first + 1], theirs[:, : width + first + 1])
+    assert len(set(ours.texts)) > 3  # the draws differ across rows: sampling, not greedy
+    assert ours.decode_rows[first] < 24  # fewer rows in the decode step after the first eos
+
+
 def test_pack_gives_the_hf_samplers_layout(tiny):
     """The vLLM adapter returns token lists; `pack` must lay them out exactly as the HF sampler does."""
     from isoflop_cli.recipe.sampler import HFSampler, pack

@@ -20,6 +20,17 @@ from isoflop_cli.recipe.sampler import HFSampler
 TINY = flops.Shape(layers=1, hidden=4, intermediate=8, heads=2, kv_heads=1, head_dim=2, vocab=10)
 
 
+def test_decode_steps_count_only_the_rows_still_running():
+    """A row that said eos leaves the batch: decode step t counts the rows still running, each one
+    token over prompt + t keys (brute force), and every row at every step is the bound plan uses."""
+    prefill = flops.forward(TINY, 4, 3, 3, 1).total
+    expected = prefill + flops.forward(TINY, 3, 1, 4, 1).total + flops.forward(TINY, 1, 1, 5, 1).total
+    assert flops.generate(TINY, 4, 3, 3, decode_rows=(3, 1)) == pytest.approx(expected, rel=1e-12)
+    assert flops.generate(TINY, 4, 3, 3, decode_rows=(4, 4)) == pytest.approx(flops.generate(TINY, 4, 3, 3), rel=1e-12)
+    with pytest.raises(ValueError, match="decode_rows has 1 steps"):
+        flops.generate(TINY, 4, 3, 3, decode_rows=(4,))
+
+
 def test_forward_hand_computed():
     # per token: q 4x4 + k,v 2x(4x2) + o 4x4 + MLP 3x(4x8) = 16 + 16 + 16 + 96 = 144 MACs
     assert TINY.linear_macs == 144
@@ -100,7 +111,7 @@ def test_ledger_matches_flop_counter(name, lora):
         search = measured(lambda: box.update(r=sampler.sample(["12+34=", "5+6=", "70+8="], 4, 1.0, 1.0, 6)))
         r = box["r"]
         assert r.prefill_rows == (3 if shared else 12)
-        analytic = flops.generate(shape, 12, r.prompt_width, r.generated_width, r.prefill_rows)
+        analytic = flops.generate(shape, 12, r.prompt_width, r.generated_width, r.prefill_rows, r.decode_rows)
         assert abs(search - analytic) / search < 0.05
     actor = Actor(model)
     layouts = {"plain": Layout.plain(r.sequences, r.attention_mask, r.prompt_width),

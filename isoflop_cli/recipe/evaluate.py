@@ -105,7 +105,8 @@ class Evaluator:
             return sampler.sample([p.prompt for p in problems], self.m, *self.sampling)
 
     def _flops(self, rollouts) -> float:
-        return flops.generate(self.shape, len(rollouts.texts), rollouts.prompt_width, rollouts.generated_width, rollouts.prefill_rows)
+        return flops.generate(self.shape, len(rollouts.texts), rollouts.prompt_width, rollouts.generated_width, rollouts.prefill_rows,
+                              rollouts.decode_rows)
 
 
 def _correct(task, problems, texts: list[str], m: int) -> list[int]:

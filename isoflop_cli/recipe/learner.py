@@ -89,7 +89,7 @@ def _attention(module, query, key, value, attention_mask, tree: Tree | None = No
 
 
 AttentionInterface.register(TREE_ATTENTION, _attention)
-AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)  # outside a tree: SDPA's masks (generate, plain rows)
+AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)  # outside a tree: SDPA's masks (sampling, plain rows)
 
 
 @dataclass

@@ -1,7 +1,9 @@
-"""Rollouts from a Hugging Face model: n completions per prompt with `generate`, grouped by prompt.
+"""Rollouts from a Hugging Face model: n completions per prompt, grouped by prompt, sampled by a
+short decode loop over the model's forward with a KV cache (what `generate` does for plain
+sampling, without its per-step machinery).
 
 At n > 1 each distinct prompt is prefilled once and its KV cache repeated across its group
-(`shared_prefill`); `generate` then only runs each row's last prompt token and the decode steps.
+(`shared_prefill`); the loop then only runs each row's last prompt token and the decode steps.
 The sampler also records the log-prob of every sampled token under its own forward passes (the
 temperature-scaled distribution, as the learner defines it), which truncated importance sampling
 compares with the learner's.
@@ -18,7 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 import transformers
 from packaging.version import Version
-from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
+from transformers import DynamicCache
 
 # transformers 5.24 renamed `past_key_values` to `cache` (the old name warns); vLLM's CPU build pins
 # transformers < 5.20, so the sampler runs in both environments and passes the name each knows.
@@ -44,6 +46,13 @@ class Rollouts:
     def tokens_generated(self) -> int:
         return int(self.completion_mask.sum())
 
+    @property
+    def decode_rows(self) -> tuple[int, ...]:
+        """Rows running at each decode step 1 .. generated_width - 1: those whose completion (eos
+        included) is longer than the step. Both samplers drop a row from the batch once it said eos."""
+        lengths = self.completion_mask.sum(-1)
+        return tuple(int((lengths > t).sum()) for t in range(1, self.generated_width))
+
     def select(self, rows: torch.Tensor) -> "Rollouts":
         """These rows only, in the same layout (the rows a fractional epoch learns from)."""
         return replace(self, sequences=self.sequences[rows], attention_mask=self.attention_mask[rows], completion_mask=self.completion_mask[rows],
@@ -51,7 +60,7 @@ class Rollouts:
 
 
 def make_sampler(cfg, policy, tokenizer, max_prompt_tokens: int, own_copy: bool = False):
-    """The run's sampler (`sampler.name`): vLLM with its own engine, or HF generate on `policy`."""
+    """The run's sampler (`sampler.name`): vLLM with its own engine, or the HF decode loop on `policy`."""
     dtype = torch.bfloat16 if cfg.learner.bf16 else None  # the learner computes in bf16: so does its sampler
     if cfg.sampler.name == "vllm":
         from isoflop_cli.recipe import checkpoint
@@ -97,36 +106,61 @@ class HFSampler:
         input_ids = enc.input_ids.repeat_interleave(n, dim=0)
         prompt_mask = enc.attention_mask.repeat_interleave(n, dim=0)
         shared = self.shared_prefill and n > 1 and width > 1
-        cache = self._prefill(enc.input_ids[:, :-1], enc.attention_mask[:, :-1], n) if shared else None
-        chosen = _ChosenLogprobs(temperature)
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=prompt_mask,
-            **{CACHE: cache},
-            do_sample=True,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=0,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
-            logits_processor=LogitsProcessorList([chosen]),
-        )
-        completion = out[:, width:]
+        cache = self._prefill(enc.input_ids[:, :-1], enc.attention_mask[:, :-1], n) if shared else DynamicCache(config=self.model.config)
+        completion, chosen = self._decode(input_ids, prompt_mask, cache, width - 1 if shared else 0, temperature, top_p, max_new_tokens)
         is_eos = (completion == tok.eos_token_id).long()
         keep = (is_eos.cumsum(-1) - is_eos) == 0  # up to and including the first eos
-        logprobs = torch.zeros(out.shape[0], out.shape[1] - 1, device=out.device)
-        logprobs[:, width - 1 :] = chosen.finish(completion) * keep
+        logprobs = torch.zeros(completion.shape[0], width + completion.shape[1] - 1, device=completion.device)
+        logprobs[:, width - 1 :] = chosen * keep
         texts = tok.batch_decode(torch.where(keep, completion, tok.pad_token_id), skip_special_tokens=True)
         return Rollouts(
-            sequences=out,
+            sequences=torch.cat([input_ids, completion], dim=1),
             attention_mask=torch.cat([prompt_mask, keep.long()], dim=1),
             completion_mask=torch.cat([torch.zeros_like(prompt_mask), keep.long()], dim=1),
             logprobs=logprobs,
             texts=texts,
             prompt_width=width,
-            prefill_rows=len(prompts) if shared else out.shape[0],
+            prefill_rows=len(prompts) if shared else completion.shape[0],
         )
+
+    def _decode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: DynamicCache, cached: int, temperature: float,
+                top_p: float, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample up to max_new_tokens per row from softmax(logits / T) (within the top-p nucleus).
+        A row that says eos leaves the batch (its KV cache rows dropped; it takes padding from
+        there), so each decode step runs only the rows still going. Returns the tokens [R, T] and
+        each one's log softmax(logits / T) [R, T]: the distribution the learner computes, with
+        nothing else in between (a checkpoint's generation_config, which `generate` would apply,
+        has no say). `cached`: prompt positions already in `cache`. Until the first row finishes
+        it draws exactly what `generate` draws (do_sample, top_k=0); after, from the same
+        distribution with fewer rows."""
+        R = input_ids.shape[0]
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        step_ids, step_positions, mask = input_ids[:, cached:], positions[:, cached:], attention_mask
+        running = torch.arange(R, device=input_ids.device)  # the rows in the batch, by index into R
+        tokens = torch.full((R, max_new_tokens), pad, dtype=torch.long, device=input_ids.device)
+        chosen = torch.zeros(R, max_new_tokens, device=input_ids.device)
+        for t in range(max_new_tokens):
+            logits = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_positions, **{CACHE: cache}, use_cache=True,
+                                logits_to_keep=1).logits[:, -1].float() / temperature
+            logp = torch.log_softmax(logits, dim=-1)
+            if top_p < 1:  # the smallest set of tokens whose probability reaches top_p (at least one)
+                ascending, order = logits.sort(dim=-1)
+                outside = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+                outside[:, -1] = False
+                logits = logits.masked_fill(outside.scatter(1, order, outside), float("-inf"))
+            token = torch.multinomial(logits.softmax(dim=-1), 1).squeeze(1)
+            tokens[running, t] = token
+            chosen[running, t] = logp.gather(-1, token[:, None]).squeeze(-1)
+            going = token != eos
+            if not going.any():
+                return tokens[:, : t + 1], chosen[:, : t + 1]
+            if not going.all():
+                running, token, mask, step_positions = running[going], token[going], mask[going], step_positions[going]
+                cache.batch_select_indices(going.nonzero().squeeze(1))
+            step_ids, step_positions = token[:, None], step_positions[:, -1:] + 1
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        return tokens, chosen
 
     def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int) -> DynamicCache:
         """The KV cache of every prompt but its last token, computed once and repeated n times."""
@@ -136,29 +170,6 @@ class HFSampler:
                    **{CACHE: cache}, use_cache=True, logits_to_keep=1)
         cache.batch_repeat_interleave(n)
         return cache
-
-
-class _ChosenLogprobs(LogitsProcessor):
-    """Keeps log softmax(logits / T) of each step's sampled token (the token is known one step later).
-
-    Placed before generate's own warpers, it sees the model's logits; it returns them unchanged.
-    """
-
-    def __init__(self, temperature: float):
-        self.temperature = temperature
-        self.last: torch.Tensor | None = None
-        self.taken: list[torch.Tensor] = []
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.last is not None:
-            self.taken.append(self.last.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        self.last = torch.log_softmax(scores.float() / self.temperature, dim=-1)
-        return scores
-
-    def finish(self, completion: torch.Tensor) -> torch.Tensor:
-        """[R, T]: the log-prob of each completion token."""
-        self.taken.append(self.last.gather(-1, completion[:, -1:]).squeeze(-1))
-        return torch.stack(self.taken, dim=1)
 
 
 def pack(prompt_ids: list[list[int]], completions: list[list[int]], logprobs: list[list[float]], n: int, tokenizer) -> Rollouts:

@@ -279,6 +279,8 @@ class Trainer:
         """Log-probs the updates compare against, on this rank's rows: the reference's (KL) and,
         when the batch is reused or a value head needs its old estimates, the sampling-time policy's."""
         batch.ref_logp, batch.old_logp, batch.old_values = (torch.zeros_like(batch.mask) for _ in range(3))
+        if not (self.passes.reference or self.passes.old_policy):
+            return
         with self.meter.count("learning"):
             for idx in itertools.chain.from_iterable(batch.chunks):
                 rows = self.layout(batch, idx)
@@ -354,7 +356,7 @@ class Trainer:
         r, s, B_p, n = batch.rollouts, batch.sampled, self.B_p, self.n
         sizes = flops.StepBatch(prompts=B_p, n=n, prompt_width=r.prompt_width, generated_width=s.generated_width, prefill_rows=s.prefill_rows,
                                 n_learn=batch.n_learn, tree_tokens=tree_tokens(r.attention_mask, r.prompt_width, batch.n_learn),
-                                learned_tokens=r.tokens_generated)
+                                learned_tokens=r.tokens_generated, decode_rows=s.decode_rows)
         cost = flops.step_cost(self.shape, self.algo, sizes, self.learner.shared_prompt, batch.reward_flops)
         ledger, since_eval = self.progress.ledger, self.progress.since_eval
         ledger["rollouts"] += B_p * n
