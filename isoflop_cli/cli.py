@@ -12,6 +12,8 @@ import json
 import math
 import os
 import signal
+import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Optional
 
@@ -27,7 +29,7 @@ from isoflop_cli.config import ConfigError
 from isoflop_cli.schedule import DEFAULT_MARGIN, Schedule
 from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, check_cluster, sweep_lock
 from isoflop_cli.head import HeadError, die_with_parent, ray_cluster
-from isoflop_cli.store import FINISHED, PAUSED, SweepDir, atomic_write, disk_full_message, is_disk_full, read_json
+from isoflop_cli.store import FAILED, FINISHED, PAUSED, STOPPED, SweepDir, atomic_write, disk_full_message, is_disk_full, read_json
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -299,6 +301,37 @@ def status(path: Path = typer.Argument(..., help="A sweep directory (OUT/<name>)
     with user_errors():
         sweep_dir = _sweep_dir(path)
     console.print(report.sweep_table(sweep_dir))
+
+
+DONE_WITH = (FINISHED, FAILED, STOPPED, PAUSED)  # a cell in these states gets no more log from the sweep
+
+
+@app.command()
+def logs(
+    path: Path = typer.Argument(..., help="A sweep directory (OUT/<name>)."),
+    run_id: str = typer.Argument(..., help="A run id, as `isoflop status` lists them."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing as the log grows, until the sweep is done with the run."),
+) -> None:
+    """A run's job log, as the sweep copies it into the run dir (every cluster.log_every_s while the
+    job runs, and whole when it ends). --follow shows it live while a sweep is watching the run."""
+    with user_errors():
+        sweep_dir = _sweep_dir(path)
+        if run_id not in sweep_dir.manifest()["cells"]:
+            raise ConfigError(f"no run '{run_id}' in {path}: `isoflop status {path}` lists its runs")
+    files, shown = sweep_dir.run(run_id), ""
+    while True:
+        text = files.log.read_text(errors="replace") if files.log.exists() else ""
+        if not text.startswith(shown):  # a retry's job: its own log from the start
+            console.print(f"--- {run_id}: a new attempt's log ---", style="dim")
+            shown = ""
+        sys.stdout.write(text[len(shown):])
+        sys.stdout.flush()
+        shown = text
+        if not follow or sweep_dir.manifest()["cells"][run_id].get("state") in DONE_WITH:
+            break
+        time.sleep(0.5)
+    if not shown:
+        console.print(f"no log yet for {run_id}: its job has not started, or no sweep has watched it", style="dim")
 
 
 @app.command()

@@ -226,6 +226,7 @@ class ClusterConfig:
     # (exit 2) or the same error twice is not. 1: never retry.
     max_attempts: int = 3
     poll_s: float = 1.0
+    log_every_s: float = 5.0  # a running job's log is copied into its run dir (job.log) this often
 
 
 @dataclass
@@ -519,6 +520,7 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
     c = cfg.cluster
     positive("cluster.cpus_per_run", c.cpus_per_run)
     positive("cluster.poll_s", c.poll_s)
+    positive("cluster.log_every_s", c.log_every_s)
     positive("cluster.max_attempts", c.max_attempts)
     if not (math.isfinite(c.gpus_per_run) and c.gpus_per_run >= 0):
         raise ConfigError(f"cluster.gpus_per_run must be >= 0, got {c.gpus_per_run}")

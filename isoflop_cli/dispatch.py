@@ -125,6 +125,8 @@ class Dispatcher:
     tries: dict[str, int] = field(default_factory=dict)  # jobs submitted per run in this dispatch (cluster.max_attempts bounds it)
     head_grace_s: float = HEAD_GRACE_S  # a head that does not answer for this long is lost
     command: str = "run"  # the isoflop command each job runs on its directory (calibrate-shard for calibration)
+    logged: dict[str, float] = field(default_factory=dict)  # run_id -> when its running job's log was last copied (monotonic)
+    log_sizes: dict[str, tuple[str, int]] = field(default_factory=dict)  # run_id -> (submission, characters) of the log last written
 
     def __post_init__(self) -> None:
         from ray.job_submission import JobSubmissionClient
@@ -242,6 +244,7 @@ class Dispatcher:
                             cells[rid]["error"] = reason
                             self.failed.add(rid)
                     self.sweep.write_manifest(manifest)
+            self._stream_logs()
             self.on_poll()
             if queue or self.active or waiting:
                 time.sleep(self.cluster.poll_s)
@@ -303,9 +306,22 @@ class Dispatcher:
         except Exception:  # a lost job, an older Ray
             return None
 
+    def _stream_logs(self) -> None:
+        """Every cluster.log_every_s, each running job's log so far into its run dir (`isoflop logs`
+        reads it): a run's output is there while it runs, not only when its job ends."""
+        now = time.monotonic()
+        for rid, sid in self.active.items():
+            if now - self.logged.get(rid, float("-inf")) >= self.cluster.log_every_s:
+                self.logged[rid] = now
+                self._save_log(rid, sid)
+
     def _save_log(self, run_id: str, submission_id: str) -> None:
+        """The job's whole log (Ray keeps it), written only when it grew."""
         with contextlib.suppress(Exception):
-            atomic_write(self.sweep.run(run_id).log, self.client.get_job_logs(submission_id))
+            text = self.client.get_job_logs(submission_id)
+            if self.log_sizes.get(run_id) != (submission_id, len(text)):
+                atomic_write(self.sweep.run(run_id).log, text)
+                self.log_sizes[run_id] = (submission_id, len(text))
 
     def _failure(self, run_id: str, submission_id: str, job_state: str | None) -> str:
         """The run's own error or its log's exception line, else what Ray says of the job's end

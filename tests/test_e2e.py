@@ -113,14 +113,29 @@ def running_run(sweep_dir: Path, past_step: int = 1) -> str | None:
     return None
 
 
+def log_streamed_while_running(sweep_dir: Path) -> bool:
+    """Some run is running and its run dir already holds its current job's log."""
+    cells = json.loads((sweep_dir / "manifest.json").read_text())["cells"]
+    for run_id, cell in cells.items():
+        run_dir = sweep_dir / "runs" / run_id
+        if (run_dir / "status.json").exists() and json.loads((run_dir / "status.json").read_text())["state"] == "running":
+            log = run_dir / "job.log"
+            if "submission_id" in cell and log.exists() and f"Running entrypoint for job {cell['submission_id']}" in log.read_text():
+                return True
+    return False
+
+
 def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     """Kill the CLI (the head keeps running: reattach); kill CLI and head (jobs lost: resubmit);
     Ctrl-C (jobs and head stopped) after a run saved a checkpoint; then a last rerun finishes the
-    sweep, that run resuming from its checkpoint."""
-    args = [sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(tmp_path), *SMALL, "cluster.local_cpus=1", "checkpoint.every=4"]
+    sweep, that run resuming from its checkpoint. While a run goes, its job's log is in its run dir
+    (`isoflop logs` prints it), not only once the job ends."""
+    args = [sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(tmp_path), *SMALL, "cluster.local_cpus=1", "checkpoint.every=4",
+            "cluster.log_every_s=0.5"]
     sweep_dir = tmp_path / "default"
 
     cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: (sweep_dir / "manifest.json").exists() and log_streamed_while_running(sweep_dir), 300, "a running job's log in its run dir")
     wait_for(lambda: len(finished_runs(sweep_dir)) >= 1, 300, "a first finished run")
     cli.kill()
     cli.wait()
@@ -152,7 +167,7 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     assert len(final) == 4
     for run_id, before in second.items():
         assert final[run_id] == before, f"finished run {run_id} was run again"
-    assert "resumed from the checkpoint at step" in (sweep_dir / "runs" / interrupted / "job.log").read_text()
+    assert "resumed from the checkpoint at step" in isoflop("logs", str(sweep_dir), interrupted).stdout
     assert not (sweep_dir / "runs" / interrupted / "checkpoint").exists()  # removed once the run finished
     manifest = json.loads((sweep_dir / "manifest.json").read_text())
     assert all(c["state"] == "finished" for c in manifest["cells"].values())

@@ -1,0 +1,51 @@
+"""`isoflop logs`: a run's job log from its run dir, whole, or followed while the sweep copies it in."""
+
+import threading
+import time
+
+from typer.testing import CliRunner
+
+from isoflop_cli.cli import app
+from isoflop_cli.store import SweepDir
+
+RUN = "n2_bp2_s0_0123abcd"
+
+
+def one_run_sweep(tmp_path, state: str):
+    sweep = SweepDir(tmp_path / "default")
+    sweep.path.mkdir(parents=True)
+    sweep.write_manifest({"cells": {RUN: {"M": 4, "state": state}}})
+    sweep.run(RUN).dir.mkdir(parents=True)
+    return sweep
+
+
+def test_logs_prints_a_runs_log_and_names_an_unknown_run(tmp_path):
+    sweep = one_run_sweep(tmp_path, "finished")
+    empty = CliRunner().invoke(app, ["logs", str(sweep.path), RUN])
+    assert empty.exit_code == 0 and "no log yet" in empty.output
+    sweep.run(RUN).log.write_text("line 1\nline 2\n")
+    result = CliRunner().invoke(app, ["logs", str(sweep.path), RUN])
+    assert result.exit_code == 0 and result.output == "line 1\nline 2\n"
+    bad = CliRunner().invoke(app, ["logs", str(sweep.path), "nope"])
+    assert bad.exit_code == 2 and "no run 'nope'" in bad.output
+
+
+def test_logs_follow_prints_the_log_as_it_grows_until_the_sweep_is_done_with_the_run(tmp_path):
+    """What the sweep writes while the job runs (the whole log each time), a retry's new log, and
+    the end when the manifest says the cell is finished."""
+    sweep = one_run_sweep(tmp_path, "submitted")
+    log = sweep.run(RUN).log
+
+    def sweep_side():
+        for text in ("step 1\n", "step 1\nstep 2\n", "attempt 2\n"):
+            time.sleep(1.0)
+            log.write_text(text)
+        time.sleep(1.0)
+        sweep.write_manifest({"cells": {RUN: {"M": 4, "state": "finished"}}})
+
+    writer = threading.Thread(target=sweep_side)
+    writer.start()
+    result = CliRunner().invoke(app, ["logs", str(sweep.path), RUN, "--follow"])
+    writer.join()
+    assert result.exit_code == 0, result.output
+    assert result.output == f"step 1\nstep 2\n--- {RUN}: a new attempt's log ---\nattempt 2\n"
