@@ -30,6 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 from isoflop_cli.algorithms import ALGORITHMS, LOSS_AGGS, spec
 from isoflop_cli.flops import PROJECTIONS, Shape, UnsupportedModel
 from isoflop_cli.schedule import DEFAULT_MARGIN, Schedule
+from isoflop_cli.tracking import BACKENDS, PACKAGES as TRACKER_PACKAGES
 from isoflop_cli import tasks
 from isoflop_cli.recipe.rewards import NEEDS, REWARDS, load_function
 from isoflop_cli.tasks.arith import ALPHABET
@@ -255,6 +256,17 @@ class CalibrateConfig:
 
 
 @dataclass
+class TrackingConfig:
+    """Experiment trackers for every eval row of every run (see tracking.py); off by default."""
+
+    backends: list[str] = field(default_factory=list)  # any of wandb, mlflow, tensorboard
+    project: str = "isoflop"  # the wandb project and the MLflow experiment
+    dir: Optional[str] = None  # offline files (wandb offline runs, MLflow file store, TensorBoard events); null: <sweep dir>/tracking
+    wandb_mode: str = "offline"  # offline (upload later with `wandb sync`) or online
+    mlflow_uri: Optional[str] = None  # an MLflow server or database URI; null: a file store under tracking.dir
+
+
+@dataclass
 class SweepConfig:
     name: str = DEFAULT_SWEEP
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -270,6 +282,7 @@ class SweepConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     flops: FlopsConfig = field(default_factory=FlopsConfig)
     calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     # The values of one run (`isoflop run`); a sweep sets them per cell from the grid.
     n: int = 8
     B_p: int = 8
@@ -312,7 +325,7 @@ def load(config: str | None = None, overrides: list[str] | tuple[str, ...] = ())
     return cfg
 
 
-PATH_KEYS = ("model.path", "reward.path", "task.train", "task.val")
+PATH_KEYS = ("model.path", "reward.path", "task.train", "task.val", "tracking.dir")
 
 
 def _absolute_paths(cfg: DictConfig) -> None:
@@ -533,6 +546,7 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
         if cfg.model.path is None or (cfg.reward.name == "prm" and cfg.reward.path is None):
             _check_model_cache()
     check_engine(cfg)
+    _check_tracking(cfg.tracking)
     plain = lambda node: OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node  # noqa: E731
     _check_finite({key: plain(cfg[key]) for key in cfg if key != "grid"}, "")
     _check_finite({key: plain(g[key]) for key in g if axes or key != "axes"}, "grid")
@@ -706,6 +720,16 @@ def _check_build(name: str, b: DictConfig) -> None:
         raise ConfigError(f"{name}: steps must be >= 0 and lr > 0, got {b.steps} and {b.lr}")
 
 
+def _check_tracking(t: DictConfig) -> None:
+    """Known backends, each importable here (the runs import it where they run), a known wandb mode."""
+    for name in t.backends:
+        check_choice("tracking.backends", name, BACKENDS)
+        if importlib.util.find_spec(name) is None:
+            raise ConfigError(f"tracking.backends {name} needs its package: pip install {TRACKER_PACKAGES[name]} (or pip install 'isoflop[tracking]')")
+    _check_no_repeats("tracking.backends", t.backends)
+    check_choice("tracking.wandb_mode", t.wandb_mode, ("offline", "online"))
+
+
 def check_engine(cfg: DictConfig) -> None:
     """The learner, sampler and checkpoint settings; GPU-only paths need GPUs in the run."""
     a, lrn, smp = cfg.algo, cfg.learner, cfg.sampler
@@ -783,7 +807,7 @@ def check_writable(out: Path) -> Path:
     return out
 
 
-SWEEP_ONLY = ("grid", "cluster", "name", "calibrate")  # config parts that do not change what a run computes
+SWEEP_ONLY = ("grid", "cluster", "name", "calibrate", "tracking")  # config parts that do not change what a run computes
 
 
 def run_content(cfg: DictConfig) -> dict[str, Any]:

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+from omegaconf import OmegaConf
 from rich.table import Table
 
-from isoflop_cli.config import check_writable
+from isoflop_cli.config import TrackingConfig, check_writable
 from isoflop_cli.fit import data, methods, outputs, report
 from isoflop_cli.fit.data import FitSpec, FitWarning
 from isoflop_cli.fit.interference import load_problems
+from isoflop_cli.tracking import log_fit
 
 
 @dataclass
@@ -40,7 +43,21 @@ def fit(paths: list[Path], spec: FitSpec, asked: list[str], out: Path | None) ->
         results = methods.run(df, spec, asked or methods.defaults(df, spec), explicit=bool(asked), problems=problems)
         written, front = outputs.write(df, info, spec, results, out)
     notes = list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, FitWarning)))
+    _track(paths[0], out, written)
     return Fitted(tables(results, spec, front), written, notes)
+
+
+def _track(path: Path, out: Path, written: list[Path]) -> None:
+    """A sweep with trackers (its sweep.yaml's tracking.backends) gets its fit in a sweep-level
+    tracker run beside its runs' (tracking.log_fit)."""
+    file = path / "sweep.yaml"
+    if not (path.is_dir() and file.is_file()):
+        return
+    swept = OmegaConf.load(file)
+    tracking = OmegaConf.merge(OmegaConf.structured(TrackingConfig), swept.get("tracking") or {})
+    if tracking.backends:
+        summary = json.loads((out / "fit.json").read_text()) if (out / "fit.json").exists() else {}
+        log_fit(tracking, swept.get("name", path.name), summary, written, Path(tracking.dir) if tracking.dir else path / "tracking")
 
 
 def tables(results: dict, spec: FitSpec, front: pd.DataFrame | None) -> list[Table]:

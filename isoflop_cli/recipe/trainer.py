@@ -39,6 +39,7 @@ from isoflop_cli.recipe.measure import Meter
 from isoflop_cli.recipe.rewards import make_reward
 from isoflop_cli.recipe.sampler import Rollouts, make_sampler
 from isoflop_cli.store import FAILED, PAUSED, RUNNING, RunFiles, disk_full_message, is_disk_full
+from isoflop_cli.tracking import Tracking, flat, tracker_root
 
 STATS = ("reward", "zero_var", "loss", "kl", "entropy", "clip_frac", "tis", "value_loss")
 
@@ -134,6 +135,9 @@ class Trainer:
         self._build_task()
         self._build_optimizer()
         self._resume()
+        # The run's tracker runs (rank 0), keyed by its run id: a resumed run continues them.
+        self.tracking = Tracking(cfg.tracking, files.dir.name, cfg.name, flat(OmegaConf.to_container(cfg, resolve=True)),
+                                 tracker_root(cfg.tracking, files.dir)) if group.is_main else None
 
     def _build_models(self) -> None:
         """The policy (with LoRA adapters), its value head if the algorithm has one, and the KL
@@ -217,6 +221,8 @@ class Trainer:
             self.save()
         elif self.group.is_main and self.files.read_metrics()[-1]["step"] != self.progress.step:
             self.evaluate()  # the run's last point, when it fell between checkpoints
+        if self.tracking:
+            self.tracking.close()
 
     def step(self) -> None:
         problems = [next(self.prompts) for _ in range(self.B_p)]
@@ -410,6 +416,7 @@ class Trainer:
             "wall_s": round(time.time() - self.started, 3),
         }
         self.files.append_metrics(row)
+        self.tracking.log(row)
         for v in since_eval.values():
             v.clear()
 
