@@ -152,8 +152,13 @@ def _dispatch(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell]) -> tuple[pd.
         prepare(sweep_dir, cfg, cells)
         table = lambda: report.sweep_table(sweep_dir)  # noqa: E731
         console.print(f"sweep dir: {sweep_dir.path}")
-        with dispatch_errors(), ray_cluster(cfg.cluster, sweep_dir.path) as address, Live(table(), console=console, refresh_per_second=2) as live:
-            states = Dispatcher(sweep_dir, cfg.cluster, address, on_poll=lambda: live.update(table())).run()
+        with dispatch_errors(), ray_cluster(cfg.cluster, sweep_dir.path) as address:
+            dispatcher = Dispatcher(sweep_dir, cfg.cluster, address)
+            with user_errors():
+                _preflight(dispatcher, cfg)
+            with Live(table(), console=console, refresh_per_second=2) as live:
+                dispatcher.on_poll = lambda: live.update(table())
+                states = dispatcher.run()
         console.print()
         df = sweep_dir.collect()
         failed = {rid: sweep_dir.manifest()["cells"][rid].get("error", "") for rid, s in states.items() if s not in (FINISHED, PAUSED)}
@@ -164,6 +169,47 @@ def _dispatch(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell]) -> tuple[pd.
     for rid, why in failed.items():
         err.print(Text.assemble(("failed ", "red"), f"{rid}: {why}"), soft_wrap=True)
     return df, failed
+
+
+def _preflight(dispatcher: Dispatcher, cfg) -> list:
+    """The preflight probe before any run is submitted: its problems are one ConfigError (exit 2)."""
+    with console.status("preflight: probing the cluster's nodes"):
+        nodes, problems = dispatcher.preflight(cfg)
+    if problems:
+        raise ConfigError(f"preflight found {len(problems)} problem(s) before any run started:\n" + "\n".join(f"  - {p}" for p in problems))
+    return nodes
+
+
+@app.command()
+def doctor(
+    overrides: Optional[list[str]] = OVERRIDES,
+    config: Optional[str] = CONFIG,
+    out: Path = typer.Option(DEFAULT_OUT, "--out", "-o", help="Output root; the sweep dir OUT/<name> is where the shared-dir check writes."),
+) -> None:
+    """The sweep's preflight alone: on a node of each type, isoflop and Python as the CLI's, the sweep
+    dir shared, the model and data readable, vLLM importable (sampler=vllm); and a node with the
+    CPUs and GPUs a run asks for. One line per problem, exit 2; nothing is run."""
+    with user_errors():
+        cfg = config_mod.load(config, list(overrides or []))
+        check_cluster(cfg.cluster)
+        sweep_dir = SweepDir(config_mod.check_writable(out / cfg.name))
+    with contextlib.ExitStack() as held:
+        with user_errors():
+            held.enter_context(sweep_lock(sweep_dir.path))
+        with ray_cluster(cfg.cluster, sweep_dir.path) as address, user_errors():
+            nodes = _preflight(Dispatcher(sweep_dir, cfg.cluster, address), cfg)
+    for n in nodes:
+        console.print(f"node {n.host}{f' x{n.count}' if n.count > 1 else ''}: {n.cpus:g} CPU, {n.gpus:g} GPU, isoflop {n.version}, Python {n.python}, "
+                      "sweep dir shared, run files readable" + (", vLLM imports" if n.vllm else ""), soft_wrap=True)
+    console.print(f"ready: a run asks for {cfg.cluster.cpus_per_run:g} CPU and {cfg.cluster.gpus_per_run:g} GPU", soft_wrap=True)
+
+
+@app.command("preflight-probe", hidden=True)
+def preflight_probe(spec: str = typer.Argument(..., help="The checks, as preflight.check encodes them.")) -> None:
+    """The preflight's probe job (what `doctor` and `sweep` submit)."""
+    from isoflop_cli import preflight
+
+    preflight.probe(spec)
 
 
 def check_same_grid(sweep_dir: SweepDir, cells: list[grid_mod.Cell], extend: bool, hint: str = "rerun with --extend to add this grid's cells to them, or ") -> None:

@@ -24,6 +24,7 @@ from typing import Callable, Iterator
 import pandas as pd
 from omegaconf import DictConfig
 
+from isoflop_cli import preflight
 from isoflop_cli.config import ConfigError
 from isoflop_cli.head import HeadError
 from isoflop_cli.schedule import Schedule, decide
@@ -270,13 +271,10 @@ class Dispatcher:
         attempt = cell.get("attempts", 0) + 1
         cell["attempts"] = attempt
         self.tries[run_id] = self.tries.get(run_id, 0) + 1
-        python = self.cluster.python or sys.executable
         # exec: the run is the job's process, so it ends with its job (see EXIT_WITH_PARENT).
-        command = [python, "-m", "isoflop_cli", self.command, "--config", str(files.config), "--out", str(files.dir)]
+        command = [self.python, "-m", "isoflop_cli", self.command, "--config", str(files.config), "--out", str(files.dir)]
         entrypoint = "exec " + shlex.join(command + (["--pause-at", repr(float(pause_at))] if pause_at is not None else []))
-        env = {"OMP_NUM_THREADS": str(max(1, int(self.cluster.cpus_per_run))), "RAY_USAGE_STATS_ENABLED": "0", EXIT_WITH_PARENT: "1"}
-        if "ISOFLOP_CACHE" in os.environ:
-            env["ISOFLOP_CACHE"] = os.environ["ISOFLOP_CACHE"]
+        env = {**self.env(), EXIT_WITH_PARENT: "1"}
         submission_id = f"isoflop-{self.sweep.path.name}-{run_id}-{attempt}" if self.command != "run" else f"isoflop-{run_id}-{attempt}"
         try:
             return self._ask(
@@ -291,6 +289,24 @@ class Dispatcher:
             if "already exists" not in str(e):
                 raise
             return submission_id  # an earlier try reached the head (its answer was lost): the job is this run's
+
+    @property
+    def python(self) -> str:
+        """The runs' interpreter on the nodes."""
+        return self.cluster.python or sys.executable
+
+    def env(self) -> dict[str, str]:
+        """The environment of every job the sweep submits."""
+        env = {"OMP_NUM_THREADS": str(max(1, int(self.cluster.cpus_per_run))), "RAY_USAGE_STATS_ENABLED": "0"}
+        for name in ("ISOFLOP_CACHE", "RAY_AUTH_MODE"):
+            if name in os.environ:
+                env[name] = os.environ[name]
+        return env
+
+    def preflight(self, cfg) -> tuple[list, list[str]]:
+        """The preflight probe (preflight.check) on this cluster, with the runs' interpreter and
+        environment: the node types it saw, and one line per problem."""
+        return preflight.check(self.client, cfg, self.sweep.path, self.python, self.env())
 
     def _job_status(self, submission_id: str) -> str | None:
         """The job's state, or None when the cluster does not know it (lost with an old head)."""

@@ -1,0 +1,180 @@
+"""Preflight: before a sweep submits its first run, one short probe job checks on the cluster what
+every run will need, so a sweep fails in seconds with one line per problem instead of hours later
+(`isoflop doctor` runs the same checks alone).
+
+The probe is a Ray job (the runs' interpreter, `cluster.python`) that asks its cluster for its
+alive nodes and runs one check on a node of each type (its CPU and GPU counts), pinned there:
+the node's isoflop version and Python against the CLI's; whether the sweep dir is shared (the
+node reads a file the CLI wrote there, and writes one the CLI then reads); whether the files the
+runs read (model, reward model, data) are readable there; whether vLLM imports (sampler=vllm).
+The CLI adds what only the whole cluster tells: whether any node has the CPUs and GPUs a run asks
+for (a request no node can satisfy would stay pending forever). What the probe finds comes back
+in its job log, so it arrives even when nothing is shared.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import shlex
+import socket
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+MARK = "ISOFLOP_PREFLIGHT "  # the probe's result line in its job log
+DIR = ".preflight"  # in the sweep dir: the files of the shared-dir check
+WAIT_S = 120.0  # a probe not done by then is a problem (a cluster with no room even for it, a hung node)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What the probe checks, sent in its entrypoint (no shared file needed to read it)."""
+
+    version: str  # the CLI's isoflop version
+    python: str  # the CLI's Python, major.minor
+    sweep_dir: str
+    nonce: str
+    paths: dict[str, str]  # config key -> a file or directory every run reads
+    vllm: bool
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node type as its probe saw it."""
+
+    host: str
+    cpus: float
+    gpus: float
+    count: int  # alive nodes of this type
+    version: str
+    python: str
+    reads_cli_file: bool
+    wrote: str | None  # the file it wrote in the sweep dir, None when it could not
+    unreadable: dict[str, str]  # config key -> why
+    vllm: bool
+
+
+def version() -> str:
+    return importlib.metadata.version("isoflop")
+
+
+def spec_for(cfg, sweep_dir: Path) -> Spec:
+    from isoflop_cli.config import PATH_KEYS
+
+    paths = {key: value for key in PATH_KEYS if key != "tracking.dir" and isinstance(value := _select(cfg, key), str) and value}
+    paths.update({f"eval.{part}.{name}": str(p) for part in ("sets", "judges") for name, p in cfg.eval[part].items()})
+    return Spec(version(), platform.python_version_tuple()[0] + "." + platform.python_version_tuple()[1], str(sweep_dir.absolute()),
+                uuid.uuid4().hex[:12], paths, cfg.sampler.name == "vllm")
+
+
+def check(client, cfg, sweep_dir: Path, python: str, env: dict[str, str], wait_s: float = WAIT_S) -> tuple[list[Node], list[str]]:
+    """Run the probe job on the cluster behind `client` (a JobSubmissionClient); the node types it
+    saw and one line per problem (none: every run can start)."""
+    spec = spec_for(cfg, sweep_dir)
+    shared = sweep_dir.absolute() / DIR
+    shared.mkdir(parents=True, exist_ok=True)
+    (shared / f"{spec.nonce}.cli").write_text(spec.nonce)
+    encoded = base64.urlsafe_b64encode(json.dumps(asdict(spec)).encode()).decode()
+    sid = client.submit_job(entrypoint=shlex.join([python, "-m", "isoflop_cli", "preflight-probe", encoded]),
+                            submission_id=f"isoflop-preflight-{spec.nonce}", entrypoint_num_cpus=0, runtime_env={"env_vars": env})
+    deadline = time.monotonic() + wait_s
+    while str(client.get_job_status(sid).value) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+        if time.monotonic() > deadline:
+            client.stop_job(sid)
+            return [], [f"the preflight probe did not finish in {wait_s:.0f} s (job {sid}): the cluster has no room even for it, or a node hangs"]
+        time.sleep(0.5)
+    log = client.get_job_logs(sid)
+    lines = [line[len(MARK):] for line in log.splitlines() if line.startswith(MARK)]
+    if not lines:
+        last = next((line for line in reversed(log.splitlines()) if line.strip()), "no output")
+        return [], [f"the preflight probe failed on the cluster (job {sid}, with {python}): {last}"]
+    nodes = [Node(**n) for n in json.loads(lines[-1])]
+    found = problems(spec, nodes, cfg.cluster.cpus_per_run, cfg.cluster.gpus_per_run, shared)
+    for p in shared.glob(f"{spec.nonce}.*"):
+        p.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        shared.rmdir()  # empty unless another check runs beside this one
+    return nodes, found
+
+
+def problems(spec: Spec, nodes: list[Node], cpus: float, gpus: float, shared: Path) -> list[str]:
+    """One line per problem, from the node types the probe saw (pure: tested on made-up nodes)."""
+    out = []
+    for n in nodes:
+        where = f"node {n.host} ({_count(n.cpus)} CPU, {_count(n.gpus)} GPU{', x' + str(n.count) if n.count > 1 else ''})"
+        if (n.version, n.python) != (spec.version, spec.python):
+            out.append(f"{where} has isoflop {n.version} on Python {n.python}, the CLI {spec.version} on {spec.python}: "
+                       "install the same isoflop and Python on every node (cluster.python names the runs' interpreter)")
+        if not n.reads_cli_file or not (n.wrote and (shared / n.wrote).exists()):
+            out.append(f"{where} does not share the sweep dir {spec.sweep_dir} with the CLI (a file written on one side is not there on the "
+                       "other): mount it at the same path on every node and where the CLI runs")
+        for key, why in n.unreadable.items():
+            out.append(f"{key} ({spec.paths[key]}) is {why} on {where}: every node must read it at that path")
+        if spec.vllm and not n.vllm:
+            out.append(f"sampler=vllm but vLLM does not import on {where}: install it there (pip install 'isoflop[vllm]') or point cluster.python at a Python that has it")
+    if nodes and not any(n.cpus >= cpus and n.gpus >= gpus for n in nodes):
+        have = "; ".join(f"{n.count} x ({_count(n.cpus)} CPU, {_count(n.gpus)} GPU)" for n in nodes)
+        out.append(f"no node has the {_count(cpus)} CPUs and {_count(gpus)} GPUs a run asks for (cluster.cpus_per_run, cluster.gpus_per_run): "
+                   f"its runs would wait forever; the cluster has {have}")
+    return out
+
+
+def probe(encoded: str) -> None:
+    """The probe job's body: one check per node type, pinned to a node of it; prints the result line."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    spec = Spec(**json.loads(base64.urlsafe_b64decode(encoded)))
+    ray.init(logging_level="ERROR")
+    types: dict[tuple[float, float], list[dict]] = {}
+    for node in ray.nodes():
+        if node["Alive"]:
+            resources = node["Resources"]
+            types.setdefault((resources.get("CPU", 0.0), resources.get("GPU", 0.0)), []).append(node)
+    remote = ray.remote(num_cpus=0)(_check_node)
+    refs = [remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(group[0]["NodeID"], soft=False)).remote(spec, cpus, gpus, len(group))
+            for (cpus, gpus), group in types.items()]
+    nodes = ray.get(refs, timeout=WAIT_S / 2)
+    print(MARK + json.dumps([asdict(n) for n in nodes]), flush=True)
+
+
+def _check_node(spec: Spec, cpus: float, gpus: float, count: int) -> Node:
+    shared = Path(spec.sweep_dir) / DIR
+    try:
+        reads = (shared / f"{spec.nonce}.cli").read_text() == spec.nonce
+    except OSError:
+        reads = False
+    name = f"{spec.nonce}.{socket.gethostname()}-{os.getpid()}"
+    try:
+        (shared / name).write_text(spec.nonce)
+        wrote = name
+    except OSError:
+        wrote = None
+    unreadable = {}
+    for key, value in spec.paths.items():
+        path = Path(value)
+        if not path.exists():
+            unreadable[key] = "missing"
+        elif not os.access(path, os.R_OK):
+            unreadable[key] = "not readable"
+    return Node(host=socket.gethostname(), cpus=cpus, gpus=gpus, count=count, version=version(),
+                python=f"{sys.version_info.major}.{sys.version_info.minor}", reads_cli_file=reads, wrote=wrote, unreadable=unreadable,
+                vllm=importlib.util.find_spec("vllm") is not None)
+
+
+def _select(cfg, key: str):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(cfg, key, throw_on_missing=False)
+
+
+def _count(x: float) -> str:
+    return f"{x:g}"

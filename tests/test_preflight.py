@@ -1,0 +1,59 @@
+"""The preflight's verdicts on node types as a probe reports them (made-up nodes: every problem it
+names, and none for a node that has everything), and the probe for real on a local Ray head."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from isoflop_cli.preflight import Node, Spec, problems
+
+SPEC = Spec(version="0.1.0", python="3.11", sweep_dir="/shared/sweeps/default", nonce="abc", paths={"model.path": "/models/qwen"}, vllm=True)
+
+
+def node(tmp_path: Path, **changes) -> Node:
+    (tmp_path / "abc.gpu-1").write_text("abc")
+    good = dict(host="gpu-1", cpus=16, gpus=8, count=2, version="0.1.0", python="3.11", reads_cli_file=True, wrote="abc.gpu-1", unreadable={}, vllm=True)
+    return Node(**{**good, **changes})
+
+
+def test_a_node_with_everything_has_no_problem(tmp_path):
+    assert problems(SPEC, [node(tmp_path)], cpus=16, gpus=8, shared=tmp_path) == []
+
+
+@pytest.mark.parametrize("changes, needle", [
+    ({"version": "0.0.9"}, "has isoflop 0.0.9 on Python 3.11, the CLI 0.1.0 on 3.11"),
+    ({"python": "3.10"}, "on Python 3.10"),
+    ({"reads_cli_file": False}, "does not share the sweep dir /shared/sweeps/default"),
+    ({"wrote": "abc.elsewhere"}, "does not share the sweep dir"),  # it wrote, but not where the CLI looks
+    ({"unreadable": {"model.path": "missing"}}, "model.path (/models/qwen) is missing on node gpu-1 (16 CPU, 8 GPU, x2)"),
+    ({"vllm": False}, "sampler=vllm but vLLM does not import on node gpu-1"),
+])
+def test_each_problem_is_one_line_naming_the_node_and_the_fix(tmp_path, changes, needle):
+    found = problems(SPEC, [node(tmp_path, **changes)], cpus=16, gpus=8, shared=tmp_path)
+    assert len(found) == 1 and needle in found[0], found
+
+
+def test_a_request_no_node_can_satisfy_is_refused(tmp_path):
+    nodes = [node(tmp_path), node(tmp_path, host="cpu-1", cpus=64, gpus=0, count=4)]
+    assert problems(SPEC, nodes, cpus=16, gpus=8, shared=tmp_path) == []  # the GPU nodes fit
+    (found,) = problems(SPEC, nodes, cpus=32, gpus=8, shared=tmp_path)
+    assert "no node has the 32 CPUs and 8 GPUs a run asks for" in found and "2 x (16 CPU, 8 GPU); 4 x (64 CPU, 0 GPU)" in found
+
+
+@pytest.mark.e2e
+def test_doctor_on_a_local_head_and_a_sweep_whose_nodes_lack_isoflop(tmp_path):
+    """`isoflop doctor` probes the local head's node; a sweep whose runs' interpreter has no isoflop
+    (cluster.python: the venv's base Python) stops at the preflight, exit 2, before any run."""
+    def isoflop(*args):
+        return subprocess.run([sys.executable, "-m", "isoflop_cli", *args], capture_output=True, text=True, timeout=300)
+
+    ok = isoflop("doctor", "--out", str(tmp_path))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "sweep dir shared, run files readable" in ok.stdout and "ready: a run asks for 1 CPU and 0 GPU" in ok.stdout
+    bare = Path(sys.base_prefix) / "bin" / "python3"
+    bad = isoflop("sweep", "--out", str(tmp_path), "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]", f"cluster.python={bare}")
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert "preflight found 1 problem(s) before any run started" in bad.stderr and "No module named" in bad.stderr
+    assert not list((tmp_path / "default" / "runs").glob("*/status.json"))  # no run started
