@@ -159,13 +159,21 @@ def sweep_table(sweep: SweepDir) -> Group:
     for col in ("cell", "status", "tries", "step/M", "rollouts", "val_avg@k", "wall_s"):
         table.add_column(col, justify="left" if col in ("cell", "status") else "right")
     reasons = []
+    states: dict[str, int] = {}
+    rate, left = 0.0, 0.0  # rollouts/s of the running runs; rollouts the unfinished ones still have to run
     for run_id, cell in cells.items():
         files = sweep.run(run_id)
         status = files.status()
         state, why = run_state(sweep, run_id, cell)
+        states[state] = states.get(state, 0) + 1
         done += state == FINISHED
+        if state not in (FINISHED, FAILED, STOPPED) and "stopped_at" not in cell:
+            left += cell["M"] * cell.get("columns", {}).get("n", 0) * cell.get("columns", {}).get("B_p", 0) - status.get("rollouts", 0)
+        if state == RUNNING and status.get("started") and status.get("updated", 0) > status["started"]:
+            rate += status.get("rollouts", 0) / (status["updated"] - status["started"])
         if why and state != FINISHED:
-            reasons.append(Text(f"{state} {run_id}: {why}", style=STATE_STYLE.get(state, "white")))
+            where = f" on {status['host']}" if state in (FAILED, KILLED) and status.get("host") else ""
+            reasons.append(Text(f"{state} {run_id}{where}: {why}", style=STATE_STYLE.get(state, "white")))
         elif state == FINISHED and cell.get("failures"):
             earlier = "; ".join(f"attempt {f['attempt']}: {f['reason']}" for f in cell["failures"])
             reasons.append(Text(f"finished {run_id} after {len(cell['failures'])} failed attempt(s): {earlier}", style="dim"))
@@ -182,7 +190,29 @@ def sweep_table(sweep: SweepDir) -> Group:
             _fmt(last.get("wall_s")),
         )
     table.caption = f"{done}/{len(cells)} finished" + (f"; {len(manifest.get('infeasible', []))} infeasible cells skipped" if manifest.get("infeasible") else "")
-    return Group(table, *reasons)
+    return Group(table, cluster_line(states, rate, left), *reasons)
+
+
+def cluster_line(states: dict[str, int], rate: float, left: float) -> Text:
+    """The sweep at a glance: runs per state; rollouts/s over the running runs (each its rollouts
+    over its wall time so far); the time left if the rest ran at that rate (a rough bound while
+    few runs have started)."""
+    order = (RUNNING, "submitted", PENDING, RETRYING, PAUSED, FAILED, KILLED, STOPPED, FINISHED)
+    counts = ", ".join(f"{states[s]} {s}" for s in order if states.get(s))
+    line = f"runs: {counts}"
+    if rate > 0:
+        line += f"; {rate:,.0f} rollouts/s across the sweep"
+        if left > 0:
+            line += f"; ~{_duration(left / rate)} left at that rate"
+    return Text(line, style="bold")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def metrics_table(rows: list[dict]) -> Table:

@@ -4,6 +4,7 @@ double finished work, hide a failure behind 'running', or end in a traceback."""
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -93,7 +94,9 @@ def test_status_tells_killed_failed_and_stopped_runs_apart_from_running(tmp_path
     assert states["crashed"] == (FAILED, "torch.OutOfMemoryError: CUDA out of memory")  # not the traceback's last frame
     result = runner.invoke(app, ["status", str(tmp_path)], terminal_width=200)
     assert result.exit_code == 0, result.output
-    assert result.output.count("running") == 1 and "killed k1" in result.output and "failed c1: torch.OutOfMemoryError" in result.output
+    host = socket.gethostname()  # the node each failed or killed run ran on
+    assert f"killed k1 on {host}" in result.output and f"failed c1 on {host}: torch.OutOfMemoryError" in result.output
+    assert "runs: 1 running, 2 failed, 1 killed, 1 stopped" in result.output and result.output.count("running") == 2  # that line, one row
     assert all(line.split("│")[3].strip() == "2" for line in result.output.splitlines() if line.startswith("│"))  # attempts
 
 

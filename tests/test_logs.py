@@ -49,3 +49,26 @@ def test_logs_follow_prints_the_log_as_it_grows_until_the_sweep_is_done_with_the
     writer.join()
     assert result.exit_code == 0, result.output
     assert result.output == f"step 1\nstep 2\n--- {RUN}: a new attempt's log ---\nattempt 2\n"
+
+
+def test_status_shows_runs_per_state_the_sweeps_rollouts_per_second_and_the_time_left(tmp_path):
+    """One run 10 s in at 40 of its 80 rollouts (4/s), one pending with 80 to go: 120 rollouts left
+    at 4/s is ~30 s."""
+    import os
+    import time as clock
+
+    from rich.console import Console
+
+    from isoflop_cli.report import sweep_table
+
+    sweep = SweepDir(tmp_path / "default")
+    sweep.path.mkdir(parents=True)
+    cell = {"M": 10, "columns": {"n": 2, "B_p": 4}}
+    sweep.write_manifest({"cells": {"running": {**cell, "state": "submitted"}, "waiting": {**cell, "state": "pending"}}})
+    files = sweep.run("running")
+    files.dir.mkdir(parents=True)
+    files.set_status("running", step=5, M=10, rollouts=40, pid=os.getpid(), started=clock.time() - 10)
+    console = Console(width=200, record=True)
+    console.print(sweep_table(sweep))
+    text = console.export_text()
+    assert "runs: 1 running, 1 pending; 4 rollouts/s across the sweep; ~30 s left at that rate" in text

@@ -116,7 +116,12 @@ def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str, pause
 
 
 def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunFiles, pause_at: float | None = None) -> None:
-    Trainer(group, cfg, budget, lr, files, pause_at).fit()
+    trainer = Trainer(group, cfg, budget, lr, files, pause_at)
+    try:
+        trainer.fit()
+    finally:  # a failed run's tracker runs end too (their rows so far kept)
+        if trainer.tracking:
+            trainer.tracking.close()
 
 
 class Trainer:
@@ -216,13 +221,12 @@ class Trainer:
             if every and self.progress.step % every == 0 and self.budget_left():
                 self.save()
             if self.group.is_main:
-                self.files.set_status(RUNNING, step=self.progress.step, M=self.budget.M, rollouts=self.progress.ledger["rollouts"], pid=os.getpid())
+                self.files.set_status(RUNNING, step=self.progress.step, M=self.budget.M, rollouts=self.progress.ledger["rollouts"], pid=os.getpid(),
+                                      started=round(self.started, 3))  # `status` reads the run's rollouts/s from these
         if self.budget_left():  # paused: the stage's eval point is written; continue later from here
             self.save()
         elif self.group.is_main and self.files.read_metrics()[-1]["step"] != self.progress.step:
             self.evaluate()  # the run's last point, when it fell between checkpoints
-        if self.tracking:
-            self.tracking.close()
 
     def step(self) -> None:
         problems = [next(self.prompts) for _ in range(self.B_p)]
