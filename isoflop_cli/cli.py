@@ -27,7 +27,7 @@ from isoflop_cli import grid as grid_mod
 from isoflop_cli import report
 from isoflop_cli.config import ConfigError
 from isoflop_cli.schedule import DEFAULT_MARGIN, Schedule
-from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, check_cluster, sweep_lock
+from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, check_cluster, sweep_lock, watched
 from isoflop_cli.head import HeadError, die_with_parent, ray_cluster
 from isoflop_cli.store import FAILED, FINISHED, PAUSED, STOPPED, SweepDir, atomic_write, disk_full_message, is_disk_full, read_json
 
@@ -171,8 +171,11 @@ def _dispatch(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell]) -> tuple[pd.
     return df, failed
 
 
-def _preflight(dispatcher: Dispatcher, cfg) -> list:
-    """The preflight probe before any run is submitted: its problems are one ConfigError (exit 2)."""
+def _preflight(dispatcher: Dispatcher, cfg, asked: bool = False) -> list:
+    """The preflight probe before any run is submitted (unless cluster.preflight=false and not
+    `asked` by doctor): its problems are one ConfigError (exit 2)."""
+    if not (asked or cfg.cluster.preflight):
+        return []
     with console.status("preflight: probing the cluster's nodes"):
         nodes, problems = dispatcher.preflight(cfg)
     if problems:
@@ -197,7 +200,7 @@ def doctor(
         with user_errors():
             held.enter_context(sweep_lock(sweep_dir.path))
         with ray_cluster(cfg.cluster, sweep_dir.path) as address, user_errors():
-            nodes = _preflight(Dispatcher(sweep_dir, cfg.cluster, address), cfg)
+            nodes = _preflight(Dispatcher(sweep_dir, cfg.cluster, address), cfg, asked=True)
     for n in nodes:
         console.print(f"node {n.host}{f' x{n.count}' if n.count > 1 else ''}: {n.cpus:g} CPU, {n.gpus:g} GPU, isoflop {n.version}, Python {n.python}, "
                       "sweep dir shared, run files readable" + (", vLLM imports" if n.vllm else ""), soft_wrap=True)
@@ -374,6 +377,9 @@ def logs(
         sys.stdout.flush()
         shown = text
         if not follow or sweep_dir.manifest()["cells"][run_id].get("state") in DONE_WITH:
+            break
+        if not watched(sweep_dir.path):  # no sweep copies it any more (ended or killed): what is there is all
+            console.print(f"--- no sweep is watching {path}; rerun the sweep to go on ---", style="dim")
             break
         time.sleep(0.5)
     if not shown:

@@ -30,7 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 from isoflop_cli.algorithms import ALGORITHMS, LOSS_AGGS, spec
 from isoflop_cli.flops import PROJECTIONS, Shape, UnsupportedModel
 from isoflop_cli.schedule import DEFAULT_MARGIN, Schedule
-from isoflop_cli.tracking import BACKENDS, PACKAGES as TRACKER_PACKAGES
+from isoflop_cli.tracking import BACKENDS
 from isoflop_cli import tasks
 from isoflop_cli.recipe.rewards import NEEDS, REWARDS, load_function
 from isoflop_cli.tasks.arith import ALPHABET
@@ -228,6 +228,9 @@ class ClusterConfig:
     max_attempts: int = 3
     poll_s: float = 1.0
     log_every_s: float = 5.0  # a running job's log is copied into its run dir (job.log) this often
+    # Probe the nodes before the first run (preflight.py); false skips it, e.g. on an autoscaling
+    # cluster whose GPU nodes come up on demand (the probe sees only the nodes that are up).
+    preflight: bool = True
 
 
 @dataclass
@@ -495,6 +498,9 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
     if not 0 < cfg.algo.top_p <= 1:
         raise ConfigError(f"algo.top_p must be in (0, 1], got {cfg.algo.top_p}")
     check_choice("algo.name", cfg.algo.name, tuple(ALGORITHMS))
+    if cfg.algo.std_norm is not None and ALGORITHMS[cfg.algo.name].advantage != "group":
+        raise ConfigError(f"algo.std_norm divides group advantages by the group's std; {cfg.algo.name}'s advantages are "
+                          f"{ALGORITHMS[cfg.algo.name].advantage}'s (leave it null)")
     if cfg.algo.loss_agg is not None:
         check_choice("algo.loss_agg", cfg.algo.loss_agg, LOSS_AGGS)
     positive("task.max_new_tokens", cfg.task.max_new_tokens)
@@ -721,11 +727,9 @@ def _check_build(name: str, b: DictConfig) -> None:
 
 
 def _check_tracking(t: DictConfig) -> None:
-    """Known backends, each importable here (the runs import it where they run), a known wandb mode."""
+    """Known backends and wandb mode (whether each imports where the runs run is the preflight's)."""
     for name in t.backends:
         check_choice("tracking.backends", name, BACKENDS)
-        if importlib.util.find_spec(name) is None:
-            raise ConfigError(f"tracking.backends {name} needs its package: pip install {TRACKER_PACKAGES[name]} (or pip install 'isoflop[tracking]')")
     _check_no_repeats("tracking.backends", t.backends)
     check_choice("tracking.wandb_mode", t.wandb_mode, ("offline", "online"))
 

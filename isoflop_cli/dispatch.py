@@ -78,6 +78,22 @@ def sweep_lock(path: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+def watched(path: Path) -> bool:
+    """Whether an isoflop process holds the sweep dir (a sweep watching its jobs)."""
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def _holder(lock: Path) -> str:
     try:
         h = json.loads(lock.read_text())
@@ -128,6 +144,7 @@ class Dispatcher:
     command: str = "run"  # the isoflop command each job runs on its directory (calibrate-shard for calibration)
     logged: dict[str, float] = field(default_factory=dict)  # run_id -> when its running job's log was last copied (monotonic)
     log_sizes: dict[str, tuple[str, int]] = field(default_factory=dict)  # run_id -> (submission, characters) of the log last written
+    job_states: dict[str, str | None] = field(default_factory=dict)  # run_id -> its job's state at the last poll
 
     def __post_init__(self) -> None:
         from ray.job_submission import JobSubmissionClient
@@ -169,8 +186,9 @@ class Dispatcher:
         for rid, cell in cells.items():
             if self.sweep.run(rid).finished():
                 cell["state"] = FINISHED
-                if "submission_id" in cell and not self.sweep.run(rid).log.exists():
-                    self._save_log(rid, cell["submission_id"])  # it finished while no CLI watched
+                files = self.sweep.run(rid)
+                if "submission_id" in cell and (not files.log.exists() or files.log.stat().st_mtime < files.status_file.stat().st_mtime):
+                    self._save_log(rid, cell["submission_id"])  # it finished after the last copy, while no CLI watched
         schedule = manifest.get("schedule", {"name": Schedule.full.value})
         try:
             if schedule["name"] == Schedule.adaptive.value:
@@ -224,7 +242,7 @@ class Dispatcher:
                 cells[rid].update(state=SUBMITTED, submission_id=self.active[rid])
                 self.sweep.write_manifest(manifest)
             for rid, sid in list(self.active.items()):
-                job_state = self._job_status(sid)
+                job_state = self.job_states[rid] = self._job_status(sid)
                 if job_state in TERMINAL or job_state is None:
                     del self.active[rid]
                     self._save_log(rid, sid)
@@ -327,7 +345,7 @@ class Dispatcher:
         reads it): a run's output is there while it runs, not only when its job ends."""
         now = time.monotonic()
         for rid, sid in self.active.items():
-            if now - self.logged.get(rid, float("-inf")) >= self.cluster.log_every_s:
+            if self.job_states.get(rid) == "RUNNING" and now - self.logged.get(rid, float("-inf")) >= self.cluster.log_every_s:
                 self.logged[rid] = now
                 self._save_log(rid, sid)
 

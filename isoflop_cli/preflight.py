@@ -17,17 +17,18 @@ from __future__ import annotations
 import base64
 import contextlib
 import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
 import shlex
 import socket
-import sys
+import subprocess
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from isoflop_cli.tracking import PACKAGES as TRACKER_PACKAGES
 
 MARK = "ISOFLOP_PREFLIGHT "  # the probe's result line in its job log
 DIR = ".preflight"  # in the sweep dir: the files of the shared-dir check
@@ -44,6 +45,8 @@ class Spec:
     nonce: str
     paths: dict[str, str]  # config key -> a file or directory every run reads
     vllm: bool
+    interpreter: str  # the runs' Python on the nodes (cluster.python), whose packages are checked
+    trackers: list[str]  # tracking.backends: each must import there
 
 
 @dataclass(frozen=True)
@@ -60,30 +63,41 @@ class Node:
     wrote: str | None  # the file it wrote in the sweep dir, None when it could not
     unreadable: dict[str, str]  # config key -> why
     vllm: bool
+    trackers_missing: list[str]
 
 
 def version() -> str:
     return importlib.metadata.version("isoflop")
 
 
-def spec_for(cfg, sweep_dir: Path) -> Spec:
+def spec_for(cfg, sweep_dir: Path, interpreter: str) -> Spec:
     from isoflop_cli.config import PATH_KEYS
 
     paths = {key: value for key in PATH_KEYS if key != "tracking.dir" and isinstance(value := _select(cfg, key), str) and value}
     paths.update({f"eval.{part}.{name}": str(p) for part in ("sets", "judges") for name, p in cfg.eval[part].items()})
     return Spec(version(), platform.python_version_tuple()[0] + "." + platform.python_version_tuple()[1], str(sweep_dir.absolute()),
-                uuid.uuid4().hex[:12], paths, cfg.sampler.name == "vllm")
+                uuid.uuid4().hex[:12], paths, cfg.sampler.name == "vllm", interpreter, list(cfg.tracking.backends))
 
 
 def check(client, cfg, sweep_dir: Path, python: str, env: dict[str, str], wait_s: float = WAIT_S) -> tuple[list[Node], list[str]]:
     """Run the probe job on the cluster behind `client` (a JobSubmissionClient); the node types it
     saw and one line per problem (none: every run can start)."""
-    spec = spec_for(cfg, sweep_dir)
+    spec = spec_for(cfg, sweep_dir, python)
     shared = sweep_dir.absolute() / DIR
     shared.mkdir(parents=True, exist_ok=True)
-    (shared / f"{spec.nonce}.cli").write_text(spec.nonce)
+    try:
+        (shared / f"{spec.nonce}.cli").write_text(spec.nonce)
+        return _probe_job(client, cfg, spec, shared, env, wait_s)
+    finally:
+        for p in shared.glob(f"{spec.nonce}.*"):
+            p.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            shared.rmdir()  # empty unless another check runs beside this one
+
+
+def _probe_job(client, cfg, spec: Spec, shared: Path, env: dict[str, str], wait_s: float) -> tuple[list[Node], list[str]]:
     encoded = base64.urlsafe_b64encode(json.dumps(asdict(spec)).encode()).decode()
-    sid = client.submit_job(entrypoint=shlex.join([python, "-m", "isoflop_cli", "preflight-probe", encoded]),
+    sid = client.submit_job(entrypoint=shlex.join([spec.interpreter, "-m", "isoflop_cli", "preflight-probe", encoded]),
                             submission_id=f"isoflop-preflight-{spec.nonce}", entrypoint_num_cpus=0, runtime_env={"env_vars": env})
     deadline = time.monotonic() + wait_s
     while str(client.get_job_status(sid).value) not in ("SUCCEEDED", "FAILED", "STOPPED"):
@@ -95,14 +109,9 @@ def check(client, cfg, sweep_dir: Path, python: str, env: dict[str, str], wait_s
     lines = [line[len(MARK):] for line in log.splitlines() if line.startswith(MARK)]
     if not lines:
         last = next((line for line in reversed(log.splitlines()) if line.strip()), "no output")
-        return [], [f"the preflight probe failed on the cluster (job {sid}, with {python}): {last}"]
+        return [], [f"the preflight probe failed on the cluster (job {sid}, with {spec.interpreter}): {last}"]
     nodes = [Node(**n) for n in json.loads(lines[-1])]
-    found = problems(spec, nodes, cfg.cluster.cpus_per_run, cfg.cluster.gpus_per_run, shared)
-    for p in shared.glob(f"{spec.nonce}.*"):
-        p.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        shared.rmdir()  # empty unless another check runs beside this one
-    return nodes, found
+    return nodes, problems(spec, nodes, cfg.cluster.cpus_per_run, cfg.cluster.gpus_per_run, shared)
 
 
 def problems(spec: Spec, nodes: list[Node], cpus: float, gpus: float, shared: Path) -> list[str]:
@@ -120,6 +129,9 @@ def problems(spec: Spec, nodes: list[Node], cpus: float, gpus: float, shared: Pa
             out.append(f"{key} ({spec.paths[key]}) is {why} on {where}: every node must read it at that path")
         if spec.vllm and not n.vllm:
             out.append(f"sampler=vllm but vLLM does not import on {where}: install it there (pip install 'isoflop[vllm]') or point cluster.python at a Python that has it")
+        for name in n.trackers_missing:
+            out.append(f"tracking.backends {name} does not import on {where}: pip install {TRACKER_PACKAGES[name]} there "
+                       "(or 'isoflop[tracking]'); a run would go on without it")
     if nodes and not any(n.cpus >= cpus and n.gpus >= gpus for n in nodes):
         have = "; ".join(f"{n.count} x ({_count(n.cpus)} CPU, {_count(n.gpus)} GPU)" for n in nodes)
         out.append(f"no node has the {_count(cpus)} CPUs and {_count(gpus)} GPUs a run asks for (cluster.cpus_per_run, cluster.gpus_per_run): "
@@ -146,6 +158,19 @@ def probe(encoded: str) -> None:
     print(MARK + json.dumps([asdict(n) for n in nodes]), flush=True)
 
 
+# What the runs' interpreter says of itself on a node: isoflop's version, its Python, and which of
+# vLLM and the trackers import (the probe's own process may be another Python: Ray's workers').
+FACTS = """
+import importlib.metadata, importlib.util, json, sys
+try:
+    version = importlib.metadata.version("isoflop")
+except importlib.metadata.PackageNotFoundError:
+    version = "not installed"
+print(json.dumps({"version": version, "python": "%d.%d" % sys.version_info[:2],
+                  "found": [m for m in sys.argv[1:] if importlib.util.find_spec(m) is not None]}))
+"""
+
+
 def _check_node(spec: Spec, cpus: float, gpus: float, count: int) -> Node:
     shared = Path(spec.sweep_dir) / DIR
     try:
@@ -165,9 +190,15 @@ def _check_node(spec: Spec, cpus: float, gpus: float, count: int) -> Node:
             unreadable[key] = "missing"
         elif not os.access(path, os.R_OK):
             unreadable[key] = "not readable"
-    return Node(host=socket.gethostname(), cpus=cpus, gpus=gpus, count=count, version=version(),
-                python=f"{sys.version_info.major}.{sys.version_info.minor}", reads_cli_file=reads, wrote=wrote, unreadable=unreadable,
-                vllm=importlib.util.find_spec("vllm") is not None)
+    modules = ["vllm", *spec.trackers]
+    try:
+        answer = subprocess.run([spec.interpreter, "-c", FACTS, *modules], capture_output=True, text=True, timeout=120, check=True)
+        facts = json.loads(answer.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
+        facts = {"version": f"unusable ({type(e).__name__})", "python": "?", "found": []}
+    return Node(host=socket.gethostname(), cpus=cpus, gpus=gpus, count=count, version=facts["version"], python=facts["python"],
+                reads_cli_file=reads, wrote=wrote, unreadable=unreadable, vllm="vllm" in facts["found"],
+                trackers_missing=[t for t in spec.trackers if t not in facts["found"]])
 
 
 def _select(cfg, key: str):

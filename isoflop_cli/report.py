@@ -12,7 +12,7 @@ from rich.text import Text
 
 from isoflop_cli.config import BudgetUnit
 from isoflop_cli.grid import Cell
-from isoflop_cli.store import FAILED, FINISHED, KILLED, PAUSED, PENDING, RETRYING, RUNNING, STOPPED, SweepDir
+from isoflop_cli.store import FAILED, FINISHED, KILLED, PAUSED, PENDING, RETRYING, RUNNING, STOPPED, SUBMITTED, SweepDir
 
 STATE_STYLE = {"finished": "green", "running": "cyan", "submitted": "yellow", "failed": "red", "stopped": "magenta", "killed": "red", "paused": "blue", "retrying": "yellow"}
 
@@ -197,7 +197,7 @@ def cluster_line(states: dict[str, int], rate: float, left: float) -> Text:
     """The sweep at a glance: runs per state; rollouts/s over the running runs (each its rollouts
     over its wall time so far); the time left if the rest ran at that rate (a rough bound while
     few runs have started)."""
-    order = (RUNNING, "submitted", PENDING, RETRYING, PAUSED, FAILED, KILLED, STOPPED, FINISHED)
+    order = (RUNNING, SUBMITTED, PENDING, RETRYING, PAUSED, FAILED, KILLED, STOPPED, FINISHED)
     counts = ", ".join(f"{states[s]} {s}" for s in order if states.get(s))
     line = f"runs: {counts}"
     if rate > 0:

@@ -29,9 +29,11 @@ PACKAGES = {"wandb": "wandb", "mlflow": "mlflow-skinny", "tensorboard": "tensorb
 def tracker_root(tracking, run_dir: Path) -> Path:
     """Where offline tracker files go: `tracking.dir`, else the sweep dir's `tracking/` (a single
     `isoflop run` outside a sweep: its own dir's)."""
-    if tracking.dir:
-        return Path(tracking.dir)
-    return (run_dir.parent.parent if run_dir.parent.name == "runs" else run_dir) / "tracking"
+    return sweep_tracker_root(tracking, run_dir.parent.parent if run_dir.parent.name == "runs" else run_dir)
+
+
+def sweep_tracker_root(tracking, sweep_dir: Path) -> Path:
+    return Path(tracking.dir) if tracking.dir else sweep_dir / "tracking"
 
 
 def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -64,8 +66,8 @@ class Tracking:
     def attach(self, files: list[Path]) -> None:
         self._each("attach", files)
 
-    def close(self) -> None:
-        self._each("close")
+    def close(self, failed: bool = False) -> None:
+        self._each("close", failed)
         self.trackers = []
 
     def _each(self, method: str, *args: Any) -> None:
@@ -103,8 +105,8 @@ class Wandb:
         for p in files:  # the run's files dir is what `wandb sync` uploads (wandb.save would symlink, and say so)
             shutil.copy(p, Path(self.run.dir) / p.name)
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, failed: bool = False) -> None:
+        self.run.finish(exit_code=1 if failed else 0)
 
 
 class Mlflow:
@@ -122,8 +124,7 @@ class Mlflow:
             uri = (root / "mlruns").absolute().as_uri()
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind an opt-in
         self.client = MlflowClient(tracking_uri=uri)
-        experiment = self.client.get_experiment_by_name(tracking.project)
-        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(tracking.project)
+        experiment_id = self._experiment(tracking.project)
         found = self.client.search_runs([experiment_id], filter_string=f"tags.`isoflop.run_id` = '{run_id}'", max_results=1)
         if found:
             self.run_id = found[0].info.run_id
@@ -135,6 +136,19 @@ class Mlflow:
             for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
                 self.client.log_batch(self.run_id, params=params[i:i + 100])
 
+    def _experiment(self, name: str) -> str:
+        """The experiment's id, created if need be; runs starting together race to create it, and
+        the ones that lose find it."""
+        from mlflow.exceptions import MlflowException
+
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment:
+            return experiment.experiment_id
+        try:
+            return self.client.create_experiment(name)
+        except MlflowException:
+            return self.client.get_experiment_by_name(name).experiment_id
+
     def log(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
@@ -145,8 +159,8 @@ class Mlflow:
         for p in files:
             self.client.log_artifact(self.run_id, str(p))
 
-    def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+    def close(self, failed: bool = False) -> None:
+        self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
 
 
 def mlflow_name(name: str) -> str:
@@ -180,7 +194,7 @@ class Tensorboard:
                 self.writer.add_text(p.stem, p.read_text(), 0)
         self.writer.flush()
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         self.writer.close()
 
 

@@ -46,6 +46,7 @@ CASES = {
     "unknown algorithm": (["plan", "algo=ppo2"], "algo/ppo2"),
     "unknown algorithm name": (["plan", "algo.name=ppo2"], "algo.name 'ppo2' is not one of: grpo, dr_grpo, cispo, ppo"),
     "non-boolean std_norm": (["plan", "algo.std_norm=maybe"], "algo.std_norm"),
+    "std_norm without group advantages": (["plan", "algo=ppo", "algo.std_norm=false"], "ppo's advantages are gae's"),
     "log copies never": (["plan", "cluster.log_every_s=0"], "cluster.log_every_s"),
     "negative LoRA rank": (["plan", "lora.rank=-1"], "lora.rank"),
     "unknown LoRA target": (["plan", "lora.targets=[q_proj,wq]"], "wq"),

@@ -6,6 +6,7 @@ import time
 from typer.testing import CliRunner
 
 from isoflop_cli.cli import app
+from isoflop_cli.dispatch import sweep_lock
 from isoflop_cli.store import SweepDir
 
 RUN = "n2_bp2_s0_0123abcd"
@@ -37,11 +38,12 @@ def test_logs_follow_prints_the_log_as_it_grows_until_the_sweep_is_done_with_the
     log = sweep.run(RUN).log
 
     def sweep_side():
-        for text in ("step 1\n", "step 1\nstep 2\n", "attempt 2\n"):
+        with sweep_lock(sweep.path):  # a sweep watching the dir, as `isoflop sweep` holds it
+            for text in ("step 1\n", "step 1\nstep 2\n", "attempt 2\n"):
+                time.sleep(1.0)
+                log.write_text(text)
             time.sleep(1.0)
-            log.write_text(text)
-        time.sleep(1.0)
-        sweep.write_manifest({"cells": {RUN: {"M": 4, "state": "finished"}}})
+            sweep.write_manifest({"cells": {RUN: {"M": 4, "state": "finished"}}})
 
     writer = threading.Thread(target=sweep_side)
     writer.start()
@@ -49,6 +51,15 @@ def test_logs_follow_prints_the_log_as_it_grows_until_the_sweep_is_done_with_the
     writer.join()
     assert result.exit_code == 0, result.output
     assert result.output == f"step 1\nstep 2\n--- {RUN}: a new attempt's log ---\nattempt 2\n"
+
+
+def test_logs_follow_stops_when_no_sweep_is_watching(tmp_path):
+    """A cell left `submitted` by a killed sweep gets no more log: --follow prints what is there and
+    says so instead of waiting forever."""
+    sweep = one_run_sweep(tmp_path, "submitted")
+    sweep.run(RUN).log.write_text("step 1\n")
+    result = CliRunner().invoke(app, ["logs", str(sweep.path), RUN, "--follow"])
+    assert result.exit_code == 0 and result.output.startswith("step 1\n") and "no sweep is watching" in result.output
 
 
 def test_status_shows_runs_per_state_the_sweeps_rollouts_per_second_and_the_time_left(tmp_path):

@@ -9,12 +9,14 @@ import pytest
 
 from isoflop_cli.preflight import Node, Spec, problems
 
-SPEC = Spec(version="0.1.0", python="3.11", sweep_dir="/shared/sweeps/default", nonce="abc", paths={"model.path": "/models/qwen"}, vllm=True)
+SPEC = Spec(version="0.1.0", python="3.11", sweep_dir="/shared/sweeps/default", nonce="abc", paths={"model.path": "/models/qwen"}, vllm=True,
+            interpreter="/opt/venv/bin/python", trackers=["wandb"])
 
 
 def node(tmp_path: Path, **changes) -> Node:
     (tmp_path / "abc.gpu-1").write_text("abc")
-    good = dict(host="gpu-1", cpus=16, gpus=8, count=2, version="0.1.0", python="3.11", reads_cli_file=True, wrote="abc.gpu-1", unreadable={}, vllm=True)
+    good = dict(host="gpu-1", cpus=16, gpus=8, count=2, version="0.1.0", python="3.11", reads_cli_file=True, wrote="abc.gpu-1", unreadable={}, vllm=True,
+                trackers_missing=[])
     return Node(**{**good, **changes})
 
 
@@ -29,6 +31,8 @@ def test_a_node_with_everything_has_no_problem(tmp_path):
     ({"wrote": "abc.elsewhere"}, "does not share the sweep dir"),  # it wrote, but not where the CLI looks
     ({"unreadable": {"model.path": "missing"}}, "model.path (/models/qwen) is missing on node gpu-1 (16 CPU, 8 GPU, x2)"),
     ({"vllm": False}, "sampler=vllm but vLLM does not import on node gpu-1"),
+    ({"trackers_missing": ["wandb"]}, "tracking.backends wandb does not import on node gpu-1"),
+    ({"version": "not installed"}, "has isoflop not installed on Python 3.11"),
 ])
 def test_each_problem_is_one_line_naming_the_node_and_the_fix(tmp_path, changes, needle):
     found = problems(SPEC, [node(tmp_path, **changes)], cpus=16, gpus=8, shared=tmp_path)

@@ -15,7 +15,7 @@ from isoflop_cli.config import TrackingConfig, check_writable
 from isoflop_cli.fit import data, methods, outputs, report
 from isoflop_cli.fit.data import FitSpec, FitWarning
 from isoflop_cli.fit.interference import load_problems
-from isoflop_cli.tracking import log_fit
+from isoflop_cli.tracking import log_fit, sweep_tracker_root
 
 
 @dataclass
@@ -57,7 +57,7 @@ def _track(path: Path, out: Path, written: list[Path]) -> None:
     tracking = OmegaConf.merge(OmegaConf.structured(TrackingConfig), swept.get("tracking") or {})
     if tracking.backends:
         summary = json.loads((out / "fit.json").read_text()) if (out / "fit.json").exists() else {}
-        log_fit(tracking, swept.get("name", path.name), summary, written, Path(tracking.dir) if tracking.dir else path / "tracking")
+        log_fit(tracking, swept.get("name", path.name), summary, written, sweep_tracker_root(tracking, path))
 
 
 def tables(results: dict, spec: FitSpec, front: pd.DataFrame | None) -> list[Table]:

@@ -119,9 +119,12 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
     trainer = Trainer(group, cfg, budget, lr, files, pause_at)
     try:
         trainer.fit()
-    finally:  # a failed run's tracker runs end too (their rows so far kept)
+    except BaseException:  # a failed run's tracker runs end as failed, their rows so far kept
         if trainer.tracking:
-            trainer.tracking.close()
+            trainer.tracking.close(failed=True)
+        raise
+    if trainer.tracking:
+        trainer.tracking.close()
 
 
 class Trainer:
