@@ -152,8 +152,8 @@ def _dispatch(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell]) -> tuple[pd.
         prepare(sweep_dir, cfg, cells)
         table = lambda: report.sweep_table(sweep_dir)  # noqa: E731
         console.print(f"sweep dir: {sweep_dir.path}")
-        with dispatch_errors(), ray_cluster(cfg.cluster, sweep_dir.path) as address:
-            dispatcher = Dispatcher(sweep_dir, cfg.cluster, address)
+        with dispatch_errors(), launcher(cfg.cluster, sweep_dir.path) as (address, client):
+            dispatcher = Dispatcher(sweep_dir, cfg.cluster, address, client=client)
             with user_errors():
                 _preflight(dispatcher, cfg)
             with Live(table(), console=console, refresh_per_second=2) as live:
@@ -171,9 +171,27 @@ def _dispatch(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell]) -> tuple[pd.
     return df, failed
 
 
+@contextlib.contextmanager
+def launcher(cluster, state_dir: Path) -> Iterator[tuple[str, object]]:
+    """Where the jobs go: (the Ray Jobs address, None) for a Ray cluster (a local head started and
+    stopped here if none is named), or ("slurm", the SLURM client) for cluster.launcher=slurm."""
+    if cluster.launcher == "slurm":
+        from isoflop_cli.slurm import SlurmClient
+
+        yield "slurm", SlurmClient(cluster, state_dir / "slurm")
+        return
+    with ray_cluster(cluster, state_dir) as address:
+        yield address, None
+
+
 def _preflight(dispatcher: Dispatcher, cfg, asked: bool = False) -> list:
     """The preflight probe before any run is submitted (unless cluster.preflight=false and not
-    `asked` by doctor): its problems are one ConfigError (exit 2)."""
+    `asked` by doctor): its problems are one ConfigError (exit 2). It probes Ray's nodes: with
+    cluster.launcher=slurm there is none to probe (said by doctor)."""
+    if cfg.cluster.launcher == "slurm":
+        if asked:
+            raise ConfigError("the preflight probes a Ray cluster's nodes; with cluster.launcher=slurm it is not built yet")
+        return []
     if not (asked or cfg.cluster.preflight):
         return []
     with console.status("preflight: probing the cluster's nodes"):
@@ -199,8 +217,8 @@ def doctor(
     with contextlib.ExitStack() as held:
         with user_errors():
             held.enter_context(sweep_lock(sweep_dir.path))
-        with ray_cluster(cfg.cluster, sweep_dir.path) as address, user_errors():
-            nodes = _preflight(Dispatcher(sweep_dir, cfg.cluster, address), cfg, asked=True)
+        with launcher(cfg.cluster, sweep_dir.path) as (address, client), user_errors():
+            nodes = _preflight(Dispatcher(sweep_dir, cfg.cluster, address, client=client), cfg, asked=True)
     for n in nodes:
         console.print(f"node {n.host}{f' x{n.count}' if n.count > 1 else ''}: {n.cpus:g} CPU, {n.gpus:g} GPU, isoflop {n.version}, Python {n.python}, "
                       "sweep dir shared, run files readable" + (", vLLM imports" if n.vllm else ""), soft_wrap=True)
@@ -312,9 +330,9 @@ def calibrate(
         console.print(f"calibrating {manifest['rows']:,} problems of {cfg.task.train}: {cfg.calibrate.samples} samples each, "
                       f"{len(manifest['cells'])} job(s) of {cfg.calibrate.shard} -> {dest.path}", soft_wrap=True)
         columns = (TextColumn("jobs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with dispatch_errors(), ray_cluster(cfg.cluster, dest.path) as address, Progress(*columns, console=console) as progress:
+        with dispatch_errors(), launcher(cfg.cluster, dest.path) as (address, client), Progress(*columns, console=console) as progress:
             bar = progress.add_task("calibrate", total=len(manifest["cells"]), completed=cal.finished_slices(dest))
-            states = Dispatcher(dest, cfg.cluster, address, command="calibrate-shard",
+            states = Dispatcher(dest, cfg.cluster, address, client=client, command="calibrate-shard",
                                 on_poll=lambda: progress.update(bar, completed=cal.finished_slices(dest))).run()
         summary = cal.merge(cfg, dest, config, overrides)
     console.print(report.calibration_table(summary))

@@ -215,6 +215,16 @@ class GridConfig:
 
 
 @dataclass
+class SlurmConfig:
+    """cluster.launcher=slurm: each run a SLURM job through submitit (slurm.py)."""
+
+    executor: str = "slurm"  # slurm (sbatch; jobs survive the CLI), or local: the same submitit calls as local processes (no SLURM: tests)
+    partition: Optional[str] = None  # null: the cluster's default
+    time_min: int = 4320  # each job's time limit; a run it cuts is retried by the sweep (cluster.max_attempts) from its checkpoint
+    requeue: bool = True  # SLURM requeues a preempted job (the run resumes from its checkpoint)
+
+
+@dataclass
 class ClusterConfig:
     address: Optional[str] = None  # Ray Jobs address (http://HEAD:8265); null: $RAY_ADDRESS or a local head
     cpus_per_run: float = 1.0
@@ -231,6 +241,8 @@ class ClusterConfig:
     # Probe the nodes before the first run (preflight.py); false skips it, e.g. on an autoscaling
     # cluster whose GPU nodes come up on demand (the probe sees only the nodes that are up).
     preflight: bool = True
+    launcher: str = "ray"  # ray (cluster.address, $RAY_ADDRESS or a local head) or slurm (cluster.slurm)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
 
 @dataclass
@@ -540,6 +552,9 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
     positive("cluster.cpus_per_run", c.cpus_per_run)
     positive("cluster.poll_s", c.poll_s)
     positive("cluster.log_every_s", c.log_every_s)
+    check_choice("cluster.launcher", c.launcher, ("ray", "slurm"))
+    check_choice("cluster.slurm.executor", c.slurm.executor, ("slurm", "local"))
+    positive("cluster.slurm.time_min", c.slurm.time_min)
     positive("cluster.max_attempts", c.max_attempts)
     if not (math.isfinite(c.gpus_per_run) and c.gpus_per_run >= 0):
         raise ConfigError(f"cluster.gpus_per_run must be >= 0, got {c.gpus_per_run}")

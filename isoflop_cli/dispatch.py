@@ -14,12 +14,13 @@ import fcntl
 import json
 import os
 import shlex
+import shutil
 import socket
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 from omegaconf import DictConfig
@@ -111,8 +112,12 @@ def should_retry(tries: int, max_attempts: int, exit_code: int | None, reason: s
 
 
 def check_cluster(cluster: DictConfig) -> None:
-    """Before anything is written: the cluster answers at its address, or a local head has what a
-    job asks for (a job asking for more would wait forever)."""
+    """Before anything is written: SLURM's sbatch is there, or the Ray cluster answers at its
+    address, or a local head has what a job asks for (a job asking for more would wait forever)."""
+    if cluster.launcher == "slurm":
+        if cluster.slurm.executor == "slurm" and shutil.which("sbatch") is None:
+            raise ConfigError("cluster.launcher=slurm needs SLURM's sbatch on PATH here (cluster.slurm.executor=local runs the same jobs as local processes)")
+        return
     address = cluster.address or os.environ.get("RAY_ADDRESS")
     if address:
         from ray.job_submission import JobSubmissionClient
@@ -145,11 +150,13 @@ class Dispatcher:
     logged: dict[str, float] = field(default_factory=dict)  # run_id -> when its running job's log was last copied (monotonic)
     log_sizes: dict[str, tuple[str, int]] = field(default_factory=dict)  # run_id -> (submission, characters) of the log last written
     job_states: dict[str, str | None] = field(default_factory=dict)  # run_id -> its job's state at the last poll
+    client: Any = None  # Ray's JobSubmissionClient at `address`, or what answers its calls (slurm.SlurmClient)
 
     def __post_init__(self) -> None:
         from ray.job_submission import JobSubmissionClient
 
-        self.client = self._ask(JobSubmissionClient, self.address)
+        if self.client is None:
+            self.client = self._ask(JobSubmissionClient, self.address)
 
     def _ask(self, call: Callable, *args, **kwargs):
         """A request to the head, retried while the head does not answer; past head_grace_s it is
@@ -169,7 +176,8 @@ class Dispatcher:
         """Jobs in flight: what the local head can run at once; on a cluster, all (it queues them)."""
         if self.cluster.max_concurrent:
             return int(self.cluster.max_concurrent)
-        if self.cluster.address or os.environ.get("RAY_ADDRESS"):
+        slurm = self.cluster.launcher == "slurm"
+        if (slurm and self.cluster.slurm.executor == "slurm") or (not slurm and (self.cluster.address or os.environ.get("RAY_ADDRESS"))):
             return cells
         cpus = self.cluster.local_cpus or os.cpu_count() or 1
         return max(1, int(cpus // self.cluster.cpus_per_run))

@@ -48,6 +48,8 @@ CASES = {
     "non-boolean std_norm": (["plan", "algo.std_norm=maybe"], "algo.std_norm"),
     "std_norm without group advantages": (["plan", "algo=ppo", "algo.std_norm=false"], "ppo's advantages are gae's"),
     "log copies never": (["plan", "cluster.log_every_s=0"], "cluster.log_every_s"),
+    "unknown launcher": (["plan", "cluster.launcher=k8s"], "cluster.launcher 'k8s' is not one of: ray, slurm"),
+    "unknown slurm executor": (["plan", "cluster=slurm", "cluster.slurm.executor=pbs"], "cluster.slurm.executor"),
     "negative LoRA rank": (["plan", "lora.rank=-1"], "lora.rank"),
     "unknown LoRA target": (["plan", "lora.targets=[q_proj,wq]"], "wq"),
     "minibatches above the batch": (["plan", "grid.n=[2]", "grid.B_p=[2]", "algo.minibatches=8"], "minibatches"),
