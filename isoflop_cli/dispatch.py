@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import shlex
@@ -134,6 +135,18 @@ def check_cluster(cluster: DictConfig) -> None:
         raise ConfigError(f"cluster.cpus_per_run={cluster.cpus_per_run} is more than the local head's {cpus} CPUs (cluster.local_cpus)")
 
 
+@dataclass(frozen=True)
+class Patient:
+    """A job client whose every call goes through `ask` (Dispatcher._ask: retried while the head
+    does not answer, HeadLost past its grace)."""
+
+    ask: Callable
+    client: Any
+
+    def __getattr__(self, name: str) -> Callable:
+        return functools.partial(self.ask, getattr(self.client, name))
+
+
 @dataclass
 class Dispatcher:
     """Submits, watches and collects the jobs of one sweep."""
@@ -209,13 +222,15 @@ class Dispatcher:
                 for cell in cells.values():
                     cell.pop("stopped_at", None)  # a full sweep continues what an adaptive one paused
                 self._drive(manifest, pause_at=None)
-        except (KeyboardInterrupt, HeadLost) as e:
+        except KeyboardInterrupt:
             for rid, sid in self.active.items():
-                if isinstance(e, KeyboardInterrupt):
-                    with contextlib.suppress(Exception):
-                        self.client.stop_job(sid)
-                cells[rid]["state"] = STOPPED  # a lost head's jobs are gone with it: a rerun resubmits them
+                with contextlib.suppress(Exception):
+                    self.client.stop_job(sid)
+                cells[rid]["state"] = STOPPED
             self.sweep.write_manifest(manifest)
+            raise
+        except HeadLost:
+            self._lost(manifest)
             raise
         return {rid: c["state"] for rid, c in cells.items()}
 
@@ -331,8 +346,22 @@ class Dispatcher:
 
     def preflight(self, cfg) -> tuple[list, list[str]]:
         """The preflight probe (preflight.check) on this cluster, with the runs' interpreter and
-        environment: the node types it saw, and one line per problem."""
-        return preflight.check(self.client, cfg, self.sweep.path, self.python, self.env())
+        environment: the node types it saw, and one line per problem. Its requests are patient as
+        the dispatcher's: a head lost while it probes is HeadLost (one line), not a traceback."""
+        try:
+            return preflight.check(Patient(self._ask, self.client), cfg, self.sweep.path, self.python, self.env())
+        except HeadLost:
+            self._lost(self.sweep.manifest())
+            raise
+
+    def _lost(self, manifest: dict) -> None:
+        """The head is lost, and every job on it: the runs it held (in flight here, or submitted by an
+        earlier CLI) are stopped in the manifest, and a rerun resubmits them from their checkpoints."""
+        held = [cell for rid, cell in manifest["cells"].items() if rid in self.active or cell.get("state") == SUBMITTED]
+        for cell in held:
+            cell["state"] = STOPPED
+        if held:
+            self.sweep.write_manifest(manifest)
 
     def _job_status(self, submission_id: str) -> str | None:
         """The job's state, or None when the cluster does not know it (lost with an old head)."""

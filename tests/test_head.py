@@ -190,6 +190,35 @@ def test_a_head_that_does_not_answer_is_lost_in_one_line(tmp_path):
     assert str(e.value).endswith("rerun the same command to resume")
 
 
+def test_a_head_lost_during_the_preflight_is_lost_in_one_line(tmp_path):
+    """The preflight probe's requests are as patient as the dispatcher's: a head that stops answering
+    while it probes is HeadLost after the grace (one line, exit 1), not a requests traceback."""
+    import requests
+
+    from isoflop_cli import config
+    from isoflop_cli.dispatch import Dispatcher
+    from isoflop_cli.store import SweepDir
+
+    class Gone:  # what Ray's job client raises once its head's process is dead
+        def __getattr__(self, name):
+            def call(*args, **kwargs):
+                raise requests.exceptions.ConnectionError("('Connection aborted.', ConnectionResetError(104, 'Connection reset by peer'))")
+            return call
+
+    cfg = config.load()
+    sweep = SweepDir(tmp_path)
+    sweep.write_manifest({"cells": {"a": {"state": "submitted", "submission_id": "isoflop-a-1"}, "b": {"state": "finished"}}})
+    dispatcher = Dispatcher(sweep, cfg.cluster, "http://127.0.0.1:1", head_grace_s=1, client=Gone())
+    t = time.time()
+    with pytest.raises(HeadLost) as e:
+        dispatcher.preflight(cfg)
+    assert 1 <= time.time() - t < 30
+    assert str(e.value).startswith("lost the Ray head at http://127.0.0.1:1 (no answer for 1s: ConnectionError)")
+    assert not (tmp_path / ".preflight").exists(), "the shared-dir check leaves nothing behind"
+    cells = sweep.manifest()["cells"]
+    assert cells["a"]["state"] == "stopped" and cells["b"]["state"] == "finished", "the lost head's job is stopped, a rerun resubmits it"
+
+
 def test_head_ports_are_distinct_free_and_apart_from_kernel_picks():
     from isoflop_cli.head import _free_ports
 
