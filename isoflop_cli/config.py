@@ -79,12 +79,21 @@ class BuildConfig:
 
 
 @dataclass
+class ModelBuildConfig(BuildConfig):
+    # The share of warm-start answers followed by a stray digit before eos: the base model then
+    # often runs on past its answer, which the exact verifier rejects. Not learning when to stop is a
+    # failure shared by every problem, which RL can fix at this scale (where a wrong digit is one
+    # problem's own, and barely moves in a sweep's budget); see the README's embedded study.
+    stray: float = 0.0
+
+
+@dataclass
 class ModelConfig:
     name: str = "tiny-arith"
     # A local Hugging Face checkpoint directory; null builds the embedded model (`build`) instead.
     # Required (no default): a model group that forgets it is an error, not the embedded model.
     path: Optional[str] = MISSING
-    build: BuildConfig = field(default_factory=BuildConfig)
+    build: ModelBuildConfig = field(default_factory=ModelBuildConfig)
 
 
 @dataclass
@@ -739,6 +748,8 @@ def _check_build(name: str, b: DictConfig) -> None:
                           f"{b.hidden_size}, {b.num_heads}, {b.num_kv_heads}")
     if b.steps < 0 or not (math.isfinite(b.lr) and b.lr > 0):
         raise ConfigError(f"{name}: steps must be >= 0 and lr > 0, got {b.steps} and {b.lr}")
+    if "stray" in b and not 0 <= b.stray < 1:
+        raise ConfigError(f"{name}.stray must be in [0, 1), got {b.stray}")
 
 
 def _check_tracking(t: DictConfig) -> None:
@@ -841,7 +852,7 @@ def run_content(cfg: DictConfig) -> dict[str, Any]:
 
 def applicable(content: dict[str, Any]) -> dict[str, Any]:
     """A plain config without the keys that do not apply to its run (other tasks' keys, an unset
-    custom reward, no held-out sets or judges, vLLM's engine knobs left at null): options added later leave earlier run ids as they
+    custom reward, no held-out sets or judges, vLLM's engine knobs left at null, no stray digits in the warm start): options added later leave earlier run ids as they
     were. A new copy where it drops any."""
     task = {k: v for k, v in content["task"].items() if k in tasks.config_keys(content["task"]["name"])}
     reward = {k: v for k, v in content["reward"].items() if not (k == "fn" and v is None)}
@@ -855,7 +866,9 @@ def applicable(content: dict[str, Any]) -> dict[str, Any]:
         if effective.std_norm != ALGORITHMS[algo["name"]].std_norm:
             algo["std_norm"] = effective.std_norm
     sampler = {k: v for k, v in content["sampler"].items() if not (k in ("kv_cache_gib", "enforce_eager") and v is None)}
-    return {**content, "task": task, "reward": reward, "eval": evaluation, "algo": algo, "sampler": sampler}
+    build = {k: v for k, v in content["model"]["build"].items() if not (k == "stray" and v == 0)}
+    return {**content, "task": task, "reward": reward, "eval": evaluation, "algo": algo, "sampler": sampler,
+            "model": {**content["model"], "build": build}}
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -50,3 +50,28 @@ def test_an_empty_split_stops_the_stream(monkeypatch):
         next(task.stream("val", seed=0))
     with pytest.raises(arith.EmptySplit):  # validation_set draws through the same stream
         task.validation_set(5)
+
+
+def test_warm_start_targets_carry_a_stray_digit_at_the_configured_share():
+    """model.build.stray: that share of warm-start answers (in expectation) is followed by one random
+    digit before eos, learned like the answer; at 0 the targets are the answers exactly."""
+    import random
+
+    from isoflop_cli.recipe.checkpoint import _sft_batch, char_tokenizer
+
+    tok = char_tokenizer()
+    stream = ArithTask().stream("train", seed=0)
+    problems = [next(stream) for _ in range(2000)]
+
+    def targets(stray: float) -> list[str]:
+        ids, labels = _sft_batch(tok, problems, random.Random(0), stray)
+        return [tok.decode([t for t in row.tolist() if t >= 0], skip_special_tokens=False) for row in labels]
+
+    eos = tok.eos_token
+    assert targets(0.0) == [p.answer + eos for p in problems]
+    with_stray = targets(0.6)
+    extra = [t[len(p.answer):-len(eos)] for p, t in zip(problems, with_stray)]
+    assert all(t.startswith(p.answer) and t.endswith(eos) for p, t in zip(problems, with_stray))
+    assert all(e == "" or (len(e) == 1 and e.isdigit()) for e in extra)
+    share = sum(e != "" for e in extra) / len(extra)
+    assert abs(share - 0.6) < 0.04, share  # 2000 draws: sd 0.011

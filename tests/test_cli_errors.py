@@ -28,6 +28,7 @@ CASES = {
     "broken interpolation": (["plan", "algo.temperature=${oops}"], "oops"),
     "sweep name is a path": (["plan", "name=../elsewhere"], "plain directory name"),
     "embedded model heads": (["plan", "model.build.num_kv_heads=3"], "num_kv_heads"),
+    "stray share of one": (["plan", "model.build.stray=1"], "model.build.stray must be in [0, 1)"),
     "local head has no GPUs": (["sweep", "cluster.gpus_per_run=1", "grid.n=[2]", "grid.B_p=[4]"], "cluster.gpus_per_run"),
     "no Ray cluster at the address": (["sweep", "cluster.address=http://127.0.0.1:9", "grid.n=[2]", "grid.B_p=[4]"], "cannot reach the Ray cluster"),
     "not an address": (["sweep", "cluster.address=notaurl", "grid.n=[2]", "grid.B_p=[4]"], "cannot reach the Ray cluster at notaurl"),
@@ -78,7 +79,7 @@ CASES = {
     "python missing": (["plan", "cluster.python=/nonexistent/python3"], "cluster.python /nonexistent/python3 is not an executable file"),
     "python not on PATH": (["sweep", "cluster.python=no-such-python3"], "cluster.python no-such-python3 is not on PATH"),
     # Draw loops: both splits hold what runs draw from them; completions fit the model.
-    "eval problems above the validation split": (["plan", "task.digits=[1]"], "eval.problems=128 exceeds the validation split: 16 of the 100 problems"),
+    "eval problems above the validation split": (["plan", "task.digits=[1]"], "eval.problems=256 exceeds the validation split: 16 of the 100 problems"),
     "empty validation split": (["run", "task.digits=[1]", "task.val_fraction=0.001", "eval.problems=1"], "exceeds the validation split: 0 of"),
     "empty training split": (["plan", "task.digits=[1]", "task.val_fraction=0.999", "eval.problems=1"], "leaves the training split empty"),
     "validation split too rare to draw": (["plan", "task.digits=[4]", "task.val_fraction=0.00001"], "of draws land in the validation split"),

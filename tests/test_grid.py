@@ -132,8 +132,13 @@ def test_recipe_presets_and_seed_sweeps(tmp_path):
 def test_run_ids_are_pinned():
     # A sweep dir planned before must resume: the same config gives the same run ids (the hash covers
     # what a run computes; planning's internals do not enter it).
-    assert expand(load("grid.n=[4]", "grid.B_p=[4]"))[0].run_id == "n4_bp4_s0_88933495"
+    assert expand(load("grid.n=[4]", "grid.B_p=[4]"))[0].run_id == "n4_bp4_s0_31305c42"
     cells = expand(load("grid.n=[4]", "grid.B_p=[4]", "+grid.axes={algo.kl_coef:[0.0,0.1]}"))
+    assert [c.run_id for c in cells] == ["n4_bp4_s0_kl_coef-0.0_31305c42", "n4_bp4_s0_kl_coef-0.1_dc586af1"]
+    # The embedded default before its warm start had stray digits (and before its larger eval set and
+    # budgets), set explicitly: its sweep dirs keep their ids.
+    before = ("model.build.steps=400", "model.build.stray=0", "eval.problems=128", "grid.budgets=[256,512,1024,2048,4096]")
+    cells = expand(load("grid.n=[4]", "grid.B_p=[4]", "+grid.axes={algo.kl_coef:[0.0,0.1]}", *before))
     assert [c.run_id for c in cells] == ["n4_bp4_s0_kl_coef-0.0_88933495", "n4_bp4_s0_kl_coef-0.1_8426bcb3"]
 
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -132,13 +133,16 @@ def supervised(model, b: DictConfig, task: ArithTask, batch_loss: Callable[[list
 
 
 def build(b: DictConfig, task: ArithTask, out: Path) -> None:
-    """Seeded Qwen2 + supervised warm start (loss on the solution tokens only), saved in HF format."""
+    """Seeded Qwen2 + supervised warm start (loss on the solution tokens only, some followed by a
+    stray digit: model.build.stray), saved in HF format."""
     torch.manual_seed(b.seed)
     tokenizer = char_tokenizer()
     model = AutoModelForCausalLM.from_config(qwen2_config(b, tokenizer))
 
+    strays = random.Random(f"stray-{b.seed}")
+
     def batch_loss(problems: list) -> torch.Tensor:
-        input_ids, labels = _sft_batch(tokenizer, problems)
+        input_ids, labels = _sft_batch(tokenizer, problems, strays, b.stray)
         return model(input_ids=input_ids, attention_mask=(input_ids != tokenizer.pad_token_id).long(), labels=labels).loss
 
     supervised(model, b, task, batch_loss, "warm start")
@@ -148,12 +152,14 @@ def build(b: DictConfig, task: ArithTask, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def _sft_batch(tokenizer, problems) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded prompt+answer+eos ids; labels only on the answer and eos (-100 elsewhere)."""
+def _sft_batch(tokenizer, problems, rng: random.Random, stray: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded prompt+answer+eos ids, a `stray` share of answers followed by a random digit
+    (model.build.stray); labels only on the answer and eos (-100 elsewhere)."""
     rows, labels = [], []
     for p in problems:
         prompt = tokenizer.encode(p.prompt)
-        answer = tokenizer.encode(p.solution) + [tokenizer.eos_token_id]
+        extra = str(rng.randrange(10)) if rng.random() < stray else ""
+        answer = tokenizer.encode(p.solution + extra) + [tokenizer.eos_token_id]
         rows.append(prompt + answer)
         labels.append([-100] * len(prompt) + answer)
     width = max(map(len, rows))
