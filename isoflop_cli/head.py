@@ -171,7 +171,7 @@ def serve_head(cpus: int, info_file: Path, temp_dir: Path) -> None:
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     _ensure_token()
     for attempt in range(3):
-        ports = _free_ports(len(RAY_PORT_FLAGS) + len(RAY_PORT_ENV))
+        ports = free_ports(len(RAY_PORT_FLAGS) + len(RAY_PORT_ENV))
         flags = dict(zip(RAY_PORT_FLAGS, ports))
         env.update(zip(RAY_PORT_ENV, map(str, ports[len(RAY_PORT_FLAGS):])))
         ray = subprocess.Popen(
@@ -215,7 +215,7 @@ def _ensure_token() -> None:
         os.unlink(tmp)
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
     """n distinct ports free on 127.0.0.1, drawn below the kernel's ephemeral range (where the ports
     Ray leaves to the kernel land, so none of those takes one before Ray binds it) and outside Ray
     client's 23000-24000. Heads starting at once draw apart: draws are kept for 10 minutes in a file

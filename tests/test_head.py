@@ -220,10 +220,10 @@ def test_a_head_lost_during_the_preflight_is_lost_in_one_line(tmp_path):
 
 
 def test_head_ports_are_distinct_free_and_apart_from_kernel_picks():
-    from isoflop_cli.head import _free_ports
+    from isoflop_cli.head import free_ports
 
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    first, second = _free_ports(11), _free_ports(11)  # two heads starting at once draw apart
+    first, second = free_ports(11), free_ports(11)  # two heads starting at once draw apart
     assert len(set(first + second)) == 22
     for port in first + second:
         assert port < low and not 23000 <= port < 24000

@@ -20,6 +20,7 @@ import itertools
 import json
 import os
 import random
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -139,6 +140,8 @@ class Trainer:
         if group.world_size == 1:
             torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        if group.is_main:  # in the job log: where the run trains, and the GPUs its scheduler gave it
+            print(f"device {self.device} on {socket.gethostname()}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}", flush=True)
         self._build_models()
         self._build_task()
         self._build_optimizer()

@@ -1,0 +1,141 @@
+"""A sweep through a multi-node Ray cluster on loopback, as through any remote cluster's
+`cluster.address`: `scripts/local_cluster.py` brings up a head (no CPUs) and two worker nodes as
+separate `ray start` processes with token auth; one worker declares two GPUs. A worker lost while a
+run trains on it costs that run a retry from its checkpoint, not the run."""
+
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "local_cluster.py"
+ENV = {**os.environ, "RAY_AUTH_MODE": "token"}  # the user's environment says the cluster uses token auth
+CELL = ["grid.n=[2]", "grid.eval_points=3", "eval.problems=16", "eval.samples=4", "checkpoint.every=16"]
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cluster")
+    started = subprocess.run([sys.executable, str(SCRIPT), "start", str(path), "--worker", "1:2", "--worker", "1:0"],
+                             capture_output=True, text=True, timeout=300)
+    state = json.loads((path / "cluster.json").read_text())
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        listening = {c.laddr.ip for p in _tree([state["head_pid"], *(w["pid"] for w in state["workers"])])
+                     for c in _connections(p) if c.status == psutil.CONN_LISTEN}
+        assert listening and all(_loopback(ip) for ip in listening), f"a cluster process listens beyond loopback: {listening}"
+        yield state
+    finally:
+        subprocess.run([sys.executable, str(SCRIPT), "stop", str(path)], timeout=120)
+        left = [pid for pid in [state["head_pid"], *(w["pid"] for w in state["workers"])] if group_alive(pid)]
+        assert not left, f"cluster processes left after stop: {left}"
+
+
+def _loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback
+
+
+def _tree(pids: list[int]) -> list[psutil.Process]:
+    procs = []
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            procs += [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    return procs
+
+
+def _connections(p: psutil.Process) -> list:
+    try:
+        return p.net_connections(kind="inet")
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def sweep(out: Path, address: str, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(out), f"cluster.address={address}", *overrides],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+
+
+def run_on(worker_pid: int) -> str | None:
+    """The run id of the `isoflop run` process that worker node started, if one trains there now."""
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "isoflop_cli" in cmd and "run" in cmd:
+            try:
+                if worker_pid in {a.pid for a in p.parents()}:
+                    return Path(cmd[cmd.index("--out") + 1]).name
+            except psutil.NoSuchProcess:
+                pass
+    return None
+
+
+def test_a_worker_lost_mid_run_costs_a_retry_from_the_checkpoint(cluster, tmp_path):
+    """Two cells, one per worker; the GPU-less worker is SIGKILLed (raylet, agents and the run on
+    it) once its run has a checkpoint. The sweep retries that run on the other worker, from the
+    checkpoint: every cell finishes, no (run_id, step) row is lost or repeated, and the retried
+    run's metrics equal an uninterrupted run's."""
+    lost = cluster["workers"][1]["pid"]
+    proc = sweep(tmp_path, cluster["address"], *CELL, "grid.B_p=[4,8]", "grid.budgets=[2048]")
+    sweep_dir = tmp_path / "default"
+    deadline = time.monotonic() + 300
+    victim = None
+    while victim is None or not (sweep_dir / "runs" / victim / "checkpoint").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        victim = run_on(lost)
+        time.sleep(0.5)
+    os.killpg(lost, signal.SIGKILL)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:] + err
+    manifest = json.loads((sweep_dir / "manifest.json").read_text())
+    cells = manifest["cells"]
+    assert all(c["state"] == "finished" for c in cells.values())
+    assert cells[victim]["attempts"] == 2 and len(cells[victim]["failures"]) == 1, cells[victim]
+    assert "resumed from the checkpoint at step" in (sweep_dir / "runs" / victim / "job.log").read_text()
+    df = pd.read_parquet(sweep_dir / "results.parquet")
+    assert not df.duplicated(["run_id", "step"]).any()
+    assert len(df) == sum(len(c["eval_steps"]) for c in cells.values())
+
+    b_p = int(df.loc[df.run_id == victim, "B_p"].iloc[0])
+    alone = tmp_path / "alone"
+    # With the one thread a job of cluster.cpus_per_run=1 has: the same float reductions.
+    result = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", *CELL[1:], "n=2", f"B_p={b_p}", "grid.budgets=[2048]", "--out", str(alone)],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    timing = ("wall_s", "reward_cpu_s")
+    expected = [{k: v for k, v in r.items() if k not in timing and not k.startswith("time_")}
+                for r in map(json.loads, (alone / "metrics.jsonl").read_text().splitlines())]
+    got = [{k: v for k, v in r.items() if k not in timing and not k.startswith("time_")}
+           for r in map(json.loads, (sweep_dir / "runs" / victim / "metrics.jsonl").read_text().splitlines())]
+    assert got == expected
+
+
+def test_a_run_asking_for_a_gpu_lands_on_the_gpu_worker_and_trains_on_cpu(cluster, tmp_path):
+    """cluster.gpus_per_run=1: Ray places the run on the worker that declares GPUs and gives it one
+    (CUDA_VISIBLE_DEVICES); with no CUDA here the run trains on the CPU."""
+    proc = sweep(tmp_path, cluster["address"], *CELL, "grid.B_p=[2]", "grid.budgets=[32]", "cluster.gpus_per_run=1")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:] + err
+    (log,) = (tmp_path / "default" / "runs").glob("*/job.log")
+    line = next(line for line in log.read_text().splitlines() if line.startswith("device "))
+    assert line.startswith("device cpu on ") and line.split("CUDA_VISIBLE_DEVICES=")[1] in ("0", "1"), line
