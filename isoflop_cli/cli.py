@@ -230,6 +230,8 @@ def preflight_probe(spec: str = typer.Argument(..., help="The checks, as preflig
     """The preflight's probe job (what `doctor` and `sweep` submit)."""
     from isoflop_cli import preflight
 
+    if os.environ.get(EXIT_WITH_PARENT):
+        _exit_with_parent()  # a head lost while it probes takes the probe with it
     preflight.probe(spec)
 
 

@@ -349,7 +349,7 @@ class Dispatcher:
         environment: the node types it saw, and one line per problem. Its requests are patient as
         the dispatcher's: a head lost while it probes is HeadLost (one line), not a traceback."""
         try:
-            return preflight.check(Patient(self._ask, self.client), cfg, self.sweep.path, self.python, self.env())
+            return preflight.check(Patient(self._ask, self.client), cfg, self.sweep.path, self.python, {**self.env(), EXIT_WITH_PARENT: "1"})
         except HeadLost:
             self._lost(self.sweep.manifest())
             raise

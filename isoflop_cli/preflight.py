@@ -97,7 +97,7 @@ def check(client, cfg, sweep_dir: Path, python: str, env: dict[str, str], wait_s
 
 def _probe_job(client, cfg, spec: Spec, shared: Path, env: dict[str, str], wait_s: float) -> tuple[list[Node], list[str]]:
     encoded = base64.urlsafe_b64encode(json.dumps(asdict(spec)).encode()).decode()
-    sid = client.submit_job(entrypoint=shlex.join([spec.interpreter, "-m", "isoflop_cli", "preflight-probe", encoded]),
+    sid = client.submit_job(entrypoint="exec " + shlex.join([spec.interpreter, "-m", "isoflop_cli", "preflight-probe", encoded]),
                             submission_id=f"isoflop-preflight-{spec.nonce}", entrypoint_num_cpus=0, runtime_env={"env_vars": env})
     deadline = time.monotonic() + wait_s
     while str(client.get_job_status(sid).value) not in ("SUCCEEDED", "FAILED", "STOPPED"):

@@ -43,14 +43,14 @@ def plan_records(cells: list[Cell]) -> list[dict]:
 def plan_table(cfg, cells: list[Cell]) -> Group:
     feasible = [c for c in cells if c.feasible]
     extra = [k for k in cells[0].axes if k not in ("n", "B_p", "seed")]
-    budgets = ", ".join(f"{b:.4g}" for b in cfg.grid.budgets)
+    budgets = ", ".join(_compact(b) for b in cfg.grid.budgets)
     table = Table(title=f"sweep '{cfg.name}': {len(feasible)} feasible cells of {len(cells)}, budgets [{budgets}] {BudgetUnit(cfg.grid.budget.unit).value}",
                   caption="M, rollouts and FLOPs (search, learn, reward) predicted from max prompt and response lengths "
                           "(scaled by finished runs where the sweep has them, else by calibrated response lengths); "
                           "B = B_p * n and more in `plan --json`")
     # Compact numbers and no derivable column, so a grid of the default's axes fits 80 columns.
     seeds = len(cfg.grid.seed) > 1
-    for col in ["n", "B_p", *(["seed"] if seeds else []), *extra, "M", "evals", "rollouts", "lr", "search", "learn", "reward", "rho"]:
+    for col in ["n", "B_p", *(["seed"] if seeds else []), *extra, "M", "eval", "rollouts", "lr", "search", "learn", "reward", "rho"]:
         table.add_column(col, justify="left" if col in extra else "right")
     infeasible = []
     # A large grid (rendering costs ~1 ms a row) lists each cell's seeds on one row (they share the

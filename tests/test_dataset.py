@@ -244,9 +244,9 @@ def test_embedded_model_trains_on_a_file_of_sums(tmp_path, files):
     assert result.exit_code == 0, result.output
     rows = _rows(tmp_path)
     assert [r["rollouts"] for r in rows] == [0, 16, 48] and rows[-1]["prompts_dropped"] == 0
-    # The verifier reads the model's answers (some validation answers are right; training rewards
-    # are scored, at a few percent on this split: 0 or 1 right of 32 in the last interval by seed).
-    assert rows[0]["val_avg@k"] > 0.05 and all(0 <= r["train_reward_mean"] < 0.5 for r in rows[1:])
+    # The verifier reads the model's answers (some validation answers are right: 3 to 4 of 64 by
+    # the warm start; training rewards are scored, at a few percent on this split).
+    assert rows[0]["val_avg@k"] > 0 and all(0 <= r["train_reward_mean"] < 0.5 for r in rows[1:])
     assert rows[-1]["reward_cpu_s"] > 0  # checking in the verifier's own process is counted
 
 
