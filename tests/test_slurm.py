@@ -1,13 +1,18 @@
-"""cluster.launcher=slurm through submitit. No SLURM daemons run on this machine (no sbatch), so
-the jobs go through submitit's own local executor: the same submitit calls (submit, state, logs,
-cancel, result) as on SLURM, with real processes, and a real sweep through them."""
+"""cluster.launcher=slurm through submitit: against a real single-node SLURM on this machine
+(`scripts/local_slurm.py`: munged, MariaDB, slurmdbd, slurmctld and slurmd on 127.0.0.1; skipped,
+saying why, where Debian's packages or root are missing), and through submitit's own local
+executor (the same submitit calls as on SLURM, with real processes)."""
 
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+import pandas as pd
+import psutil
 from omegaconf import OmegaConf
 from typer.testing import CliRunner
 
@@ -47,7 +52,8 @@ def test_a_jobs_state_log_exit_code_and_cancel_read_as_the_dispatcher_reads_ray_
     assert json.loads((tmp_path / "job-ok.json").read_text())["executor"] == "local"
 
 
-def test_without_sbatch_slurm_is_one_error(tmp_path):
+def test_without_sbatch_slurm_is_one_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch there
     result = CliRunner().invoke(app, ["sweep", "--out", str(tmp_path), "cluster.launcher=slurm", "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]"])
     assert result.exit_code == 2 and "cluster.launcher=slurm needs SLURM's sbatch on PATH" in result.output
 
@@ -64,7 +70,64 @@ def test_a_sweep_through_submitit_jobs(tmp_path):
     assert len(cells) == 2 and all(c["state"] == "finished" and c["attempts"] == 1 for c in cells.values())
     for run_id in cells:
         assert "submitit INFO" in (sweep / "runs" / run_id / "job.log").read_text()
-    import pandas as pd
-
     df = pd.read_parquet(sweep / "results.parquet")
     assert len(df) == 4 and not df.duplicated(["run_id", "step"]).any()
+
+
+SLURM = Path(__file__).resolve().parent.parent / "scripts" / "local_slurm.py"
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A real SLURM, started for these tests and stopped after them (every daemon by its PID)."""
+    path = tmp_path_factory.mktemp("slurm")
+    started = subprocess.run([sys.executable, str(SLURM), "start", str(path)], capture_output=True, text=True, timeout=180)
+    if "not installed" in started.stderr:
+        pytest.skip(started.stderr.strip())
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        pids = json.loads((path / "slurm.json").read_text())["pids"]
+        listening = {c.laddr.ip for pid in pids for c in psutil.Process(pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+        assert listening == {"127.0.0.1"}, f"a SLURM daemon listens beyond loopback: {listening}"
+        yield {**os.environ, "SLURM_CONF": started.stdout.strip()}
+    finally:
+        subprocess.run([sys.executable, str(SLURM), "stop", str(path)], timeout=120)
+        pids = json.loads((path / "slurm.json").read_text())["pids"]
+        assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.e2e
+def test_a_sweep_on_a_real_slurm_retries_a_killed_run_from_its_checkpoint(slurm, tmp_path):
+    """Two cells as sbatch jobs on a real SLURM; one run's process is SIGKILLed once it has a
+    checkpoint. sacct reports the job's end, the sweep submits it again, the run resumes from its
+    checkpoint, and every eval point is there once."""
+    args = ["--out", str(tmp_path), "cluster=slurm", "cluster.cpus_per_run=1", "cluster.gpus_per_run=0", f"cluster.python={sys.executable}",
+            "cluster.poll_s=1", "grid.n=[2]", "grid.B_p=[2,4]", "grid.budgets=[1024]", "grid.eval_points=3", "eval.problems=16",
+            "eval.samples=4", "checkpoint.every=16"]
+    proc = subprocess.Popen([sys.executable, "-m", "isoflop_cli", "sweep", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=slurm)
+    sweep = tmp_path / "default"
+    deadline = time.monotonic() + 300
+    victim = None
+    while victim is None:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = p.info["cmdline"] or []
+            if "isoflop_cli" in cmd and "run" in cmd and str(sweep) in " ".join(cmd):
+                run_dir = Path(cmd[cmd.index("--out") + 1])
+                if (run_dir / "checkpoint").exists():
+                    victim = run_dir.name
+                    p.kill()
+                    break
+        time.sleep(0.3)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:] + err
+    cells = json.loads((sweep / "manifest.json").read_text())["cells"]
+    assert all(c["state"] == "finished" for c in cells.values())
+    assert cells[victim]["attempts"] == 2 and "exited -9" in cells[victim]["failures"][0]["reason"], cells[victim]
+    assert "resumed from the checkpoint at step" in (sweep / "runs" / victim / "job.log").read_text()
+    jobs = [json.loads(f.read_text()) for f in (sweep / "slurm").glob("*.json")]
+    assert len(jobs) == 3  # one SLURM job per attempt, kept for reattaching
+    accounted = subprocess.run(["sacct", "-n", "-X", "-o", "JobName%60,State"], capture_output=True, text=True, env=slurm).stdout
+    assert all(f"isoflop-{rid}-1" in accounted for rid in cells) and f"isoflop-{victim}-2" in accounted
+    df = pd.read_parquet(sweep / "results.parquet")
+    assert not df.duplicated(["run_id", "step"]).any() and len(df) == sum(len(c["eval_steps"]) for c in cells.values())
