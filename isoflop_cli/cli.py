@@ -29,7 +29,7 @@ from isoflop_cli.config import ConfigError
 from isoflop_cli.schedule import DEFAULT_MARGIN, Schedule
 from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, check_cluster, sweep_lock, watched
 from isoflop_cli.head import HeadError, die_with_parent, ray_cluster
-from isoflop_cli.store import FAILED, FINISHED, PAUSED, STOPPED, SweepDir, atomic_write, disk_full_message, is_disk_full, read_json
+from isoflop_cli.store import FAILED, FINISHED, PAUSED, STOPPED, RunFiles, SweepDir, atomic_write, disk_full_message, is_disk_full, read_json
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -299,6 +299,9 @@ def run(
     console.print(f"run: n={cfg.n} B_p={cfg.B_p} seed={cfg.seed} M={plan.M} lr={plan.lr:.3g}, to {plan.limit:.4g} {plan.column} -> {run_dir}")
     if os.environ.get(EXIT_WITH_PARENT):
         _exit_with_parent()
+        if RunFiles(run_dir).finished():  # a stale job (a requeue that came late): the sealed run stays as it is
+            console.print(f"{run_dir.name} is finished already: nothing to do")
+            return
     from isoflop_cli.recipe.trainer import Budget, train
 
     rows = train(cfg, Budget(plan.column, plan.limit, plan.eval_at, plan.M), plan.lr, run_dir, pause_at)

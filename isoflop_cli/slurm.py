@@ -73,8 +73,8 @@ class SlurmClient:
         state = job.state.upper().split()[0] if job.state else "UNKNOWN"
         if state in RUNNING_STATES:
             return Status("RUNNING")
-        if state in PENDING_STATES and not job.paths.result_pickle.exists():
-            return Status("PENDING")
+        if state in PENDING_STATES and (not job.paths.result_pickle.exists() or (state == "PENDING" and self.cluster.slurm.executor == "slurm")):
+            return Status("PENDING")  # SLURM's PENDING stands: a requeued job waits to run again, whatever its first run left
         if state in STOPPED_STATES:
             return Status("STOPPED")
         code = self._exit_code(job)

@@ -97,37 +97,47 @@ def slurm(tmp_path_factory):
 
 
 @pytest.mark.e2e
-def test_a_sweep_on_a_real_slurm_retries_a_killed_run_from_its_checkpoint(slurm, tmp_path):
-    """Two cells as sbatch jobs on a real SLURM; one run's process is SIGKILLed once it has a
-    checkpoint. sacct reports the job's end, the sweep submits it again, the run resumes from its
-    checkpoint, and every eval point is there once."""
+def test_a_sweep_on_a_real_slurm_survives_a_killed_run_and_a_preemption(slurm, tmp_path):
+    """Two cells as sbatch jobs on a real SLURM, each hit once it has a checkpoint. One run's process
+    is SIGKILLed: sacct reports the job's end and the sweep submits it again. The other's job is
+    requeued by SLURM (a preemption): the sweep waits for SLURM to run it again, submitting nothing.
+    Both runs resume from their checkpoints, and every eval point is there once."""
     args = ["--out", str(tmp_path), "cluster=slurm", "cluster.cpus_per_run=1", "cluster.gpus_per_run=0", f"cluster.python={sys.executable}",
             "cluster.poll_s=1", "grid.n=[2]", "grid.B_p=[2,4]", "grid.budgets=[1024]", "grid.eval_points=3", "eval.problems=16",
             "eval.samples=4", "checkpoint.every=16"]
     proc = subprocess.Popen([sys.executable, "-m", "isoflop_cli", "sweep", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=slurm)
     sweep = tmp_path / "default"
     deadline = time.monotonic() + 300
-    victim = None
-    while victim is None:
+    killed = requeued = None
+    while killed is None or requeued is None:
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         for p in psutil.process_iter(["cmdline"]):
             cmd = p.info["cmdline"] or []
             if "isoflop_cli" in cmd and "run" in cmd and str(sweep) in " ".join(cmd):
-                run_dir = Path(cmd[cmd.index("--out") + 1])
-                if (run_dir / "checkpoint").exists():
-                    victim = run_dir.name
+                run_id = Path(cmd[cmd.index("--out") + 1]).name
+                if not (sweep / "runs" / run_id / "checkpoint").exists() or run_id in (killed, requeued):
+                    continue
+                if killed is None:
+                    killed = run_id
                     p.kill()
-                    break
+                else:
+                    requeued = run_id
+                    job = json.loads((sweep / "slurm" / f"isoflop-{run_id}-1.json").read_text())["job_id"]
+                    subprocess.run(["scontrol", "requeue", job], check=True, env=slurm)
+                    while subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, env=slurm).stdout.strip() != "PENDING":
+                        time.sleep(0.2)
+                    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, env=slurm)  # SLURM holds a requeued job ~2 min
         time.sleep(0.3)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-3000:] + err
     cells = json.loads((sweep / "manifest.json").read_text())["cells"]
     assert all(c["state"] == "finished" for c in cells.values())
-    assert cells[victim]["attempts"] == 2 and "exited -9" in cells[victim]["failures"][0]["reason"], cells[victim]
-    assert "resumed from the checkpoint at step" in (sweep / "runs" / victim / "job.log").read_text()
-    jobs = [json.loads(f.read_text()) for f in (sweep / "slurm").glob("*.json")]
-    assert len(jobs) == 3  # one SLURM job per attempt, kept for reattaching
+    assert cells[killed]["attempts"] == 2 and "exited -9" in cells[killed]["failures"][0]["reason"], cells[killed]
+    assert cells[requeued]["attempts"] == 1 and "failures" not in cells[requeued], cells[requeued]
+    for run_id in (killed, requeued):
+        assert "resumed from the checkpoint at step" in (sweep / "runs" / run_id / "job.log").read_text()
+    assert len(list((sweep / "slurm").glob("*.json"))) == 3  # one SLURM job per attempt, kept for reattaching
     accounted = subprocess.run(["sacct", "-n", "-X", "-o", "JobName%60,State"], capture_output=True, text=True, env=slurm).stdout
-    assert all(f"isoflop-{rid}-1" in accounted for rid in cells) and f"isoflop-{victim}-2" in accounted
+    assert all(f"isoflop-{rid}-1" in accounted for rid in cells) and f"isoflop-{killed}-2" in accounted
     df = pd.read_parquet(sweep / "results.parquet")
     assert not df.duplicated(["run_id", "step"]).any() and len(df) == sum(len(c["eval_steps"]) for c in cells.values())
