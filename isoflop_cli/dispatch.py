@@ -259,11 +259,12 @@ class Dispatcher:
             for rid in [r for r, when in waiting.items() if time.monotonic() >= when]:
                 del waiting[rid]
                 queue.append(rid)  # its checkpoint is where the new job resumes
-            while queue and len(self.active) < limit:
-                rid = queue.pop(0)
-                self.active[rid] = self._submit(rid, cells[rid], pause_at)
-                cells[rid].update(state=SUBMITTED, submission_id=self.active[rid])
-                self.sweep.write_manifest(manifest)
+            with getattr(self.client, "batch", contextlib.nullcontext)():  # SLURM: these jobs as one array job
+                while queue and len(self.active) < limit:
+                    rid = queue.pop(0)
+                    self.active[rid] = self._submit(rid, cells[rid], pause_at)
+                    cells[rid].update(state=SUBMITTED, submission_id=self.active[rid])
+                    self.sweep.write_manifest(manifest)
             for rid, sid in list(self.active.items()):
                 job_state = self.job_states[rid] = self._job_status(sid)
                 if job_state in TERMINAL or job_state is None:

@@ -15,11 +15,16 @@ SLURM and for tests; local jobs do not outlive the CLI's knowledge of them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
+
+from isoflop_cli.head import HeadError
 
 # SLURM (sacct) and submitit-local states, as the dispatcher's Ray job states.
 RUNNING_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED", "STAGE_OUT"}
@@ -43,30 +48,82 @@ def run_command(entrypoint: str, env: dict[str, str]) -> int:
     return subprocess.run(["bash", "-c", entrypoint], env={**os.environ, **env}, check=False).returncode
 
 
+class SlurmRefused(HeadError):
+    """sbatch refused a submission (a partition, a GPU request or a time limit the cluster does not
+    have): its own message, one line, exit 1."""
+
+
+@contextlib.contextmanager
+def _refused() -> Iterator[None]:
+    from submitit.core.utils import FailedJobError
+
+    try:
+        yield
+    except FailedJobError as e:
+        why = " ".join(str(e).split())
+        raise SlurmRefused(f"SLURM refused the runs' jobs: {why} (see cluster.cpus_per_run, cluster.gpus_per_run, cluster.slurm.*)") from None
+
+
 class SlurmClient:
     def __init__(self, cluster, folder: Path):
         self.cluster, self.folder = cluster, folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self.jobs: dict = {}  # submission id -> submitit job
+        self._array: tuple | None = None  # inside batch(): (its executor, its folder, [(submission id, job)])
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """The jobs submitted inside go to SLURM as one array job (one sbatch; a scheduler's job
+        limits count it once), each still its run's own job for state, logs and cancel."""
+        folder = self.folder / f"array-{time.time_ns()}"
+        self._array = (None, folder, [])
+        try:
+            yield
+            executor, _, submitted = self._array
+            if executor is None:
+                return
+            with _refused(), executor.batch():
+                jobs = [(sid, executor.submit(run_command, entrypoint, env)) for sid, (entrypoint, env) in submitted]
+        finally:
+            self._array = None
+        for sid, job in jobs:
+            self._record(sid, job, folder)
 
     def submit_job(self, entrypoint: str, submission_id: str, entrypoint_num_cpus: float = 1, entrypoint_num_gpus: float = 0,
                    runtime_env: dict | None = None) -> str:
+        env = (runtime_env or {}).get("env_vars", {})
+        if self._array is not None:  # submitted when the batch ends
+            executor, folder, submitted = self._array
+            if executor is None:
+                executor = self._executor(folder, "isoflop-" + self.folder.parent.name, entrypoint_num_cpus, entrypoint_num_gpus)
+                self._array = (executor, folder, submitted)
+            submitted.append((submission_id, (entrypoint, env)))
+            return submission_id
+        folder = self.folder / submission_id
+        with _refused():
+            job = self._executor(folder, submission_id, entrypoint_num_cpus, entrypoint_num_gpus).submit(run_command, entrypoint, env)
+        self._record(submission_id, job, folder)
+        return submission_id
+
+    def _executor(self, folder: Path, name: str, cpus: float, gpus: float):
         import submitit
 
         s = self.cluster.slurm
-        executor = submitit.AutoExecutor(folder=self.folder / submission_id, cluster=None if s.executor == "slurm" else "local")
-        params = {"timeout_min": s.time_min, "cpus_per_task": max(1, int(entrypoint_num_cpus)), "name": submission_id}
-        if entrypoint_num_gpus:
-            params["gpus_per_node"] = int(entrypoint_num_gpus)
+        executor = submitit.AutoExecutor(folder=folder, cluster=None if s.executor == "slurm" else "local")
+        params = {"timeout_min": s.time_min, "cpus_per_task": max(1, int(cpus)), "name": name}
+        if gpus:
+            params["gpus_per_node"] = int(gpus)
         if s.executor == "slurm":
             params["slurm_additional_parameters"] = {"requeue": True} if s.requeue else {}
             if s.partition:
                 params["slurm_partition"] = s.partition
         executor.update_parameters(**params)
-        job = executor.submit(run_command, entrypoint, (runtime_env or {}).get("env_vars", {}))
+        return executor
+
+    def _record(self, submission_id: str, job, folder: Path) -> None:
         self.jobs[submission_id] = job
-        (self.folder / f"{submission_id}.json").write_text(json.dumps({"job_id": job.job_id, "executor": s.executor}))
-        return submission_id
+        record = {"job_id": job.job_id, "executor": self.cluster.slurm.executor, "folder": str(folder)}
+        (self.folder / f"{submission_id}.json").write_text(json.dumps(record))
 
     def get_job_status(self, submission_id: str) -> Status:
         job = self._job(submission_id)
@@ -105,7 +162,8 @@ class SlurmClient:
             raise RuntimeError(f"the local job of {submission_id} ended with the CLI that started it")
         import submitit
 
-        self.jobs[submission_id] = job = submitit.SlurmJob(folder=self.folder / submission_id, job_id=saved["job_id"])
+        folder = saved.get("folder", self.folder / submission_id)  # older records: a folder per submission
+        self.jobs[submission_id] = job = submitit.SlurmJob(folder=folder, job_id=saved["job_id"])
         return job
 
     @staticmethod

@@ -98,7 +98,7 @@ def slurm(tmp_path_factory):
 
 @pytest.mark.e2e
 def test_a_sweep_on_a_real_slurm_survives_a_killed_run_and_a_preemption(slurm, tmp_path):
-    """Two cells as sbatch jobs on a real SLURM, each hit once it has a checkpoint. One run's process
+    """Two cells as one array job on a real SLURM, each hit once it has a checkpoint. One run's process
     is SIGKILLed: sacct reports the job's end and the sweep submits it again. The other's job is
     requeued by SLURM (a preemption): the sweep waits for SLURM to run it again, submitting nothing.
     Both runs resume from their checkpoints, and every eval point is there once."""
@@ -136,8 +136,11 @@ def test_a_sweep_on_a_real_slurm_survives_a_killed_run_and_a_preemption(slurm, t
     assert cells[requeued]["attempts"] == 1 and "failures" not in cells[requeued], cells[requeued]
     for run_id in (killed, requeued):
         assert "resumed from the checkpoint at step" in (sweep / "runs" / run_id / "job.log").read_text()
-    assert len(list((sweep / "slurm").glob("*.json"))) == 3  # one SLURM job per attempt, kept for reattaching
-    accounted = subprocess.run(["sacct", "-n", "-X", "-o", "JobName%60,State"], capture_output=True, text=True, env=slurm).stdout
-    assert all(f"isoflop-{rid}-1" in accounted for rid in cells) and f"isoflop-{killed}-2" in accounted
+    # One SLURM job per attempt, kept for reattaching: the first two as one array job, the retry alone.
+    jobs = {f.stem: json.loads(f.read_text())["job_id"] for f in (sweep / "slurm").glob("*.json")}
+    first = [jobs[f"isoflop-{rid}-1"] for rid in cells]
+    assert len(jobs) == 3 and len({j.split("_")[0] for j in first}) == 1 and sorted(j.split("_")[1] for j in first) == ["0", "1"], jobs
+    accounted = subprocess.run(["sacct", "-n", "-X", "-o", "JobID%20,State"], capture_output=True, text=True, env=slurm).stdout.split()
+    assert set(jobs.values()) <= set(accounted), accounted
     df = pd.read_parquet(sweep / "results.parquet")
     assert not df.duplicated(["run_id", "step"]).any() and len(df) == sum(len(c["eval_steps"]) for c in cells.values())
