@@ -1,4 +1,5 @@
-"""`cluster.launcher=slurm`: each run a SLURM job, submitted with submitit.
+"""`cluster.launcher=slurm`: each run a SLURM job (the runs one poll submits as one array job),
+submitted with submitit.
 
 `SlurmClient` answers the calls the dispatcher makes of Ray's `JobSubmissionClient` (submit,
 status, logs, stop, info), so the sweep's dispatch, resume, retries, status and run dir layout are
