@@ -152,9 +152,27 @@ def probe(encoded: str) -> None:
             resources = node["Resources"]
             types.setdefault((resources.get("CPU", 0.0), resources.get("GPU", 0.0)), []).append(node)
     remote = ray.remote(num_cpus=0)(_check_node)
-    refs = [remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(group[0]["NodeID"], soft=False)).remote(spec, cpus, gpus, len(group))
-            for (cpus, gpus), group in types.items()]
-    nodes = ray.get(refs, timeout=WAIT_S / 2)
+
+    def check(kind: tuple[float, float], i: int):
+        """The check on the i-th node of its type, pinned there; the type's count is the nodes left."""
+        group = types[kind]
+        return remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(group[i]["NodeID"], soft=False)).remote(spec, *kind, len(group) - i)
+
+    # A node listed alive may be gone by the time its check runs (a lost node the head has not
+    # noticed yet): it is not part of the cluster the runs will meet, so another node of its type
+    # is checked instead, and a type with none left is not reported.
+    gone = (ray.exceptions.TaskUnschedulableError, ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError)
+    tried = dict.fromkeys(types, 0)
+    refs = {kind: check(kind, 0) for kind in types}
+    nodes = []
+    while refs:
+        kind, ref = refs.popitem()
+        try:
+            nodes.append(ray.get(ref, timeout=WAIT_S / 2))
+        except gone:
+            tried[kind] += 1
+            if tried[kind] < len(types[kind]):
+                refs[kind] = check(kind, tried[kind])
     print(MARK + json.dumps([asdict(n) for n in nodes]), flush=True)
 
 

@@ -90,13 +90,15 @@ def run_on(worker_pid: int) -> str | None:
     return None
 
 
-def test_a_worker_lost_mid_run_costs_a_retry_from_the_checkpoint(cluster, tmp_path):
+def test_a_worker_lost_mid_run_and_a_killed_cli_cost_a_retry_from_the_checkpoint(cluster, tmp_path):
     """Two cells, one per worker; the GPU-less worker is SIGKILLed (raylet, agents and the run on
-    it) once its run has a checkpoint. The sweep retries that run on the other worker, from the
-    checkpoint: every cell finishes, no (run_id, step) row is lost or repeated, and the retried
+    it) once its run has a checkpoint, and the CLI with it. Rerun, the sweep reattaches to the run
+    still going on the other worker and submits the lost one again, which resumes from its
+    checkpoint: every cell finishes, no (run_id, step) row is lost or repeated, and the resumed
     run's metrics equal an uninterrupted run's."""
     lost = cluster["workers"][1]["pid"]
-    proc = sweep(tmp_path, cluster["address"], *CELL, "grid.B_p=[4,8]", "grid.budgets=[2048]")
+    overrides = [*CELL, "grid.B_p=[4,8]", "grid.budgets=[2048]"]
+    proc = sweep(tmp_path, cluster["address"], *overrides)
     sweep_dir = tmp_path / "default"
     deadline = time.monotonic() + 300
     victim = None
@@ -105,12 +107,16 @@ def test_a_worker_lost_mid_run_costs_a_retry_from_the_checkpoint(cluster, tmp_pa
         victim = run_on(lost)
         time.sleep(0.5)
     os.killpg(lost, signal.SIGKILL)
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out[-3000:] + err
-    manifest = json.loads((sweep_dir / "manifest.json").read_text())
-    cells = manifest["cells"]
+    proc.kill()
+    proc.communicate()
+    rerun = sweep(tmp_path, cluster["address"], *overrides)
+    out, err = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, out[-3000:] + err
+    cells = json.loads((sweep_dir / "manifest.json").read_text())["cells"]
     assert all(c["state"] == "finished" for c in cells.values())
-    assert cells[victim]["attempts"] == 2 and len(cells[victim]["failures"]) == 1, cells[victim]
+    assert cells[victim]["attempts"] == 2, cells[victim]
+    other = next(rid for rid in cells if rid != victim)
+    assert cells[other]["attempts"] == 1, "the run on the live worker was reattached (or had finished), never submitted again"
     assert "resumed from the checkpoint at step" in (sweep_dir / "runs" / victim / "job.log").read_text()
     df = pd.read_parquet(sweep_dir / "results.parquet")
     assert not df.duplicated(["run_id", "step"]).any()
