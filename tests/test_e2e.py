@@ -182,8 +182,10 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
 def test_reward_axis_prm_costs_reward_flops_and_lowers_rho(tmp_path):
     """A sweep over reward=[sparse,prm] at equal budget and allocation: only the learned PRM spends
     reward FLOPs, so its rho is lower."""
+    # FLOPs only: a short warm start for the policy, and test_prm's PRM (one build for both tests).
     result = isoflop("sweep", "--out", str(tmp_path), "task=arith-steps", "grid.n=[4]", "grid.B_p=[4]", "grid.budgets=[64]",
-                     "grid.eval_points=2", "eval.problems=16", "eval.samples=4", "+grid.axes={reward:[sparse,prm]}")
+                     "grid.eval_points=2", "eval.problems=16", "eval.samples=4", "+grid.axes={reward:[sparse,prm]}",
+                     "model.build.steps=100", "reward.build.steps=250")
     assert result.returncode == 0, result.stdout + result.stderr
     df = pd.read_parquet(tmp_path / "default" / "results.parquet")
     last = df[df["step"] == df["step"].max()].set_index("reward")
