@@ -262,7 +262,7 @@ def _wait_ready(ray: subprocess.Popen, address: str, agent_port: int, stop: thre
     """The dashboard answers and the dashboard agent (which runs the jobs) listens."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not stop.is_set() and ray.poll() is None:
-        if _answers(address) and _listens(agent_port):
+        if _answers(address) and listens(agent_port):
             return True
         stop.wait(0.5)
     return False
@@ -278,7 +278,7 @@ def _answers(address: str) -> bool:
     return True
 
 
-def _listens(port: int) -> bool:
+def listens(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
     except OSError:

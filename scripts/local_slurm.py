@@ -25,7 +25,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from isoflop_cli.head import free_ports
+from isoflop_cli.head import free_ports, listens
 
 PACKAGES = ("slurmctld", "slurmd", "sbatch", "sacct", "slurmdbd", "munged", "mungekey", "mariadbd", "mariadb-install-db")
 APT = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "mariadb-server")
@@ -89,7 +89,7 @@ def start(path: Path, timeout_s: float = 120) -> Path:
                         "--auth-root-authentication-method=normal"], check=True, capture_output=True)
     proc = daemon("mariadb", "mariadbd", "--no-defaults", f"--datadir={path / 'db'}", f"--socket={path / 'mysql.sock'}", f"--port={db_port}",
                   "--bind-address=127.0.0.1", "--user=root", "--skip-grant-tables", f"--pid-file={path / 'mariadb.pid'}")
-    wait("MariaDB", lambda: _listens(db_port), proc)
+    wait("MariaDB", lambda: listens(db_port), proc)
 
     dbd_conf = path / "slurmdbd.conf"
     dbd_conf.write_text(f"""DbdHost=localhost
@@ -140,10 +140,10 @@ NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} State=UNKNOWN
 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """)
     proc = daemon("slurmdbd", "slurmdbd", "-D")  # reads slurmdbd.conf beside SLURM_CONF
-    wait("slurmdbd", lambda: _listens(dbd_port), proc)
+    wait("slurmdbd", lambda: listens(dbd_port), proc)
     subprocess.run(["sacctmgr", "-i", "add", "cluster", "isoflop"], env={**os.environ, "SLURM_CONF": state["conf"]}, capture_output=True)
     proc = daemon("slurmctld", "slurmctld", "-D", "-i")
-    wait("slurmctld", lambda: _listens(ctld_port), proc)
+    wait("slurmctld", lambda: listens(ctld_port), proc)
     proc = daemon("slurmd", "slurmd", "-D", "-N", host)
     wait("the node", lambda: _sinfo(state["conf"]) == "idle", proc)
     return Path(state["conf"])
@@ -165,14 +165,6 @@ def stop(path: Path, grace_s: float = 30) -> None:
 def _sinfo(conf: str) -> str:
     out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env={**os.environ, "SLURM_CONF": conf})
     return out.stdout.strip()
-
-
-def _listens(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return False
-    return True
 
 
 def _alive(pid: int) -> bool:

@@ -4,7 +4,6 @@ local Ray head (real torch training), write a valid regime.json; a rerun resumes
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -25,11 +24,8 @@ def finished_metrics(sweep_dir: Path) -> dict[str, int]:
 
 
 def test_pilot_on_the_embedded_default_writes_a_valid_regime(tmp_path):
-    start = time.time()
     result = isoflop("race-pilot", "--out", str(tmp_path), *SMALL_EVAL)
-    took = time.time() - start
     assert result.returncode == 0, result.stdout + result.stderr
-    assert took < 600
 
     sweep_dir = tmp_path / "default-pilot"
     report = json.loads((sweep_dir / "race" / "regime.json").read_text())
