@@ -23,6 +23,7 @@ from rich.live import Live
 from rich.text import Text
 
 from isoflop_cli import config as config_mod
+from isoflop_cli import continuation
 from isoflop_cli import grid as grid_mod
 from isoflop_cli import report
 from isoflop_cli.config import ConfigError
@@ -107,6 +108,7 @@ def sweep(
     """Expand the grid, run every cell as a Ray job, watch, collect results.parquet, print the frontier.
 
     Rerunning with the same --out resumes: finished runs are kept, running jobs reattached, lost ones resubmitted.
+    With larger budgets, runs left with a checkpoint (paused, stopped, or checkpoint.keep_final) continue from it.
     A sweep dir holding other cells (a changed grid) is refused unless --extend merges the two.
     """
     with user_errors():
@@ -114,11 +116,14 @@ def sweep(
         if not dry_run:
             check_cluster(cfg.cluster)
             sweep_dir = SweepDir(config_mod.check_writable(out / cfg.name))
-            check_same_grid(sweep_dir, cells, extend)
+            continued = continuation.find(sweep_dir, cells)
+            check_same_grid(sweep_dir, cells, extend, continued)
     console.print(report.plan_table(cfg, cells))
     if dry_run:
         return
-    df, failed = _dispatch(sweep_dir, cfg, cells)
+    if continued:
+        console.print(f"{len(continued)} runs continue from where an earlier, smaller budget left them (their checkpoints)")
+    df, failed = _dispatch(sweep_dir, cfg, cells, continued)
     if not df.empty:
         compute = "flops_total" if cfg.grid.budget.unit == "flops" else "rollouts"
         console.print(report.frontier_table(df, metric="val_avg@k", axis="n", compute=compute))
@@ -141,7 +146,8 @@ def dispatch_errors() -> Iterator[None]:
         raise typer.Exit(1) from None
 
 
-def _dispatch(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell]) -> tuple[pd.DataFrame, dict[str, str]]:
+def _dispatch(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell],
+              continued: list[continuation.Continuation] = ()) -> tuple[pd.DataFrame, dict[str, str]]:
     """Prepare the sweep dir, run every unfinished cell as a Ray job under a live table, collect
     results.parquet. Returns the results and the runs that did not finish, with why (printed too).
     Ctrl-C or SIGTERM stops the jobs and exits 130; rerunning resumes. One sweep dir has one owner:
@@ -149,7 +155,7 @@ def _dispatch(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell]) -> tuple[pd.
     with contextlib.ExitStack() as held:
         with user_errors():
             held.enter_context(sweep_lock(sweep_dir.path))
-        prepare(sweep_dir, cfg, cells)
+        prepare(sweep_dir, cfg, cells, continued)
         table = lambda: report.sweep_table(sweep_dir)  # noqa: E731
         console.print(f"sweep dir: {sweep_dir.path}")
         with dispatch_errors(), launcher(cfg.cluster, sweep_dir.path) as (address, client):
@@ -164,7 +170,7 @@ def _dispatch(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell]) -> tuple[pd.
         failed = {rid: sweep_dir.manifest()["cells"][rid].get("error", "") for rid, s in states.items() if s not in (FINISHED, PAUSED)}
     paused = sum(s == PAUSED for s in states.values())
     console.print(f"{len(states) - len(failed) - paused}/{len(states)} runs finished"
-                  + (f", {paused} stopped by the adaptive schedule (paused at their checkpoints; grid.schedule=full continues them)" if paused else "")
+                  + (f", {paused} stopped by the adaptive schedule (paused at their checkpoints; grid.schedule=full or larger grid.budgets continue them)" if paused else "")
                   + f"; {len(df)} eval points in {sweep_dir.results_file}", soft_wrap=True)
     for rid, why in failed.items():
         err.print(Text.assemble(("failed ", "red"), f"{rid}: {why}"), soft_wrap=True)
@@ -186,12 +192,7 @@ def launcher(cluster, state_dir: Path) -> Iterator[tuple[str, object]]:
 
 def _preflight(dispatcher: Dispatcher, cfg, asked: bool = False) -> list:
     """The preflight probe before any run is submitted (unless cluster.preflight=false and not
-    `asked` by doctor): its problems are one ConfigError (exit 2). It probes Ray's nodes: with
-    cluster.launcher=slurm there is none to probe (said by doctor)."""
-    if cfg.cluster.launcher == "slurm":
-        if asked:
-            raise ConfigError("the preflight probes a Ray cluster's nodes; with cluster.launcher=slurm it is not built yet")
-        return []
+    `asked` by doctor): its problems are one ConfigError (exit 2)."""
     if not (asked or cfg.cluster.preflight):
         return []
     with console.status("preflight: probing the cluster's nodes"):
@@ -226,26 +227,36 @@ def doctor(
 
 
 @app.command("preflight-probe", hidden=True)
-def preflight_probe(spec: str = typer.Argument(..., help="The checks, as preflight.check encodes them.")) -> None:
+def preflight_probe(
+    spec: str = typer.Argument(..., help="The checks, as preflight.check encodes them."),
+    here: bool = typer.Option(False, "--here", help="Check this node only (SLURM chose it), instead of a node of each type of the Ray cluster."),
+) -> None:
     """The preflight's probe job (what `doctor` and `sweep` submit)."""
     from isoflop_cli import preflight
 
     if os.environ.get(EXIT_WITH_PARENT):
         _exit_with_parent()  # a head lost while it probes takes the probe with it
-    preflight.probe(spec)
+    if here:
+        preflight.probe_here(spec)
+    else:
+        preflight.probe(spec)
 
 
-def check_same_grid(sweep_dir: SweepDir, cells: list[grid_mod.Cell], extend: bool, hint: str = "rerun with --extend to add this grid's cells to them, or ") -> None:
-    """A sweep dir is never silently narrowed: cells it holds that this grid lacks refuse the sweep
-    unless `extend` keeps them beside the new ones."""
+def check_same_grid(sweep_dir: SweepDir, cells: list[grid_mod.Cell], extend: bool, continued: list[continuation.Continuation] = (),
+                    hint: str = "rerun with --extend to add this grid's cells to them, or ") -> None:
+    """A sweep dir is never silently narrowed: cells it holds that this grid lacks (and does not
+    continue) refuse the sweep unless `extend` keeps them beside the new ones."""
     if not sweep_dir.manifest_file.exists() or extend:
         return
     old = sweep_dir.manifest()["cells"]
-    new = {c.run_id for c in cells if c.feasible}
+    new = {c.run_id for c in cells if c.feasible} | {c.old for c in continued}
     gone = [rid for rid in old if rid not in new]
     if gone:
+        twins = continuation.restarted(sweep_dir, cells, gone)
+        why = (f"; {twins} of them are runs of this grid to a smaller budget, finished without a checkpoint to continue from "
+               "(checkpoint.keep_final=true keeps one)") if twins else ""
         raise ConfigError(f"{sweep_dir.path} holds a different grid: {len(gone)} of its {len(old)} cells are not in this one "
-                          f"(e.g. {gone[0]}); {hint}use another --out or name=")
+                          f"(e.g. {gone[0]}){why}; {hint}use another --out or name=")
 
 
 def schedule_entry(cfg, cells: list[grid_mod.Cell]) -> dict:
@@ -258,19 +269,20 @@ def schedule_entry(cfg, cells: list[grid_mod.Cell]) -> dict:
             "column": column, "metric": "val_avg@k"}
 
 
-def prepare(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell]) -> None:
-    """Write the sweep config, each run's config and the manifest, keeping what earlier runs recorded
-    and every cell the dir already held (`check_same_grid` has refused an unasked merge)."""
+def prepare(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued: list[continuation.Continuation] = ()) -> None:
+    """Write the sweep config, the manifest and each run's config, keeping what earlier runs recorded
+    and every cell the dir already held (`check_same_grid` has refused an unasked merge); the cells
+    that continue an earlier run take over its directory."""
     atomic_write(sweep_dir.config_file, config_mod.to_yaml(cfg))
     old = sweep_dir.manifest()["cells"]
-    manifest = {"name": cfg.name, "schedule": schedule_entry(cfg, cells), "cells": dict(old), "infeasible": []}
+    continues = {c.new: c.old for c in continued}
+    manifest = {"name": cfg.name, "schedule": schedule_entry(cfg, cells),
+                "cells": {rid: entry for rid, entry in old.items() if rid not in continues.values()}, "infeasible": []}
     for cell in cells:
         if not cell.feasible:
             manifest["infeasible"].append({"axes": cell.axes, "reason": cell.reason})
             continue
-        files = sweep_dir.run(cell.run_id)
-        atomic_write(files.config, config_mod.to_yaml(cell.cfg))
-        entry = old.get(cell.run_id, {})
+        entry = old.get(cell.run_id, {"state": PAUSED, "continues": continues[cell.run_id]} if cell.run_id in continues else {})
         manifest["cells"][cell.run_id] = {
             "axes": cell.axes,
             "columns": report.run_columns(cell),
@@ -278,9 +290,13 @@ def prepare(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell]) -> None:
             "eval_steps": list(cell.plan.eval_steps),
             "step_flops": list(grid_mod.step_flops(cell.cfg)),
             "state": entry.get("state", "pending"),
-            **{k: entry[k] for k in ("submission_id", "attempts") if k in entry},
+            **{k: entry[k] for k in ("submission_id", "attempts", "continues") if k in entry},
         }
     sweep_dir.write_manifest(manifest)
+    continuation.take_over(sweep_dir, manifest)
+    for cell in cells:
+        if cell.feasible:
+            atomic_write(sweep_dir.run(cell.run_id).config, config_mod.to_yaml(cell.cfg))
 
 
 @app.command()

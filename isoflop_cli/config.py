@@ -192,6 +192,9 @@ class SamplerConfig:
 @dataclass
 class CheckpointConfig:
     every: int = 50  # steps between saves of the full training state (0: never); a restarted run resumes
+    # Keep the state at a run's end too: a later sweep with larger budgets continues the run from
+    # it instead of starting over (paused and stopped runs keep theirs anyway). Costs a checkpoint per run on disk.
+    keep_final: bool = False
 
 
 @dataclass
@@ -852,7 +855,7 @@ def run_content(cfg: DictConfig) -> dict[str, Any]:
 
 def applicable(content: dict[str, Any]) -> dict[str, Any]:
     """A plain config without the keys that do not apply to its run (other tasks' keys, an unset
-    custom reward, no held-out sets or judges, vLLM's engine knobs left at null, no stray digits in the warm start): options added later leave earlier run ids as they
+    custom reward, no held-out sets or judges, vLLM's engine knobs left at null, no stray digits in the warm start, whether the last checkpoint is kept): options added later leave earlier run ids as they
     were. A new copy where it drops any."""
     task = {k: v for k, v in content["task"].items() if k in tasks.config_keys(content["task"]["name"])}
     reward = {k: v for k, v in content["reward"].items() if not (k == "fn" and v is None)}
@@ -867,8 +870,9 @@ def applicable(content: dict[str, Any]) -> dict[str, Any]:
             algo["std_norm"] = effective.std_norm
     sampler = {k: v for k, v in content["sampler"].items() if not (k in ("kv_cache_gib", "enforce_eager") and v is None)}
     build = {k: v for k, v in content["model"]["build"].items() if not (k == "stray" and v == 0)}
+    kept = {k: v for k, v in content["checkpoint"].items() if k != "keep_final"}  # what a run leaves, not what it computes
     return {**content, "task": task, "reward": reward, "eval": evaluation, "algo": algo, "sampler": sampler,
-            "model": {**content["model"], "build": build}}
+            "model": {**content["model"], "build": build}, "checkpoint": kept}
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -79,6 +79,11 @@ def learning_rate(algo: DictConfig, batch: int) -> float:
     return float(algo.base_lr)
 
 
+def budget_column(grid: DictConfig) -> str:
+    """The ledger column a sweep's budgets are in."""
+    return "flops_total" if BudgetUnit(grid.budget.unit) is BudgetUnit.flops else "rollouts"
+
+
 def eval_budgets(grid: DictConfig) -> list[float]:
     """Compute checkpoints shared by every cell: every budget, and the largest halved eval_points - 1 times.
 
@@ -168,7 +173,7 @@ def _plan_run(cfg, n: int, B_p: int, flops_scale: float = 1.0, shapes: _Shapes |
     steps = {0, M} | {int(c // cost) for c in checkpoints if c >= cost}
     return RunPlan(
         batch=batch, M=M, eval_steps=tuple(sorted(steps)), lr=learning_rate(cfg.algo, batch),
-        column="flops_total" if by_flops else "rollouts",
+        column=budget_column(g),
         limit=float(c_max) if by_flops else float(M * batch),
         eval_at=tuple(sorted({0.0, *checkpoints})) if by_flops else tuple(float(s * batch) for s in sorted(steps)),
         step_flops=per_step,
@@ -181,6 +186,16 @@ def run_id(axes: dict[str, Any], cfg: DictConfig, plan: RunPlan) -> str:
     content["plan"] = [plan.column, plan.limit, list(plan.eval_at), plan.lr]
     digest = hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()[:8]
     return f"{_slug(axes)}_{digest}"
+
+
+def trajectory(cfg: DictConfig) -> str:
+    """What the run `cfg` computes step by step, without where it stops or evaluates: its run id's
+    hash less the budget. Runs of one trajectory record the same points up to the smaller budget (the
+    learning rate is constant after warm-up; evaluation draws from its own RNG stream), so the run
+    to a larger budget can continue the smaller one's checkpoint (see `continuation`)."""
+    content = config.run_content(cfg)
+    content["plan"] = [budget_column(cfg.grid), learning_rate(cfg.algo, cfg.n * cfg.B_p)]
+    return hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
 def _slug(axes: dict[str, Any]) -> str:

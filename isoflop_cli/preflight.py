@@ -2,13 +2,15 @@
 every run will need, so a sweep fails in seconds with one line per problem instead of hours later
 (`isoflop doctor` runs the same checks alone).
 
-The probe is a Ray job (the runs' interpreter, `cluster.python`) that asks its cluster for its
-alive nodes and runs one check on a node of each type (its CPU and GPU counts), pinned there:
-the node's isoflop version and Python against the CLI's; whether the sweep dir is shared (the
-node reads a file the CLI wrote there, and writes one the CLI then reads); whether the files the
-runs read (model, reward model, data) are readable there; whether vLLM imports (sampler=vllm).
-The CLI adds what only the whole cluster tells: whether any node has the CPUs and GPUs a run asks
-for (a request no node can satisfy would stay pending forever). What the probe finds comes back
+On a Ray cluster the probe is a Ray job (the runs' interpreter, `cluster.python`) that asks its
+cluster for its alive nodes and runs one check on a node of each type (its CPU and GPU counts),
+pinned there; on SLURM it is one small job in the runs' partition, checking the node SLURM gives
+it. The check: the node's isoflop version and Python against the CLI's; whether the sweep dir is
+shared (the node reads a file the CLI wrote there, and writes one the CLI then reads); whether
+the files the runs read (model, reward model, data) are readable there; whether vLLM and the
+trackers import. The CLI adds what only the whole cluster tells: whether a job of a run's size
+can ever start (Ray: some node has its CPUs and GPUs; SLURM: `sbatch --test-only` accepts it),
+since a request no node can satisfy would stay pending forever. What the probe finds comes back
 in its job log, so it arrives even when nothing is shared.
 """
 
@@ -96,14 +98,17 @@ def check(client, cfg, sweep_dir: Path, python: str, env: dict[str, str], wait_s
 
 
 def _probe_job(client, cfg, spec: Spec, shared: Path, env: dict[str, str], wait_s: float) -> tuple[list[Node], list[str]]:
+    slurm = cfg.cluster.launcher == "slurm"  # SLURM places the probe itself: it checks the node it is on
     encoded = base64.urlsafe_b64encode(json.dumps(asdict(spec)).encode()).decode()
-    sid = client.submit_job(entrypoint="exec " + shlex.join([spec.interpreter, "-m", "isoflop_cli", "preflight-probe", encoded]),
-                            submission_id=f"isoflop-preflight-{spec.nonce}", entrypoint_num_cpus=0, runtime_env={"env_vars": env})
+    command = [spec.interpreter, "-m", "isoflop_cli", "preflight-probe", encoded, *(["--here"] if slurm else [])]
+    sid = client.submit_job(entrypoint="exec " + shlex.join(command), submission_id=f"isoflop-preflight-{spec.nonce}",
+                            entrypoint_num_cpus=0, runtime_env={"env_vars": env})
     deadline = time.monotonic() + wait_s
-    while str(client.get_job_status(sid).value) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+    while (state := str(client.get_job_status(sid).value)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
         if time.monotonic() > deadline:
             client.stop_job(sid)
-            return [], [f"the preflight probe did not finish in {wait_s:.0f} s (job {sid}): the cluster has no room even for it, or a node hangs"]
+            return [], [f"the preflight probe did not finish in {wait_s:.0f} s (job {sid}, {state.lower()}): the cluster has no room even "
+                        "for it, or a node hangs; cluster.preflight=false skips the preflight"]
         time.sleep(0.5)
     log = client.get_job_logs(sid)
     lines = [line[len(MARK):] for line in log.splitlines() if line.startswith(MARK)]
@@ -111,10 +116,26 @@ def _probe_job(client, cfg, spec: Spec, shared: Path, env: dict[str, str], wait_
         last = next((line for line in reversed(log.splitlines()) if line.strip()), "no output")
         return [], [f"the preflight probe failed on the cluster (job {sid}, with {spec.interpreter}): {last}"]
     nodes = [Node(**n) for n in json.loads(lines[-1])]
-    return nodes, problems(spec, nodes, cfg.cluster.cpus_per_run, cfg.cluster.gpus_per_run, shared)
+    cpus, gpus = cfg.cluster.cpus_per_run, cfg.cluster.gpus_per_run
+    if slurm:
+        refused = client.refusal(cpus, gpus)
+        placed = [f"SLURM would never start a run's job ({_count(cpus)} CPUs, {_count(gpus)} GPUs): {refused} "
+                  "(cluster.cpus_per_run, cluster.gpus_per_run, cluster.slurm.partition, cluster.slurm.time_min)"] if refused else []
+    else:
+        placed = unplaceable(nodes, cpus, gpus)
+    return nodes, problems(spec, nodes, shared) + placed
 
 
-def problems(spec: Spec, nodes: list[Node], cpus: float, gpus: float, shared: Path) -> list[str]:
+def unplaceable(nodes: list[Node], cpus: float, gpus: float) -> list[str]:
+    """A run's request that no node type of a Ray cluster satisfies (one line), or none."""
+    if not nodes or any(n.cpus >= cpus and n.gpus >= gpus for n in nodes):
+        return []
+    have = "; ".join(f"{n.count} x ({_count(n.cpus)} CPU, {_count(n.gpus)} GPU)" for n in nodes)
+    return [f"no node has the {_count(cpus)} CPUs and {_count(gpus)} GPUs a run asks for (cluster.cpus_per_run, cluster.gpus_per_run): "
+            f"its runs would wait forever; the cluster has {have}"]
+
+
+def problems(spec: Spec, nodes: list[Node], shared: Path) -> list[str]:
     """One line per problem, from the node types the probe saw (pure: tested on made-up nodes)."""
     out = []
     for n in nodes:
@@ -132,10 +153,6 @@ def problems(spec: Spec, nodes: list[Node], cpus: float, gpus: float, shared: Pa
         for name in n.trackers_missing:
             out.append(f"tracking.backends {name} does not import on {where}: pip install {TRACKER_PACKAGES[name]} there "
                        "(or 'isoflop[tracking]'); a run would go on without it")
-    if nodes and not any(n.cpus >= cpus and n.gpus >= gpus for n in nodes):
-        have = "; ".join(f"{n.count} x ({_count(n.cpus)} CPU, {_count(n.gpus)} GPU)" for n in nodes)
-        out.append(f"no node has the {_count(cpus)} CPUs and {_count(gpus)} GPUs a run asks for (cluster.cpus_per_run, cluster.gpus_per_run): "
-                   f"its runs would wait forever; the cluster has {have}")
     return out
 
 
@@ -174,6 +191,13 @@ def probe(encoded: str) -> None:
             if tried[kind] < len(types[kind]):
                 refs[kind] = check(kind, tried[kind])
     print(MARK + json.dumps([asdict(n) for n in nodes]), flush=True)
+
+
+def probe_here(encoded: str) -> None:
+    """The probe job's body where the launcher chose its node (SLURM): the check on this node."""
+    spec = Spec(**json.loads(base64.urlsafe_b64decode(encoded)))
+    gpus = len(list(Path("/proc/driver/nvidia/gpus").glob("*")))  # the node's, not the probe's (it asks for none); CUDA untouched
+    print(MARK + json.dumps([asdict(_check_node(spec, float(os.cpu_count() or 0), float(gpus), 1))]), flush=True)
 
 
 # What the runs' interpreter says of itself on a node: isoflop's version, its Python, and which of

@@ -20,8 +20,8 @@ the frontier by the largest budget C_max:
 Looking to C_max, not only to the next budget, is what keeps slow starters: a one-budget look-ahead
 stopped the large-n cells of a synthetic grid whose n* rises from 4 to 64 and found n* within 2x at
 only 50-70% of budgets (scripts/bench_replay.py). A stopped cell is paused at its checkpoint, not
-deleted: a later full sweep continues it. The same function decides in the sweep (`dispatch.py`)
-and in `isoflop replay`.
+deleted: a later full sweep, or one with larger budgets (`continuation`), continues it. The same
+function decides in the sweep (`dispatch.py`) and in `isoflop replay`.
 """
 
 from __future__ import annotations

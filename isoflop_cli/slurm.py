@@ -121,6 +121,19 @@ class SlurmClient:
         executor.update_parameters(**params)
         return executor
 
+    def refusal(self, cpus: float, gpus: float) -> str | None:
+        """Why SLURM would never start a job of this size (its partition, time limit, CPUs and GPUs
+        as the runs' jobs ask), None if it would: `sbatch --test-only` checks the request against
+        the nodes without submitting anything. submitit's local executor runs anything."""
+        s = self.cluster.slurm
+        if s.executor != "slurm":
+            return None
+        args = ["sbatch", "--test-only", f"--cpus-per-task={max(1, int(cpus))}", f"--time={s.time_min}", "--wrap=true"]
+        args += [f"--gpus-per-node={int(gpus)}"] if gpus else []
+        args += [f"--partition={s.partition}"] if s.partition else []
+        answer = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        return None if answer.returncode == 0 else " ".join(answer.stderr.replace("sbatch: error:", " ").split())
+
     def _record(self, submission_id: str, job, folder: Path) -> None:
         self.jobs[submission_id] = job
         record = {"job_id": job.job_id, "executor": self.cluster.slurm.executor, "folder": str(folder)}

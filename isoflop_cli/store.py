@@ -4,7 +4,8 @@
     <out>/<sweep>/manifest.json       cells: run_id, axes, plan, status, job submissions
     <out>/<sweep>/runs/<run_id>/      config.yaml, metrics.jsonl, status.json, job.log,
                                       problems.jsonl (per eval point, each validation problem's
-                                      correct samples), checkpoint/ (while the run is unfinished)
+                                      correct samples), checkpoint/ (while the run is unfinished,
+                                      and after with checkpoint.keep_final)
     <out>/<sweep>/results.parquet     one row per eval point of every finished run
     <out>/<sweep>/problems.parquet    run_id, step, problem_id, correct, samples of those runs
 
@@ -34,6 +35,7 @@ import pandas as pd
 RESULTS = "results.parquet"
 PROBLEMS = "problems.parquet"
 MANIFEST = "manifest.json"
+CHECKPOINT_STATE = "run_state.pt"  # the file a whole checkpoint ends with (recipe/resume.py writes it)
 
 # Run states, as status.json and the manifest spell them.
 PENDING, SUBMITTED, RUNNING, FINISHED, FAILED, STOPPED = "pending", "submitted", "running", "finished", "failed", "stopped"
@@ -121,6 +123,10 @@ class RunFiles:
 
     def finished(self) -> bool:
         return self.finished_rows() is not None
+
+    def has_checkpoint(self) -> bool:
+        """A whole checkpoint is here (or its `.old` copy, where a kill fell between a save's renames)."""
+        return any((d / CHECKPOINT_STATE).is_file() for d in (self.checkpoint, self.checkpoint.with_name(self.checkpoint.name + ".old")))
 
     def process_gone(self) -> bool:
         """A run marked running whose process, on this host, no longer exists (killed)."""

@@ -209,17 +209,19 @@ def test_flop_budget_sweep_stops_every_run_within_one_step(tmp_path):
         assert ((run["flops_total"] >= 1e9) & (run["flops_total"] < 1e9 + bound)).any()  # evaluated on the FLOP axis
 
 
-def test_adaptive_sweep_pauses_cells_behind_the_frontier_and_a_full_sweep_continues_them(tmp_path):
+def test_adaptive_sweep_pauses_cells_behind_the_frontier_and_a_larger_full_sweep_continues_them(tmp_path):
     """Cells sampled at temperature 3.0 (evaluated there too) stay near zero while the others learn:
     the adaptive schedule stops them at a budget, paused at a checkpoint, exactly where its rule says;
-    the cells that go on to the end record what one uninterrupted run records; a later full sweep
-    continues the stopped cells from their checkpoints and reruns nothing else."""
+    A later full sweep with a larger budget continues every cell from its checkpoint (the stopped
+    ones and, with checkpoint.keep_final, the finished ones), and a stopped cell, paused at each
+    stage, stopped, then continued past a change of budget, records what one uninterrupted run to
+    the larger budget records."""
     from isoflop_cli.fit.data import RUN
     from isoflop_cli.schedule import decide
 
-    grid = ["grid.n=[2,4]", "grid.B_p=[2]", "grid.budgets=[64,128,256]", "grid.eval_points=5", "eval.problems=32", "eval.samples=4",
-            "+grid.axes={algo.temperature:[0.6,3.0]}"]
-    result = isoflop("sweep", "--out", str(tmp_path), *grid, "grid.schedule=adaptive")
+    grid = ["grid.n=[2,4]", "grid.B_p=[2]", "grid.eval_points=5", "eval.problems=32", "eval.samples=4",
+            "+grid.axes={algo.temperature:[0.6,3.0]}", "checkpoint.keep_final=true"]
+    result = isoflop("sweep", "--out", str(tmp_path), *grid, "grid.budgets=[64,128,256]", "grid.schedule=adaptive")
     assert result.returncode == 0, result.stdout + result.stderr
     sweep_dir = tmp_path / "default"
     manifest = json.loads((sweep_dir / "manifest.json").read_text())
@@ -239,27 +241,45 @@ def test_adaptive_sweep_pauses_cells_behind_the_frontier_and_a_full_sweep_contin
         assert json.loads((run_dir / "status.json").read_text())["state"] == "paused"
         assert (run_dir / "checkpoint").is_dir()
         assert df[df["run_id"] == rid]["rollouts"].max() == cell["stopped_at"]  # its points are in the results
-    # A cell that ran to the end through every pause equals one uninterrupted run of the same cell.
-    survivor = next(rid for rid in manifest["cells"] if rid not in stopped)
-    whole = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", "--config", str(sweep_dir / "runs" / survivor / "config.yaml"),
-                            "--out", str(tmp_path / "whole")], capture_output=True, text=True, timeout=600,
-                           env=dict(os.environ, OMP_NUM_THREADS="1"))  # as its job ran (cluster.cpus_per_run=1)
-    assert whole.returncode == 0, whole.stderr
-    drop = lambda rows: [{k: v for k, v in r.items() if k not in ("wall_s", "reward_cpu_s") and not k.startswith("time_")} for r in rows]  # noqa: E731
-    read = lambda path: drop([json.loads(line) for line in path.read_text().splitlines()])  # noqa: E731
-    assert read(sweep_dir / "runs" / survivor / "metrics.jsonl") == read(tmp_path / "whole" / "metrics.jsonl")
-    before = finished_runs(sweep_dir)
+    assert all((sweep_dir / "runs" / rid / "checkpoint").is_dir() for rid in manifest["cells"])  # checkpoint.keep_final
+    before = {rid: read(sweep_dir / "runs" / rid / "metrics.jsonl") for rid in manifest["cells"]}
 
-    result = isoflop("sweep", "--out", str(tmp_path), *grid)  # grid.schedule=full
+    result = isoflop("sweep", "--out", str(tmp_path), *grid, "grid.budgets=[64,128,256,512]")  # grid.schedule=full
     assert result.returncode == 0, result.stdout + result.stderr
-    after = finished_runs(sweep_dir)
-    assert len(after) == 4 and all(after[rid] == snapshot for rid, snapshot in before.items())  # nothing rerun
-    for rid in stopped:
-        log = (sweep_dir / "runs" / rid / "job.log").read_text()
-        assert "resumed from the checkpoint" in log
+    assert "4 runs continue from where an earlier, smaller budget left them" in result.stdout
+    cells = json.loads((sweep_dir / "manifest.json").read_text())["cells"]
+    assert sorted(c["continues"] for c in cells.values()) == sorted(before)
     full = pd.read_parquet(sweep_dir / "results.parquet")
-    assert len(full) == expected_rows(sweep_dir) and not full.duplicated(["run_id", "step"]).any()
+    assert set(full["run_id"]) == set(cells) and not full.duplicated(["run_id", "step"]).any()
+    assert (full.groupby("run_id")["rollouts"].max() == 512).all()
+    for rid, cell in cells.items():
+        assert "resumed from the checkpoint" in (sweep_dir / "runs" / rid / "job.log").read_text()
+        rows = read(sweep_dir / "runs" / rid / "metrics.jsonl")
+        assert rows[:len(before[cell["continues"]])] == before[cell["continues"]]  # nothing rerun
+    # A stopped cell continued to the larger budget equals one run to it from the start, at every
+    # point that run records. The earlier plan had one eval point more, so the statistics since the
+    # last point (train_*) and the evaluations' FLOPs so far differ there.
+    rid = next(rid for rid, cell in cells.items() if cell["continues"] in stopped)
+    whole = single_run(sweep_dir / "runs" / rid / "config.yaml", tmp_path / "whole")
+    curve = lambda rows: {r["step"]: {k: v for k, v in r.items() if k != "flops_eval" and (k.startswith(("val_", "flops_", "tokens_")) or k in ("step", "rollouts", "rho"))}  # noqa: E731
+                          for r in rows}
+    continued = curve(read(sweep_dir / "runs" / rid / "metrics.jsonl"))
+    assert {step: continued.get(step) for step in curve(whole)} == curve(whole)
     assert_head_stopped(sweep_dir)
+
+
+def single_run(config_file: Path, out: Path) -> list[dict]:
+    """The run `config_file` describes, uninterrupted, as its job ran it (cluster.cpus_per_run=1): its metrics rows."""
+    whole = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", "--config", str(config_file), "--out", str(out)],
+                           capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert whole.returncode == 0, whole.stderr
+    return read(out / "metrics.jsonl")
+
+
+def read(metrics: Path) -> list[dict]:
+    """A run's metrics rows without the fields that time it."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("wall_s", "reward_cpu_s") and not k.startswith("time_")} for r in rows]
 
 
 def test_a_killed_run_is_retried_by_itself_and_resumes_from_its_checkpoint(tmp_path):

@@ -226,7 +226,7 @@ def test_a_save_after_a_swap_killed_in_its_clean_up_keeps_the_newest_state(tmp_p
     (leftover / "half-deleted").write_text("x")
     resume.save(directory, Group(), "run", model, optimizer, scheduler, {"step": 2})
     assert not leftover.exists()
-    assert resume.load(directory, "run", model, optimizer, scheduler) == {"step": 2}
+    assert resume.load(directory, ("run",), model, optimizer, scheduler) == {"step": 2}
 
 
 def test_micro_batches_accumulate_to_the_whole_batch_update(tmp_path):

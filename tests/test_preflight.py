@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from isoflop_cli.preflight import Node, Spec, problems
+from isoflop_cli.preflight import Node, Spec, problems, unplaceable
 
 SPEC = Spec(version="0.1.0", python="3.11", sweep_dir="/shared/sweeps/default", nonce="abc", paths={"model.path": "/models/qwen"}, vllm=True,
             interpreter="/opt/venv/bin/python", trackers=["wandb"])
@@ -21,7 +21,7 @@ def node(tmp_path: Path, **changes) -> Node:
 
 
 def test_a_node_with_everything_has_no_problem(tmp_path):
-    assert problems(SPEC, [node(tmp_path)], cpus=16, gpus=8, shared=tmp_path) == []
+    assert problems(SPEC, [node(tmp_path)], shared=tmp_path) == []
 
 
 @pytest.mark.parametrize("changes, needle", [
@@ -35,14 +35,14 @@ def test_a_node_with_everything_has_no_problem(tmp_path):
     ({"version": "not installed"}, "has isoflop not installed on Python 3.11"),
 ])
 def test_each_problem_is_one_line_naming_the_node_and_the_fix(tmp_path, changes, needle):
-    found = problems(SPEC, [node(tmp_path, **changes)], cpus=16, gpus=8, shared=tmp_path)
+    found = problems(SPEC, [node(tmp_path, **changes)], shared=tmp_path)
     assert len(found) == 1 and needle in found[0], found
 
 
 def test_a_request_no_node_can_satisfy_is_refused(tmp_path):
     nodes = [node(tmp_path), node(tmp_path, host="cpu-1", cpus=64, gpus=0, count=4)]
-    assert problems(SPEC, nodes, cpus=16, gpus=8, shared=tmp_path) == []  # the GPU nodes fit
-    (found,) = problems(SPEC, nodes, cpus=32, gpus=8, shared=tmp_path)
+    assert unplaceable(nodes, cpus=16, gpus=8) == []  # the GPU nodes fit
+    (found,) = unplaceable(nodes, cpus=32, gpus=8)
     assert "no node has the 32 CPUs and 8 GPUs a run asks for" in found and "2 x (16 CPU, 8 GPU); 4 x (64 CPU, 0 GPU)" in found
 
 

@@ -136,11 +136,34 @@ def test_a_sweep_on_a_real_slurm_survives_a_killed_run_and_a_preemption(slurm, t
     assert cells[requeued]["attempts"] == 1 and "failures" not in cells[requeued], cells[requeued]
     for run_id in (killed, requeued):
         assert "resumed from the checkpoint at step" in (sweep / "runs" / run_id / "job.log").read_text()
-    # One SLURM job per attempt, kept for reattaching: the first two as one array job, the retry alone.
+    # One SLURM job per attempt, kept for reattaching: the first two as one array job, the retry alone;
+    # before them, the preflight's probe.
     jobs = {f.stem: json.loads(f.read_text())["job_id"] for f in (sweep / "slurm").glob("*.json")}
+    assert sum("preflight" in name for name in jobs) == 1
+    jobs = {name: job for name, job in jobs.items() if "preflight" not in name}
     first = [jobs[f"isoflop-{rid}-1"] for rid in cells]
     assert len(jobs) == 3 and len({j.split("_")[0] for j in first}) == 1 and sorted(j.split("_")[1] for j in first) == ["0", "1"], jobs
     accounted = subprocess.run(["sacct", "-n", "-X", "-o", "JobID%20,State"], capture_output=True, text=True, env=slurm).stdout.split()
     assert set(jobs.values()) <= set(accounted), accounted
     df = pd.read_parquet(sweep / "results.parquet")
     assert not df.duplicated(["run_id", "step"]).any() and len(df) == sum(len(c["eval_steps"]) for c in cells.values())
+
+
+@pytest.mark.e2e
+def test_the_preflight_on_a_real_slurm(slurm, tmp_path):
+    """`isoflop doctor` sends its probe as a SLURM job and checks the node SLURM gives it; a run's
+    request SLURM cannot place (more CPUs than any node, GPUs it has none of) stops the sweep in its
+    preflight, one line per problem, exit 2, before any run's job is submitted."""
+    def isoflop(command, *overrides):
+        return subprocess.run([sys.executable, "-m", "isoflop_cli", command, "--out", str(tmp_path), "cluster=slurm", f"cluster.python={sys.executable}",
+                               "cluster.cpus_per_run=1", "cluster.gpus_per_run=0", *overrides], capture_output=True, text=True, timeout=300, env=slurm)
+
+    ok = isoflop("doctor")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "sweep dir shared, run files readable" in ok.stdout and "ready: a run asks for 1 CPU and 0 GPU" in ok.stdout
+    bad = isoflop("sweep", "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]", "cluster.cpus_per_run=64", "cluster.gpus_per_run=2")
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert "preflight found 1 problem(s) before any run started" in bad.stderr and "SLURM would never start a run's job (64 CPUs, 2 GPUs)" in bad.stderr
+    sweep = tmp_path / "default"
+    assert all(c["state"] == "pending" for c in json.loads((sweep / "manifest.json").read_text())["cells"].values())
+    assert all("preflight" in f.name for f in (sweep / "slurm").glob("*.json"))  # the probes only

@@ -22,8 +22,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from isoflop_cli.recipe.distributed import Group
+from isoflop_cli.store import CHECKPOINT_STATE as STATE
 
-STATE = "run_state.pt"
 OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
@@ -58,15 +58,15 @@ def save(directory: Path, group: Group, fingerprint: str, model, optimizer, sche
     _barrier(group)
 
 
-def load(directory: Path, fingerprint: str, model, optimizer, scheduler) -> dict[str, Any] | None:
+def load(directory: Path, fingerprints: tuple[str, ...], model, optimizer, scheduler) -> dict[str, Any] | None:
     """The saved progress after restoring everything else in place; None if there is no checkpoint
-    of this very run (same config, budget and learning rate)."""
+    of this very run (one of its `fingerprints`: same config and learning rate)."""
     if not (directory / STATE).is_file() and (directory.with_name(directory.name + ".old") / STATE).is_file():
         directory = directory.with_name(directory.name + ".old")  # killed between the two renames
     if not (directory / STATE).is_file():
         return None
     saved = torch.load(directory / STATE, weights_only=False)
-    if saved["fingerprint"] != fingerprint:
+    if saved["fingerprint"] not in fingerprints:
         return None
     model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
     state = {"model": model_sd, "optim": optim_sd}

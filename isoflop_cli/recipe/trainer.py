@@ -112,7 +112,8 @@ def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str, pause
         files.set_status(PAUSED, step=rows[-1]["step"], M=budget.M, paused_at=pause_at, **{budget.column: rows[-1][budget.column]})
         return rows
     files.finish(rows, step=rows[-1]["step"], M=budget.M)
-    resume.remove(files.checkpoint)  # the run is sealed: its results are in metrics.jsonl and status.json
+    if not cfg.checkpoint.keep_final:
+        resume.remove(files.checkpoint)  # the run is sealed: its results are in metrics.jsonl and status.json
     return rows
 
 
@@ -194,11 +195,17 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
 
     def _resume(self) -> None:
-        """From this run's last checkpoint, if it has one (its metrics kept up to there); else from the start."""
+        """From this run's last checkpoint, if it has one (its metrics kept up to there); else from the start.
+
+        The checkpoint's fingerprint is what the run computes, not its budget: a run to a larger
+        budget continues it (`continuation`), evaluating from there at its own budget's points."""
         cfg = self.cfg
-        self.fingerprint = hashlib.sha1(f"{json.dumps(run_content(cfg), sort_keys=True)}{self.budget}{self.lr}".encode()).hexdigest()
-        saved = resume.load(self.files.checkpoint, self.fingerprint, self.actor, self.optimizer, self.scheduler)
+        content = json.dumps(run_content(cfg), sort_keys=True)
+        self.fingerprint = hashlib.sha1(f"{content}{self.budget.column}{self.lr}".encode()).hexdigest()
+        before = hashlib.sha1(f"{content}{self.budget}{self.lr}".encode()).hexdigest()  # as checkpoints were named before budgets left the fingerprint
+        saved = resume.load(self.files.checkpoint, (self.fingerprint, before), self.actor, self.optimizer, self.scheduler)
         self.progress = Progress(**saved) if saved else Progress(eval_at=list(self.budget.eval_at))
+        self.progress.eval_at = [c for c in self.budget.eval_at if c > self.spent()]
         if self.group.is_main:
             if saved:
                 self.files.keep_metrics(until_step=self.progress.step)
@@ -229,7 +236,7 @@ class Trainer:
             if self.group.is_main:
                 self.files.set_status(RUNNING, step=self.progress.step, M=self.budget.M, rollouts=self.progress.ledger["rollouts"], pid=os.getpid(),
                                       started=round(self.started, 3))  # `status` reads the run's rollouts/s from these
-        if self.budget_left():  # paused: the stage's eval point is written; continue later from here
+        if self.budget_left() or self.cfg.checkpoint.keep_final:  # paused: the stage's eval point is written; continue later from here
             self.save()
         elif self.group.is_main and self.files.read_metrics()[-1]["step"] != self.progress.step:
             self.evaluate()  # the run's last point, when it fell between checkpoints
