@@ -280,7 +280,8 @@ class Dispatcher:
                         cells[rid].setdefault("failures", []).append({"attempt": cells[rid].get("attempts", 0), "reason": reason, "at": time.time()})
                         if should_retry(self.tries.get(rid, 0), self.cluster.max_attempts, self._exit_code(sid), reason, earlier):
                             cells[rid]["state"] = RETRYING
-                            wait = min(RETRY_WAIT_S[0] * 2 ** (self.tries[rid] - 1), RETRY_WAIT_S[1])
+                            # Backoff doubles with each try of this dispatch; a job a killed CLI left (reattached) is its first.
+                            wait = min(RETRY_WAIT_S[0] * 2 ** (self.tries.get(rid, 1) - 1), RETRY_WAIT_S[1])
                             waiting[rid] = time.monotonic() + wait
                         else:
                             cells[rid]["state"] = FAILED

@@ -31,22 +31,31 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+WORKERS = ["--worker", "1:2", "--worker", "1:0"]
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    """The cluster's state (cluster.json, and its "dir"); a test that restarts it updates it in place."""
     path = tmp_path_factory.mktemp("cluster")
-    started = subprocess.run([sys.executable, str(SCRIPT), "start", str(path), "--worker", "1:2", "--worker", "1:0"],
-                             capture_output=True, text=True, timeout=300)
-    state = json.loads((path / "cluster.json").read_text())
+    state = {"dir": path}
     try:
-        assert started.returncode == 0, started.stdout + started.stderr
+        state.update(start_cluster(path))
         listening = {c.laddr.ip for p in _tree([state["head_pid"], *(w["pid"] for w in state["workers"])])
                      for c in _connections(p) if c.status == psutil.CONN_LISTEN}
         assert listening and all(_loopback(ip) for ip in listening), f"a cluster process listens beyond loopback: {listening}"
         yield state
     finally:
+        started = [state["head_pid"], *(w["pid"] for w in state["workers"])] if "head_pid" in state else []
         subprocess.run([sys.executable, str(SCRIPT), "stop", str(path)], timeout=120)
-        left = [pid for pid in [state["head_pid"], *(w["pid"] for w in state["workers"])] if group_alive(pid)]
+        left = [pid for pid in started if group_alive(pid)]
         assert not left, f"cluster processes left after stop: {left}"
+
+
+def start_cluster(path: Path) -> dict:
+    started = subprocess.run([sys.executable, str(SCRIPT), "start", str(path), *WORKERS], capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    return json.loads((path / "cluster.json").read_text())
 
 
 def _loopback(ip: str) -> bool:
@@ -87,6 +96,15 @@ def run_on(worker_pid: int) -> str | None:
                     return Path(cmd[cmd.index("--out") + 1]).name
             except psutil.NoSuchProcess:
                 pass
+    return None
+
+
+def running_run(sweep_dir: Path) -> int | None:
+    """The PID of a run of the sweep past its first checkpoint and still training, if there is one."""
+    for status in (sweep_dir / "runs").glob("*/status.json"):
+        state = json.loads(status.read_text())
+        if state["state"] == "running" and (status.parent / "checkpoint").exists() and psutil.pid_exists(state["pid"]):
+            return state["pid"]
     return None
 
 
@@ -145,3 +163,39 @@ def test_a_run_asking_for_a_gpu_lands_on_the_gpu_worker_and_trains_on_cpu(cluste
     (log,) = (tmp_path / "default" / "runs").glob("*/job.log")
     line = next(line for line in log.read_text().splitlines() if line.startswith("device "))
     assert line.startswith("device cpu on ") and line.split("CUDA_VISIBLE_DEVICES=")[1] in ("0", "1"), line
+
+
+def test_a_head_restarted_mid_run_costs_one_line_and_a_resume(cluster, tmp_path):
+    """The head is SIGKILLed while a run trains on a worker, and the workers and the run with it:
+    without GCS fault tolerance a worker and its jobs exit once its head is gone (within a minute;
+    here at once), so the head comes back as a new cluster (restarted by the script, at a new
+    address). The sweep says the head is lost in one line (exit 1) and marks the run stopped; rerun
+    against the restarted cluster, the run resumes from its checkpoint and finishes, every eval
+    point once."""
+    overrides = [*CELL, "grid.B_p=[8]", "grid.budgets=[2048]"]
+    proc = sweep(tmp_path, cluster["address"], *overrides)
+    sweep_dir = tmp_path / "default"
+    deadline = time.monotonic() + 300
+    while not (run := running_run(sweep_dir)):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    for pid in [cluster["head_pid"], *(w["pid"] for w in cluster["workers"])]:
+        os.killpg(pid, signal.SIGKILL)
+    os.kill(run, signal.SIGKILL)  # the job runs in a process group of its own
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out[-3000:] + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: lost the Ray head at {cluster['address']}"), err
+    (run_id,) = json.loads((sweep_dir / "manifest.json").read_text())["cells"]
+    assert json.loads((sweep_dir / "manifest.json").read_text())["cells"][run_id]["state"] == "stopped"
+
+    subprocess.run([sys.executable, str(SCRIPT), "stop", str(cluster["dir"])], timeout=120, check=True)
+    cluster.update(start_cluster(cluster["dir"]))
+    rerun = sweep(tmp_path, cluster["address"], *overrides)
+    out, err = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, out[-3000:] + err
+    cell = json.loads((sweep_dir / "manifest.json").read_text())["cells"][run_id]
+    assert cell["state"] == "finished" and cell["attempts"] == 2, cell
+    assert "resumed from the checkpoint at step" in (sweep_dir / "runs" / run_id / "job.log").read_text()
+    df = pd.read_parquet(sweep_dir / "results.parquet")
+    assert not df.duplicated(["run_id", "step"]).any() and len(df) == len(cell["eval_steps"])

@@ -1,3 +1,5 @@
+import pytest
+
 from isoflop_cli.store import FINISHED, RunFiles, SweepDir, atomic_write, read_json
 
 
@@ -41,3 +43,42 @@ def test_retry_decisions():
     assert not should_retry(1, 3, 2, "error: task.train x does not exist", [])  # a user error stays one
     assert not should_retry(2, 3, 1, "ValueError: boom", ["ValueError: boom"])  # the same error twice is deterministic
     assert not should_retry(1, 1, -9, "killed", [])  # cluster.max_attempts=1: never
+
+
+def test_a_reattached_job_that_fails_is_retried(tmp_path):
+    """A job a killed CLI left running, reattached by the rerun, then lost (its node died) is retried
+    like a job of this dispatch: resubmitted once, the sweep ends with the run finished."""
+    from types import SimpleNamespace
+
+    from isoflop_cli import config, dispatch
+    from isoflop_cli.store import FINISHED, SweepDir
+
+    sweep = SweepDir(tmp_path)
+    sweep.write_manifest({"cells": {"a": {"state": "submitted", "submission_id": "isoflop-a-1", "attempts": 1, "columns": {}}}})
+    asked: dict[str, int] = {}
+
+    class Cluster:  # Ray's job client where node loss ended the reattached job; the new attempt finishes the run
+        def get_job_status(self, sid):
+            asked[sid] = asked.get(sid, 0) + 1
+            if sid == "isoflop-a-1":
+                return SimpleNamespace(value="RUNNING" if asked[sid] == 1 else "FAILED")
+            sweep.run("a").finish([{"step": 0, "rollouts": 0}], step=0, M=0)
+            return SimpleNamespace(value="SUCCEEDED")
+
+        def get_job_info(self, sid):
+            return SimpleNamespace(driver_exit_code=None, message="the node running the job died")
+
+        def get_job_logs(self, sid):
+            return ""
+
+        def submit_job(self, submission_id, **_):
+            return submission_id
+
+    cluster = config.load().cluster
+    cluster.poll_s = 0.01
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dispatch, "RETRY_WAIT_S", (0.01, 0.01))
+        states = dispatch.Dispatcher(sweep, cluster, "http://127.0.0.1:1", client=Cluster()).run()
+    assert states == {"a": FINISHED}
+    cell = sweep.manifest()["cells"]["a"]
+    assert cell["attempts"] == 2 and cell["submission_id"] == "isoflop-a-2" and len(cell["failures"]) == 1
