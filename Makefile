@@ -50,7 +50,7 @@ sweep: setup
 # (pytest -m vllm) in vLLM's.
 test: setup setup-vllm slurm
 	export ISOFLOP_CACHE=$$(mktemp -d -t isoflop-test-cache-XXXXXX); \
-	$(BIN)/python -m pytest -q -m "not vllm" && $(VBIN)/python -m pytest -q -m vllm; \
+	$(BIN)/python -m pytest -q --durations=25 -m "not vllm" && $(VBIN)/python -m pytest -q --durations=5 -m vllm; \
 	rc=$$?; rm -rf "$$ISOFLOP_CACHE"; exit $$rc
 
 clean:

@@ -28,7 +28,7 @@ from isoflop_cli import grid as grid_mod
 from isoflop_cli import report
 from isoflop_cli.config import ConfigError
 from isoflop_cli.schedule import DEFAULT_MARGIN, Schedule
-from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, check_cluster, sweep_lock, watched
+from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, check_cluster, nothing_to_run, sweep_lock, watched
 from isoflop_cli.head import HeadError, die_with_parent, ray_cluster
 from isoflop_cli.store import FAILED, FINISHED, PAUSED, STOPPED, RunFiles, SweepDir, atomic_write, disk_full_message, is_disk_full, read_json
 
@@ -158,13 +158,15 @@ def _dispatch(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell],
         prepare(sweep_dir, cfg, cells, continued)
         table = lambda: report.sweep_table(sweep_dir)  # noqa: E731
         console.print(f"sweep dir: {sweep_dir.path}")
-        with dispatch_errors(), launcher(cfg.cluster, sweep_dir.path) as (address, client):
-            dispatcher = Dispatcher(sweep_dir, cfg.cluster, address, client=client)
-            with user_errors():
-                _preflight(dispatcher, cfg)
-            with Live(table(), console=console, refresh_per_second=2) as live:
-                dispatcher.on_poll = lambda: live.update(table())
-                states = dispatcher.run()
+        states = nothing_to_run(sweep_dir)
+        if states is None:
+            with dispatch_errors(), launcher(cfg.cluster, sweep_dir.path) as (address, client):
+                dispatcher = Dispatcher(sweep_dir, cfg.cluster, address, client=client)
+                with user_errors():
+                    _preflight(dispatcher, cfg)
+                with Live(table(), console=console, refresh_per_second=2) as live:
+                    dispatcher.on_poll = lambda: live.update(table())
+                    states = dispatcher.run()
         console.print()
         df = sweep_dir.collect()
         failed = {rid: sweep_dir.manifest()["cells"][rid].get("error", "") for rid, s in states.items() if s not in (FINISHED, PAUSED)}
@@ -351,10 +353,12 @@ def calibrate(
         console.print(f"calibrating {manifest['rows']:,} problems of {cfg.task.train}: {cfg.calibrate.samples} samples each, "
                       f"{len(manifest['cells'])} job(s) of {cfg.calibrate.shard} -> {dest.path}", soft_wrap=True)
         columns = (TextColumn("jobs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with dispatch_errors(), launcher(cfg.cluster, dest.path) as (address, client), Progress(*columns, console=console) as progress:
-            bar = progress.add_task("calibrate", total=len(manifest["cells"]), completed=cal.finished_slices(dest))
-            states = Dispatcher(dest, cfg.cluster, address, client=client, command="calibrate-shard",
-                                on_poll=lambda: progress.update(bar, completed=cal.finished_slices(dest))).run()
+        states = nothing_to_run(dest)
+        if states is None:
+            with dispatch_errors(), launcher(cfg.cluster, dest.path) as (address, client), Progress(*columns, console=console) as progress:
+                bar = progress.add_task("calibrate", total=len(manifest["cells"]), completed=cal.finished_slices(dest))
+                states = Dispatcher(dest, cfg.cluster, address, client=client, command="calibrate-shard",
+                                    on_poll=lambda: progress.update(bar, completed=cal.finished_slices(dest))).run()
         summary = cal.merge(cfg, dest, config, overrides)
     console.print(report.calibration_table(summary))
     console.print(f"wrote {dest.path / cal.RESULT}, easy.parquet, hard.parquet, calibration.png/.svg, summary.json", soft_wrap=True)

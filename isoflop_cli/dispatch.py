@@ -30,7 +30,7 @@ from isoflop_cli import preflight
 from isoflop_cli.config import ConfigError
 from isoflop_cli.head import HeadError
 from isoflop_cli.schedule import Schedule, decide
-from isoflop_cli.store import FAILED, FINISHED, PAUSED, RETRYING, STOPPED, SUBMITTED, SweepDir, atomic_write
+from isoflop_cli.store import FAILED, FINISHED, PAUSED, RETRYING, STOPPED, SUBMITTED, RunFiles, SweepDir, atomic_write
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 # Set in a job's environment: `isoflop run` then dies with the job supervisor that started it, so
@@ -110,6 +110,20 @@ def should_retry(tries: int, max_attempts: int, exit_code: int | None, reason: s
     (exit 2: the config or data is wrong, and stays wrong), and it did not fail the same way before
     (a deterministic error repeats; a lost node or a killed process does not)."""
     return tries < max_attempts and exit_code != USER_ERROR and reason not in earlier
+
+
+def log_behind(files: RunFiles, cell: dict) -> bool:
+    """A finished run whose job's log was last copied before it finished (while no CLI watched)."""
+    return "submission_id" in cell and (not files.log.exists() or files.log.stat().st_mtime < files.status_file.stat().st_mtime)
+
+
+def nothing_to_run(sweep: SweepDir) -> dict[str, str] | None:
+    """Every cell of the manifest finished, its log copied: their states, and no cluster need start
+    (a rerun of a finished sweep starts no Ray head); else None."""
+    cells = sweep.manifest()["cells"]
+    if cells and all(sweep.run(rid).finished() and not log_behind(sweep.run(rid), cell) for rid, cell in cells.items()):
+        return dict.fromkeys(cells, FINISHED)
+    return None
 
 
 def check_cluster(cluster: DictConfig) -> None:
@@ -207,9 +221,8 @@ class Dispatcher:
         for rid, cell in cells.items():
             if self.sweep.run(rid).finished():
                 cell["state"] = FINISHED
-                files = self.sweep.run(rid)
-                if "submission_id" in cell and (not files.log.exists() or files.log.stat().st_mtime < files.status_file.stat().st_mtime):
-                    self._save_log(rid, cell["submission_id"])  # it finished after the last copy, while no CLI watched
+                if log_behind(self.sweep.run(rid), cell):
+                    self._save_log(rid, cell["submission_id"])
         schedule = manifest.get("schedule", {"name": Schedule.full.value})
         try:
             if schedule["name"] == Schedule.adaptive.value:
