@@ -77,7 +77,8 @@ def start(path: Path, workers: list[tuple[float, float]], timeout_s: float = 240
 
 
 def kill(path: Path, index: int) -> None:
-    """SIGKILL worker `index`'s whole process group: its raylet, its agents and the jobs on it."""
+    """SIGKILL worker `index`'s whole process group: its raylet and agents. The jobs on it run in
+    process groups of their own and end as their supervisors see the node gone (within seconds)."""
     os.killpg(_read(path)["workers"][index]["pid"], signal.SIGKILL)
 
 

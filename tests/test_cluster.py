@@ -109,11 +109,12 @@ def running_run(sweep_dir: Path) -> int | None:
 
 
 def test_a_worker_lost_mid_run_and_a_killed_cli_cost_a_retry_from_the_checkpoint(cluster, tmp_path):
-    """Two cells, one per worker; the GPU-less worker is SIGKILLed (raylet, agents and the run on
-    it) once its run has a checkpoint, and the CLI with it. Rerun, the sweep reattaches to the run
-    still going on the other worker and submits the lost one again, which resumes from its
-    checkpoint: every cell finishes, no (run_id, step) row is lost or repeated, and the resumed
-    run's metrics equal an uninterrupted run's."""
+    """Two cells, one per worker; the GPU-less worker is SIGKILLed (raylet and agents; the run on
+    it ends with them) once its run has a checkpoint, and the CLI with it. Rerun, the sweep
+    reattaches to the run still going on the other worker and submits the lost one again, which
+    resumes from its checkpoint; past its next checkpoint that run's process is SIGKILLed, and the
+    sweep submits it a third time on its own. Every cell finishes, no (run_id, step) row is lost or
+    repeated, and the twice-resumed run's metrics equal an uninterrupted run's."""
     lost = cluster["workers"][1]["pid"]
     overrides = [*CELL, "grid.B_p=[4,8]", "grid.budgets=[2048]"]
     proc = sweep(tmp_path, cluster["address"], *overrides)
@@ -127,12 +128,18 @@ def test_a_worker_lost_mid_run_and_a_killed_cli_cost_a_retry_from_the_checkpoint
     os.killpg(lost, signal.SIGKILL)
     proc.kill()
     proc.communicate()
+    status = sweep_dir / "runs" / victim / "status.json"
+    first = json.loads(status.read_text())["pid"]
     rerun = sweep(tmp_path, cluster["address"], *overrides)
+    while not ((now := json.loads(status.read_text()))["state"] == "running" and now["pid"] != first and now["step"] > 32):
+        assert rerun.poll() is None and time.monotonic() < deadline + 300, rerun.communicate()
+        time.sleep(0.2)
+    os.kill(now["pid"], signal.SIGKILL)  # the resumed run's process, past its checkpoint at step 32
     out, err = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, out[-3000:] + err
     cells = json.loads((sweep_dir / "manifest.json").read_text())["cells"]
     assert all(c["state"] == "finished" for c in cells.values())
-    assert cells[victim]["attempts"] == 2, cells[victim]
+    assert cells[victim]["attempts"] == 3 and len(cells[victim]["failures"]) == 2, cells[victim]
     other = next(rid for rid in cells if rid != victim)
     assert cells[other]["attempts"] == 1, "the run on the live worker was reattached (or had finished), never submitted again"
     assert "resumed from the checkpoint at step" in (sweep_dir / "runs" / victim / "job.log").read_text()
