@@ -292,7 +292,7 @@ def prepare(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued: lis
             "eval_steps": list(cell.plan.eval_steps),
             "step_flops": list(grid_mod.step_flops(cell.cfg)),
             "state": entry.get("state", "pending"),
-            **{k: entry[k] for k in ("submission_id", "attempts", "continues") if k in entry},
+            **{k: entry[k] for k in ("submission_id", "attempts", "failures", "continues") if k in entry},
         }
     sweep_dir.write_manifest(manifest)
     continuation.take_over(sweep_dir, manifest)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import hashlib
 import json
 import os
 import shlex
@@ -331,7 +332,10 @@ class Dispatcher:
         command = [self.python, "-m", "isoflop_cli", self.command, "--config", str(files.config), "--out", str(files.dir)]
         entrypoint = "exec " + shlex.join(command + (["--pause-at", repr(float(pause_at))] if pause_at is not None else []))
         env = {**self.env(), EXIT_WITH_PARENT: "1"}
-        submission_id = f"isoflop-{self.sweep.path.name}-{run_id}-{attempt}" if self.command != "run" else f"isoflop-{run_id}-{attempt}"
+        # The sweep dir's tag: two sweeps of the same cells in different dirs (a run id is the cell's
+        # content) share a cluster without one taking the other's job for its own.
+        tag = hashlib.sha1(str(self.sweep.path.resolve()).encode()).hexdigest()[:6]
+        submission_id = f"isoflop-{run_id}-{attempt}-{tag}"
         try:
             return self._ask(
                 self.client.submit_job,

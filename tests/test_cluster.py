@@ -139,7 +139,7 @@ def test_a_worker_lost_mid_run_and_a_killed_cli_cost_a_retry_from_the_checkpoint
     assert rerun.returncode == 0, out[-3000:] + err
     cells = json.loads((sweep_dir / "manifest.json").read_text())["cells"]
     assert all(c["state"] == "finished" for c in cells.values())
-    assert cells[victim]["attempts"] == 3 and len(cells[victim]["failures"]) == 2, cells[victim]
+    assert cells[victim]["attempts"] == 3 and "exit code -9" in cells[victim]["failures"][-1]["reason"], cells[victim]
     other = next(rid for rid in cells if rid != victim)
     assert cells[other]["attempts"] == 1, "the run on the live worker was reattached (or had finished), never submitted again"
     assert "resumed from the checkpoint at step" in (sweep_dir / "runs" / victim / "job.log").read_text()
@@ -187,7 +187,8 @@ def test_a_head_restarted_mid_run_costs_one_line_and_a_resume(cluster, tmp_path)
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.1)
     for pid in [cluster["head_pid"], *(w["pid"] for w in cluster["workers"])]:
-        os.killpg(pid, signal.SIGKILL)
+        if group_alive(pid):  # a worker an earlier test lost is gone already
+            os.killpg(pid, signal.SIGKILL)
     os.kill(run, signal.SIGKILL)  # the job runs in a process group of its own
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, out[-3000:] + err
@@ -202,6 +203,8 @@ def test_a_head_restarted_mid_run_costs_one_line_and_a_resume(cluster, tmp_path)
     out, err = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, out[-3000:] + err
     cell = json.loads((sweep_dir / "manifest.json").read_text())["cells"][run_id]
+    # Two: the lost head's and the rerun's. (The lost-worker test above ran the same cell on this
+    # cluster: a sweep dir tags its jobs, so this sweep never takes that job for its own.)
     assert cell["state"] == "finished" and cell["attempts"] == 2, cell
     assert "resumed from the checkpoint at step" in (sweep_dir / "runs" / run_id / "job.log").read_text()
     df = pd.read_parquet(sweep_dir / "results.parquet")

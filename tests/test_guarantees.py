@@ -196,3 +196,17 @@ def test_a_full_disk_is_one_line_leaves_no_partial_files_and_a_rerun_resumes(sma
             filler.flush()
     sweep = runner.invoke(app, ["sweep", "--out", str(small_disk / "out")])  # a sweep on a full disk: before any compute
     one_error_line(sweep, "No space left on device")
+
+
+def test_a_rerun_keeps_each_cells_attempts_and_their_reasons(tmp_path):
+    cfg = config.load(None, ["grid.budgets=[32]", "grid.B_p=[2]", "grid.n=[2]", "eval.problems=8"])
+    cells = grid.expand(cfg)
+    sweep = SweepDir(tmp_path / cfg.name)
+    prepare(sweep, cfg, cells)
+    manifest = sweep.manifest()
+    failure = {"attempt": 1, "reason": "job ended FAILED: exit code -9", "at": 1.0}
+    manifest["cells"][cells[0].run_id].update(attempts=2, submission_id="isoflop-x-2", failures=[failure])
+    sweep.write_manifest(manifest)
+    prepare(sweep, cfg, cells)
+    cell = sweep.manifest()["cells"][cells[0].run_id]
+    assert (cell["attempts"], cell["submission_id"], cell["failures"]) == (2, "isoflop-x-2", [failure])

@@ -122,7 +122,8 @@ def test_a_sweep_on_a_real_slurm_survives_a_killed_run_and_a_preemption(slurm, t
                     p.kill()
                 else:
                     requeued = run_id
-                    job = json.loads((sweep / "slurm" / f"isoflop-{run_id}-1.json").read_text())["job_id"]
+                    sid = json.loads((sweep / "manifest.json").read_text())["cells"][run_id]["submission_id"]
+                    job = json.loads((sweep / "slurm" / f"{sid}.json").read_text())["job_id"]
                     subprocess.run(["scontrol", "requeue", job], check=True, env=slurm)
                     while subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, env=slurm).stdout.strip() != "PENDING":
                         time.sleep(0.2)
@@ -141,7 +142,7 @@ def test_a_sweep_on_a_real_slurm_survives_a_killed_run_and_a_preemption(slurm, t
     jobs = {f.stem: json.loads(f.read_text())["job_id"] for f in (sweep / "slurm").glob("*.json")}
     assert sum("preflight" in name for name in jobs) == 1
     jobs = {name: job for name, job in jobs.items() if "preflight" not in name}
-    first = [jobs[f"isoflop-{rid}-1"] for rid in cells]
+    first = [job for name, job in jobs.items() if name.startswith(tuple(f"isoflop-{rid}-1-" for rid in cells))]
     assert len(jobs) == 3 and len({j.split("_")[0] for j in first}) == 1 and sorted(j.split("_")[1] for j in first) == ["0", "1"], jobs
     accounted = subprocess.run(["sacct", "-n", "-X", "-o", "JobID%20,State"], capture_output=True, text=True, env=slurm).stdout.split()
     assert set(jobs.values()) <= set(accounted), accounted

@@ -81,4 +81,21 @@ def test_a_reattached_job_that_fails_is_retried(tmp_path):
         states = dispatch.Dispatcher(sweep, cluster, "http://127.0.0.1:1", client=Cluster()).run()
     assert states == {"a": FINISHED}
     cell = sweep.manifest()["cells"]["a"]
-    assert cell["attempts"] == 2 and cell["submission_id"] == "isoflop-a-2" and len(cell["failures"]) == 1
+    assert cell["attempts"] == 2 and cell["submission_id"].startswith("isoflop-a-2-") and len(cell["failures"]) == 1
+
+
+def test_sweeps_of_the_same_cells_in_two_dirs_submit_distinct_jobs(tmp_path):
+    """A run id is its cell's content, so two sweep dirs can hold the same run: their jobs on one
+    cluster must not share a submission id (the second would take the first's job for its own)."""
+    from isoflop_cli import config, dispatch
+
+    class Cluster:
+        def submit_job(self, submission_id, **_):
+            return submission_id
+
+    ids = set()
+    for name in ("one", "two"):
+        sweep = SweepDir(tmp_path / name)
+        dispatcher = dispatch.Dispatcher(sweep, config.load().cluster, "http://127.0.0.1:1", client=Cluster())
+        ids.add(dispatcher._submit("n2_bp2_s0_abcdef12", {}))
+    assert len(ids) == 2 and all(i.startswith("isoflop-n2_bp2_s0_abcdef12-1-") for i in ids)
