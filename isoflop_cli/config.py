@@ -855,8 +855,9 @@ def run_content(cfg: DictConfig) -> dict[str, Any]:
 
 def applicable(content: dict[str, Any]) -> dict[str, Any]:
     """A plain config without the keys that do not apply to its run (other tasks' keys, an unset
-    custom reward, no held-out sets or judges, vLLM's engine knobs left at null, no stray digits in the warm start, whether the last checkpoint is kept): options added later leave earlier run ids as they
-    were. A new copy where it drops any."""
+    custom reward, no held-out sets or judges, vLLM's engine knobs left at null, no stray digits in
+    the warm start) or do not change what it computes (whether its last checkpoint is kept): options
+    added later leave earlier run ids as they were. A new copy where it drops any."""
     task = {k: v for k, v in content["task"].items() if k in tasks.config_keys(content["task"]["name"])}
     reward = {k: v for k, v in content["reward"].items() if not (k == "fn" and v is None)}
     evaluation = {k: v for k, v in content["eval"].items() if not (k in ("sets", "judges") and not v)}

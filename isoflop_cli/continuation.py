@@ -37,7 +37,7 @@ def find(sweep_dir: SweepDir, cells: list[grid.Cell]) -> list[Continuation]:
     runs: dict[str, tuple[float, str]] = {}  # trajectory -> (reached, old run id)
     for rid in before:
         files = sweep_dir.run(rid)
-        if rid in new_ids or not files.has_checkpoint():
+        if rid in new_ids or not files.has_checkpoint() or not files.config.exists():
             continue
         cfg = OmegaConf.load(files.config)
         rows = files.read_metrics()

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from isoflop_cli import config, continuation, grid
 from isoflop_cli.cli import app, check_same_grid, prepare
 from isoflop_cli.config import ConfigError
-from isoflop_cli.store import CHECKPOINT_STATE, FINISHED, PAUSED, SweepDir
+from isoflop_cli.store import CHECKPOINT_STATE, FINISHED, PAUSED, RunFiles, SweepDir
 
 runner = CliRunner()
 ARGS = ["grid.n=[2,4]", "grid.B_p=[2]", "eval.problems=8"]
@@ -117,3 +117,20 @@ def test_what_cannot_continue_is_said(tmp_path):
     result = runner.invoke(app, ["sweep", *ARGS, "grid.budgets=[64,512]", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "checkpoint.keep_final=true" in result.output
     assert json.loads(sweep.manifest_file.read_text())["cells"].keys() == {c.run_id for c in cells}  # untouched
+
+
+def test_a_run_kept_at_its_end_continues_to_a_larger_flop_budget(tmp_path):
+    """checkpoint.keep_final: a run to a FLOP budget keeps its state after its last eval point, and the
+    same run to twice the budget in that directory resumes there, keeping every row it had."""
+    args = ["grid.n=[2]", "grid.B_p=[2]", "n=2", "B_p=2", "grid.budget.unit=flops", "grid.eval_points=2", "eval.problems=8", "eval.samples=4",
+            "checkpoint.keep_final=true", "--out", str(tmp_path)]
+    first = runner.invoke(app, ["run", *args, "grid.budgets=[3e9]"])
+    assert first.exit_code == 0, first.output
+    files = RunFiles(tmp_path)
+    rows = files.read_metrics()
+    assert files.status()["state"] == FINISHED and files.has_checkpoint() and rows[-1]["flops_total"] >= 3e9
+    second = runner.invoke(app, ["run", *args, "grid.budgets=[6e9]"])
+    assert second.exit_code == 0, second.output
+    assert f"resumed from the checkpoint at step {rows[-1]['step']}" in second.output
+    longer = files.read_metrics()
+    assert longer[:len(rows)] == rows and longer[-1]["flops_total"] >= 6e9 > longer[-2]["flops_total"]

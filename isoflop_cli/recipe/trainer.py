@@ -236,10 +236,13 @@ class Trainer:
             if self.group.is_main:
                 self.files.set_status(RUNNING, step=self.progress.step, M=self.budget.M, rollouts=self.progress.ledger["rollouts"], pid=os.getpid(),
                                       started=round(self.started, 3))  # `status` reads the run's rollouts/s from these
-        if self.budget_left() or self.cfg.checkpoint.keep_final:  # paused: the stage's eval point is written; continue later from here
+        if self.budget_left():  # paused: the stage's eval point is written; continue later from here
             self.save()
-        elif self.group.is_main and self.files.read_metrics()[-1]["step"] != self.progress.step:
+            return
+        if self.group.is_main and self.files.read_metrics()[-1]["step"] != self.progress.step:
             self.evaluate()  # the run's last point, when it fell between checkpoints
+        if self.cfg.checkpoint.keep_final:  # after the last point: a sweep with larger budgets continues from here
+            self.save()
 
     def step(self) -> None:
         problems = [next(self.prompts) for _ in range(self.B_p)]
