@@ -338,8 +338,8 @@ def test_killed_cli_frees_the_dir_rerun_reattaches_and_a_lost_head_is_one_line(t
         assert len(lines) == 1, err
         assert lines[0].startswith(f"error: lost the Ray head at {head['address']}") and lines[0].endswith("rerun the same command to resume")
         manifest = json.loads((sweep_dir / "manifest.json").read_text())
-        [cell] = manifest["cells"].values()
-        assert cell["state"] == "stopped" and cell["submission_id"].endswith("-1")
+        [(run_id, cell)] = manifest["cells"].items()
+        assert cell["state"] == "stopped" and cell["submission_id"].startswith(f"isoflop-{run_id}-1-")
         assert_all_gone(seen, [sweep_dir], [head["temp_dir"]])
     finally:
         cleanup(clis, seen, {head["pid"]} if head else set())
