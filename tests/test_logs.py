@@ -37,8 +37,11 @@ def test_logs_follow_prints_the_log_as_it_grows_until_the_sweep_is_done_with_the
     sweep = one_run_sweep(tmp_path, "submitted")
     log = sweep.run(RUN).log
 
+    watching = threading.Event()
+
     def sweep_side():
         with sweep_lock(sweep.path):  # a sweep watching the dir, as `isoflop sweep` holds it
+            watching.set()
             for text in ("step 1\n", "step 1\nstep 2\n", "attempt 2\n"):
                 time.sleep(1.0)
                 log.write_text(text)
@@ -47,6 +50,7 @@ def test_logs_follow_prints_the_log_as_it_grows_until_the_sweep_is_done_with_the
 
     writer = threading.Thread(target=sweep_side)
     writer.start()
+    watching.wait(timeout=60)  # the sweep holds its dir before `logs` looks (under load the thread starts late)
     result = CliRunner().invoke(app, ["logs", str(sweep.path), RUN, "--follow"])
     writer.join()
     assert result.exit_code == 0, result.output
