@@ -223,7 +223,7 @@ class GridConfig:
     # full: every cell runs to the largest budget. adaptive: every cell runs to the smallest budget,
     # then continues past each budget only while it can still reach the frontier (schedule.py).
     schedule: Schedule = Schedule.full
-    margin: float = DEFAULT_MARGIN  # adaptive: how far (in sd of the metric's noise) a cell may trail
+    margin: float = DEFAULT_MARGIN  # adaptive: how wide the rule's bounds on each curve are, in sd of the metric's noise
 
 
 @dataclass

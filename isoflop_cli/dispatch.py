@@ -316,11 +316,11 @@ class Dispatcher:
         points = pd.concat(frames, ignore_index=True).dropna() if frames else pd.DataFrame()
         if points.empty:
             return
-        for d in decide(points, budget, schedule["budgets"][-1], schedule["margin"], metric, column):
+        for d in decide(points, budget, schedule["budgets"], schedule["margin"], metric, column):
             if not d.go:
                 cells[d.run].update(state=PAUSED, stopped_at=budget,
-                                    why=f"stopped at {budget:g}: best {d.best:.3f}, can reach {d.reach:.3f} by {schedule['budgets'][-1]:g}, "
-                                        f"below the frontier {d.frontier:.3f}")
+                                    why=f"stopped at {budget:g}: best {d.best:.3f}; at {d.at:g} it could reach {d.reach:.3f}, "
+                                        f"below the frontier's {d.frontier:.3f} there")
         self.sweep.write_manifest(manifest)
 
     def _submit(self, run_id: str, cell: dict, pause_at: float | None = None) -> str:

@@ -255,8 +255,9 @@ def replay_table(result, axis: str) -> Group:
     for r in result.per_budget.itertuples():
         table.add_row(_compact(r.budget), str(r.cells_running), _fmt(r.full_value), _fmt(r.adaptive_value), _fmt(r.value_gap),
                       str(r.full_star), f"{r.adaptive_star}" + ("" if r.star_agrees else " [red](>2x)[/]"))
+    scale = f" ({result.max_value_gap / result.noise:.1f} sd of the metric's noise, {result.noise:.3f})" if result.noise else ""
     line = Text(f"compute: {result.compute_share:.1%} of the full grid's; {axis}* within 2x at {result.n_star_agreement:.0%} of budgets; "
-                f"largest frontier gap {result.max_value_gap:.3f}; {len(result.stopped)} cells stopped")
+                f"largest frontier gap {result.max_value_gap:.3f}{scale}; {len(result.stopped)} cells stopped")
     return Group(table, line)
 
 

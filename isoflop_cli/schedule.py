@@ -3,23 +3,24 @@
 A full IsoFLOP grid runs every cell to the largest budget, but after the first budgets many cells
 are far below the frontier and will stay there. With `grid.schedule=adaptive` every cell runs to
 the smallest budget; at each budget b that follows, a cell goes on only while it can still reach
-the frontier by the largest budget C_max:
+the frontier at some budget still to come:
 
-    best_r(b) + rate_r * log2(C_max / b) + margin * sigma  >=  max over cells of best(b)
+    there is a later budget b' with   up_r(b') >= max over cells of low_c(b')
 
-- best_r(b): the cell's best eval point at compute <= b (its best-so-far, as the frontier reads a run).
-- The right side is a lower end of the frontier at every later budget (the frontier never falls).
-- rate_r bounds how fast the cell can still rise, per doubling of compute. For a cell that has
-  risen and is slowing down (its last doubling's gain below the one before, by more than the
-  margin) it is its own last gain: past its midpoint a sigmoid only slows. For every other cell it
-  is the largest gain any cell made over its last doubling, so a cell that has not started to rise
-  (large n, which the seed study finds wins at large budgets) stays in the race.
-- sigma is the metric's noise, read from the second differences of the runs' eval points; until
-  there are enough of them no cell is stopped (early budgets cost little).
+- up_r(b') is the most the cell's curve can be at b', low_c(b') the least another cell's can:
+  profile bounds of a monotone sigmoid through each cell's eval points, at `margin` standard
+  deviations of the metric's noise (`fit/band.py`). The sigmoid is the model `fit` fits; a monotone
+  curve is how the frontier reads a run (its best so far).
+- No cell rises faster than RISE_FACTOR times the fastest rise per doubling of compute of any
+  cell's best fit so far ((upper - lower) k / 4). A cell that has not started to rise (large n,
+  which the seed study finds wins at large budgets) stays in the race while such a rise could
+  still take it to the frontier, and a cell that never learns stops once none could.
+- sigma, the noise, is the pooled residual of the cells' sigmoid fits; until there are MIN_DOF
+  degrees of freedom to read it from, no cell is stopped (early budgets cost little).
 
-Looking to C_max, not only to the next budget, is what keeps slow starters: a one-budget look-ahead
-stopped the large-n cells of a synthetic grid whose n* rises from 4 to 64 and found n* within 2x at
-only 50-70% of budgets (scripts/bench_replay.py). A stopped cell is paused at its checkpoint, not
+Looking to every later budget, not only the next, keeps the slow starters; comparing with the
+frontier's lower end there, not only now, stops the cells that are still rising but can only
+trail (scripts/bench_replay.py measures both). A stopped cell is paused at its checkpoint, not
 deleted: a later full sweep, or one with larger budgets (`continuation`), continues it. The same
 function decides in the sweep (`dispatch.py`) and in `isoflop replay`.
 """
@@ -33,7 +34,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-DEFAULT_MARGIN = 1.5  # in standard deviations of the metric's noise; chosen from replays (README: Adaptive sweeps)
+from isoflop_cli.fit.band import SigmoidBand
+
+DEFAULT_MARGIN = 2.0  # in standard deviations of the metric's noise; chosen from replays (README: Adaptive sweeps)
+RISE_FACTOR = 2.0  # no cell rises faster per doubling than this many times the fastest rise fitted so far
+MIN_DOF = 8  # residual degrees of freedom the noise is read from before any cell is stopped
+MIN_POINTS = 3  # eval points past the base a cell needs before it can be stopped
+TOLERANCE = 1.1  # a FLOP-budget run stops at the first step whose ledger reaches a budget: a little above it
 
 
 class Schedule(str, enum.Enum):
@@ -43,60 +50,66 @@ class Schedule(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Decision:
-    """One cell at one budget: its best-so-far, the most it could reach by the largest budget, the
-    frontier's lower end it must reach, and whether it continues."""
+    """One cell at one budget: its best so far, and at the later budget `at` where it comes closest
+    to the frontier, the most it could reach there and the least the frontier will be; whether it goes on."""
 
     run: str
     budget: float
     best: float
     reach: float
     frontier: float
+    at: float
     go: bool
 
 
-MIN_NOISE_POINTS = 8  # second differences the noise is read from before any cell is stopped
-TOLERANCE = 1.1  # a FLOP-budget run stops at the first step whose ledger reaches a budget: a little above it
-
-
-def decide(points: pd.DataFrame, budget: float, last_budget: float, margin: float = DEFAULT_MARGIN,
+def decide(points: pd.DataFrame, budget: float, budgets: list[float], margin: float = DEFAULT_MARGIN,
            metric: str = "val_avg@k", compute: str = "rollouts", run: str = "run_id") -> list[Decision]:
-    """Which runs continue past `budget`; `points` holds the eval points each run had when it
-    reached `budget` (the step-0 base evaluation counts as a point)."""
-    def best_by(c: float) -> pd.Series:
-        return points[points[compute] <= c * TOLERANCE].groupby(run)[metric].max().reindex(runs)
-
-    runs = points[run].unique()
-    sigma = noise(points, metric, compute, run)
-    if sigma is None:  # too few points to read the noise: no cell is stopped yet (early budgets cost little)
-        return [Decision(str(r), float(budget), float(v), math.inf, math.nan, True) for r, v in points.groupby(run)[metric].max().items()]
-    margin = margin * sigma
-    best, half, quarter = best_by(budget), best_by(budget / 2), best_by(budget / 4)
-    base = points.sort_values(compute).groupby(run)[metric].first().reindex(runs)
-    rate, before = (best - half).clip(lower=0.0), (half - quarter).clip(lower=0.0)
-    fastest = float(rate.max()) if rate.notna().any() else math.inf
-    # Past its midpoint a sigmoid only slows: a cell that has risen, and rose less over its last
-    # doubling than over the one before, each by more than the noise margin, is bounded by its own rate.
-    settled = (best - base > margin) & (rate < before - margin)
-    bound = rate.where(settled, fastest).fillna(fastest)
-    frontier = float(best.max())
-    doublings = math.log2(last_budget / budget)
+    """Which runs continue past `budget` towards the later of the sweep's `budgets`; `points` holds
+    the eval points each run had when it reached `budget` (with its step-0 base evaluation)."""
+    later = sorted(b for b in budgets if b > budget * (1 + 1e-9))
+    best = points.groupby(run, sort=False)[metric].max()
+    bands = _bands(points, math.log2(max(budgets)), metric, compute, run)
+    sigma = _noise(bands.values())
+    if not later or sigma is None:  # the last budget, or too few points to read the noise: no cell is stopped
+        return [Decision(str(r), float(budget), float(v), math.inf, math.nan, float(max(budgets)), True) for r, v in best.items()]
+    cap = RISE_FACTOR * max(b.rise for b in bands.values())
+    slack = (margin * sigma) ** 2
+    x = np.log2(later)
+    frontier = np.max([b.extreme(x, slack, upper=False, rise_max=cap) for b in bands.values()], axis=0)
     out = []
-    for r, value, per_doubling in zip(runs, best, bound):
-        reach = float(value + per_doubling * doublings + margin)
-        out.append(Decision(str(r), float(budget), float(value), reach, frontier, bool(reach >= frontier)))
+    for r, value in best.items():
+        if r not in bands:  # too few points to bound
+            out.append(Decision(str(r), float(budget), float(value), math.inf, float(frontier[-1]), float(later[-1]), True))
+            continue
+        reach = bands[r].extreme(x, slack, upper=True, rise_max=cap)
+        i = int(np.argmax(reach - frontier))
+        out.append(Decision(str(r), float(budget), float(value), float(reach[i]), float(frontier[i]), float(later[i]), bool(reach[i] >= frontier[i])))
     return out
 
 
-def noise(points: pd.DataFrame, metric: str, compute: str, run: str) -> float | None:
-    """The eval metric's noise, one standard deviation, from the second differences of each run's
-    eval points in compute order: independent noise of sd sigma gives second differences of sd
-    sqrt(6) sigma, whose absolute values have their 25% quantile at 0.3186 sqrt(6) sigma. The
-    lower quantile reads the noise where curves are nearly straight; the bends of a rising sigmoid
-    add large second differences, which the median (tried first) took for noise, 4x too much on a
-    grid of noise 0.005."""
-    d2 = [np.diff(g.sort_values(compute)[metric].to_numpy(float), 2) for _, g in points[points[compute] > 0].groupby(run)]
-    d2 = np.concatenate(d2) if d2 else np.array([])
-    return float(np.quantile(np.abs(d2), 0.25) / (0.3186 * math.sqrt(6))) if d2.size >= MIN_NOISE_POINTS else None
+def _bands(points: pd.DataFrame, x_max: float, metric: str, compute: str, run: str) -> dict[str, SigmoidBand]:
+    """A SigmoidBand per run with MIN_POINTS eval points past its base."""
+    out = {}
+    for r, g in points.groupby(run, sort=False):
+        later = g[g[compute] > 0]
+        if len(later) >= MIN_POINTS:
+            base = g.loc[g[compute] == 0, metric]
+            out[r] = SigmoidBand(np.log2(later[compute].to_numpy(float)), later[metric].to_numpy(float),
+                                 float(base.iloc[0]) if len(base) else None, x_max)
+    return out
+
+
+def noise(points: pd.DataFrame, metric: str = "val_avg@k", compute: str = "rollouts", run: str = "run_id") -> float | None:
+    """The metric's noise (one sd) the rule reads from these eval points; None if too few."""
+    return _noise(_bands(points, math.log2(points[compute].max()), metric, compute, run).values())
+
+
+def _noise(bands) -> float | None:
+    """One standard deviation of the metric's noise: the pooled residual of the runs' best sigmoid
+    fits (4 parameters each), from runs with points to spare; None below MIN_DOF degrees of freedom."""
+    spare = [b for b in bands if b.points > 4]
+    dof = sum(b.points - 4 for b in spare)
+    return math.sqrt(sum(b.sse for b in spare) / dof) if dof >= MIN_DOF else None
 
 
 def stage_of(compute: np.ndarray, stages: list[float]) -> np.ndarray:

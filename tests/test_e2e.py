@@ -217,9 +217,9 @@ def test_adaptive_sweep_pauses_cells_behind_the_frontier_and_a_larger_full_sweep
     stage, stopped, then continued past a change of budget, records what one uninterrupted run to
     the larger budget records."""
     from isoflop_cli.fit.data import RUN
-    from isoflop_cli.schedule import decide
+    from isoflop_cli.schedule import DEFAULT_MARGIN, decide
 
-    grid = ["grid.n=[2,4]", "grid.B_p=[2]", "grid.eval_points=5", "eval.problems=32", "eval.samples=4",
+    grid = ["grid.n=[2,4]", "grid.B_p=[2]", "grid.eval_points=6", "eval.problems=64", "eval.samples=4",
             "+grid.axes={algo.temperature:[0.6,3.0]}", "checkpoint.keep_final=true"]
     result = isoflop("sweep", "--out", str(tmp_path), *grid, "grid.budgets=[64,128,256]", "grid.schedule=adaptive")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -231,9 +231,9 @@ def test_adaptive_sweep_pauses_cells_behind_the_frontier_and_a_larger_full_sweep
     # The rule, replayed from the recorded points, stops exactly these cells at these budgets.
     df = pd.read_parquet(sweep_dir / "results.parquet").assign(**{RUN: lambda d: d["run_id"]})
     racing = set(df["run_id"])
-    for budget in (64, 128):  # at 64 the noise cannot be read yet (8 second differences): nothing stops
+    for budget in (64, 128):  # at 64 the noise cannot be read yet (MIN_DOF): nothing stops
         seen = df[df[RUN].isin(racing) & (df["rollouts"] <= budget * 1.1)]
-        halted = {d.run for d in decide(seen, budget, 256, 1.0) if not d.go}
+        halted = {d.run for d in decide(seen, budget, [64, 128, 256], DEFAULT_MARGIN) if not d.go}
         assert halted == {rid for rid, c in stopped.items() if c["stopped_at"] == budget}
         racing -= halted
     for rid, cell in stopped.items():

@@ -9,15 +9,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import special
 from typer.testing import CliRunner
 
 from isoflop_cli.cli import app
 from isoflop_cli.fit.data import RUN
 from isoflop_cli.fit.replay import replay
-from isoflop_cli.schedule import DEFAULT_MARGIN, Schedule, decide, noise
+from isoflop_cli.fit.band import SLOPE_MAX as SigmoidBand_SLOPE_MAX
+from isoflop_cli.fit.band import SigmoidBand
+from isoflop_cli.schedule import DEFAULT_MARGIN, Schedule, decide
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from bench_replay import synthetic  # noqa: E402
+from bench_replay import synthetic, true_gap  # noqa: E402
 
 runner = CliRunner()
 
@@ -26,43 +29,104 @@ def curves(values: dict[str, list[float]], computes=(0, 0.5, 1, 2, 4, 8)) -> pd.
     return pd.DataFrame([{"run_id": r, "rollouts": c, "val_avg@k": v} for r, ys in values.items() for c, v in zip(computes, ys)])
 
 
+def sigmoid(x, lower, upper, mid, k):
+    return lower + (upper - lower) * special.expit(k * (np.asarray(x, float) - mid))
+
+
+def brute_force_extreme(x, y, base, x_t, threshold, upper=True, slope_max=SigmoidBand_SLOPE_MAX):
+    """The same bound by a dense search of all four parameters (lower, upper on a 0.01 grid)."""
+    mids, ks = np.arange(x.min() - 1, 11.0001, 0.1), np.geomspace(0.05, slope_max, 60)
+    levels = np.linspace(0, 1, 101)
+    lo, up = np.meshgrid(levels, levels, indexing="ij")
+    lo, up = lo[lo <= up], up[lo <= up]
+    best = -np.inf if upper else np.inf
+    for m in mids:
+        for k in ks:
+            s = np.concatenate([[0.0], special.expit(k * (x - m))])
+            fitted = lo[:, None] + (up - lo)[:, None] * s[None, :]
+            ok = ((fitted - np.concatenate([[base], y])) ** 2).sum(1) <= threshold
+            if ok.any():
+                v = lo[ok] + (up[ok] - lo[ok]) * special.expit(k * (x_t - m))
+                best = max(best, v.max()) if upper else min(best, v.min())
+    return best
+
+
+def test_the_band_is_the_brute_force_bound():
+    """Profile bounds of a monotone sigmoid through noisy points, against a dense search of all
+    four parameters: the band, exact in (lower, upper), finds at least what the search finds, and
+    not more than the search's coarser grid (0.1 in m, 60 slopes, 0.01 in the levels) explains."""
+    rng = np.random.default_rng(1)
+    x = np.arange(1, 8.0)
+    y = sigmoid(x, 0.1, 0.7, 4.0, 1.0) + rng.normal(0, 0.01, x.size)
+    band = SigmoidBand(x, y, 0.1, 10.0)
+    assert band.rise == pytest.approx(0.6 * 1.0 / 4, rel=0.3)  # (upper - lower) k / 4
+    threshold = band.sse + 4e-4
+    for x_t in (8.0, 10.0):
+        up, low = band.extreme([x_t], 4e-4)[0], band.extreme([x_t], 4e-4, upper=False)[0]
+        assert low < sigmoid(x_t, 0.1, 0.7, 4.0, 1.0) < up  # the truth is inside, at 2 sd (sd 0.01)
+        assert -0.002 < up - brute_force_extreme(x, y, 0.1, x_t, threshold) < 0.012
+        assert -0.002 < brute_force_extreme(x, y, 0.1, x_t, threshold, upper=False) - low < 0.012
+    # No slack: the bounds close on the best fit; more slack, a wider band.
+    tight = band.extreme([10.0], 0.0)[0], band.extreme([10.0], 0.0, upper=False)[0]
+    assert tight[0] - tight[1] < 0.01 and band.extreme([10.0], 1e-2)[0] > band.extreme([10.0], 4e-4)[0]
+
+
+def test_a_flat_run_can_rise_only_as_fast_as_it_is_let():
+    """Flat points at 0.1 up to 2^7: with any step allowed, the run could still reach the ceiling by
+    2^8. With its rise capped at 0.1 per doubling, it can be at most 0.02 (the slack, spent on the
+    last point) + 0.1 above 0.1 a doubling later, and at most 0.1 more for each doubling after."""
+    x = np.arange(1, 8.0)
+    band = SigmoidBand(x, np.full(7, 0.1), 0.1, 10.0)
+    assert band.rise == pytest.approx(0.0, abs=1e-9)
+    assert band.extreme([8.0], 0.02**2)[0] == pytest.approx(1.0, abs=1e-6)
+    one, three = band.extreme([8.0, 10.0], 0.02**2, rise_max=0.1)
+    assert 0.15 < one <= 0.1 + 0.02 + 0.1 + 1e-3 and one < three <= 0.1 + 0.02 + 3 * 0.1 + 1e-3
+    # A cap the points contradict (they rise by 0.3 within a doubling) is no bound.
+    steep = SigmoidBand(x, np.array([0.1, 0.1, 0.1, 0.1, 0.1, 0.4, 0.4]), 0.1, 10.0)
+    assert steep.extreme([10.0], 1e-4, rise_max=0.01)[0] == pytest.approx(steep.extreme([10.0], 1e-4)[0])
+
+
 def test_the_rule_by_hand():
-    """Budget 8 of 64 (3 doublings left), margin 0. `slowing` and `leader` rose less over their last
-    doubling than over the one before: each is bounded by its own last gain (0.05). `late` is still
-    speeding up: it is bounded by the fastest last gain of any cell (its own 0.08)."""
-    points = curves({"slowing": [0.1, 0.15, 0.2, 0.4, 0.5, 0.55], "late": [0.1, 0.1, 0.1, 0.1, 0.12, 0.2], "leader": [0.1, 0.3, 0.5, 0.7, 0.8, 0.85]})
-    got = {d.run: d for d in decide(points, 8, 64, margin=0.0)}
-    assert got["slowing"].reach == pytest.approx(0.55 + 3 * 0.05) and not got["slowing"].go  # 0.70 < 0.85
-    assert got["late"].reach == pytest.approx(0.2 + 3 * 0.08) and not got["late"].go  # 0.44 < 0.85
-    assert got["leader"].reach == pytest.approx(0.85 + 3 * 0.05) and got["leader"].go
-    assert {d.frontier for d in got.values()} == {0.85}
-    # A margin of m noise sd adds m * sigma to every reach, and a cell counts as slowing down only
-    # when its gain fell by more than that: with 2 sd (0.06 here) the leader's fall from 0.1 to 0.05
-    # is noise, so it too is bounded by the fastest gain.
-    sigma = noise(points, "val_avg@k", "rollouts", "run_id")
-    assert 0.025 < sigma < 0.035
-    loose = {d.run: d for d in decide(points, 8, 64, margin=2.0)}
-    assert loose["leader"].reach == pytest.approx(0.85 + 3 * 0.08 + 2 * sigma)
-    assert loose["late"].reach == pytest.approx(0.2 + 3 * 0.08 + 2 * sigma) and not loose["late"].go
-
-
-def test_noise_is_read_from_second_differences():
+    """Budget 2^8 of 2^9, sd 0.01 noise on two sigmoids: `saturated` has levelled off at 0.5,
+    `leader` is at 0.8; `flat` (a cell that never learns) sits at 0.1. The frontier's lower end at
+    2^9 is the leader's; `saturated` cannot reach it; `flat` could with a step, and cannot once its
+    rise is capped at twice the fastest rise fitted (about 2 x 0.7 / 4 per doubling)."""
     rng = np.random.default_rng(0)
-    computes = [0] + [2.0**i for i in range(12)]
-    flat = {f"r{i}": list(0.5 + rng.normal(0, 0.03, len(computes))) for i in range(20)}
-    assert noise(curves(flat, computes), "val_avg@k", "rollouts", "run_id") == pytest.approx(0.03, rel=0.15)
-    assert noise(curves({"a": [0.1, 0.2, 0.3]}, (0, 1, 2)), "val_avg@k", "rollouts", "run_id") is None  # too few to read
-    # ... and then no cell is stopped, however far behind
-    assert all(d.go for d in decide(curves({"a": [0.1, 0.1, 0.1], "b": [0.1, 0.9, 0.95]}, (0, 1, 2)), 2, 64, 0.0))
+    x = np.arange(1, 9.0)
+    curves = {"saturated": sigmoid(x, 0.1, 0.5, 3.0, 1.0) + rng.normal(0, 0.01, x.size),
+              "leader": sigmoid(x, 0.1, 0.8, 4.0, 1.0) + rng.normal(0, 0.01, x.size), "flat": np.full(x.size, 0.1)}
+    points = pd.concat([pd.DataFrame({"run_id": r, "rollouts": [0.0, *2.0**x], "val_avg@k": [0.1, *y]}) for r, y in curves.items()])
+    got = {d.run: d for d in decide(points, 2.0**8, [2.0**6, 2.0**8, 2.0**9], margin=2.0)}
+    assert got["leader"].go and not got["saturated"].go and not got["flat"].go
+    assert got["saturated"].reach < 0.55 and got["saturated"].frontier > 0.7 and got["saturated"].at == 2.0**9
+    # The flat cell, assembled by hand: the noise is the fits' pooled residual (9 points, 4
+    # parameters each), the cap twice the fastest fitted rise.
+    bands = {r: SigmoidBand(x, y, 0.1, 9.0) for r, y in curves.items()}
+    sigma = np.sqrt(sum(b.sse for b in bands.values()) / (3 * 5))
+    cap = 2 * max(b.rise for b in bands.values())
+    assert 0.003 < sigma < 0.015 and cap == pytest.approx(2 * 0.7 / 4, rel=0.3)
+    assert got["flat"].reach == pytest.approx(bands["flat"].extreme([9.0], (2 * sigma) ** 2, rise_max=cap)[0])
+    assert got["flat"].reach < 0.1 + cap + 0.01 and bands["flat"].extreme([9.0], (2 * sigma) ** 2)[0] > 0.99  # uncapped, a step
+    # Without a risen cell there is no cap: the flat cell could still jump.
+    alone = {d.run: d for d in decide(points[points["run_id"] == "flat"], 2.0**8, [2.0**8, 2.0**9])}
+    assert alone["flat"].go or alone["flat"].reach == math.inf  # (its noise cannot be read alone)
+    # At the last budget, or before the noise can be read (MIN_DOF), no cell is stopped.
+    assert all(d.go for d in decide(points, 2.0**9, [2.0**8, 2.0**9]))
+    early = points[points["rollouts"] <= 2.0**3]
+    assert all(d.go for d in decide(early, 2.0**3, [2.0**3, 2.0**9]))
 
 
 @pytest.mark.parametrize("noise_sd", [0.005, 0.02, 0.05])
 def test_replay_keeps_the_frontier_of_a_grid_whose_n_star_rises_for_less_compute(noise_sd):
-    """Synthetic full grids whose n*(C) rises from 4 to 64 and saturates (scripts/bench_replay.py)."""
+    """Synthetic full grids whose n*(C) rises from 4 to 64 and saturates (scripts/bench_replay.py):
+    the issue's goal, n* within 2x at >= 90% of budgets and the frontier within 0.01 (in truth: the
+    recorded frontier is a maximum over noisy points), for at most half the compute up to noise
+    0.02; more at 0.05, where the points say less."""
     df = synthetic(noise_sd).assign(**{RUN: lambda d: d["run_id"]})
     r = replay(df, "val_avg@k", "n", "rollouts", Schedule.adaptive, DEFAULT_MARGIN)
-    assert r.n_star_agreement >= 0.9 and r.max_value_gap <= 0.01
-    assert r.compute_share < 0.9 and len(r.stopped) > 0
+    assert r.n_star_agreement >= 0.9 and true_gap(df, r) <= 0.01
+    assert r.noise == pytest.approx(noise_sd, rel=0.25)  # the pooled residual of the sigmoid fits reads the truth
+    assert r.compute_share <= (0.5 if noise_sd <= 0.02 else 0.75) and len(r.stopped) > 0
     stars = list(r.per_budget["full_star"])
     assert stars[0] == 4 and stars[-1] in (32, 64)  # the truth, 64, read through the noise
     # The share is what the stops imply: a stopped cell spends its compute at the budget it stopped at.
@@ -73,7 +137,8 @@ def test_replay_keeps_the_frontier_of_a_grid_whose_n_star_rises_for_less_compute
     assert r.compute_share == pytest.approx(spent.sum() / full.sum())
     assert (r.per_budget["cells_running"].diff().dropna() <= 0).all()
     # No margin would stop too early: the cells that win late are lost
-    assert replay(df, "val_avg@k", "n", "rollouts", Schedule.adaptive, 0.0).max_value_gap > 0.01
+    eager = replay(df, "val_avg@k", "n", "rollouts", Schedule.adaptive, 0.0)
+    assert eager.compute_share < r.compute_share and true_gap(df, eager) > 0.01
 
 
 def test_full_schedule_and_an_infinite_margin_stop_nothing():
@@ -88,7 +153,7 @@ def test_replay_command_writes_its_figures(tmp_path):
     result = runner.invoke(app, ["replay", str(path)], terminal_width=100)
     assert result.exit_code == 0, result.output
     written = json.loads((tmp_path / "replay" / "replay.json").read_text())
-    assert {"compute_share", "n_star_agreement", "max_value_gap", "per_budget", "stopped_cells"} <= set(written)
+    assert {"compute_share", "n_star_agreement", "max_value_gap", "noise_sd", "per_budget", "stopped_cells"} <= set(written)
     assert written["margin"] == DEFAULT_MARGIN and written["schedule"] == "adaptive"
     assert len(written["per_budget"]) == 10 and written["per_budget"][-1]["budget"] == 2.0**20
     assert (tmp_path / "replay" / "replay.png").stat().st_size > 1000

@@ -21,7 +21,7 @@ from isoflop_cli.config import ConfigError
 from isoflop_cli.fit import plots
 from isoflop_cli.fit.data import RUN, compute_unit, plain, usable
 from isoflop_cli.fit.outputs import jsonable
-from isoflop_cli.schedule import Schedule, decide, stage_of
+from isoflop_cli.schedule import Schedule, decide, noise, stage_of
 from isoflop_cli.store import atomic_write
 
 
@@ -31,8 +31,9 @@ class Replay:
     margin: float
     stages: list[float]
     per_budget: pd.DataFrame  # budget, full_value, adaptive_value, value_gap, full_star, adaptive_star, star_agrees, cells_running
-    stopped: pd.DataFrame  # run, axis value, stopped at budget, best, reach, frontier
+    stopped: pd.DataFrame  # run, axis value, stopped at budget, best; at the later budget it came closest: reach, frontier
     compute_share: float  # compute the schedule spends / the full grid's
+    noise: float | None  # the metric's noise (sd) the rule reads from the full grid: the scale of a frontier gap between noisy points
 
     @property
     def n_star_agreement(self) -> float:
@@ -44,7 +45,7 @@ class Replay:
 
     def summary(self) -> dict:
         return {"schedule": self.schedule.value, "margin": self.margin, "stages": self.stages, "compute_share": self.compute_share,
-                "n_star_agreement": self.n_star_agreement, "max_value_gap": self.max_value_gap,
+                "n_star_agreement": self.n_star_agreement, "max_value_gap": self.max_value_gap, "noise_sd": self.noise,
                 "cells": int(self.per_budget["cells_running"].iloc[0]), "stopped": len(self.stopped)}
 
 
@@ -64,8 +65,12 @@ def replay(df: pd.DataFrame, metric: str, axis: str, compute: str, schedule: Sch
            stages: list[float] | None = None) -> Replay:
     rows = usable(df, [metric, axis, compute], "replay")
     stages = sorted(stages) if stages else default_stages(rows, compute)
-    if len(stages) < 2 and schedule is Schedule.adaptive:
-        raise ConfigError("replay: the adaptive schedule decides between budgets; these results span one budget (give --budgets)")
+    if schedule is Schedule.adaptive:
+        if len(stages) < 2:
+            raise ConfigError("replay: the adaptive schedule decides between budgets; these results span one budget (give --budgets)")
+        lo, hi = rows[metric].min(), rows[metric].max()
+        if lo < 0 or hi > 1:
+            raise ConfigError(f"replay: the adaptive rule's sigmoid is bounded to [0, 1]; {metric} ranges {lo:.3g}..{hi:.3g} (--metric)")
     rows = rows.assign(_stage=stage_of(rows[compute].to_numpy(), stages))
     runs = pd.Index(rows[RUN].unique())
     last = len(stages) - 1
@@ -75,7 +80,7 @@ def replay(df: pd.DataFrame, metric: str, axis: str, compute: str, schedule: Sch
         alive = set(runs)
         for i in range(last):
             seen = rows[(rows["_stage"] <= i) & rows[RUN].isin(alive)]
-            for d in decide(seen, stages[i], stages[-1], margin, metric, compute, RUN):
+            for d in decide(seen, stages[i], stages, margin, metric, compute, RUN):
                 if not d.go:
                     alive.discard(d.run)
                     stop[d.run] = i
@@ -91,9 +96,9 @@ def replay(df: pd.DataFrame, metric: str, axis: str, compute: str, schedule: Sch
         table.append({"budget": budget, "full_value": full[0], "adaptive_value": adaptive[0], "value_gap": full[0] - adaptive[0],
                       "full_star": full[1], "adaptive_star": adaptive[1], "star_agrees": _within_2x(full[1], adaptive[1]),
                       "cells_running": int((stop >= i).sum())})
-    stopped = pd.DataFrame([{"run": d.run, axis: plain(axis_of[d.run]), "stopped_at": d.budget, "best": d.best, "reach": d.reach,
-                             "frontier": d.frontier} for d in decisions], columns=["run", axis, "stopped_at", "best", "reach", "frontier"])
-    return Replay(schedule, margin, stages, pd.DataFrame(table), stopped, float(spend / full_spend))
+    stopped = pd.DataFrame([{"run": d.run, axis: plain(axis_of[d.run]), "stopped_at": d.budget, "best": d.best, "at": d.at, "reach": d.reach,
+                             "frontier": d.frontier} for d in decisions], columns=["run", axis, "stopped_at", "best", "at", "reach", "frontier"])
+    return Replay(schedule, margin, stages, pd.DataFrame(table), stopped, float(spend / full_spend), noise(rows, metric, compute, RUN))
 
 
 def _frontier_at(rows: pd.DataFrame, metric: str, axis: str) -> tuple[float, float]:

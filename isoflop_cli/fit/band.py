@@ -1,0 +1,142 @@
+"""How high, or how low, a run's curve can be at a later compute: profile bounds of a monotone sigmoid.
+
+The adaptive schedule asks of each run, from its eval points (x_i = log2 C_i, y_i) and its base
+evaluation y_0 (at C = 0, the lower plateau), the largest value at x_t of any increasing sigmoid
+
+    f(x) = lower + (upper - lower) * expit(k (x - m)),    0 <= lower <= upper <= 1,
+                                                          (upper - lower) k / 4 <= rise_max
+
+whose squared error is within `slack` of the best fit's (and the smallest, for the frontier's lower
+end); rise_max caps the steepest gain per doubling of compute. With slack = (z sigma)^2 this is the profile-likelihood bound at z standard deviations: the
+set of curves the points cannot tell from the best fit. It follows the same monotone-sigmoid model
+as `fit` (allocation.py), and reads it the way a stopping rule needs: not "where is the curve" but
+"how far could it still go".
+
+f is linear in (lower, upper) once (m, k) are fixed, so the bound is exact in those two and searched
+on a grid over (m, k): for every grid point, the region {SSE <= threshold} is an ellipse in
+(lower, upper), the constraints a triangle, and the extreme of the linear functional
+f(x_t) = (1 - s_t) lower + s_t upper over their intersection lies at the ellipse's tangent point or
+where the ellipse meets an edge of the triangle. Every grid point at once, in numpy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import special
+
+MID_STEP = 0.05  # grid step of the midpoint m, in doublings of compute
+SLOPES = 160  # grid points of the slope k, geometric from SLOPE_MIN to SLOPE_MAX (a bound within ~0.001 of a 4x finer grid)
+SLOPE_MIN = 0.05  # per doubling: flatter than this over a sweep's range is a constant
+SLOPE_MAX = 30.0  # per doubling (curves.SLOPE_MAX, 100 per decade): steeper is a step
+# The triangle 0 <= lower <= upper <= 1 in (lower, upper), where the best fit lies: its edges lower = 0, upper = 1, lower = upper.
+EDGES = ((np.array([0.0, 0.0]), np.array([0.0, 1.0])), (np.array([0.0, 1.0]), np.array([1.0, 0.0])),
+         (np.array([0.0, 0.0]), np.array([1.0, 1.0])))  # (start, direction): start + t * direction, t in [0, 1]
+
+
+class SigmoidBand:
+    """One run's points, prepared for bounds at any later compute: the sigmoid grid over (m, k) up to
+    `x_max` (the sweep's largest budget, log2) and, per grid point, the normal equations in (lower, upper)."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, base: float | None, x_max: float):
+        x, y = np.asarray(x, float), np.asarray(y, float)
+        mids = np.arange(x.min() - 1.0, x_max + 1.0 + 1e-9, MID_STEP)
+        slopes = np.geomspace(SLOPE_MIN, SLOPE_MAX, SLOPES)
+        self.mid, self.slope = (a.ravel() for a in np.meshgrid(mids, slopes, indexing="ij"))
+        s = special.expit(self.slope[:, None] * (x[None, :] - self.mid[:, None]))  # (grid, points)
+        if base is not None:  # the base evaluation sits on the lower plateau: s = 0
+            s, y = np.concatenate([np.zeros((len(s), 1)), s], axis=1), np.concatenate([[base], y])
+        a, b = 1.0 - s, s  # f = a * lower + b * upper at every point
+        self.H = np.stack([np.stack([(a * a).sum(1), (a * b).sum(1)], -1), np.stack([(a * b).sum(1), (b * b).sum(1)], -1)], -2)  # (grid, 2, 2)
+        self.g = np.stack([a @ y, b @ y], -1)  # (grid, 2)
+        self.yy = float(y @ y)
+        self.points = len(y)
+        det = self.H[:, 0, 0] * self.H[:, 1, 1] - self.H[:, 0, 1] ** 2
+        self.regular = det > 1e-12 * np.maximum(self.H[:, 0, 0] * self.H[:, 1, 1], 1e-300)
+        self.inverse = np.zeros_like(self.H)
+        self.inverse[self.regular] = np.linalg.inv(self.H[self.regular])
+        self.free = np.einsum("gij,gj->gi", self.inverse, self.g)  # unconstrained least squares per grid point
+        self.sse_by_grid, levels = self._least_squares()
+        self.best = int(np.argmin(self.sse_by_grid))
+        self.lower, self.upper = (float(v) for v in levels[self.best])
+
+    @property
+    def sse(self) -> float:
+        """The best fit's squared error."""
+        return float(self.sse_by_grid[self.best])
+
+    @property
+    def rise(self) -> float:
+        """The best fit's steepest rise per doubling of compute: (upper - lower) k / 4."""
+        return (self.upper - self.lower) * float(self.slope[self.best]) / 4
+
+    def _least_squares(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per grid point, the least squared error with (lower, upper) in the triangle, and where:
+        the free solution where it lies inside, else the best point of the triangle's edges."""
+        H, g = self.H, self.g
+        inside = self.regular & _in_polygon(self.free)
+        where = np.where(inside[:, None], self.free, 0.0)
+        best = np.where(inside, _sse(where, H, g, self.yy), np.inf)
+        for start, d in EDGES:
+            curvature = np.einsum("i,gij,j->g", d, H, d)
+            slope = g @ d - np.einsum("i,gij,j->g", start, H, d)
+            t = np.clip(np.divide(slope, curvature, out=np.zeros_like(slope), where=curvature > 1e-12), 0.0, 1.0)
+            p = start + t[:, None] * d
+            sse = _sse(p, H, g, self.yy)
+            where = np.where((sse < best)[:, None], p, where)
+            best = np.minimum(best, sse)
+        return best, where
+
+    def extreme(self, x: np.ndarray, slack: float, upper: bool = True, rise_max: float = np.inf) -> np.ndarray:
+        """The largest (upper) or smallest value at each of the computes x (log2) of a sigmoid whose
+        squared error is at most the best fit's + slack, and which rises by at most `rise_max` per
+        doubling at its steepest, (upper - lower) k / 4 (unless no such sigmoid fits the points that
+        well: a cap the points contradict is no bound)."""
+        threshold = self.sse + slack
+        keep = self.sse_by_grid <= threshold  # only these grid points have (lower, upper) within the threshold
+        H, g, free, inverse, regular = self.H[keep], self.g[keep], self.free[keep], self.inverse[keep], self.regular[keep]
+        width = np.clip(4 * rise_max / self.slope[keep], 0.0, 1.0)  # upper - lower <= width at each grid point
+        room = threshold - _sse(free, H, g, self.yy)
+        # The polygon 0 <= lower <= upper <= 1, upper - lower <= width: its edges, start + t * direction, t in [0, 1].
+        zero, w = np.zeros_like(width), width
+        edges = [(np.stack([zero, zero], -1), np.stack([zero, w], -1)),  # lower = 0
+                 (np.stack([zero, zero], -1), np.stack([zero + 1, zero + 1], -1)),  # lower = upper
+                 (np.stack([1 - w, zero + 1], -1), np.stack([w, zero], -1)),  # upper = 1
+                 (np.stack([zero, w], -1), np.stack([1 - w, 1 - w], -1))]  # upper = lower + width
+        crossings = []  # where the ellipse {sse <= threshold} meets each edge, and the edges' ends within it
+        for start, d in edges:  # sse(start + t d) = A t^2 - 2 B t + C
+            A = np.einsum("gi,gij,gj->g", d, H, d)
+            B = np.einsum("gi,gi->g", g, d) - np.einsum("gi,gij,gj->g", start, H, d)
+            C = _sse(start, H, g, self.yy)
+            root = np.sqrt(np.clip(B * B - A * (C - threshold), 0.0, None))
+            safe = np.maximum(A, 1e-12)
+            for t in ((B - root) / safe, (B + root) / safe, zero, zero + 1):
+                p = start + np.clip(t, 0.0, 1.0)[:, None] * d
+                crossings.append((p, _sse(p, H, g, self.yy) <= threshold * (1 + 1e-12) + 1e-15))
+        sign = 1.0 if upper else -1.0
+        out = []
+        for x_t in np.atleast_1d(np.asarray(x, float)):
+            s_t = special.expit(self.slope[keep] * (x_t - self.mid[keep]))
+            c = sign * np.stack([1.0 - s_t, s_t], -1)  # maximise c . (lower, upper)
+            # The ellipse's tangent point in direction c: free + sqrt(room / c'H^-1c) H^-1 c.
+            direction = np.einsum("gij,gj->gi", inverse, c)
+            reach = np.einsum("gi,gi->g", c, direction)
+            top = free + np.sqrt(np.clip(room, 0.0, None) / np.maximum(reach, 1e-300))[:, None] * direction
+            ok = regular & (room >= 0) & _in_polygon(top, width)
+            best = np.where(ok, np.einsum("gi,gi->g", c, np.where(ok[:, None], top, 0.0)), -np.inf)
+            for p, feasible in crossings:  # or where it meets an edge of the polygon
+                best = np.where(feasible, np.maximum(best, np.einsum("gi,gi->g", c, p)), best)
+            out.append(sign * best.max())
+        out = np.array(out)
+        if not np.isfinite(out).all() and np.isfinite(rise_max):
+            return self.extreme(x, slack, upper)  # the cap contradicts the points
+        return out
+
+
+def _sse(beta: np.ndarray, H: np.ndarray, g: np.ndarray, yy: float) -> np.ndarray:
+    """Squared error of (lower, upper) = beta at each grid point, from its normal equations."""
+    return np.einsum("gi,gij,gj->g", beta, H, beta) - 2 * np.einsum("gi,gi->g", beta, g) + yy
+
+
+def _in_polygon(beta: np.ndarray, width: np.ndarray | float = 1.0, eps: float = 1e-12) -> np.ndarray:
+    lower, upper = beta[:, 0], beta[:, 1]
+    return (lower >= -eps) & (upper <= 1 + eps) & (lower <= upper + eps) & (upper - lower <= width + eps)
