@@ -36,7 +36,7 @@ import pandas as pd
 
 from isoflop_cli.fit.band import SigmoidBand
 
-DEFAULT_MARGIN = 2.0  # in standard deviations of the metric's noise; chosen from replays (README: Adaptive sweeps)
+DEFAULT_MARGIN = 2.5  # in standard deviations of the metric's noise; chosen from replays (README: Adaptive sweeps)
 RISE_FACTOR = 2.0  # no cell rises faster per doubling than this many times the fastest rise fitted so far
 MIN_DOF = 8  # residual degrees of freedom the noise is read from before any cell is stopped
 MIN_POINTS = 3  # eval points past the base a cell needs before it can be stopped

@@ -7,16 +7,16 @@ evaluation y_0 (at C = 0, the lower plateau), the largest value at x_t of any in
                                                           (upper - lower) k / 4 <= rise_max
 
 whose squared error is within `slack` of the best fit's (and the smallest, for the frontier's lower
-end); rise_max caps the steepest gain per doubling of compute. With slack = (z sigma)^2 this is the profile-likelihood bound at z standard deviations: the
-set of curves the points cannot tell from the best fit. It follows the same monotone-sigmoid model
-as `fit` (allocation.py), and reads it the way a stopping rule needs: not "where is the curve" but
-"how far could it still go".
+end); rise_max caps the steepest gain per doubling of compute. With slack = (z sigma)^2 this is the
+profile-likelihood bound at z standard deviations: the curves the points cannot tell from the best
+fit. It is the monotone-sigmoid model `fit` uses (allocation.py), read the way a stopping rule needs:
+not "where is the curve" but "how far could it still go".
 
 f is linear in (lower, upper) once (m, k) are fixed, so the bound is exact in those two and searched
 on a grid over (m, k): for every grid point, the region {SSE <= threshold} is an ellipse in
-(lower, upper), the constraints a triangle, and the extreme of the linear functional
+(lower, upper), the constraints a polygon, and the extreme of the linear functional
 f(x_t) = (1 - s_t) lower + s_t upper over their intersection lies at the ellipse's tangent point or
-where the ellipse meets an edge of the triangle. Every grid point at once, in numpy.
+where the ellipse meets an edge of the polygon. Every grid point at once, in numpy.
 """
 
 from __future__ import annotations
