@@ -65,12 +65,13 @@ def replay(df: pd.DataFrame, metric: str, axis: str, compute: str, schedule: Sch
            stages: list[float] | None = None) -> Replay:
     rows = usable(df, [metric, axis, compute], "replay")
     stages = sorted(stages) if stages else default_stages(rows, compute)
+    bounded = 0 <= rows[metric].min() and rows[metric].max() <= 1
     if schedule is Schedule.adaptive:
         if len(stages) < 2:
             raise ConfigError("replay: the adaptive schedule decides between budgets; these results span one budget (give --budgets)")
-        lo, hi = rows[metric].min(), rows[metric].max()
-        if lo < 0 or hi > 1:
-            raise ConfigError(f"replay: the adaptive rule's sigmoid is bounded to [0, 1]; {metric} ranges {lo:.3g}..{hi:.3g} (--metric)")
+        if not bounded:
+            raise ConfigError(f"replay: the adaptive rule's sigmoid is bounded to [0, 1]; {metric} ranges "
+                              f"{rows[metric].min():.3g}..{rows[metric].max():.3g} (--metric)")
     rows = rows.assign(_stage=stage_of(rows[compute].to_numpy(), stages))
     runs = pd.Index(rows[RUN].unique())
     last = len(stages) - 1
@@ -98,7 +99,8 @@ def replay(df: pd.DataFrame, metric: str, axis: str, compute: str, schedule: Sch
                       "cells_running": int((stop >= i).sum())})
     stopped = pd.DataFrame([{"run": d.run, axis: plain(axis_of[d.run]), "stopped_at": d.budget, "best": d.best, "at": d.at, "reach": d.reach,
                              "frontier": d.frontier} for d in decisions], columns=["run", axis, "stopped_at", "best", "at", "reach", "frontier"])
-    return Replay(schedule, margin, stages, pd.DataFrame(table), stopped, float(spend / full_spend), noise(rows, metric, compute, RUN))
+    return Replay(schedule, margin, stages, pd.DataFrame(table), stopped, float(spend / full_spend),
+                  noise(rows, metric, compute, RUN) if bounded else None)
 
 
 def _frontier_at(rows: pd.DataFrame, metric: str, axis: str) -> tuple[float, float]:
