@@ -30,7 +30,7 @@ from isoflop_cli.config import ConfigError
 from isoflop_cli.schedule import DEFAULT_MARGIN, Schedule
 from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, check_cluster, nothing_to_run, sweep_lock, watched
 from isoflop_cli.head import HeadError, die_with_parent, ray_cluster
-from isoflop_cli.store import FAILED, FINISHED, PAUSED, STOPPED, RunFiles, SweepDir, atomic_write, disk_full_message, is_disk_full, read_json
+from isoflop_cli.store import FAILED, FINISHED, PAUSED, STOPPED, LeaseLost, RunFiles, SweepDir, atomic_write, disk_full_message, is_disk_full, read_json
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -322,7 +322,11 @@ def run(
             return
     from isoflop_cli.recipe.trainer import Budget, train
 
-    rows = train(cfg, Budget(plan.column, plan.limit, plan.eval_at, plan.M), plan.lr, run_dir, pause_at)
+    try:
+        rows = train(cfg, Budget(plan.column, plan.limit, plan.eval_at, plan.M), plan.lr, run_dir, pause_at)
+    except LeaseLost as e:  # a newer attempt of this run writes its dir now: this one stands down
+        err.print(Text.assemble(("stopped: ", "bold yellow"), str(e)), soft_wrap=True)
+        raise typer.Exit(1) from None
     console.print(report.metrics_table(rows))
 
 

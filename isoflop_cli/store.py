@@ -2,7 +2,7 @@
 
     <out>/<sweep>/sweep.yaml          resolved sweep config
     <out>/<sweep>/manifest.json       cells: run_id, axes, plan, status, job submissions
-    <out>/<sweep>/runs/<run_id>/      config.yaml, metrics.jsonl, status.json, job.log,
+    <out>/<sweep>/runs/<run_id>/      config.yaml, metrics.jsonl, status.json, job.log, lease.json,
                                       problems.jsonl (per eval point, each validation problem's
                                       correct samples), checkpoint/ (while the run is unfinished,
                                       and after with checkpoint.keep_final)
@@ -11,6 +11,12 @@
 
 A run writes its own metrics.jsonl (appended and flushed per eval point) and status.json; the
 dispatcher owns the manifest and results. Both sides use this module and nothing else for files.
+
+One attempt writes a run dir at a time (`RunFiles.take_lease`): the dispatcher starts a new
+attempt only when it believes the last one lost, but a lost node may still run it (a network
+partition, a head gone for less than the minute its workers outlive it). The new attempt writes a
+new lease.json; the old one checks the lease before each write and stops at the first it no longer
+holds, so two attempts never interleave rows, statuses or checkpoints.
 
 A run is finished only when its records are whole: `RunFiles.finish` seals it, writing the rows
 once more atomically and keeping a copy in status.json, so a metrics file torn or cut later is
@@ -27,6 +33,7 @@ import re
 import socket
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +49,13 @@ PENDING, SUBMITTED, RUNNING, FINISHED, FAILED, STOPPED = "pending", "submitted",
 PAUSED = "paused"  # an adaptive sweep's cell stopped at a budget, its checkpoint kept to continue from
 KILLED = "killed"  # shown by `status` only: marked running, its process gone
 RETRYING = "retrying"  # its job failed for a reason that may pass (a lost node, a killed process): resubmitted after a wait
+
+
+LEASE_GRACE_S = 2.0  # a new holder waits this long where the old one may still run: a write it began before the takeover ends first
+
+
+class LeaseLost(RuntimeError):
+    """Another attempt of this run holds its directory now: this one stops without writing more."""
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:
@@ -81,10 +95,13 @@ def read_json(path: Path, default: Any = None) -> Any:
 
 
 class RunFiles:
-    """The files of one run directory."""
+    """The files of one run directory. With `holder` (the run's own, from `take_lease`), every write
+    first checks that this attempt still holds the directory's lease."""
 
-    def __init__(self, run_dir: Path | str):
+    def __init__(self, run_dir: Path | str, holder: str | None = None):
         self.dir = Path(run_dir)
+        self.holder = holder
+        self.lease = self.dir / "lease.json"
         self.config = self.dir / "config.yaml"
         self.metrics = self.dir / "metrics.jsonl"
         self.problems = self.dir / "problems.jsonl"
@@ -92,14 +109,38 @@ class RunFiles:
         self.log = self.dir / "job.log"
         self.checkpoint = self.dir / "checkpoint"
 
+    def take_lease(self) -> RunFiles:
+        """Make this process the run dir's one writer; returns the RunFiles it writes through.
+
+        Where the last holder may still run (marked running, and not a process of this host known
+        dead), the new holder waits LEASE_GRACE_S after taking over: a write the old one began
+        before it could see the new lease ends before this one reads or rewrites anything."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        maybe_alive = self.lease.exists() and self.status().get("state") == RUNNING and not self.process_gone()
+        holder = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        write_json(self.lease, {"holder": holder, "since": time.time()})
+        if maybe_alive:
+            time.sleep(LEASE_GRACE_S)
+        return RunFiles(self.dir, holder)
+
+    def check_lease(self) -> None:
+        """Raise LeaseLost where another attempt took the run dir over (no check without a holder)."""
+        if self.holder is None:
+            return
+        now = read_json(self.lease, default={}).get("holder")
+        if now != self.holder:
+            raise LeaseLost(f"another attempt ({now}) took over {self.dir}: this one ({self.holder}) stops without writing more")
+
     def status(self) -> dict:
         return read_json(self.status_file, default={"state": PENDING})
 
     def set_status(self, state: str, **fields: Any) -> None:
+        self.check_lease()
         write_json(self.status_file, {"state": state, "updated": time.time(), "host": socket.gethostname(), **fields})
 
     def finish(self, rows: list[dict], **fields: Any) -> None:
         """Seal a finished run: its rows written whole, and a copy in status.json to repair from."""
+        self.check_lease()
         atomic_write(self.metrics, _jsonl(rows))
         self.set_status(FINISHED, rows=rows, **fields)
 
@@ -157,19 +198,23 @@ class RunFiles:
 
     def reset_metrics(self) -> None:
         """A run that starts over starts its metrics (and per-problem records) over: no duplicated rows."""
+        self.check_lease()
         atomic_write(self.metrics, "")
         self.problems.unlink(missing_ok=True)
 
     def keep_metrics(self, until_step: int) -> None:
         """A run resumed from a checkpoint at `until_step` drops the rows it wrote after it (it writes them again)."""
+        self.check_lease()
         atomic_write(self.metrics, _jsonl([row for row in self.read_metrics() if row["step"] <= until_step]))
         atomic_write(self.problems, _jsonl([row for row in self.read_problems() if row["step"] <= until_step]))
 
     def append_metrics(self, row: dict) -> None:
+        self.check_lease()
         _append(self.metrics, row)
 
     def append_problems(self, step: int, per_problem: list[tuple[str, int, int]]) -> None:
         """One eval point's validation problems: ids, correct samples, samples (written before its metrics row)."""
+        self.check_lease()
         ids, correct, samples = zip(*per_problem) if per_problem else ((), (), ())
         _append(self.problems, {"step": step, "problem_id": list(ids), "correct": list(correct), "samples": list(samples)})
 

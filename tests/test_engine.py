@@ -195,6 +195,41 @@ def test_a_killed_run_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path, 
     assert all(abs(r["tis"] - 1) < 1e-3 for r in metrics(whole)[1:])
 
 
+def test_an_attempt_taken_over_stops_without_writing_and_the_run_is_one_uninterrupted_run(tmp_path):
+    """A run's process frozen mid-run (SIGSTOP: a node cut off, as the sweep sees it) while a new
+    attempt takes its directory over, resumes from the checkpoint and finishes; then the old one
+    wakes. It stops at its first write, writes nothing, and the run's rows, status and checkpoint
+    are the new attempt's: one uninterrupted run's."""
+    args = [*SMALL, "grid.budgets=[128]", "grid.eval_points=4", "checkpoint.every=4", "checkpoint.keep_final=true"]
+    command = [sys.executable, "-m", "isoflop_cli", "run", *args, "--out"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    whole, run_dir = tmp_path / "whole", tmp_path / "run"
+    subprocess.run([*command, str(whole)], check=True, capture_output=True, timeout=600, env=env)
+
+    old = subprocess.Popen([*command, str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    deadline = time.time() + 300
+    while status_step(run_dir) < 6 and time.time() < deadline and old.poll() is None:
+        time.sleep(0.02)
+    os.kill(old.pid, signal.SIGSTOP)
+    try:
+        frozen_at = status_step(run_dir)
+        assert 6 <= frozen_at < 16 and (run_dir / "checkpoint" / "run_state.pt").exists()
+        new = subprocess.run([*command, str(run_dir)], capture_output=True, text=True, timeout=600, env=env)
+        assert new.returncode == 0, new.stdout + new.stderr
+        assert "resumed from the checkpoint at step" in new.stdout
+        sealed = {name: (run_dir / name).read_bytes() for name in ("metrics.jsonl", "status.json", "problems.jsonl")}
+        state = (run_dir / "checkpoint" / "run_state.pt").read_bytes()
+    finally:
+        os.kill(old.pid, signal.SIGCONT)
+    out, err = old.communicate(timeout=300)
+    assert old.returncode == 1 and "another attempt" in err and "stops without writing more" in err, out + err
+    assert {name: (run_dir / name).read_bytes() for name in sealed} == sealed
+    assert (run_dir / "checkpoint" / "run_state.pt").read_bytes() == state
+    assert not list(tmp_path.glob("run/checkpoint.tmp*"))
+    assert metrics(run_dir) == metrics(whole)
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
+
+
 def test_changed_config_does_not_resume_from_another_runs_checkpoint(tmp_path):
     args = [*SMALL, "grid.budgets=[64]", "grid.eval_points=2", "checkpoint.every=2"]
     run_dir = tmp_path / "run"

@@ -183,7 +183,7 @@ def test_a_full_disk_is_one_line_leaves_no_partial_files_and_a_rerun_resumes(sma
     assert not RunFiles(run_dir).finished()  # its status says failed, or running where even that could not be written
     (run_dir / "job.log").write_text(full.stdout + full.stderr)  # as the dispatcher saves a job's log
     assert RunFiles(run_dir).failure_reason().startswith("disk full at")
-    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint", "job.log", "metrics.jsonl", "problems.jsonl", "status.json"]  # the last save, no partial one
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint", "job.log", "lease.json", "metrics.jsonl", "problems.jsonl", "status.json"]  # the last save, no partial one
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)  # space freed
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr

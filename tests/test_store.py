@@ -1,6 +1,11 @@
+import os
+import subprocess
+import sys
+
 import pytest
 
-from isoflop_cli.store import FINISHED, RunFiles, SweepDir, atomic_write, read_json
+from isoflop_cli import store
+from isoflop_cli.store import FINISHED, RUNNING, RunFiles, SweepDir, atomic_write, read_json
 
 
 def test_atomic_write_and_torn_metrics(tmp_path):
@@ -99,3 +104,33 @@ def test_sweeps_of_the_same_cells_in_two_dirs_submit_distinct_jobs(tmp_path):
         dispatcher = dispatch.Dispatcher(sweep, config.load().cluster, "http://127.0.0.1:1", client=Cluster())
         ids.add(dispatcher._submit("n2_bp2_s0_abcdef12", {}))
     assert len(ids) == 2 and all(i.startswith("isoflop-n2_bp2_s0_abcdef12-1-") for i in ids)
+
+
+def test_one_attempt_writes_a_run_dir_and_waits_only_where_the_last_may_still_run(tmp_path, monkeypatch):
+    """take_lease: a newer attempt takes the run dir over; the older one's writes are refused from
+    then on, and the newer waits LEASE_GRACE_S only where the older may still run (marked running,
+    and alive here or on another host)."""
+    slept = []
+    monkeypatch.setattr(store.time, "sleep", slept.append)
+    files = RunFiles(tmp_path / "run")
+    first = files.take_lease()
+    assert slept == []  # a fresh run dir
+    first.set_status(RUNNING, pid=os.getpid())
+    second = files.take_lease()
+    assert slept == [store.LEASE_GRACE_S]  # the first is alive on this host
+    for write in (lambda f: f.append_metrics({"step": 1}), lambda f: f.set_status(RUNNING), lambda f: f.finish([{"step": 1}]),
+                  lambda f: f.keep_metrics(0), lambda f: f.reset_metrics(), lambda f: f.append_problems(1, [])):
+        with pytest.raises(store.LeaseLost, match="another attempt"):
+            write(first)
+    assert not files.metrics.exists() and files.status()["state"] == RUNNING
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    second.set_status(RUNNING, pid=gone.pid)  # killed: its process is gone from this host
+    third = files.take_lease()
+    assert len(slept) == 1
+    store.write_json(files.status_file, {"state": RUNNING, "host": "elsewhere", "pid": 1})  # a node the sweep lost
+    files.take_lease()
+    assert len(slept) == 2
+    with pytest.raises(store.LeaseLost):
+        third.append_metrics({"step": 2})
+    files.set_status(FINISHED)  # the sweep's side holds no lease and is never refused

@@ -23,14 +23,24 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from isoflop_cli.recipe.distributed import Group
 from isoflop_cli.store import CHECKPOINT_STATE as STATE
+from isoflop_cli.store import LeaseLost, RunFiles
 
 OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
-def save(directory: Path, group: Group, fingerprint: str, model, optimizer, scheduler, progress: dict[str, Any]) -> None:
-    tmp, old = directory.with_name(directory.name + ".tmp"), directory.with_name(directory.name + ".old")
+def save(directory: Path, group: Group, fingerprint: str, model, optimizer, scheduler, progress: dict[str, Any],
+         files: RunFiles | None = None) -> None:
+    """With the run's `files` (holding the run dir's lease), the state is written to a directory of
+    this attempt's own and swapped in only while the attempt still holds the lease: an attempt that
+    another took over (store.take_lease) never replaces or mixes into the new one's checkpoint."""
+    holder = files.holder if files is not None else None
+    tmp = directory.with_name(f"{directory.name}.tmp" + (f"-{holder}" if holder else ""))
+    old = directory.with_name(directory.name + ".old")
     if group.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if files is not None:
+            files.check_lease()  # before touching anything: the directories below may be the new holder's
+        for stale in directory.parent.glob(f"{directory.name}.tmp*"):  # a killed save's, or an attempt's taken over
+            shutil.rmtree(stale, ignore_errors=True)
     _barrier(group)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
     try:
@@ -48,6 +58,12 @@ def save(directory: Path, group: Group, fingerprint: str, model, optimizer, sche
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory)) from e
         raise
     if group.is_main:
+        if files is not None:
+            try:
+                files.check_lease()
+            except LeaseLost:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
         if directory.exists():
             # An `.old` beside a whole checkpoint is what a kill during an earlier swap's clean-up
             # left (possibly half deleted): the rename below needs its place.
@@ -81,7 +97,7 @@ def load(directory: Path, fingerprints: tuple[str, ...], model, optimizer, sched
 
 
 def remove(directory: Path) -> None:
-    for path in (directory, directory.with_name(directory.name + ".tmp"), directory.with_name(directory.name + ".old")):
+    for path in (directory, directory.with_name(directory.name + ".old"), *directory.parent.glob(f"{directory.name}.tmp*")):
         shutil.rmtree(path, ignore_errors=True)
 
 

@@ -39,7 +39,7 @@ from isoflop_cli.recipe.losses import ADVANTAGES, POLICY_LOSSES, AdvantageInputs
 from isoflop_cli.recipe.measure import Meter
 from isoflop_cli.recipe.rewards import make_reward
 from isoflop_cli.recipe.sampler import Rollouts, make_sampler
-from isoflop_cli.store import FAILED, PAUSED, RUNNING, RunFiles, disk_full_message, is_disk_full
+from isoflop_cli.store import FAILED, PAUSED, RUNNING, LeaseLost, RunFiles, disk_full_message, is_disk_full
 from isoflop_cli.tracking import Tracking, flat, tracker_root
 
 STATS = ("reward", "zero_var", "loss", "kl", "entropy", "clip_frac", "tis", "value_loss")
@@ -95,16 +95,17 @@ def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str, pause
     """The run to its budget; with `pause_at` (an adaptive sweep's stage), it stops at the first step
     whose ledger reaches it, keeping a checkpoint there, and a later call continues it as if it had
     never stopped (the pause is not part of what the run computes)."""
-    files = RunFiles(run_dir)
-    files.dir.mkdir(parents=True, exist_ok=True)
+    files = RunFiles(run_dir).take_lease()  # this attempt is the run dir's one writer until another takes it over
     files.set_status(RUNNING, step=0, M=budget.M, pid=os.getpid())
     try:
         if sharded(cfg):
             distributed.launch(_train, cfg.learner.world_size, cfg, budget, lr, files, pause_at)
         else:
             _train(Group(), cfg, budget, lr, files, pause_at)
+    except LeaseLost:
+        raise  # the run dir is another attempt's now: nothing more is written to it
     except BaseException as e:
-        with contextlib.suppress(OSError):  # a full disk may refuse even this; the run's error is what is raised
+        with contextlib.suppress(OSError, LeaseLost):  # a full disk may refuse even this; the run's error is what is raised
             files.set_status(FAILED, error=disk_full_message(e) if is_disk_full(e) else f"{type(e).__name__}: {e}", M=budget.M)
         raise
     rows = files.read_metrics()
@@ -121,6 +122,8 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
     trainer = Trainer(group, cfg, budget, lr, files, pause_at)
     try:
         trainer.fit()
+    except LeaseLost:
+        raise  # the tracker runs are the new attempt's to continue and close
     except BaseException:  # a failed run's tracker runs end as failed, their rows so far kept
         if trainer.tracking:
             trainer.tracking.close(failed=True)
@@ -442,7 +445,7 @@ class Trainer:
 
     def save(self) -> None:
         self.progress.wall_s = time.time() - self.started
-        resume.save(self.files.checkpoint, self.group, self.fingerprint, self.actor, self.optimizer, self.scheduler, asdict(self.progress))
+        resume.save(self.files.checkpoint, self.group, self.fingerprint, self.actor, self.optimizer, self.scheduler, asdict(self.progress), self.files)
 
 
 def _evaluator(cfg: DictConfig, task, tokenizer, reward, shape) -> Evaluator:
