@@ -40,6 +40,7 @@ DEFAULT_MARGIN = 2.5  # in standard deviations of the metric's noise; chosen fro
 RISE_FACTOR = 2.0  # no cell rises faster per doubling than this many times the fastest rise fitted so far
 MIN_DOF = 8  # residual degrees of freedom the noise is read from before any cell is stopped
 MIN_POINTS = 3  # eval points past the base a cell needs before it can be stopped
+TIE = 1e-9  # a cell whose bound equals the frontier's (an exact fit of flat points) goes on
 TOLERANCE = 1.1  # a FLOP-budget run stops at the first step whose ledger reaches a budget: a little above it
 
 
@@ -75,15 +76,16 @@ def decide(points: pd.DataFrame, budget: float, budgets: list[float], margin: fl
     cap = RISE_FACTOR * max(b.rise for b in bands.values())
     slack = (margin * sigma) ** 2
     x = np.log2(later)
-    frontier = np.max([b.extreme(x, slack, upper=False, rise_max=cap) for b in bands.values()], axis=0)
+    lows = np.array([b.extreme(x, slack, upper=False, rise_max=cap) for b in bands.values()])
+    frontier = np.max(np.where(np.isfinite(lows), lows, -np.inf), axis=0)  # a bound that failed counts for nothing
     out = []
     for r, value in best.items():
-        if r not in bands:  # too few points to bound
-            out.append(Decision(str(r), float(budget), float(value), math.inf, float(frontier[-1]), float(later[-1]), True))
-            continue
-        reach = bands[r].extreme(x, slack, upper=True, rise_max=cap)
+        reach = bands[r].extreme(x, slack, upper=True, rise_max=cap) if r in bands else np.full(len(x), np.inf)  # too few points: no bound
+        reach = np.where(np.isnan(reach), np.inf, reach)
         i = int(np.argmax(reach - frontier))
-        out.append(Decision(str(r), float(budget), float(value), float(reach[i]), float(frontier[i]), float(later[i]), bool(reach[i] >= frontier[i])))
+        # Only a cell shown to fall short is stopped (a tie, or a bound that failed, goes on).
+        go = not reach[i] < frontier[i] - TIE
+        out.append(Decision(str(r), float(budget), float(value), float(reach[i]), float(frontier[i]), float(later[i]), go))
     return out
 
 

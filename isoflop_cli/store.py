@@ -16,7 +16,9 @@ One attempt writes a run dir at a time (`RunFiles.take_lease`): the dispatcher s
 attempt only when it believes the last one lost, but a lost node may still run it (a network
 partition, a head gone for less than the minute its workers outlive it). The new attempt writes a
 new lease.json; the old one checks the lease before each write and stops at the first it no longer
-holds, so two attempts never interleave rows, statuses or checkpoints.
+holds, so two attempts do not interleave rows, statuses or checkpoints. What a check cannot cover
+is a process frozen in the microseconds between its check and its write and woken after the
+takeover's grace: only a filesystem that fences stale writers could.
 
 A run is finished only when its records are whole: `RunFiles.finish` seals it, writing the rows
 once more atomically and keeping a copy in status.json, so a metrics file torn or cut later is
@@ -123,13 +125,19 @@ class RunFiles:
             time.sleep(LEASE_GRACE_S)
         return RunFiles(self.dir, holder)
 
-    def check_lease(self) -> None:
-        """Raise LeaseLost where another attempt took the run dir over (no check without a holder)."""
+    def check_lease(self, cause: BaseException | None = None) -> None:
+        """Raise LeaseLost (from `cause`, an error that may be the takeover's doing) where another
+        attempt took the run dir over; no check without a holder. A lease that cannot be read is
+        read again (a transient error on a network filesystem is not a takeover)."""
         if self.holder is None:
             return
-        now = read_json(self.lease, default={}).get("holder")
+        for wait in (0.1, 0.5, 2.0, None):
+            now = read_json(self.lease, default={}).get("holder")
+            if now is not None or wait is None:
+                break
+            time.sleep(wait)
         if now != self.holder:
-            raise LeaseLost(f"another attempt ({now}) took over {self.dir}: this one ({self.holder}) stops without writing more")
+            raise LeaseLost(f"another attempt ({now}) took over {self.dir}: this one ({self.holder}) stops without writing more") from cause
 
     def status(self) -> dict:
         return read_json(self.status_file, default={"state": PENDING})

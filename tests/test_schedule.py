@@ -116,6 +116,21 @@ def test_the_rule_by_hand():
     assert all(d.go for d in decide(early, 2.0**3, [2.0**3, 2.0**9]))
 
 
+def test_exact_fits_and_no_margin_stop_only_what_falls_short():
+    """Flat, noise-free curves fit exactly (their squared error rounds to -1e-17, the noise to 0):
+    every cell ties and goes on. With margin 0 on noisy curves the leader still goes on, and so does
+    a run without a base evaluation."""
+    x = np.arange(1, 7.0)
+    flat = pd.concat([pd.DataFrame({"run_id": f"r{i}", "rollouts": [0.0, *2.0**x], "val_avg@k": 0.3}) for i in range(5)])
+    assert all(d.go and d.reach >= d.frontier - 1e-9 for d in decide(flat, 2.0**6, [2.0**6, 2.0**8], margin=2.0))
+    rng = np.random.default_rng(3)
+    noisy = pd.concat([pd.DataFrame({"run_id": r, "rollouts": [0.0, *2.0**x], "val_avg@k": [0.1, *(sigmoid(x, 0.1, top, 3.0, 1.0) + rng.normal(0, 0.01, x.size))]})
+                       for r, top in (("lead", 0.8), ("mid", 0.5), ("low", 0.3), ("low2", 0.3), ("low3", 0.3))])
+    noisy = noisy[~((noisy["run_id"] == "low3") & (noisy["rollouts"] == 0))]  # no base evaluation
+    got = {d.run: d for d in decide(noisy, 2.0**6, [2.0**6, 2.0**7], margin=0.0)}
+    assert got["lead"].go and np.isfinite(got["lead"].frontier) and not got["low"].go and np.isfinite(got["low3"].reach)
+
+
 @pytest.mark.parametrize("noise_sd", [0.005, 0.02, 0.05])
 def test_replay_keeps_the_frontier_of_a_grid_whose_n_star_rises_for_less_compute(noise_sd):
     """Synthetic full grids whose n*(C) rises from 4 to 64 and saturates (scripts/bench_replay.py):

@@ -62,12 +62,12 @@ class SigmoidBand:
     @property
     def sse(self) -> float:
         """The best fit's squared error."""
-        return float(self.sse_by_grid[self.best])
+        return max(float(self.sse_by_grid[self.best]), 0.0)  # an exact fit's normal equations may leave -1e-17
 
     @property
     def rise(self) -> float:
         """The best fit's steepest rise per doubling of compute: (upper - lower) k / 4."""
-        return (self.upper - self.lower) * float(self.slope[self.best]) / 4
+        return max(self.upper - self.lower, 0.0) * float(self.slope[self.best]) / 4
 
     def _least_squares(self) -> tuple[np.ndarray, np.ndarray]:
         """Per grid point, the least squared error with (lower, upper) in the triangle, and where:
@@ -91,7 +91,9 @@ class SigmoidBand:
         squared error is at most the best fit's + slack, and which rises by at most `rise_max` per
         doubling at its steepest, (upper - lower) k / 4 (unless no such sigmoid fits the points that
         well: a cap the points contradict is no bound)."""
-        threshold = self.sse + slack
+        # The normal equations round at ~1e-16 of the data's scale: without that much room an exact
+        # fit (or slack 0) could fail its own threshold and bound nothing.
+        threshold = self.sse + slack + 1e-12 * max(self.yy, 1.0)
         keep = self.sse_by_grid <= threshold  # only these grid points have (lower, upper) within the threshold
         H, g, free, inverse, regular = self.H[keep], self.g[keep], self.free[keep], self.inverse[keep], self.regular[keep]
         width = np.clip(4 * rise_max / self.slope[keep], 0.0, 1.0)  # upper - lower <= width at each grid point

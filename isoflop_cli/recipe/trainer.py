@@ -39,7 +39,7 @@ from isoflop_cli.recipe.losses import ADVANTAGES, POLICY_LOSSES, AdvantageInputs
 from isoflop_cli.recipe.measure import Meter
 from isoflop_cli.recipe.rewards import make_reward
 from isoflop_cli.recipe.sampler import Rollouts, make_sampler
-from isoflop_cli.store import FAILED, PAUSED, RUNNING, LeaseLost, RunFiles, disk_full_message, is_disk_full
+from isoflop_cli.store import FAILED, PAUSED, RUNNING, RunFiles, disk_full_message, is_disk_full
 from isoflop_cli.tracking import Tracking, flat, tracker_root
 
 STATS = ("reward", "zero_var", "loss", "kl", "entropy", "clip_frac", "tis", "value_loss")
@@ -102,10 +102,9 @@ def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str, pause
             distributed.launch(_train, cfg.learner.world_size, cfg, budget, lr, files, pause_at)
         else:
             _train(Group(), cfg, budget, lr, files, pause_at)
-    except LeaseLost:
-        raise  # the run dir is another attempt's now: nothing more is written to it
     except BaseException as e:
-        with contextlib.suppress(OSError, LeaseLost):  # a full disk may refuse even this; the run's error is what is raised
+        files.check_lease(cause=e)  # taken over (a rank's LeaseLost arrives wrapped, a save fails as its dir is cleared): stand down
+        with contextlib.suppress(OSError):  # a full disk may refuse even this; the run's error is what is raised
             files.set_status(FAILED, error=disk_full_message(e) if is_disk_full(e) else f"{type(e).__name__}: {e}", M=budget.M)
         raise
     rows = files.read_metrics()
@@ -114,6 +113,7 @@ def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str, pause
         return rows
     files.finish(rows, step=rows[-1]["step"], M=budget.M)
     if not cfg.checkpoint.keep_final:
+        files.check_lease()
         resume.remove(files.checkpoint)  # the run is sealed: its results are in metrics.jsonl and status.json
     return rows
 
@@ -122,9 +122,8 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
     trainer = Trainer(group, cfg, budget, lr, files, pause_at)
     try:
         trainer.fit()
-    except LeaseLost:
-        raise  # the tracker runs are the new attempt's to continue and close
-    except BaseException:  # a failed run's tracker runs end as failed, their rows so far kept
+    except BaseException as e:  # a failed run's tracker runs end as failed, their rows so far kept
+        files.check_lease(cause=e)  # ... unless the run is another attempt's now: its tracker runs are that one's to close
         if trainer.tracking:
             trainer.tracking.close(failed=True)
         raise
