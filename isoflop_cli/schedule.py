@@ -81,7 +81,7 @@ def decide(points: pd.DataFrame, budget: float, budgets: list[float], margin: fl
     out = []
     for r, value in best.items():
         reach = bands[r].extreme(x, slack, upper=True, rise_max=cap) if r in bands else np.full(len(x), np.inf)  # too few points: no bound
-        reach = np.where(np.isnan(reach), np.inf, reach)
+        reach = np.where(np.isfinite(reach), reach, np.inf)  # a bound that failed stops nothing
         i = int(np.argmax(reach - frontier))
         # Only a cell shown to fall short is stopped (a tie, or a bound that failed, goes on).
         go = not reach[i] < frontier[i] - TIE
