@@ -159,18 +159,14 @@ def generate(shape: Shape, rows: int, prompt_len: int, new_tokens: int, prefill_
     """Sampling with a KV cache: a prefill at the padded prompt width (logits of its last position),
     then one decode step per further token, each attending to the growing context.
 
-    With a shared prefill (`prefill_rows` < rows: each distinct prompt once, its cache repeated over
-    its group) the prefill covers all but the last prompt token for `prefill_rows` rows, and every
-    row then runs that last token against the shared cache. `decode_rows`: the rows still running
+    With a shared prefill (`prefill_rows` < rows: each distinct prompt once, its cache and logits
+    repeated over its group) the prefill runs `prefill_rows` rows. `decode_rows`: the rows still running
     at each decode step 1 .. new_tokens - 1 (`Rollouts.decode_rows`; a row that said eos leaves the
     batch); None: every row at every step, the bound `plan` uses.
     """
     if new_tokens <= 0:
         return 0.0
-    if prefill_rows is None or prefill_rows == rows:
-        flops = forward(shape, rows, prompt_len, prompt_len, 1).total
-    else:
-        flops = forward(shape, prefill_rows, prompt_len - 1, prompt_len - 1, 1).total + forward(shape, rows, 1, prompt_len, 1).total
+    flops = forward(shape, rows if prefill_rows is None else prefill_rows, prompt_len, prompt_len, 1).total
     steps = new_tokens - 1
     if steps <= 0:
         return flops

@@ -121,7 +121,7 @@ def _step_flops(cfg, n: int, B_p: int, shapes: _Shapes | None = None) -> tuple[f
     shapes = shapes or _Shapes.of(cfg)
     shape, prompt, new = shapes.policy, shapes.prompt, cfg.task.max_new_tokens
     rows = B_p * n
-    shared = (cfg.sampler.name == "vllm" or cfg.sampler.shared_prefill) and n > 1 and prompt > 1
+    shared = (cfg.sampler.name == "vllm" or cfg.sampler.shared_prefill) and n > 1
     _, k = flops.epoch_plan(cfg.algo.epochs, n)  # completions per group the updates learn from
     batch = flops.StepBatch(prompts=B_p, n=n, prompt_width=prompt, generated_width=new, prefill_rows=B_p if shared else rows,
                             n_learn=k, tree_tokens=B_p * (prompt + k * new), learned_tokens=B_p * k * new)

@@ -11,8 +11,8 @@ the frontier at some budget still to come:
   profile bounds of a monotone sigmoid through each cell's eval points, at `margin` standard
   deviations of the metric's noise (`fit/band.py`). The sigmoid is the model `fit` fits; a monotone
   curve is how the frontier reads a run (its best so far).
-- No cell rises faster than RISE_FACTOR times the fastest rise per doubling of compute of any
-  cell's best fit so far ((upper - lower) k / 4). A cell that has not started to rise (large n,
+- No cell gains more per doubling of compute than RISE_FACTOR times the largest gain per doubling
+  any cell's best fit shows within its points' range (`SigmoidBand.rise`). A cell that has not started to rise (large n,
   which the seed study finds wins at large budgets) stays in the race while such a rise could
   still take it to the frontier, and a cell that never learns stops once none could.
 - sigma, the noise, is the pooled residual of the cells' sigmoid fits; until there are MIN_DOF
@@ -37,7 +37,7 @@ import pandas as pd
 from isoflop_cli.fit.band import SigmoidBand
 
 DEFAULT_MARGIN = 2.5  # in standard deviations of the metric's noise; chosen from replays (README: Adaptive sweeps)
-RISE_FACTOR = 2.0  # no cell rises faster per doubling than this many times the fastest rise fitted so far
+RISE_FACTOR = 2.0  # no cell gains more per doubling than this many times the largest gain fitted so far
 MIN_DOF = 8  # residual degrees of freedom the noise is read from before any cell is stopped
 MIN_POINTS = 3  # eval points past the base a cell needs before it can be stopped
 TIE = 1e-9  # a cell whose bound equals the frontier's (an exact fit of flat points) goes on

@@ -4,10 +4,10 @@ The adaptive schedule asks of each run, from its eval points (x_i = log2 C_i, y_
 evaluation y_0 (at C = 0, the lower plateau), the largest value at x_t of any increasing sigmoid
 
     f(x) = lower + (upper - lower) * expit(k (x - m)),    0 <= lower <= upper <= 1,
-                                                          (upper - lower) k / 4 <= rise_max
+                                                          f(m + 1/2) - f(m - 1/2) <= rise_max
 
 whose squared error is within `slack` of the best fit's (and the smallest, for the frontier's lower
-end); rise_max caps the steepest gain per doubling of compute. With slack = (z sigma)^2 this is the
+end); rise_max caps the gain over any doubling of compute (the one centred on the midpoint gains most). With slack = (z sigma)^2 this is the
 profile-likelihood bound at z standard deviations: the curves the points cannot tell from the best
 fit. It is the monotone-sigmoid model `fit` uses (allocation.py), read the way a stopping rule needs:
 not "where is the curve" but "how far could it still go".
@@ -50,6 +50,7 @@ class SigmoidBand:
         self.g = np.stack([a @ y, b @ y], -1)  # (grid, 2)
         self.yy = float(y @ y)
         self.points = len(y)
+        self.seen = (float(x.min()), float(x.max()))  # the compute range the eval points cover (log2)
         det = self.H[:, 0, 0] * self.H[:, 1, 1] - self.H[:, 0, 1] ** 2
         self.regular = det > 1e-12 * np.maximum(self.H[:, 0, 0] * self.H[:, 1, 1], 1e-300)
         self.inverse = np.zeros_like(self.H)
@@ -66,8 +67,15 @@ class SigmoidBand:
 
     @property
     def rise(self) -> float:
-        """The best fit's steepest rise per doubling of compute: (upper - lower) k / 4."""
-        return max(self.upper - self.lower, 0.0) * float(self.slope[self.best]) / 4
+        """The best fit's largest gain over one doubling of compute within its points' range: over
+        the doubling centred on its midpoint, or the one nearest to it. A steep rise the fit only
+        extrapolates (points creeping up from a floor, fitted as the foot of a sigmoid beyond them)
+        is not a rise the points show."""
+        k, m = float(self.slope[self.best]), float(self.mid[self.best])
+        lo, hi = self.seen[0] + 0.5, self.seen[1] - 0.5
+        centre = np.clip(m, lo, hi) if lo <= hi else (lo + hi) / 2
+        gain = special.expit(k * (centre - m + 0.5)) - special.expit(k * (centre - m - 0.5))
+        return max(self.upper - self.lower, 0.0) * float(gain)
 
     def _least_squares(self) -> tuple[np.ndarray, np.ndarray]:
         """Per grid point, the least squared error with (lower, upper) in the triangle, and where:
@@ -88,15 +96,16 @@ class SigmoidBand:
 
     def extreme(self, x: np.ndarray, slack: float, upper: bool = True, rise_max: float = np.inf) -> np.ndarray:
         """The largest (upper) or smallest value at each of the computes x (log2) of a sigmoid whose
-        squared error is at most the best fit's + slack, and which rises by at most `rise_max` per
-        doubling at its steepest, (upper - lower) k / 4 (unless no such sigmoid fits the points that
-        well: a cap the points contradict is no bound)."""
+        squared error is at most the best fit's + slack, and which gains at most `rise_max` over any
+        doubling of compute, (upper - lower) (2 expit(k / 2) - 1) over the one centred on its
+        midpoint (unless no such sigmoid fits the points that well: a cap the points contradict is
+        no bound)."""
         # The normal equations round at ~1e-16 of the data's scale: without that much room an exact
         # fit (or slack 0) could fail its own threshold and bound nothing.
         threshold = self.sse + slack + 1e-12 * max(self.yy, 1.0)
         keep = self.sse_by_grid <= threshold  # only these grid points have (lower, upper) within the threshold
         H, g, free, inverse, regular = self.H[keep], self.g[keep], self.free[keep], self.inverse[keep], self.regular[keep]
-        width = np.clip(4 * rise_max / self.slope[keep], 0.0, 1.0)  # upper - lower <= width at each grid point
+        width = np.clip(rise_max / (2 * special.expit(self.slope[keep] / 2) - 1), 0.0, 1.0)  # upper - lower <= width at each grid point
         room = threshold - _sse(free, H, g, self.yy)
         # The polygon 0 <= lower <= upper <= 1, upper - lower <= width: its edges, start + t * direction, t in [0, 1].
         zero, w = np.zeros_like(width), width

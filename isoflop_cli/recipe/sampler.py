@@ -2,8 +2,8 @@
 short decode loop over the model's forward with a KV cache (what `generate` does for plain
 sampling, without its per-step machinery).
 
-At n > 1 each distinct prompt is prefilled once and its KV cache repeated across its group
-(`shared_prefill`); the loop then only runs each row's last prompt token and the decode steps.
+At n > 1 each distinct prompt is prefilled once and its KV cache and next-token logits repeated
+across its group (`shared_prefill`); the loop then runs only the decode steps.
 The sampler also records the log-prob of every sampled token under its own forward passes (the
 temperature-scaled distribution, as the learner defines it), which truncated importance sampling
 compares with the learner's.
@@ -105,9 +105,14 @@ class HFSampler:
         width = enc.input_ids.shape[1]
         input_ids = enc.input_ids.repeat_interleave(n, dim=0)
         prompt_mask = enc.attention_mask.repeat_interleave(n, dim=0)
-        shared = self.shared_prefill and n > 1 and width > 1
-        cache = self._prefill(enc.input_ids[:, :-1], enc.attention_mask[:, :-1], n) if shared else DynamicCache(config=self.model.config)
-        completion, chosen = self._decode(input_ids, prompt_mask, cache, width - 1 if shared else 0, temperature, top_p, max_new_tokens)
+        shared = self.shared_prefill and n > 1
+        if shared:  # each prompt once; its KV cache and next-token logits repeated over its group
+            logits, cache = self._prompt(enc.input_ids, enc.attention_mask)
+            logits = logits.repeat_interleave(n, dim=0)
+            cache.batch_repeat_interleave(n)
+        else:
+            logits, cache = self._prompt(input_ids, prompt_mask)
+        completion, chosen = self._decode(logits, prompt_mask, cache, temperature, top_p, max_new_tokens)
         is_eos = (completion == tok.eos_token_id).long()
         keep = (is_eos.cumsum(-1) - is_eos) == 0  # up to and including the first eos
         logprobs = torch.zeros(completion.shape[0], width + completion.shape[1] - 1, device=completion.device)
@@ -123,26 +128,33 @@ class HFSampler:
             prefill_rows=len(prompts) if shared else completion.shape[0],
         )
 
-    def _decode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: DynamicCache, cached: int, temperature: float,
-                top_p: float, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample up to max_new_tokens per row from softmax(logits / T) (within the top-p nucleus).
-        A row that says eos leaves the batch (its KV cache rows dropped; it takes padding from
-        there), so each decode step runs only the rows still going. Returns the tokens [R, T] and
-        each one's log softmax(logits / T) [R, T]: the distribution the learner computes, with
-        nothing else in between (a checkpoint's generation_config, which `generate` would apply,
-        has no say). `cached`: prompt positions already in `cache`. Until the first row finishes
-        it draws exactly what `generate` draws (do_sample, top_k=0); after, from the same
-        distribution with fewer rows."""
-        R = input_ids.shape[0]
+    def _prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, DynamicCache]:
+        """The prefill: the prompts' KV cache and the logits of the token after each [rows, V]."""
+        cache = DynamicCache(config=self.model.config)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            **{CACHE: cache}, use_cache=True, logits_to_keep=1).logits[:, -1]
+        return logits, cache
+
+    def _decode(self, logits: torch.Tensor, attention_mask: torch.Tensor, cache: DynamicCache, temperature: float, top_p: float,
+                max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample up to max_new_tokens per row from softmax(logits / T) (within the top-p nucleus),
+        starting from the prefill's `logits` [R, V] and its `cache`. A row that says eos leaves the
+        batch (its KV cache rows dropped; it takes padding from there), so each decode step runs
+        only the rows still going. Returns the tokens [R, T] and each one's log softmax(logits / T)
+        [R, T]: the distribution the learner computes, with nothing else in between (a
+        checkpoint's generation_config, which `generate` would apply, has no say). Until the first
+        row finishes it draws exactly what `generate` draws (do_sample, top_k=0); after, from the
+        same distribution with fewer rows."""
+        R = logits.shape[0]
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        step_ids, step_positions, mask = input_ids[:, cached:], positions[:, cached:], attention_mask
-        running = torch.arange(R, device=input_ids.device)  # the rows in the batch, by index into R
-        tokens = torch.full((R, max_new_tokens), pad, dtype=torch.long, device=input_ids.device)
-        chosen = torch.zeros(R, max_new_tokens, device=input_ids.device)
+        mask = attention_mask
+        positions = mask.sum(-1, keepdim=True)  # [R, 1]: the first completion token's position
+        running = torch.arange(R, device=mask.device)  # the rows in the batch, by index into R
+        tokens = torch.full((R, max_new_tokens), pad, dtype=torch.long, device=mask.device)
+        chosen = torch.zeros(R, max_new_tokens, device=mask.device)
         for t in range(max_new_tokens):
-            logits = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_positions, **{CACHE: cache}, use_cache=True,
-                                logits_to_keep=1).logits[:, -1].float() / temperature
+            logits = logits.float() / temperature
             logp = torch.log_softmax(logits, dim=-1)
             if top_p < 1:  # the smallest set of tokens whose probability reaches top_p (at least one)
                 ascending, order = logits.sort(dim=-1)
@@ -156,20 +168,14 @@ class HFSampler:
             if not going.any():
                 return tokens[:, : t + 1], chosen[:, : t + 1]
             if not going.all():
-                running, token, mask, step_positions = running[going], token[going], mask[going], step_positions[going]
+                running, token, mask, positions = running[going], token[going], mask[going], positions[going]
                 cache.batch_select_indices(going.nonzero().squeeze(1))
-            step_ids, step_positions = token[:, None], step_positions[:, -1:] + 1
-            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+            if t + 1 < max_new_tokens:  # the drawn tokens through the model: the next logits
+                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+                logits = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=positions, **{CACHE: cache}, use_cache=True,
+                                    logits_to_keep=1).logits[:, -1]
+                positions = positions + 1
         return tokens, chosen
-
-    def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int) -> DynamicCache:
-        """The KV cache of every prompt but its last token, computed once and repeated n times."""
-        cache = DynamicCache(config=self.model.config)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   **{CACHE: cache}, use_cache=True, logits_to_keep=1)
-        cache.batch_repeat_interleave(n)
-        return cache
 
 
 def pack(prompt_ids: list[list[int]], completions: list[list[int]], logprobs: list[list[float]], n: int, tokenizer) -> Rollouts:
