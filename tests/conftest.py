@@ -20,6 +20,21 @@ def cfg():
     return config.load()
 
 
+@pytest.fixture(scope="session")
+def ray_address(tmp_path_factory):
+    """One local Ray head (isoflop's own: loopback, token auth) for the end-to-end tests that need a
+    cluster but not a head of their own: they pass `cluster.address=` to it, as a user of a running
+    cluster does, and a head's start and stop (~8 s, more under load) is paid once. The tests of
+    the head's own life (started, reattached, stopped with its sweep) start their own."""
+    from omegaconf import OmegaConf
+
+    from isoflop_cli.config import ClusterConfig
+    from isoflop_cli.head import ray_cluster
+
+    with ray_cluster(OmegaConf.structured(ClusterConfig), tmp_path_factory.mktemp("ray-head")) as address:
+        yield address
+
+
 def pytest_collection_modifyitems(config, items):
     """vLLM tests need vLLM's environment; elsewhere they are skipped, saying where they run."""
     import importlib.util

@@ -84,10 +84,11 @@ def test_bad_calibration_input_exits_2(tmp_path, sums):
 
 
 @pytest.mark.e2e
-def test_calibrate_then_sweep_on_the_easy_set(tmp_path, sums):
+def test_calibrate_then_sweep_on_the_easy_set(tmp_path, sums, ray_address):
     """Calibrate 300 problems in 2 Ray jobs; a rerun keeps both slices; then a two-cell sweep
     trains on the easy set calibrate wrote."""
-    common = ["task=dataset", f"task.train={sums}", "task.max_new_tokens=6", "task.max_prompt_tokens=8", "eval.problems=16"]
+    common = ["task=dataset", f"task.train={sums}", "task.max_new_tokens=6", "task.max_prompt_tokens=8", "eval.problems=16",
+              f"cluster.address={ray_address}"]
     cmd = [sys.executable, "-m", "isoflop_cli", "calibrate", "--out", str(tmp_path), *common, "calibrate.shard=150", "calibrate.samples=8",
            "calibrate.easy=[0.25,0.75]"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -104,7 +105,7 @@ def test_calibrate_then_sweep_on_the_easy_set(tmp_path, sums):
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and {p: p.stat().st_mtime_ns for p in slices} == slices  # nothing sampled twice
 
-    sweep = subprocess.run([sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(tmp_path / "sweeps"), "task=dataset",
+    sweep = subprocess.run([sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(tmp_path / "sweeps"), f"cluster.address={ray_address}", "task=dataset",
                             f"task.train={out / 'easy.parquet'}", "task.val_fraction=0.3", "task.max_new_tokens=6", "task.max_prompt_tokens=8",
                             "grid.n=[4]", "grid.B_p=[2,4]", "grid.budgets=[32]", "grid.eval_points=2", "eval.problems=4", "eval.samples=4"],
                            capture_output=True, text=True, timeout=600)
