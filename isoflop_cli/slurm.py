@@ -51,15 +51,6 @@ def run_command(entrypoint: str, env: dict[str, str]) -> int:
     return subprocess.run(["bash", "-c", entrypoint], env={**os.environ, **env}, check=False).returncode
 
 
-def _queue_state(job_id: str) -> str | None:
-    """The job's state in the SLURM controller's queue (squeue), None where it is not there or squeue fails."""
-    try:
-        out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True, timeout=30).stdout.split()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out[0].upper() if out else None
-
-
 class SlurmRefused(HeadError):
     """sbatch refused a submission (a partition, a GPU request or a time limit the cluster does not
     have): its own message, one line, exit 1."""
@@ -153,11 +144,6 @@ class SlurmClient:
     def get_job_status(self, submission_id: str) -> Status:
         job = self._job(submission_id)
         state = job.state.upper().split()[0] if job.state else "UNKNOWN"
-        if self.cluster.slurm.executor == "slurm" and state not in RUNNING_STATES and state != "PENDING":
-            # sacct reads SLURM's accounting database, which can lag the controller: a job just
-            # requeued may still read as its first run's end there. The controller's queue decides.
-            queued = _queue_state(job.job_id)
-            state = queued if queued in RUNNING_STATES or queued == "PENDING" else state
         if state in RUNNING_STATES or (state == "PREEMPTED" and self.cluster.slurm.requeue and self.cluster.slurm.executor == "slurm"):
             return Status("RUNNING")  # a preempted job with requeue on runs again (the run resumes from its checkpoint)
         if state in PENDING_STATES and (not job.paths.result_pickle.exists() or (state == "PENDING" and self.cluster.slurm.executor == "slurm")):
