@@ -27,10 +27,8 @@ from typing import Iterator
 
 from isoflop_cli.head import HeadError
 
-# SLURM (sacct) and submitit-local states, as the dispatcher's Ray job states. SLURM's states that
-# are not a job's end (requeued or held to run again, suspended, signalled) count as running.
-RUNNING_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT", "RESIZING",
-                  "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"}
+# SLURM (sacct) and submitit-local states, as the dispatcher's Ray job states.
+RUNNING_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED", "STAGE_OUT"}
 PENDING_STATES = {"PENDING", "UNKNOWN", "READY"}
 STOPPED_STATES = {"CANCELLED", "INTERRUPTED"}
 
@@ -144,8 +142,8 @@ class SlurmClient:
     def get_job_status(self, submission_id: str) -> Status:
         job = self._job(submission_id)
         state = job.state.upper().split()[0] if job.state else "UNKNOWN"
-        if state in RUNNING_STATES or (state == "PREEMPTED" and self.cluster.slurm.requeue and self.cluster.slurm.executor == "slurm"):
-            return Status("RUNNING")  # a preempted job with requeue on runs again (the run resumes from its checkpoint)
+        if state in RUNNING_STATES:
+            return Status("RUNNING")
         if state in PENDING_STATES and (not job.paths.result_pickle.exists() or (state == "PENDING" and self.cluster.slurm.executor == "slurm")):
             return Status("PENDING")  # SLURM's PENDING stands: a requeued job waits to run again, whatever its first run left
         if state in STOPPED_STATES:

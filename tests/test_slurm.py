@@ -52,31 +52,6 @@ def test_a_jobs_state_log_exit_code_and_cancel_read_as_the_dispatcher_reads_ray_
     assert json.loads((tmp_path / "job-ok.json").read_text())["executor"] == "local"
 
 
-def test_a_job_slurm_runs_again_is_running_whatever_its_first_run_left(tmp_path):
-    """A requeued job's first run leaves its result (the run's command killed: exit 143) while sacct
-    already shows the job waiting, held or preempted: only SLURM's own end states end the job."""
-    from types import SimpleNamespace
-
-    from isoflop_cli.slurm import SlurmClient
-
-    cluster = OmegaConf.structured(ClusterConfig)
-    pickle = tmp_path / "result.pkl"
-    pickle.write_bytes(b"")
-    job = SimpleNamespace(state="", paths=SimpleNamespace(result_pickle=pickle), result=lambda: 143)
-    c = SlurmClient(cluster, tmp_path)
-    c.jobs["job"] = job
-    for state, expected in [("PENDING", "PENDING"), ("REQUEUED", "RUNNING"), ("REQUEUE_HOLD", "RUNNING"), ("SPECIAL_EXIT", "RUNNING"),
-                            ("PREEMPTED", "RUNNING"), ("FAILED", "FAILED"), ("CANCELLED by 0", "STOPPED"), ("TIMEOUT", "FAILED")]:
-        job.state = state
-        assert c.get_job_status("job").value == expected, state
-    cluster.slurm.requeue = False  # then a preemption is the job's end
-    job.state = "PREEMPTED"
-    assert c.get_job_status("job").value == "FAILED"
-    job.result = lambda: 0
-    job.state = "COMPLETED"
-    assert c.get_job_status("job").value == "SUCCEEDED"
-
-
 def test_without_sbatch_slurm_is_one_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch there
     result = CliRunner().invoke(app, ["sweep", "--out", str(tmp_path), "cluster.launcher=slurm", "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]"])
