@@ -12,9 +12,10 @@ the frontier at some budget still to come:
   deviations of the metric's noise (`fit/band.py`). The sigmoid is the model `fit` fits; a monotone
   curve is how the frontier reads a run (its best so far).
 - No cell gains more per doubling of compute than RISE_FACTOR times the largest gain per doubling
-  any cell's best fit shows within its points' range (`SigmoidBand.rise`). A cell that has not started to rise (large n,
-  which the seed study finds wins at large budgets) stays in the race while such a rise could
-  still take it to the frontier, and a cell that never learns stops once none could.
+  any cell's best fit shows within its points' range (`SigmoidBand.rise`). A cell that has not
+  started to rise (large n, which the seed study finds wins at large budgets) stays in the race
+  while such a rise could still take it to the frontier, and a cell that never learns stops once
+  none could.
 - sigma, the noise, is the pooled residual of the cells' sigmoid fits; until there are MIN_DOF
   degrees of freedom to read it from, no cell is stopped (early budgets cost little).
 

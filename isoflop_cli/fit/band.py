@@ -7,9 +7,9 @@ evaluation y_0 (at C = 0, the lower plateau), the largest value at x_t of any in
                                                           f(m + 1/2) - f(m - 1/2) <= rise_max
 
 whose squared error is within `slack` of the best fit's (and the smallest, for the frontier's lower
-end); rise_max caps the gain over any doubling of compute (the one centred on the midpoint gains most). With slack = (z sigma)^2 this is the
-profile-likelihood bound at z standard deviations: the curves the points cannot tell from the best
-fit. It is the monotone-sigmoid model `fit` uses (allocation.py), read the way a stopping rule needs:
+end); rise_max caps the gain over any doubling of compute (the one centred on the midpoint gains
+most). With slack = (z sigma)^2 this is the profile-likelihood bound at z standard deviations: the
+curves the points cannot tell from the best fit. It is the monotone-sigmoid model `fit` uses (allocation.py), read the way a stopping rule needs:
 not "where is the curve" but "how far could it still go".
 
 f is linear in (lower, upper) once (m, k) are fixed, so the bound is exact in those two and searched
