@@ -168,11 +168,23 @@ class AlgoConfig:
 @dataclass
 class LearnerConfig:
     # Processes of one run (started inside its Ray job, torchrun-style): data parallel, FSDP2-sharded.
-    world_size: int = 1
+    # null: one per GPU of cluster.gpus_per_run (every GPU a learner rank; vLLM engines span
+    # sampler.tensor_parallel of them), one on CPU. Resolved when the config loads.
+    world_size: Optional[int] = None
     fsdp: Optional[bool] = None  # shard with FSDP2 (default: when world_size > 1 or bf16; true: also on one GPU)
-    bf16: bool = False  # GPU only: bf16 compute and sampling, fp32 weights and gradient reduction (FSDP2 mixed precision)
-    activation_checkpointing: bool = False  # recompute layer activations in backward (not in the ledger)
+    # bf16 compute and sampling, fp32 weights and gradient reduction (FSDP2 mixed precision); GPU
+    # only. null: on with GPUs, off on CPU (resolved when the config loads).
+    bf16: Optional[bool] = None
+    # Recompute layer activations in backward (not in the ledger). null: on with GPUs, off on CPU.
+    activation_checkpointing: Optional[bool] = None
     micro_batch: int = 0  # rows per forward/backward on each rank (whole prompt groups), gradients accumulated; 0: all
+    # Tokens per forward/backward on each rank (whole prompt groups, the positions the layout feeds
+    # the model), gradients accumulated; 0: by learner.micro_batch. A group over it runs alone.
+    max_tokens_per_micro_batch: int = 0
+    # Completion tokens whose [tokens, vocab] logits one chunk holds when log-probs and entropy are
+    # computed (each chunk recomputed in backward, so at most one chunk's logits live at a time).
+    logit_chunk_tokens: int = 2048
+    collective_timeout_s: float = 1800.0  # a rank waiting longer than this in a collective fails the run (NCCL watchdog; gloo)
     # Learning passes lay the batch out as prompt trees: each prompt once then its n completions,
     # no padding (`learner.Layout.tree`); false: the padded rows as sampled.
     shared_prompt: bool = True
@@ -241,6 +253,7 @@ class ClusterConfig:
     address: Optional[str] = None  # Ray Jobs address (http://HEAD:8265); null: $RAY_ADDRESS or a local head
     cpus_per_run: float = 1.0
     gpus_per_run: float = 0.0
+    gpu_memory_gib: Optional[float] = None  # each GPU's memory (H200: 141); `plan` refuses cells predicted not to fit; null: unchecked
     local_cpus: Optional[int] = None  # CPUs a local head offers (default: all of this machine)
     max_concurrent: Optional[int] = None  # jobs in flight (default: what the resources allow)
     python: Optional[str] = None  # interpreter on the nodes (default: this one)
@@ -348,8 +361,23 @@ def load(config: str | None = None, overrides: list[str] | tuple[str, ...] = ())
         raise ConfigError(_omegaconf_message(e)) from None
     OmegaConf.set_readonly(cfg, False)
     _absolute_paths(cfg)
+    resolve_device_defaults(cfg)
     check(cfg)
     return cfg
+
+
+def resolve_device_defaults(cfg: DictConfig) -> None:
+    """The learner knobs whose default depends on the run's GPUs (null in the schema), set to what
+    the run will use, so that run identity and `plan` see the values the run computes with: one
+    learner rank per GPU, bf16 and activation checkpointing with GPUs; one rank in fp32 without."""
+    gpus = cfg.cluster.gpus_per_run
+    learner = cfg.learner
+    if learner.world_size is None:
+        learner.world_size = max(1, int(gpus))
+    if learner.bf16 is None:
+        learner.bf16 = bool(gpus)
+    if learner.activation_checkpointing is None:
+        learner.activation_checkpointing = bool(gpus)
 
 
 PATH_KEYS = ("model.path", "reward.path", "task.train", "task.val", "tracking.dir")
@@ -774,8 +802,12 @@ def check_engine(cfg: DictConfig) -> None:
     for name, value in positive_int.items():
         if value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
-    if lrn.micro_batch < 0 or cfg.checkpoint.every < 0:
-        raise ConfigError("learner.micro_batch and checkpoint.every must be >= 0 (0: off)")
+    if lrn.micro_batch < 0 or lrn.max_tokens_per_micro_batch < 0 or cfg.checkpoint.every < 0:
+        raise ConfigError("learner.micro_batch, learner.max_tokens_per_micro_batch and checkpoint.every must be >= 0 (0: off)")
+    if lrn.logit_chunk_tokens < 1:
+        raise ConfigError(f"learner.logit_chunk_tokens must be >= 1, got {lrn.logit_chunk_tokens}")
+    if not (math.isfinite(lrn.collective_timeout_s) and lrn.collective_timeout_s > 0):
+        raise ConfigError(f"learner.collective_timeout_s must be a finite number > 0, got {lrn.collective_timeout_s}")
     check_choice("sampler.name", smp.name, SAMPLERS)
     gpus = cfg.cluster.gpus_per_run
     if lrn.bf16 and not gpus:
@@ -784,6 +816,9 @@ def check_engine(cfg: DictConfig) -> None:
         raise ConfigError("learner.fsdp=false: bf16 and world_size > 1 run through FSDP2 (leave learner.fsdp unset)")
     if lrn.world_size > 1 and gpus and gpus < lrn.world_size:
         raise ConfigError(f"learner.world_size={lrn.world_size} needs a GPU each: cluster.gpus_per_run is {gpus}")
+    if gpus >= 1 and lrn.world_size < int(gpus):  # every GPU a learner rank: the sampler's engines span them too
+        raise ConfigError(f"learner.world_size={lrn.world_size} leaves {int(gpus) - lrn.world_size} of cluster.gpus_per_run={gpus:g} GPUs idle: "
+                          "leave learner.world_size unset (one rank per GPU) or lower cluster.gpus_per_run")
     if smp.name == "vllm":
         check_vllm(cfg.cluster.python)
         if not 0 < smp.gpu_memory_utilization < 1:
@@ -792,6 +827,9 @@ def check_engine(cfg: DictConfig) -> None:
             raise ConfigError(f"sampler.kv_cache_gib must be > 0 (null: the default), got {smp.kv_cache_gib}")
         if smp.tensor_parallel > 1 and (gpus or 0) < smp.tensor_parallel:
             raise ConfigError(f"sampler.tensor_parallel={smp.tensor_parallel} needs that many GPUs: cluster.gpus_per_run is {gpus}")
+        if smp.tensor_parallel > 1 and lrn.world_size % smp.tensor_parallel:
+            raise ConfigError(f"sampler.tensor_parallel={smp.tensor_parallel} must divide learner.world_size={lrn.world_size} "
+                              f"(cluster.gpus_per_run={gpus:g}): each engine spans that many of the run's GPUs")
         if cfg.flops.measure:
             raise ConfigError("flops.measure counts torch operations in the run's process; sampler=vllm samples with its own "
                               "kernels, which it cannot see: measure with sampler=hf")
@@ -872,8 +910,12 @@ def applicable(content: dict[str, Any]) -> dict[str, Any]:
     sampler = {k: v for k, v in content["sampler"].items() if not (k in ("kv_cache_gib", "enforce_eager") and v is None)}
     build = {k: v for k, v in content["model"]["build"].items() if not (k == "stray" and v == 0)}
     kept = {k: v for k, v in content["checkpoint"].items() if k != "keep_final"}  # what a run leaves, not what it computes
+    # How the learner splits its work in memory and time, not what it computes: a token-budget
+    # micro-batch only when set, the logit chunk and the collective timeout never.
+    learner = {k: v for k, v in content["learner"].items()
+               if k not in ("logit_chunk_tokens", "collective_timeout_s") and not (k == "max_tokens_per_micro_batch" and v == 0)}
     return {**content, "task": task, "reward": reward, "eval": evaluation, "algo": algo, "sampler": sampler,
-            "model": {**content["model"], "build": build}, "checkpoint": kept}
+            "model": {**content["model"], "build": build}, "checkpoint": kept, "learner": learner}
 
 
 def to_yaml(cfg: DictConfig) -> str:
