@@ -47,11 +47,13 @@ sweep: setup
 	$(BIN)/isoflop fit $(OUT)/default
 
 # Both environments, sharing one embedded-model cache: the suite in the main one, the vLLM tests
-# (pytest -m vllm) in vLLM's.
+# (pytest -m vllm) in vLLM's. The vLLM tests run even when the main suite fails, so one failure
+# does not hide another; either failing fails the target.
 test: setup setup-vllm slurm
 	export ISOFLOP_CACHE=$$(mktemp -d -t isoflop-test-cache-XXXXXX); \
-	$(BIN)/python -m pytest -q --durations=25 -m "not vllm" && $(VBIN)/python -m pytest -q --durations=5 -m vllm; \
-	rc=$$?; rm -rf "$$ISOFLOP_CACHE"; exit $$rc
+	$(BIN)/python -m pytest -q --durations=25 -m "not vllm"; main=$$?; \
+	$(VBIN)/python -m pytest -q --durations=5 -m vllm; vllm=$$?; \
+	rm -rf "$$ISOFLOP_CACHE"; [ $$main -eq 0 ] && [ $$vllm -eq 0 ]
 
 clean:
 	rm -rf $(VENV) $(VVENV) $(OUT)
