@@ -114,6 +114,7 @@ def sweep(
     with user_errors():
         cfg, cells = _load(config, overrides, out)
         if not dry_run:
+            config_mod.check_runnable(grid_mod.run_configs(cells))
             check_cluster(cfg.cluster)
             sweep_dir = SweepDir(config_mod.check_writable(out / cfg.name))
             continued = continuation.find(sweep_dir, cells)
@@ -215,6 +216,7 @@ def doctor(
     CPUs and GPUs a run asks for. One line per problem, exit 2; nothing is run."""
     with user_errors():
         cfg = config_mod.load(config, list(overrides or []))
+        config_mod.check_runnable([cfg])
         check_cluster(cfg.cluster)
         sweep_dir = SweepDir(config_mod.check_writable(out / cfg.name))
     with contextlib.ExitStack() as held:
@@ -311,6 +313,7 @@ def run(
     """One GRPO run in this process: what each Ray job executes, and how to debug a single cell (n=..., B_p=...)."""
     with user_errors():
         cfg = config_mod.load(config, list(overrides or []))
+        config_mod.check_runnable([cfg])
         plan = grid_mod.plan_run(cfg)
         axes = {"n": cfg.n, "B_p": cfg.B_p, "seed": cfg.seed}
         run_dir = config_mod.check_writable(out or DEFAULT_OUT / "single" / grid_mod.run_id(axes, cfg, plan))
@@ -347,6 +350,7 @@ def calibrate(
     overrides = list(overrides or [])
     with user_errors():
         cfg = config_mod.load(config, overrides)
+        config_mod.check_runnable([cfg])
         cal.check(cfg)
         check_cluster(cfg.cluster)
         dest = SweepDir(config_mod.check_writable(out / cfg.name))
@@ -544,6 +548,7 @@ def race_pilot(
         column = race.target_metric(target, metric, race.recorded_columns(pilot.cfg), "pilot runs record")
         race.check_full(full_results, column, validate_with)
         if not dry_run:
+            config_mod.check_runnable(grid_mod.run_configs(pilot.cells))
             check_cluster(pilot.cfg.cluster)
             sweep_dir = SweepDir(config_mod.check_writable((out or DEFAULT_OUT) / pilot.cfg.name))
             check_same_grid(sweep_dir, pilot.cells, extend=False, hint="")

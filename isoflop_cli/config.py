@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -752,7 +752,8 @@ def _check_positions(cfg: DictConfig, prompt: int, positions: Any, what: str, sc
 
 
 def _check_checkpoint(name: str, path: Path) -> dict:
-    """A local Hugging Face checkpoint of a family the ledger counts, with its weights; its config.json."""
+    """A local Hugging Face checkpoint of a family the ledger counts; its config.json. Its weights are
+    `check_runnable`'s: planning reads the config alone (a 70B sweep is planned without its weights)."""
     if not (path / "config.json").is_file():
         raise ConfigError(f"{name} {path} is not a Hugging Face checkpoint (no config.json)")
     try:
@@ -764,9 +765,32 @@ def _check_checkpoint(name: str, path: Path) -> dict:
             raise ValueError("config.json lacks the model's sizes (num_hidden_layers, hidden_size, ...)")
     except (UnsupportedModel, ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
         raise ConfigError(f"{name} {path}: {e}") from None
-    if not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
-        raise ConfigError(f"{name} {path} has no weights (*.safetensors or pytorch_model*.bin)")
     return config
+
+
+def check_runnable(cfgs: Iterable[DictConfig]) -> None:
+    """What starting compute needs beyond what `plan` reads, for the runs of these configs (one per
+    axes combination of a sweep): each checkpoint's weights (model.path, reward.path, the judges),
+    and vLLM importable where the runs start (sampler=vllm). `plan` needs neither: it reads each
+    checkpoint's config.json, and plans a vLLM sweep from a machine without vLLM."""
+    checked: set = set()
+    for cfg in cfgs:
+        paths = {f"{part}.path": cfg[part].path for part in ("model", "reward") if cfg[part].path is not None}
+        paths.update({f"eval.judges.{name}": path for name, path in cfg.eval.judges.items()})
+        for name, path in paths.items():
+            if path not in checked:
+                _check_weights(name, Path(path).expanduser())
+                checked.add(path)
+        if cfg.sampler.name == "vllm" and ("vllm", cfg.cluster.python) not in checked:
+            check_vllm(cfg.cluster.python)
+            checked.add(("vllm", cfg.cluster.python))
+
+
+def _check_weights(name: str, path: Path) -> None:
+    """A checkpoint's weight files (safetensors or PyTorch bins), which a run loads."""
+    if not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
+        raise ConfigError(f"{name} {path} has no weights (*.safetensors or pytorch_model*.bin): "
+                          "`plan` reads its config.json alone, a run needs the weights")
 
 
 def _check_build(name: str, b: DictConfig) -> None:
@@ -819,8 +843,7 @@ def check_engine(cfg: DictConfig) -> None:
     if gpus >= 1 and lrn.world_size < int(gpus):  # every GPU a learner rank: the sampler's engines span them too
         raise ConfigError(f"learner.world_size={lrn.world_size} leaves {int(gpus) - lrn.world_size} of cluster.gpus_per_run={gpus:g} GPUs idle: "
                           "leave learner.world_size unset (one rank per GPU) or lower cluster.gpus_per_run")
-    if smp.name == "vllm":
-        check_vllm(cfg.cluster.python)
+    if smp.name == "vllm":  # vLLM importable is `check_runnable`'s: `plan` does not need it
         if not 0 < smp.gpu_memory_utilization < 1:
             raise ConfigError(f"sampler.gpu_memory_utilization must be in (0, 1), got {smp.gpu_memory_utilization}")
         if smp.kv_cache_gib is not None and smp.kv_cache_gib <= 0:
@@ -833,8 +856,6 @@ def check_engine(cfg: DictConfig) -> None:
         if cfg.flops.measure:
             raise ConfigError("flops.measure counts torch operations in the run's process; sampler=vllm samples with its own "
                               "kernels, which it cannot see: measure with sampler=hf")
-        if cfg.learner.world_size > 1 and not gpus:
-            raise ConfigError("sampler=vllm with learner.world_size > 1 needs GPUs (on CPU the engine and the ranks would share its cores)")
 
 
 def check_vllm(python: str | None) -> None:

@@ -40,6 +40,7 @@ class Shape:
     kv_heads: int
     head_dim: int
     vocab: int
+    tied: bool = False  # the LM head is the input embedding (one matrix): the memory model counts it once
     lora_rank: int = 0  # 0: full fine-tuning
     lora_targets: tuple[str, ...] = ()  # projections with an adapter (names in PROJECTIONS)
 
@@ -62,6 +63,7 @@ class Shape:
             kv_heads=get("num_key_value_heads") or heads,
             head_dim=get("head_dim") or get("hidden_size") // heads,
             vocab=get("vocab_size"),
+            tied=bool(get("tie_word_embeddings", False)),  # absent: the supported families' default, untied
         )
 
     @property
@@ -125,6 +127,7 @@ class StepBatch:
     tree_tokens: int  # positions of the learned rows as prompt trees: each prompt once, then its completions
     learned_tokens: int  # completion tokens the updates learn from: their logit positions
     decode_rows: tuple[int, ...] | None = None  # rows still running at each decode step; None: all (the bound)
+    trees: int | None = None  # prompt trees the learning passes lay out: `prompts`, more when a token budget splits groups
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,7 @@ def step_cost(shape: Shape, algo, batch: StepBatch, shared_prompt: bool, reward:
     search = generate(shape, batch.prompts * batch.n, batch.prompt_width, batch.generated_width, batch.prefill_rows, batch.decode_rows)
     width = batch.prompt_width + batch.generated_width
     if shared_prompt:
-        work = tree_work(batch.prompts, batch.n_learn, batch.prompt_width, width, batch.tree_tokens)
+        work = tree_work(batch.prompts, batch.n_learn, batch.prompt_width, width, batch.tree_tokens, batch.trees)
     else:
         work = plain_work(batch.prompts * batch.n_learn, width)
     return StepCost(search, learning(shape, *work, logits=batch.learned_tokens, **asdict(passes(algo))), reward)
@@ -193,6 +196,11 @@ def learning(shape: Shape, tokens: int, pairs: int, epochs: int = 1, reference: 
     Backward, full fine-tuning: a linear layer (and the LM head) computes the input gradient and
     the weight gradient, 2x its forward each; attention recomputes its scores and takes four more
     products, 2.5x. With LoRA see `_lora_backward`; the frozen LM head computes its input gradient.
+
+    Recomputation done only to save memory is not in the ledger (model FLOPs, as MFU counts them):
+    activation checkpointing's second forward of each layer, and the LM head's second forward over
+    each logit chunk when a micro-batch holds more than `learner.logit_chunk_tokens` completion
+    tokens (`learner.token_logprobs`). A measurement (`flops.measure`) sees both.
     """
     positions = tokens if logits is None else logits
     fwd = Pass(
@@ -215,12 +223,14 @@ def plain_work(rows: int, width: int) -> tuple[int, int]:
     return rows * width, rows * width * width
 
 
-def tree_work(prompts: int, n: int, prompt_width: int, width: int, tokens: int) -> tuple[int, int]:
+def tree_work(prompts: int, n: int, prompt_width: int, width: int, tokens: int, trees: int | None = None) -> tuple[int, int]:
     """(positions, attention query-key pairs) of a pass over prompt trees (`learner.Layout.tree`):
-    `tokens` positions (each prompt once, then its completions, no padding); each prompt's
-    `prompt_width` slots against themselves, and each completion's `width - prompt_width` slots
-    against its whole row of `width`."""
-    return tokens, prompts * prompt_width * prompt_width + prompts * n * (width - prompt_width) * width
+    `tokens` positions (each prompt once per tree, then its completions, no padding); each tree's
+    `prompt_width` prompt slots against themselves (`trees`: `prompts`, or more when a token budget
+    splits a group into pieces, each with its prompt), and each completion's `width - prompt_width`
+    slots against its whole row of `width`."""
+    trees = prompts if trees is None else trees
+    return tokens, trees * prompt_width * prompt_width + prompts * n * (width - prompt_width) * width
 
 
 def epoch_plan(epochs: float, n: int) -> tuple[int, int]:
@@ -240,7 +250,7 @@ def model_shape(model) -> Shape:
     b = model.build
     return Shape(
         layers=b.num_layers, hidden=b.hidden_size, intermediate=b.intermediate_size, heads=b.num_heads,
-        kv_heads=b.num_kv_heads, head_dim=b.hidden_size // b.num_heads, vocab=len(SPECIALS) + len(ALPHABET),
+        kv_heads=b.num_kv_heads, head_dim=b.hidden_size // b.num_heads, vocab=len(SPECIALS) + len(ALPHABET), tied=True,
     )
 
 

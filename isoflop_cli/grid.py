@@ -18,7 +18,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from isoflop_cli import config, flops, tasks
+from isoflop_cli import config, flops, memory, tasks
 from isoflop_cli.config import GROUPS, BudgetUnit, ConfigError, LrScaling
 
 
@@ -35,6 +35,7 @@ class RunPlan:
     limit: float  # the run ends at this ledger value (FLOPs: at the first step that reaches it)
     eval_at: tuple[float, ...]  # evaluate where the ledger column first reaches each of these
     step_flops: tuple[float, float, float]  # upper bound of one step's (search, learning, reward) FLOPs
+    gpu_memory: memory.Memory | None = None  # the predicted memory of one GPU (None on CPU)
 
     @property
     def rollouts(self) -> int:
@@ -123,8 +124,12 @@ def _step_flops(cfg, n: int, B_p: int, shapes: _Shapes | None = None) -> tuple[f
     rows = B_p * n
     shared = (cfg.sampler.name == "vllm" or cfg.sampler.shared_prefill) and n > 1
     _, k = flops.epoch_plan(cfg.algo.epochs, n)  # completions per group the updates learn from
+    # At the bound a group over the token budget splits into pieces of `per_piece` completions, each with its prompt.
+    budget = cfg.learner.max_tokens_per_micro_batch
+    per_piece = max(1, (budget - prompt) // new) if budget and prompt + k * new > budget else k
+    trees = B_p * -(-k // per_piece)
     batch = flops.StepBatch(prompts=B_p, n=n, prompt_width=prompt, generated_width=new, prefill_rows=B_p if shared else rows,
-                            n_learn=k, tree_tokens=B_p * (prompt + k * new), learned_tokens=B_p * k * new)
+                            n_learn=k, tree_tokens=trees * prompt + B_p * k * new, learned_tokens=B_p * k * new, trees=trees)
     reward = flops.reward_model(shapes.reward, rows, prompt + new + 1) if shapes.reward is not None else 0.0
     cost = flops.step_cost(shape, cfg.algo, batch, cfg.learner.shared_prompt, reward)
     return cost.search, cost.learning, cost.reward
@@ -154,6 +159,7 @@ def _plan_run(cfg, n: int, B_p: int, flops_scale: float = 1.0, shapes: _Shapes |
               checkpoints: list[float] | None = None) -> RunPlan:
     """plan_run for `n`, `B_p` on `cfg` (a DictConfig or a `_Plain` view of one)."""
     g = cfg.grid
+    shapes = shapes or _Shapes.of(cfg)
     batch = B_p * n
     if batch > g.max_batch:
         raise ConfigError(f"B_p*n = {batch} exceeds grid.max_batch = {g.max_batch}")
@@ -171,13 +177,25 @@ def _plan_run(cfg, n: int, B_p: int, flops_scale: float = 1.0, shapes: _Shapes |
     shared = eval_budgets(g) if checkpoints is None else checkpoints
     checkpoints = shared if by_flops else [c for c in shared if c >= cost]
     steps = {0, M} | {int(c // cost) for c in checkpoints if c >= cost}
+    gpu_memory = memory.predict(shapes.policy, cfg, n, B_p, shapes.prompt)
+    memory.check(gpu_memory, cfg)
     return RunPlan(
         batch=batch, M=M, eval_steps=tuple(sorted(steps)), lr=learning_rate(cfg.algo, batch),
         column=budget_column(g),
         limit=float(c_max) if by_flops else float(M * batch),
         eval_at=tuple(sorted({0.0, *checkpoints})) if by_flops else tuple(float(s * batch) for s in sorted(steps)),
-        step_flops=per_step,
+        step_flops=per_step, gpu_memory=gpu_memory,
     )
+
+
+def run_configs(cells: list[Cell]) -> list[DictConfig]:
+    """One run config per axes combination of the feasible cells (the runs differ beyond that only
+    in n, B_p and seed): what `config.check_runnable` reads, without a config per cell."""
+    configs: dict[int, DictConfig] = {}
+    for c in cells:
+        if c.feasible and id(c.combo) not in configs:
+            configs[id(c.combo)] = c.cfg
+    return list(configs.values())
 
 
 def run_id(axes: dict[str, Any], cfg: DictConfig, plan: RunPlan) -> str:

@@ -34,6 +34,9 @@ def plan_records(cells: list[Cell]) -> list[dict]:
             p = c.plan
             record.update(run_id=c.run_id, B=p.batch, M=p.M, eval_steps=list(p.eval_steps), budget_column=p.column,
                           budget=p.limit, eval_at=list(p.eval_at), rollouts=p.rollouts, lr=p.lr, predicted=p.predicted_flops)
+            if p.gpu_memory is not None:  # with GPUs: the peak of one GPU, and its terms (memory.Memory)
+                record["predicted"]["gpu_memory_gib"] = round(p.gpu_memory.peak, 2)
+                record["gpu_memory"] = p.gpu_memory.record()
         else:
             record["reason"] = c.reason
         out.append(record)
@@ -50,7 +53,12 @@ def plan_table(cfg, cells: list[Cell]) -> Group:
                           "B = B_p * n and more in `plan --json`")
     # Compact numbers and no derivable column, so a grid of the default's axes fits 80 columns.
     seeds = len(cfg.grid.seed) > 1
-    for col in ["n", "B_p", *(["seed"] if seeds else []), *extra, "M", "eval", "rollouts", "lr", "search", "learn", "reward", "rho"]:
+    memory = any(c.plan.gpu_memory is not None for c in feasible)  # GiB/GPU: the memory model's peak (with GPUs)
+    if memory:
+        limit = cfg.cluster.gpu_memory_gib
+        table.caption += "; GiB/GPU: the predicted peak memory of one GPU, " + (f"of {limit:g}" if limit is not None else "unchecked (cluster.gpu_memory_gib null)")
+    for col in ["n", "B_p", *(["seed"] if seeds else []), *extra, "M", "eval", "rollouts", "lr", "search", "learn", "reward", "rho",
+                *(["GiB/GPU"] if memory else [])]:
         table.add_column(col, justify="left" if col in extra else "right")
     infeasible = []
     # A large grid (rendering costs ~1 ms a row) lists each cell's seeds on one row (they share the
@@ -64,9 +72,10 @@ def plan_table(cfg, cells: list[Cell]) -> Group:
             p = c.plan
             f = p.predicted_flops
             table.add_row(*axes, str(p.M), str(len(p.eval_at)), _compact(p.rollouts), _short(p.lr),
-                          *(_short(f[k]) for k in ("flops_search", "flops_learning", "flops_reward")), f"{f['rho']:.2f}")
+                          *(_short(f[k]) for k in ("flops_search", "flops_learning", "flops_reward")), f"{f['rho']:.2f}",
+                          *([f"{p.gpu_memory.peak:.0f}" if p.gpu_memory else "-"] if memory else []))
         else:
-            table.add_row(*axes, *["[red]-[/]"] * 8)
+            table.add_row(*axes, *["[red]-[/]"] * (9 if memory else 8))
             label = _axes_label({**c.axes, "seed": seed})
             infeasible.append(Text(f"infeasible {label}: {c.reason}", style="red"))
     if len(rows) > PLAN_ROWS:

@@ -272,7 +272,7 @@ def offline_tokens_per_s(overrides: list[str], rounds: int) -> float:
     from isoflop_cli.recipe.sampler import make_sampler
 
     cfg = config.load(None, overrides)
-    tokenizer, model = checkpoint.load(cfg.model, cfg.task)
+    tokenizer, model = checkpoint.load(cfg.model, cfg.task, meta=True)  # the engine reads the weights itself
     task = tasks.make(cfg.task)
     task.prepare(tokenizer)
     sampler = make_sampler(cfg, model, tokenizer, task.max_prompt_tokens)
@@ -284,7 +284,7 @@ def offline_tokens_per_s(overrides: list[str], rounds: int) -> float:
     for batch in batches[1:]:
         tokens += sampler.sample(batch, *sample).tokens_generated
     seconds = time.perf_counter() - start
-    del sampler
+    sampler.close()
     torch.cuda.empty_cache()
     return tokens / seconds
 

@@ -100,11 +100,12 @@ def test_bad_input_exits_2_with_one_line(name, tmp_path):
     assert needle in lines[0]
 
 
-def test_a_checkpoint_without_weights_is_refused(tmp_path):
+def test_a_checkpoint_without_weights_is_planned_not_run(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64, '
                                           '"intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 19}')
-    result = runner.invoke(app, ["plan", f"model.path={tmp_path}"])
-    assert result.exit_code == 2 and "has no weights" in result.output
+    assert runner.invoke(app, ["plan", f"model.path={tmp_path}"]).exit_code == 0  # planning reads config.json alone
+    result = runner.invoke(app, ["sweep", "--out", str(tmp_path / "out"), f"model.path={tmp_path}"])
+    assert result.exit_code == 2 and "has no weights" in result.output and not (tmp_path / "out").exists()
 
 
 def test_a_typo_inside_a_config_file_is_named(tmp_path):

@@ -14,7 +14,7 @@ import isoflop_cli.recipe.measure  # noqa: F401  (registers the CPU attention fo
 from isoflop_cli import flops
 from isoflop_cli.cli import app
 from isoflop_cli.recipe.checkpoint import char_tokenizer
-from isoflop_cli.recipe.learner import Actor, Layout, tree_tokens
+from isoflop_cli.recipe.learner import Actor, Layout, pack, tree_pieces, tree_tokens
 from isoflop_cli.recipe.sampler import HFSampler
 
 TINY = flops.Shape(layers=1, hidden=4, intermediate=8, heads=2, kv_heads=1, head_dim=2, vocab=10)
@@ -133,6 +133,18 @@ def test_ledger_matches_flop_counter(name, lora):
             learning = measured(lambda: learn(reference, layout))
             analytic = flops.learning(shape, *work[name], reference=reference, logits=tokens)
             assert analytic == pytest.approx(learning, rel=1e-9), (reference, name)
+
+    # A token budget below every group's positions: each group learns in pieces of its rows, each a
+    # tree with the group's prompt once more; the ledger counts the repeated prompts (`trees`).
+    P, L = r.prompt_width, r.sequences.shape[1]
+    shared, own = r.attention_mask[::4, :P].sum(-1), r.attention_mask[:, P:].sum(-1).view(3, 4)
+    budget = int((shared + own.sum(-1)).min()) - 1
+    split = torch.arange(12).split(pack(shared, own, budget))
+    trees = tree_pieces(r.attention_mask, P, 4, budget)
+    assert len(split) == int(trees.sum()) > 3
+    learning = measured(lambda: [learn(False, Layout.tree(r.sequences[idx], r.attention_mask[idx], P, min(4, len(idx)))) for idx in split])
+    work = flops.tree_work(3, 4, P, L, tree_tokens(r.attention_mask, P, 4, trees), int(trees.sum()))
+    assert flops.learning(shape, *work, logits=tokens) == pytest.approx(learning, rel=1e-9)
 
 
 def test_monotone_in_n_and_kl():

@@ -116,13 +116,13 @@ def test_updates_per_batch_raise_rho_at_fixed_budget():
 def test_recipe_presets_and_seed_sweeps(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584, '
                                           '"intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064}')
-    (tmp_path / "model.safetensors").touch()  # a checkpoint has its weights; planning reads only the config
     easy, hard = load("recipe=easy"), load("recipe=hard")
     assert (easy.algo.kl_coef, easy.algo.entropy_coef) == (0.001, 0.001) and (hard.algo.kl_coef, hard.algo.entropy_coef) == (0, 0)
     problems = tmp_path / "problems.jsonl"  # a calibrated set, as `isoflop calibrate` writes one
     problems.write_text("".join(f'{{"prompt": "What is {i} + 1?", "reward_model": {{"ground_truth": "{i + 1}"}}}}\n' for i in range(3000)))
     for name, kl, max_batch in (("seed-easy", 0.001, 65536), ("seed-hard", 0.0, 16384)):
-        cfg = config.load(name, [f"model.path={tmp_path}", f"task.train={problems}"])
+        # Planning reads only config.json; memory unchecked here (the memory model's cells: test_memory).
+        cfg = config.load(name, [f"model.path={tmp_path}", f"task.train={problems}", "cluster.gpu_memory_gib=null"])
         assert (cfg.algo.kl_coef, cfg.grid.max_batch, cfg.algo.base_lr, cfg.algo.ref_batch) == (kl, max_batch, 1e-6, 1024)
         cells = expand(cfg)
         assert len(cells) == 54 and list(cfg.grid.B_p) == [2**i for i in range(5, 11)] and list(cfg.grid.n) == [2**i for i in range(3, 12)]

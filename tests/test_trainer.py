@@ -137,3 +137,55 @@ def test_dr_grpo_is_grpo_with_its_two_knobs(tmp_path):
         rows[name] = [{k: v for k, v in json.loads(line).items() if k != "wall_s" and not k.startswith(("time_", "reward_cpu"))}
                       for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     assert rows["preset"] == rows["knobs"]
+
+
+@pytest.mark.parametrize("shared_prompt, budget", [(True, "two groups"), (True, "below any group"), (False, "two groups"), (False, "below any group")],
+                         ids=["tree", "tree-groups-split", "plain", "plain-groups-split"])
+def test_token_budget_micro_batches_give_the_whole_mini_batch_gradient(tmp_path, shared_prompt, budget):
+    """learner.max_tokens_per_micro_batch packs whole groups, in order, into forwards of at most that
+    many layout positions (tree: each prompt once and its completions; plain: every row at the
+    batch's width), and splits a group over it into pieces of its rows (a tree piece with its
+    prompt): more forwards, the same summed gradients and losses as one forward over the mini-batch
+    (the token weights are the mini-batch's)."""
+    rewards = [[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0]]
+    common = ["B_p=4", f"learner.shared_prompt={str(shared_prompt).lower()}", "algo.kl_coef=0.1", "algo.entropy_coef=0.01",
+              "algo.max_grad_norm=1e9"]  # no clipping: the gradients after the update are the summed ones
+    whole = make_trainer(tmp_path / "whole", *common)
+    whole_batch = sampled(whole, rewards)
+    r = whole_batch.rollouts
+    P, width = r.prompt_width, r.sequences.shape[1]
+    prompt = r.attention_mask[:, :P].sum(-1).tolist() if shared_prompt else [0] * 16  # each row's group's shared positions
+    own = r.attention_mask[:, P:].sum(-1).tolist() if shared_prompt else [width] * 16  # each row's own positions
+    tokens = [prompt[4 * g] + sum(own[4 * g:4 * g + 4]) for g in range(4)]
+    limit = tokens[0] + tokens[1] if budget == "two groups" else min(tokens) - 1
+    split = make_trainer(tmp_path / "split", *common, f"learner.max_tokens_per_micro_batch={limit}")
+    batch = sampled(split, rewards)
+    assert torch.equal(batch.rollouts.sequences, r.sequences)  # same seed, same batch
+
+    (micro,) = batch.chunks
+    assert torch.equal(torch.cat(micro), torch.arange(16))  # every row once, in order
+    for idx in micro:
+        groups = set((idx // 4).tolist())
+        held = sum(prompt[4 * g] for g in groups) + sum(own[i] for i in idx.tolist())
+        assert len(idx) % 4 == 0 or len(groups) == 1  # whole groups, or a piece of one
+        assert held <= limit or len(idx) == 1  # within the budget, or one row alone
+    if budget == "two groups":
+        assert len(micro[0]) == 8 and len(micro) > 1
+    else:  # every group over the budget: pieces only, each full (the next row would not fit)
+        assert all(len(idx) < 4 for idx in micro)
+        for idx, after in zip(micro, micro[1:]):
+            if int(idx[0]) // 4 == int(after[0]) // 4:
+                assert prompt[int(idx[0])] + sum(own[i] for i in idx.tolist()) + own[int(after[0])] > limit
+
+    forwards, grads = {}, {}
+    for name, trainer, b in (("whole", whole, whole_batch), ("split", split, batch)):
+        calls = []
+        forward = trainer.actor.forward
+        trainer.actor.forward = lambda *args, **kwargs: calls.append(1) or forward(*args, **kwargs)
+        trainer.update(b)
+        forwards[name], grads[name] = len(calls), torch.cat([p.grad.flatten() for p in trainer.trainable])
+    assert forwards == {"whole": 1, "split": len(micro)}
+    assert grads["whole"].abs().max() > 0
+    torch.testing.assert_close(grads["split"], grads["whole"], rtol=1e-4, atol=1e-7)
+    for key in ("loss", "kl", "entropy", "clip_frac", "tis"):
+        assert split.progress.since_eval[key] == pytest.approx(whole.progress.since_eval[key], abs=1e-6), key

@@ -1,11 +1,13 @@
 """`sampler=vllm` for real, on vLLM's CPU build: the engine's rollouts against the HF sampler and the
-learner, weight pushes after real optimizer steps, LoRA, seeding, and a GRPO sweep through a real
-local Ray head. Runs in the vLLM environment (`make setup-vllm`; `make test` runs it there)."""
+learner, weight pushes after real optimizer steps (a tied head among them), LoRA, seeding, two
+ranks each with an engine (external launcher) sampling their shares, and a GRPO sweep through a
+real local Ray head. Runs in the vLLM environment (`make setup-vllm`; `make test` runs it there)."""
 
 import copy
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -100,11 +102,91 @@ def test_a_learner_step_reaches_the_engine(tiny, full):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        full.load_weights(model.state_dict())
+        full.load_weights(model.state_dict().items())
     r = full.sample(PROMPTS, N, T, 1.0, MAX_NEW)
     assert gap(base, r) > 1e-2  # the old weights no longer explain the engine's log-probs
     assert gap(model, r) < 1e-4
-    full.load_weights(base.state_dict())  # the shared engine goes back to the base model
+    full.load_weights(base.state_dict().items())  # the shared engine goes back to the base model
+
+
+def test_a_tied_heads_weights_reach_the_engine(tiny, full):
+    """The embedded model ties its head to its embedding (the push through a safetensors file
+    crashed on that: "Some tensors share memory"). Streamed, the tensor comes once, as the
+    embedding, and the engine's head follows it."""
+    from isoflop_cli.recipe.distributed import stream_weights
+
+    _, _, _, base = tiny
+    model = copy.deepcopy(base)
+    assert model.config.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(1.5)  # the embedding, hence the head: nothing else changes
+    names = [name for name, _ in stream_weights(model, trainable_only=False, dtype=torch.float32)]
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    full.load_weights(stream_weights(model, trainable_only=False, dtype=torch.float32))
+    (embedding,) = full.llm.apply_model(lambda m: m.model.embed_tokens.weight.detach().clone())  # the vocabulary padded to 64 rows
+    assert torch.equal(embedding[: model.config.vocab_size], model.model.embed_tokens.weight)
+    torch.manual_seed(4)
+    r = full.sample(PROMPTS, N, T, 1.0, MAX_NEW)
+    assert gap(model, r) < 1e-4 and gap(base, r) > 1e-2
+    full.load_weights(base.state_dict().items())  # the shared engine goes back to the base model
+
+
+def _two_engines(group, out: str) -> None:
+    """One rank of two, each with an engine: what its engine was asked to sample, and on rank 0 what
+    came back, before and after a push from an FSDP2-sharded learner (the tied embedding scaled)."""
+    from isoflop_cli import config
+    from isoflop_cli.recipe import checkpoint, distributed
+    from isoflop_cli.recipe.vllm_sampler import VllmSampler
+
+    cfg = config.load()
+    tokenizer, base = checkpoint.load(cfg.model, cfg.task)
+    sampler = VllmSampler(checkpoint.model_path(cfg.model, cfg.task), cfg.sampler, cfg.lora, tokenizer, seed=0, max_len=32, group=group)
+    asked = []  # each request's prompt ids, as this rank's engine got them
+    generate = sampler.llm.generate
+    sampler.llm.generate = lambda prompts, *args, **kwargs: (asked.append([p["prompt_token_ids"] for p in prompts]), generate(prompts, *args, **kwargs))[1]
+    learner = copy.deepcopy(base)
+    with torch.no_grad():
+        learner.model.embed_tokens.weight.mul_(1.5)
+    changed = copy.deepcopy(learner)
+    distributed.shard(learner, bf16=False)
+    found = {"asked": asked}
+    if group.is_main:
+        torch.manual_seed(5)
+        same = sampler.sample(["12+34="] * 4, N, T, 1.0, MAX_NEW)  # two copies for each engine
+        before = sampler.sample(PROMPTS, N, T, 1.0, MAX_NEW)
+        sampler.release()
+    else:
+        sampler.serve()
+    sampler.load_weights(distributed.stream_weights(learner, trainable_only=False, dtype=torch.float32))
+    if group.is_main:
+        after = sampler.sample(PROMPTS, N, T, 1.0, MAX_NEW)
+        sampler.release()
+        half = 2 * N
+        found.update(rows=[same.sequences.shape[0], before.sequences.shape[0]], engines_differ=not torch.equal(same.sequences[:half], same.sequences[half:]),
+                     gaps=[gap(base, before), gap(changed, after), gap(base, after)])
+    else:
+        sampler.serve()
+    sampler.close()
+    Path(out, f"rank{group.rank}.json").write_text(json.dumps(found))
+
+
+def test_two_ranks_each_sample_their_share_with_an_engine_of_their_own(tiny, tmp_path):
+    """learner.world_size=2 with vLLM: each rank's engine (external launcher, in the rank's process,
+    joined to the run's gloo group) samples a contiguous share of rank 0's prompts, seeded apart
+    from the other's; rank 0 gets every row in prompt order; a push streamed from an FSDP2 learner
+    reaches both engines."""
+    from isoflop_cli.recipe import distributed
+
+    _, _, tokenizer, _ = tiny
+    distributed.launch(_two_engines, 2, str(tmp_path), timeout_s=300)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ids = [tokenizer.encode(p) for p in PROMPTS]
+    same = [tokenizer.encode("12+34=")] * 2
+    assert ranks[0]["asked"] == [same, ids[:2], ids[:2]] and ranks[1]["asked"] == [same, ids[2:], ids[2:]]  # PROMPTS split 2 + 1
+    zero = ranks[0]
+    assert zero["rows"] == [4 * N, len(PROMPTS) * N] and zero["engines_differ"]
+    before, after_new, after_old = zero["gaps"]
+    assert before < 1e-4 and after_new < 1e-4 and after_old > 1e-2  # the engines' log-probs are the learner's, on both engines' rows
 
 
 def test_lora_updates_reuse_one_adapter(tiny):
@@ -121,9 +203,12 @@ def test_lora_updates_reuse_one_adapter(tiny):
             for name, p in policy.named_parameters():
                 if "lora_" in name:
                     p.add_(0.2 * torch.randn_like(p))
-        sampler.load_weights({k: v.detach() for k, v in policy.named_parameters() if v.requires_grad})
+        sampler.load_weights((k, v.detach()) for k, v in policy.named_parameters() if v.requires_grad)
         r = sampler.sample(PROMPTS, N, T, 1.0, MAX_NEW)
-        assert gap(policy, r) < 1e-4 and gap(base, r) > 1e-2
+        # An adapter this far from the base (~10 nats a token) makes large activations: vLLM's CPU
+        # LoRA kernels and the learner then differ by up to ~3e-4 on a few draws (2 of 20 random
+        # adapters, with the old per-request seeds too); still 4 orders below the base's gap.
+        assert gap(policy, r) < 1e-3 and gap(base, r) > 1
     assert sorted(p.name for p in sampler.scratch.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
 
 
@@ -136,12 +221,66 @@ def test_bad_vllm_settings_are_one_line_and_exit_2():
         ("sampler.kv_cache_gib=0",): "sampler.kv_cache_gib must be > 0",
         ("flops.measure=true",): "measure with sampler=hf",
         ("sampler.tensor_parallel=2",): "needs that many GPUs",
-        ("learner.world_size=2",): "sampler=vllm with learner.world_size > 1 needs GPUs",
     }
     for overrides, message in cases.items():
         result = CliRunner().invoke(app, ["plan", "sampler=vllm", *overrides])
         assert result.exit_code == 2 and message in result.output, (overrides, result.output)
-    assert CliRunner().invoke(app, ["plan", "sampler=vllm"]).exit_code == 0
+    for ok in ([], ["learner.world_size=2"]):  # two ranks on the CPU: an engine each
+        assert CliRunner().invoke(app, ["plan", "sampler=vllm", *ok]).exit_code == 0
+
+
+def metrics(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_ranks_with_vllm_give_the_losses_of_one_process(tmp_path):
+    """learner.world_size=2, an engine per rank, against one process with one engine: the first 3
+    steps' losses within 1e-4 (the two-rank FSDP test's tolerance), rewards and tokens equal.
+
+    Two engines draw other tokens than one (each seeds its own share: the fast batched sampler has
+    no per-prompt streams), so sampling is made deterministic: top_p so small that the nucleus is
+    the likeliest token. Each group's samples are then equal and their advantages zero; the loss is
+    the KL and entropy terms', over the same tokens only if both engines sampled their shares from
+    pushed weights and rank 0 put the rows back in prompt order (rewards would differ otherwise)."""
+    from typer.testing import CliRunner
+
+    from isoflop_cli.cli import app
+
+    args = ["n=4", "B_p=4", "eval.problems=8", "eval.samples=4", "grid.budgets=[16,32,48]", "grid.eval_points=1", "algo.kl_coef=0.1",
+            "algo.entropy_coef=0.01", "algo.minibatches=2", "algo.top_p=1e-6", "sampler=vllm"]
+    for ws in (1, 2):
+        result = CliRunner().invoke(app, ["run", *args, f"learner.world_size={ws}", "--out", str(tmp_path / f"ws{ws}")])
+        assert result.exit_code == 0, result.output
+    one, two = metrics(tmp_path / "ws1"), metrics(tmp_path / "ws2")
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [0, 1, 2, 3]
+    for a, b in zip(one[1:], two[1:]):
+        for key in ("train_loss", "kl", "entropy", "tis"):
+            assert abs(a[key] - b[key]) < 1e-4, (a["step"], key, a[key], b[key])
+        assert abs(a["entropy"]) > 0.05
+        same = ("train_reward_mean", "val_avg@k", "tokens_generated", "flops_search")
+        assert [a[k] for k in same] == [b[k] for k in same]
+
+
+def test_a_paused_two_rank_run_continues_as_if_never_stopped(tmp_path):
+    """Two ranks, an engine each, sampling at the run's temperature: paused after its first step
+    (a checkpoint), then continued by fresh processes with fresh engines, the run's rows equal an
+    uninterrupted run's. Each engine's draws come from rank 0's checkpointed generator, and a
+    request's tokens do not depend on what the engine ran before (a fresh engine's empty prefix
+    cache, the other's warm one)."""
+    from typer.testing import CliRunner
+
+    from isoflop_cli.cli import app
+
+    args = ["sampler=vllm", "learner.world_size=2", "n=4", "B_p=4", "eval.problems=4", "eval.samples=4", "grid.budgets=[16,32]",
+            "grid.eval_points=1", "algo.kl_coef=0.1"]
+    for out, extra in (("paused", ["--pause-at", "16"]), ("paused", []), ("whole", [])):
+        result = CliRunner().invoke(app, ["run", *args, *extra, "--out", str(tmp_path / out)])
+        assert result.exit_code == 0, result.output
+        if extra:  # stopped after step 1, its state kept for the next attempt
+            assert metrics(tmp_path / out)[-1]["step"] == 1 and (tmp_path / out / "checkpoint").is_dir()
+    rows = {out: [{k: v for k, v in r.items() if not k.startswith("time_") and k not in ("wall_s", "reward_cpu_s")} for r in metrics(tmp_path / out)]
+            for out in ("paused", "whole")}
+    assert [r["step"] for r in rows["whole"]] == [0, 1, 2] and rows["paused"] == rows["whole"]
 
 
 def test_grpo_sweep_with_vllm_through_a_local_ray_head(tmp_path):

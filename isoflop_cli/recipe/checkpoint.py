@@ -24,8 +24,9 @@ from typing import Callable
 import torch
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
 
+from isoflop_cli.recipe.distributed import device
 from isoflop_cli.tasks.arith import ALPHABET, SPECIALS, ArithTask
 
 PAD, EOS, UNK = SPECIALS
@@ -35,16 +36,28 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ISOFLOP_CACHE", Path.home() / ".cache" / "isoflop")).expanduser()
 
 
-def load(model_cfg: DictConfig, task_cfg: DictConfig, dtype: torch.dtype = torch.float32):
-    """(tokenizer, model) for a run; builds the embedded model first if it is not cached."""
+def load(model_cfg: DictConfig, task_cfg: DictConfig, dtype: torch.dtype = torch.float32, meta: bool = False):
+    """(tokenizer, model) for a run; builds the embedded model first if it is not cached. With
+    `meta` the model is the checkpoint's architecture on the meta device, no weights read and no
+    storage: what a rank > 0 of a sharded learner starts from (`distributed.shard` fills it)."""
     path = model_path(model_cfg, task_cfg)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     # SDPA: the learner's Actor adds its prompt-tree attention to it (`learner.TREE_ATTENTION`).
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-    return tokenizer, model
+    if not meta:
+        return tokenizer, AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype, attn_implementation="sdpa")
+    return tokenizer, model.eval()  # as from_pretrained leaves it
+
+
+def scorer(model_class, path: Path | str):
+    """A model that only scores (a PRM, a judge) from its checkpoint, on the run's device: in bf16 on
+    a GPU (where the learner computes in bf16 by default), in fp32 on the CPU."""
+    here = device()
+    return model_class.from_pretrained(path, dtype=torch.bfloat16 if here.type == "cuda" else torch.float32).to(here).eval()
 
 
 def model_path(model_cfg: DictConfig, task_cfg: DictConfig) -> Path:

@@ -9,6 +9,7 @@ from math import comb
 import torch
 
 from isoflop_cli import flops
+from isoflop_cli.recipe.distributed import device
 
 
 def best_at_k(m: int, c: int, k: int) -> float:
@@ -48,11 +49,13 @@ class Judge:
     def __init__(self, path: str):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+        from isoflop_cli.recipe.checkpoint import scorer
+
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.tokenizer.padding_side = "right"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+        self.model = scorer(AutoModelForSequenceClassification, path)
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.shape = replace(flops.Shape.from_config(self.model.config), vocab=self.model.config.num_labels)
@@ -61,7 +64,7 @@ class Judge:
     def __call__(self, prompts: list[str], completions: list[str]) -> tuple[float, float]:
         """The mean score and the FLOPs it took (the head runs at every position of the padded batch)."""
         enc = self.tokenizer([p + c for p, c in zip(prompts, completions)], padding=True, return_tensors="pt")
-        scores = self.model(**enc).logits[:, 0]
+        scores = self.model(**enc.to(self.model.device)).logits[:, 0].float()
         rows, width = enc.input_ids.shape
         return scores.mean().item(), flops.reward_model(self.shape, rows, width)
 
@@ -100,7 +103,9 @@ class Evaluator:
         return Evaluation(metrics, spent, [(p.key, c, m) for p, c in zip(self.problems, correct)])
 
     def _sample(self, sampler, problems, seed: int):
-        with torch.random.fork_rng(devices=[]):
+        # The run's GPU generator is forked too: sampling there draws from it, and manual_seed reseeds it.
+        here = device()
+        with torch.random.fork_rng(devices=[here] if here.type == "cuda" else []):
             torch.manual_seed(seed)
             return sampler.sample([p.prompt for p in problems], self.m, *self.sampling)
 

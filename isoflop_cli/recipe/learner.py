@@ -11,7 +11,9 @@ prompt. Two layouts give exactly those, from one forward each:
   plain rows' attention at the completion tokens, and each prompt's over itself, once.
 
 Logits are computed only at the positions that predict a completion token (at a real vocabulary
-the log-softmax over every position is most of a pass's memory).
+the log-softmax over every position is most of a pass's memory), and only a chunk of those at a
+time (`token_logprobs`). A step's rows reach the model in micro-batches of whole prompt groups, by
+rows or by the positions the layout feeds the model (`pack`; a group over that budget in pieces).
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from isoflop_cli.config import LearnerConfig
 
 TREE_ATTENTION = "isoflop_tree"  # the attention implementation an Actor gives its policy: SDPA, or a tree's
 
@@ -170,9 +175,93 @@ class Layout:
         )
 
 
-def tree_tokens(attention_mask: torch.Tensor, prompt_width: int, group_size: int) -> int:
-    """The positions of `Layout.tree`: each group's prompt once, then every completion token."""
-    return int(attention_mask[::group_size, :prompt_width].sum() + attention_mask[:, prompt_width:].sum())
+def tree_tokens(attention_mask: torch.Tensor, prompt_width: int, group_size: int, trees: torch.Tensor | None = None) -> int:
+    """The positions of `Layout.tree`: each group's prompt once (or once per piece, `trees` [G] from
+    `tree_pieces`), then every completion token."""
+    prompts = attention_mask[::group_size, :prompt_width].sum(-1)  # [G]
+    return int((prompts * (1 if trees is None else trees)).sum() + attention_mask[:, prompt_width:].sum())
+
+
+def pack(shared: torch.Tensor, rows: torch.Tensor, budget: int) -> list[int]:
+    """Rows per micro-batch, in order, for consecutive groups of k rows with `shared` [G] positions
+    each (a tree's prompt, laid out once; 0 for plain rows) and `rows` [G, k] positions per row:
+    whole groups packed up to `budget` positions; a group over it split into pieces of its rows
+    (`pieces`), each piece a micro-batch of its own. What a forward holds grows with its positions,
+    not its rows: completions that run long fill a micro-batch with fewer groups, short ones with
+    more, and a group at large n and long completions (n = 128 x 2k tokens: 263k positions) is
+    never one forward."""
+    counts, held, packing = [], 0, False
+    k = rows.shape[1]
+    for s, r in zip(shared.tolist(), rows.tolist()):
+        total = s + sum(r)
+        if total > budget:
+            counts += pieces(s, r, budget)
+            packing = False
+        elif packing and held + total <= budget:
+            counts[-1] += k
+            held += total
+        else:
+            counts.append(k)
+            held, packing = total, True
+    return counts
+
+
+def pieces(shared: int, rows: list[int], budget: int) -> list[int]:
+    """A group's rows in consecutive pieces of at most `budget` positions, each with the group's
+    `shared` positions once (a row over the budget alone): the rows in each piece. Splitting a
+    group costs its prompt once more per piece (in the ledger: `flops.tree_work`'s trees); the
+    gradient is unchanged, since token weights and advantages are the whole mini-batch's."""
+    counts, held = [], 0
+    for t in rows:
+        if counts and held + t <= budget:
+            counts[-1] += 1
+            held += t
+        else:
+            counts.append(1)
+            held = shared + t
+    return counts
+
+
+def tree_pieces(attention_mask: torch.Tensor, prompt_width: int, group_size: int, budget: int) -> torch.Tensor:
+    """[G]: the prompt trees each group's rows are laid out in: 1, or with a token budget
+    (`learner.max_tokens_per_micro_batch`) the pieces of a group over it."""
+    prompts = attention_mask[::group_size, :prompt_width].sum(-1)  # [G]
+    if not budget:
+        return torch.ones_like(prompts)
+    completions = attention_mask[:, prompt_width:].sum(-1).view(-1, group_size)  # [G, k]
+    return torch.tensor([1 if s + sum(r) <= budget else len(pieces(s, r, budget))
+                         for s, r in zip(prompts.tolist(), completions.tolist())])
+
+
+def token_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int,
+                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(target) and the entropy ([N] each) at N positions from their last hidden states
+    ([N, hidden]) and the LM head, `chunk` positions at a time.
+
+    The fp32 log-softmax over the vocabulary is the largest tensor of a learning pass (152k x 32k
+    tokens: 20 GB a copy), and backward needs it, the entropy's product besides. With gradients
+    and more than one chunk, each chunk runs under a (non-reentrant) checkpoint: autograd keeps
+    only the chunk's inputs (views of `hidden` and `targets`) and recomputes its logits in its own
+    backward, so one chunk's [chunk, vocab] tensors exist at a time (the recomputation is the LM
+    head's forward once more, like activation checkpointing). The recomputation reads the head's
+    weight as the forward did, and the gradients flow along the forward's own graph: a weight that
+    FSDP2 gathers on the Actor, a tied embedding, a frozen head under LoRA get what they get
+    without chunks. A single chunk, or a pass without gradients, computes directly (nothing
+    recomputed; without gradients each chunk's logits are freed before the next).
+    """
+
+    def chunk_logprobs(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:  # [c, hidden], [c] -> [c], [c]
+        logprobs = torch.log_softmax(head(h).float() / temperature, dim=-1)  # [c, vocab]
+        entropy = -(logprobs.exp() * logprobs).sum(-1) if with_entropy else None
+        return logprobs.gather(-1, t[:, None]).squeeze(-1), entropy
+
+    pieces = zip(hidden.split(chunk), targets.split(chunk))
+    if len(hidden) > chunk and torch.is_grad_enabled():
+        parts = [checkpoint(chunk_logprobs, h, t, use_reentrant=False, preserve_rng_state=False) for h, t in pieces]  # nothing random to replay
+    else:
+        parts = [chunk_logprobs(h, t) for h, t in pieces]
+    logp, entropy = zip(*parts)
+    return torch.cat(logp), torch.cat(entropy) if with_entropy else None
 
 
 @dataclass
@@ -186,12 +275,13 @@ class Actor(nn.Module):
     """A Hugging Face causal LM (LoRA adapters or not) with an optional value head on its last hidden state.
 
     One `forward` gives everything a loss needs, so that FSDP's hooks on this module gather every
-    parameter the step uses, the value head's included.
+    parameter the step uses, the value head's included. Log-probs and entropies are computed
+    `logit_chunk` tokens at a time (`token_logprobs`).
     """
 
-    def __init__(self, policy: nn.Module, value_head: bool = False):
+    def __init__(self, policy: nn.Module, value_head: bool = False, logit_chunk: int = LearnerConfig.logit_chunk_tokens):
         super().__init__()
-        self.policy = policy
+        self.policy, self.logit_chunk = policy, logit_chunk
         if policy.config._attn_implementation == "sdpa":
             policy.set_attn_implementation(TREE_ATTENTION)  # SDPA as before, and the tree's attention where a forward carries one
         self.value_head = nn.Linear(policy.config.hidden_size, 1, bias=False) if value_head else None
@@ -209,14 +299,12 @@ class Actor(nn.Module):
         hidden = self.policy.get_decoder()(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
                                            position_ids=layout.position_ids, use_cache=False, **tree).last_hidden_state
         hidden = hidden.flatten(0, 1)[layout.picked]  # [N, hidden]
-        logprobs = torch.log_softmax(self.policy.get_output_embeddings()(hidden).float() / temperature, dim=-1)
+        logp, entropy = token_logprobs(self.policy.get_output_embeddings(), hidden, layout.targets, temperature, self.logit_chunk, with_entropy)
 
         def place(x: torch.Tensor) -> torch.Tensor:
             out = x.new_zeros(layout.out_shape)
             out[layout.dest] = x
             return out
 
-        logp = place(logprobs.gather(-1, layout.targets[:, None]).squeeze(-1))
-        entropy = place(-(logprobs.exp() * logprobs).sum(-1)) if with_entropy else None
         values = place(self.value_head(hidden).squeeze(-1).float()) if with_values else None
-        return Outputs(logp, entropy, values)
+        return Outputs(place(logp), place(entropy) if with_entropy else None, values)

@@ -28,15 +28,21 @@ def _cpu_flash_attention_backward(grad_out_shape, query_shape, key_shape, value_
 
 
 class Meter:
-    """Adds up wall time per ledger part, and measured FLOPs when on, into the dicts it is given."""
+    """Adds up wall time per ledger part, and measured FLOPs when on, into the dicts it is given.
+
+    On a GPU the clock is read after the device has finished what was queued: kernels run
+    asynchronously, so an unsynchronised part would be charged for its predecessor's work and leave
+    its own to the next (time_* and MFU off in both directions)."""
 
     def __init__(self, on: bool, seconds: dict[str, float], totals: dict[str, float]):
         self.on = on
         self.seconds = seconds
         self.totals = totals
+        self.synchronize = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
 
     @contextlib.contextmanager
     def count(self, part: str) -> Iterator[None]:
+        self.synchronize()
         start = time.perf_counter()
         try:
             if not self.on:
@@ -46,4 +52,5 @@ class Meter:
                 yield
             self.totals[part] = self.totals.get(part, 0.0) + counter.get_total_flops()
         finally:
+            self.synchronize()
             self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - start

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoModelForTokenClassification, AutoTokenizer
 
 from isoflop_cli import flops
-from isoflop_cli.recipe.checkpoint import cached, char_tokenizer, qwen2_config, supervised
+from isoflop_cli.recipe.checkpoint import cached, char_tokenizer, qwen2_config, scorer, supervised
 from isoflop_cli.tasks import Problem
 from isoflop_cli.tasks.arith import ALPHABET, ArithTask
 
@@ -34,7 +34,7 @@ class ProcessRewardModel:
         self.task = task
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.tokenizer.padding_side = "right"
-        self.model = AutoModelForTokenClassification.from_pretrained(path).eval()
+        self.model = scorer(AutoModelForTokenClassification, path)
         self.shape = replace(flops.Shape.from_config(self.model.config), vocab=self.model.config.num_labels)
         self.last_flops = 0.0
 
@@ -43,7 +43,8 @@ class ProcessRewardModel:
         """Rewards; the FLOPs the scoring took (every position of the padded batch) go to `last_flops`."""
         prompts = [p.prompt for p in problems]
         ids, attention = encode(self.tokenizer, prompts, [c.strip() for c in completions])
-        probs = torch.sigmoid(self.model(input_ids=ids, attention_mask=attention).logits[..., 0])
+        logits = self.model(input_ids=ids.to(self.model.device), attention_mask=attention.to(self.model.device)).logits[..., 0]
+        probs = torch.sigmoid(logits.float()).cpu()
         ends = step_ends(self.tokenizer, ids, attention, prompts)
         self.last_flops = flops.reward_model(self.shape, *ids.shape)
         return ((probs * ends).sum(-1) / ends.sum(-1)).tolist()

@@ -15,12 +15,15 @@ Both return `Rollouts` and take new weights through `load_weights`.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import torch
 import transformers
 from packaging.version import Version
 from transformers import DynamicCache
+
+from isoflop_cli.recipe.distributed import Group, device
 
 # transformers 5.24 renamed `past_key_values` to `cache` (the old name warns); vLLM's CPU build pins
 # transformers < 5.20, so the sampler runs in both environments and passes the name each knows.
@@ -59,34 +62,43 @@ class Rollouts:
                        logprobs=self.logprobs[rows], texts=[self.texts[i] for i in rows.tolist()], prefill_rows=min(self.prefill_rows, len(rows)))
 
 
-def make_sampler(cfg, policy, tokenizer, max_prompt_tokens: int, own_copy: bool = False):
-    """The run's sampler (`sampler.name`): vLLM with its own engine, or the HF decode loop on `policy`."""
-    dtype = torch.bfloat16 if cfg.learner.bf16 else None  # the learner computes in bf16: so does its sampler
+def make_sampler(cfg, policy, tokenizer, max_prompt_tokens: int, own_copy: bool = False, group: Group = Group()):
+    """The run's sampler (`sampler.name`): vLLM, an engine on each of the `group`'s ranks (or
+    tensor-parallel groups of them), or the HF decode loop on `policy`."""
     if cfg.sampler.name == "vllm":
         from isoflop_cli.recipe import checkpoint
         from isoflop_cli.recipe.vllm_sampler import VllmSampler
 
         return VllmSampler(checkpoint.model_path(cfg.model, cfg.task), cfg.sampler, cfg.lora, tokenizer, seed=cfg.seed,
-                           max_len=max_prompt_tokens + cfg.task.max_new_tokens, dtype=dtype or torch.float32)
-    return HFSampler(policy, tokenizer, shared_prefill=cfg.sampler.shared_prefill, own_copy=own_copy, dtype=dtype)
+                           max_len=max_prompt_tokens + cfg.task.max_new_tokens, dtype=sampler_dtype(cfg), group=group)
+    return HFSampler(policy, tokenizer, shared_prefill=cfg.sampler.shared_prefill, own_copy=own_copy, dtype=sampler_dtype(cfg))
+
+
+def sampler_dtype(cfg) -> torch.dtype:
+    """The dtype the sampler's weights are held and pushed in: the learner's compute dtype (bf16 with learner.bf16)."""
+    return torch.bfloat16 if cfg.learner.bf16 else torch.float32
 
 
 class HFSampler:
     """Samples with a Hugging Face causal LM.
 
     Given the learner's own model it samples with it directly (one process, no copy). Given
-    `own_copy=True` it keeps an unsharded copy (in `dtype`, e.g. bf16 on GPU) that `load_weights`
-    refreshes after each update, as a separate engine would: that is what a sharded (FSDP) learner uses.
+    `own_copy=True` it keeps an unsharded copy (on the run's device, in `dtype`, e.g. bf16 on GPU)
+    that `load_weights` refreshes after each update, as a separate engine would: that is what a
+    sharded (FSDP) learner uses.
     """
 
     def __init__(self, model, tokenizer, shared_prefill: bool = True, own_copy: bool = False, dtype: torch.dtype | None = None):
-        self.model = copy.deepcopy(model).to(dtype=dtype).eval().requires_grad_(False) if own_copy else model
+        self.model = copy.deepcopy(model).to(device=device(), dtype=dtype).eval().requires_grad_(False) if own_copy else model  # a sharded learner's policy waits in host memory
         self.tokenizer = tokenizer
         self.shared_prefill = shared_prefill
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """New policy weights: all of them, or only the adapter's (LoRA)."""
-        self.model.load_state_dict(state_dict, strict=False)
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """New policy weights, one tensor at a time: all of them, or only the adapter's (LoRA)."""
+        own = self.model.state_dict()  # views of the copy's tensors, a tied one under each of its names
+        with torch.no_grad():
+            for name, tensor in weights:
+                own[name].copy_(tensor)
 
     def sample(self, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
         training = self.model.training  # the learner's own model samples in eval mode, then goes back

@@ -7,14 +7,14 @@ evaluate) and the learning rate; it knows nothing of grids or Ray. It writes one
 eval point to the run directory (flushed as it goes), a status file the dispatcher can watch, and
 every `checkpoint.every` steps the training state, from which a restarted run resumes.
 
-With `learner.world_size` > 1 the run is that many processes (see `distributed`): rank 0 samples,
-scores and evaluates; every rank trains on its share of each mini-batch of an FSDP2-sharded model.
+With `learner.world_size` > 1 the run is that many processes (see `distributed`): rank 0 decides
+what to sample, scores and evaluates, sampling itself (HF) or with every rank's vLLM engine sampling
+its share; every rank trains on its share of each mini-batch of an FSDP2-sharded model.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import itertools
 import json
@@ -24,6 +24,7 @@ import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -34,14 +35,15 @@ from isoflop_cli.config import run_content, sharded
 from isoflop_cli.recipe import checkpoint, distributed, resume
 from isoflop_cli.recipe.distributed import Group
 from isoflop_cli.recipe.evaluate import Evaluator, Judge
-from isoflop_cli.recipe.learner import Actor, Layout, tree_tokens
+from isoflop_cli.recipe.learner import Actor, Layout, pack, tree_pieces, tree_tokens
 from isoflop_cli.recipe.losses import ADVANTAGES, POLICY_LOSSES, AdvantageInputs, Advantages, kl_k3, token_weights, truncated_is, value_loss
 from isoflop_cli.recipe.measure import Meter
 from isoflop_cli.recipe.rewards import make_reward
-from isoflop_cli.recipe.sampler import Rollouts, make_sampler
+from isoflop_cli.recipe.sampler import Rollouts, make_sampler, sampler_dtype
 from isoflop_cli.store import FAILED, PAUSED, RUNNING, RunFiles, disk_full_message, is_disk_full
 from isoflop_cli.tracking import Tracking, flat, tracker_root
 
+T = TypeVar("T")
 STATS = ("reward", "zero_var", "loss", "kl", "entropy", "clip_frac", "tis", "value_loss")
 
 
@@ -99,7 +101,7 @@ def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str, pause
     files.set_status(RUNNING, step=0, M=budget.M, pid=os.getpid())
     try:
         if sharded(cfg):
-            distributed.launch(_train, cfg.learner.world_size, cfg, budget, lr, files, pause_at)
+            distributed.launch(_train, cfg.learner.world_size, cfg, budget, lr, files, pause_at, timeout_s=cfg.learner.collective_timeout_s)
         else:
             _train(Group(), cfg, budget, lr, files, pause_at)
     except BaseException as e:
@@ -127,6 +129,8 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
         if trainer.tracking:
             trainer.tracking.close(failed=True)
         raise
+    finally:
+        trainer.close()
     if trainer.tracking:
         trainer.tracking.close()
 
@@ -145,7 +149,7 @@ class Trainer:
         # A step's prompts take microseconds to tokenize; the tokenizer's thread pool only waits on
         # torch's threads (0.6 ms of a 30 ms step at n = 4, measured). A user's setting stands.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = distributed.device()
         if group.is_main:  # in the job log: where the run trains, and the GPUs its scheduler gave it
             print(f"device {self.device} on {socket.gethostname()}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}", flush=True)
         self._build_models()
@@ -158,33 +162,45 @@ class Trainer:
 
     def _build_models(self) -> None:
         """The policy (with LoRA adapters), its value head if the algorithm has one, and the KL
-        reference: a frozen copy, or with LoRA the same model with its adapters off."""
-        cfg = self.cfg
-        self.tokenizer, policy = checkpoint.load(cfg.model, cfg.task)
-        torch.manual_seed(cfg.seed)  # after the load: a first-use build must not shift the run's RNG stream
-        random.seed(cfg.seed)
-        if self.lora:
-            from peft import LoraConfig, get_peft_model
+        reference: the checkpoint once more, frozen, in the compute dtype (bf16 with learner.bf16,
+        the precision its forward runs at anyway), or with LoRA the policy with its adapters off.
 
-            policy = get_peft_model(policy, LoraConfig(r=self.lora, lora_alpha=cfg.lora.alpha, target_modules=list(cfg.lora.targets), lora_dropout=0.0))
-        if self.learner.activation_checkpointing:
-            policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        self.actor = Actor(policy, value_head=self.spec.value_head).to(self.device)
+        Ranks > 0 of a sharded learner build all of it on the meta device, without storage: their
+        shards are allocated and filled from rank 0's weights as they are sharded (`distributed.shard`)."""
+        cfg, meta = self.cfg, not self.group.is_main
         separate = self.passes.reference and not self.lora
-        self.reference = Actor(copy.deepcopy(policy)).to(self.device).eval().requires_grad_(False) if separate else None
+        self.tokenizer, policy = checkpoint.load(cfg.model, cfg.task, meta=meta)
+        reference = checkpoint.load(cfg.model, cfg.task, sampler_dtype(cfg), meta=meta)[1] if separate else None  # the compute dtype
+        torch.manual_seed(cfg.seed)  # after the loads: a first-use build must not shift the run's RNG stream
+        random.seed(cfg.seed)
+        with torch.device("meta") if meta else contextlib.nullcontext():  # the adapters and the value head too
+            if self.lora:
+                from peft import LoraConfig, get_peft_model
+
+                policy = get_peft_model(policy, LoraConfig(r=self.lora, lora_alpha=cfg.lora.alpha, target_modules=list(cfg.lora.targets), lora_dropout=0.0))
+            if self.learner.activation_checkpointing:
+                policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            self.actor = Actor(policy, value_head=self.spec.value_head, logit_chunk=self.learner.logit_chunk_tokens)
+            self.reference = Actor(reference, logit_chunk=self.learner.logit_chunk_tokens).eval().requires_grad_(False) if separate else None
+        if not sharded(cfg):  # a sharded learner's weights reach the device as they are sharded
+            for model in filter(None, (self.actor, self.reference)):
+                model.to(self.device)
         self.shape = flops.Shape.from_config(policy.config).with_lora(self.lora, cfg.lora.targets)
         self.params = sum(p.numel() for p in policy.parameters())
 
     def _build_task(self) -> None:
-        """The task's prompts as this tokenizer sees them, the sampler (rank 0: the policy itself, or
-        with a sharded learner or vLLM its own weights, synced after each update), the reward."""
+        """The task's prompts as this tokenizer sees them, the sampler (HF, rank 0: the policy itself,
+        or with a sharded learner its own copy; vLLM: an engine on every rank or tensor-parallel
+        group; either with its own weights synced after each update), the reward."""
         cfg, main = self.cfg, self.group.is_main
         self.task = tasks.make(cfg.task)
         self.task.prepare(self.tokenizer)  # chat template; prompts over task.max_prompt_tokens dropped
         if main and any(self.task.dropped.values()):
             print(f"prompts over task.max_prompt_tokens, left out: {self.task.dropped}", flush=True)
-        self.sampler = make_sampler(cfg, self.actor.policy, self.tokenizer, self.task.max_prompt_tokens, own_copy=sharded(cfg)) if main else None
-        self.separate_sampler = sharded(cfg) or cfg.sampler.name == "vllm"
+        self.vllm = cfg.sampler.name == "vllm"
+        self.sampler = make_sampler(cfg, self.actor.policy, self.tokenizer, self.task.max_prompt_tokens, own_copy=sharded(cfg),
+                                    group=self.group) if main or self.vllm else None
+        self.separate_sampler = sharded(cfg) or self.vllm
         if sharded(cfg):
             for model in filter(None, (self.actor, self.reference)):
                 distributed.shard(model, self.learner.bf16)
@@ -244,7 +260,8 @@ class Trainer:
         if self.budget_left():  # paused: the stage's eval point is written; continue later from here
             self.save()
             return
-        if self.group.is_main and self.files.read_metrics()[-1]["step"] != self.progress.step:
+        last = self.group.broadcast(self.files.read_metrics()[-1]["step"] if self.group.is_main else None)  # every rank takes part in an eval
+        if last != self.progress.step:
             self.evaluate()  # the run's last point, when it fell between checkpoints
         if self.cfg.checkpoint.keep_final:  # after the last point: a sweep with larger budgets continues from here
             self.save()
@@ -252,7 +269,10 @@ class Trainer:
     def step(self) -> None:
         problems = [next(self.prompts) for _ in range(self.B_p)]
         self.progress.prompts_drawn += self.B_p
-        batch = self.group.broadcast(self.score(problems, self.sample(problems)) if self.group.is_main else None)
+        rollouts = self.lead(lambda: self.sample(problems))
+        if self.vllm:
+            self.sampler.sleep()  # the learner's turn (GPU): the engine's memory back until the next push and sampling
+        batch = self.group.broadcast(self.score(problems, rollouts) if self.group.is_main else None)
         self.arrange(batch)
         self.pre_passes(batch)
         self.estimate_advantages(batch)
@@ -264,8 +284,22 @@ class Trainer:
 
     # The step's parts, in order.
 
+    def lead(self, work: Callable[[], T]) -> T | None:
+        """`work()` on rank 0, which alone decides what to sample, scores and evaluates; None on the
+        other ranks. With vLLM those serve rank 0's sampling requests meanwhile, each engine sampling
+        its share; with the HF sampler (rank 0's alone) they go straight on to the next collective."""
+        if not self.group.is_main:
+            if self.vllm:
+                self.sampler.serve()
+            return None
+        try:
+            return work()
+        finally:
+            if self.vllm:
+                self.sampler.release()
+
     def sample(self, problems: list) -> Rollouts:
-        """n completions for each of the B_p prompts (rank 0)."""
+        """n completions for each of the B_p prompts (rank 0; with vLLM every engine samples its share)."""
         with self.meter.count("search"):
             return self.sampler.sample([p.prompt for p in problems], self.n, self.algo.temperature, self.algo.top_p, self.cfg.task.max_new_tokens)
 
@@ -295,15 +329,35 @@ class Trainer:
         batch.weights = torch.zeros_like(batch.mask)
         for mb in minibatches:
             batch.weights[mb] = token_weights(batch.mask[mb], self.spec.loss_agg, self.cfg.task.max_new_tokens)
-        micro_rows = max(1, self.learner.micro_batch // k) * k if self.learner.micro_batch else R
-        batch.chunks = [self.group.mine(mb, k).split(micro_rows) for mb in minibatches]
+        batch.chunks = [self.micro_batches(batch, self.group.mine(mb, k)) for mb in minibatches]
+
+    def micro_batches(self, batch: Batch, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """This rank's rows of a mini-batch (whole groups) in the forwards that take them: groups
+        packed in order up to learner.max_tokens_per_micro_batch positions of the layout (the tree:
+        each prompt once and its completion tokens; plain rows: each at its padded width), a group
+        over it in pieces of its rows; else learner.micro_batch rows (whole groups, at least one),
+        else all at once. The token weights are the mini-batch's, so any split sums to the same loss
+        and gradient."""
+        k, budget = batch.n_learn, self.learner.max_tokens_per_micro_batch
+        if budget:
+            r = batch.rollouts
+            mask = r.attention_mask[rows]  # [rows, L]
+            if self.learner.shared_prompt:
+                shared, per_row = mask[::k, :r.prompt_width].sum(-1), mask[:, r.prompt_width:].sum(-1).view(-1, k)  # [G], [G, k]
+            else:
+                shared, per_row = torch.zeros(len(rows) // k, dtype=torch.long), torch.full((len(rows) // k, k), mask.shape[1])
+            return rows.split(pack(shared, per_row, budget))
+        return rows.split(max(1, self.learner.micro_batch // k) * k if self.learner.micro_batch else len(rows))
 
     def layout(self, batch: Batch, idx: torch.Tensor) -> Layout:
         """Rows `idx` as a learning pass reads them: one sequence of prompt trees (each prompt once,
-        then its completions, no padding), or (learner.shared_prompt=false) the rows as they are."""
+        then its completions, no padding; a piece of a group split by the token budget, its prompt
+        and those rows), or (learner.shared_prompt=false) the rows as they are."""
         r = batch.rollouts
         seq, attn = r.sequences[idx].to(self.device), r.attention_mask[idx].to(self.device)
-        return Layout.tree(seq, attn, r.prompt_width, batch.n_learn) if self.learner.shared_prompt else Layout.plain(seq, attn, r.prompt_width)
+        if not self.learner.shared_prompt:
+            return Layout.plain(seq, attn, r.prompt_width)
+        return Layout.tree(seq, attn, r.prompt_width, min(batch.n_learn, len(idx)))  # whole groups, or one group's piece
 
     @torch.no_grad()
     def pre_passes(self, batch: Batch) -> None:
@@ -376,18 +430,24 @@ class Trainer:
         return {k: v.detach() for k, v in stat.items()}
 
     def sync_sampler(self) -> None:
-        """The sampler's own weights take the learner's (LoRA: the adapter's); the gather is collective."""
-        weights = distributed.full_weights(self.actor.policy, trainable_only=bool(self.lora))
-        if self.group.is_main:
+        """The sampler's own weights take the learner's (LoRA: the adapter's), streamed one tensor at a
+        time in the sampler's dtype. Each tensor's gather is collective, so every rank walks the whole
+        stream: into its engine (vLLM), into rank 0's copy (HF), or nowhere (HF, ranks > 0)."""
+        weights = distributed.stream_weights(self.actor.policy, trainable_only=bool(self.lora), dtype=sampler_dtype(self.cfg))
+        if self.sampler is None:
+            for _ in weights:
+                pass
+        else:
             self.sampler.load_weights(weights)
 
     def account(self, batch: Batch) -> None:
         """The ledger: rollouts, generated tokens and FLOPs per part, the step's measured sizes
         through the step cost `plan` bounds; and the training statistics since the last eval."""
         r, s, B_p, n = batch.rollouts, batch.sampled, self.B_p, self.n
+        trees = tree_pieces(r.attention_mask, r.prompt_width, batch.n_learn, self.learner.max_tokens_per_micro_batch)  # [B_p]
         sizes = flops.StepBatch(prompts=B_p, n=n, prompt_width=r.prompt_width, generated_width=s.generated_width, prefill_rows=s.prefill_rows,
-                                n_learn=batch.n_learn, tree_tokens=tree_tokens(r.attention_mask, r.prompt_width, batch.n_learn),
-                                learned_tokens=r.tokens_generated, decode_rows=s.decode_rows)
+                                n_learn=batch.n_learn, tree_tokens=tree_tokens(r.attention_mask, r.prompt_width, batch.n_learn, trees),
+                                learned_tokens=r.tokens_generated, decode_rows=s.decode_rows, trees=int(trees.sum()))
         cost = flops.step_cost(self.shape, self.algo, sizes, self.learner.shared_prompt, batch.reward_flops)
         ledger, since_eval = self.progress.ledger, self.progress.since_eval
         ledger["rollouts"] += B_p * n
@@ -422,13 +482,14 @@ class Trainer:
         return passed
 
     def evaluate(self) -> None:
-        """One metrics row (rank 0): the ledger, timings, validation metrics and the training
-        statistics since the last row; per-problem results beside it."""
-        if not self.group.is_main:
-            return
+        """One metrics row (rank 0; with vLLM every engine samples its share of the validation sets):
+        the ledger, timings, validation metrics and the training statistics since the last row;
+        per-problem results beside it."""
         step, ledger, since_eval, cfg = self.progress.step, self.progress.ledger, self.progress.since_eval, self.cfg
         with self.meter.count("eval"):
-            evaluation = self.evaluator(self.sampler, seed=cfg.seed * 1_000_003 + step)
+            evaluation = self.lead(lambda: self.evaluator(self.sampler, seed=cfg.seed * 1_000_003 + step))
+        if not self.group.is_main:
+            return
         ledger["flops_eval"] += evaluation.flops
         self.files.append_problems(step, evaluation.per_problem)
         means = {f"train_{k}" if k in ("reward", "loss") else k: _mean(v) for k, v in since_eval.items()}
@@ -444,6 +505,11 @@ class Trainer:
         self.tracking.log(row)
         for v in since_eval.values():
             v.clear()
+
+    def close(self) -> None:
+        """vLLM's engines shut down while the run's process group is still up (see `VllmSampler.close`)."""
+        if self.vllm:
+            self.sampler.close()
 
     def save(self) -> None:
         self.progress.wall_s = time.time() - self.started

@@ -1,0 +1,231 @@
+"""The GPU memory model (`memory.py`) against figures computed by hand for a Qwen2.5-7B shape, the
+knobs that move it, the cells `plan` refuses, and planning from a checkpoint without weights."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from isoflop_cli import config, memory
+from isoflop_cli.cli import app
+from isoflop_cli.flops import model_shape
+
+GIB = 2**30
+runner = CliRunner()
+
+# Qwen2.5-7B's shape, written out (nothing is downloaded).
+HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, VOCAB = 3584, 18944, 28, 28, 4, 152064
+
+
+@pytest.fixture(scope="module")
+def qwen7b(tmp_path_factory):
+    """A checkpoint directory with Qwen2.5-7B's config.json and a small real tokenizer, no weights;
+    and a problem file for task=dataset."""
+    from transformers import Qwen2Config
+
+    from isoflop_cli.recipe.checkpoint import char_tokenizer
+
+    path = tmp_path_factory.mktemp("qwen2.5-7b")
+    Qwen2Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
+                num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=32768,
+                tie_word_embeddings=False).save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    problems = path.parent / "problems.jsonl"
+    problems.write_text("".join(f'{{"prompt": "What is {i} + 1?", "reward_model": {{"ground_truth": "{i + 1}"}}}}\n' for i in range(200)))
+    return path, problems
+
+
+def seed_easy(qwen7b, *overrides):
+    """seed-easy as shipped on the 7B directory, with the knobs the hand computations read pinned."""
+    path, problems = qwen7b
+    pinned = ["sampler.gpu_memory_utilization=0.6", "sampler.tensor_parallel=1", "learner.max_tokens_per_micro_batch=32768",
+              "learner.logit_chunk_tokens=2048", "task.max_prompt_tokens=1024", "task.max_new_tokens=2048"]
+    return [f"model.path={path}", f"task.train={problems}", "eval.problems=16", *pinned, *overrides]
+
+
+def predict(cfg, n, B_p):
+    return memory.predict(model_shape(cfg.model).with_lora(cfg.lora.rank, cfg.lora.targets), cfg, n, B_p, cfg.task.max_prompt_tokens)
+
+
+def test_7b_full_fine_tuning_over_8_ranks_by_hand(qwen7b):
+    """bf16, activation checkpointing, KL and entropy on, vLLM TP 1 asleep while learning; n = 16,
+    B_p = 64: each rank takes 8 prompt groups of 1024 + 16 x 2048 = 33,792 positions, each over the
+    32,768 budget, so a micro-batch is a piece of one group: its prompt and (32,768 - 1,024) // 2,048
+    = 15 completions."""
+    cfg = config.load("seed-easy", seed_easy(qwen7b))
+    assert (cfg.cluster.gpus_per_run, cfg.learner.world_size, cfg.learner.bf16, cfg.learner.activation_checkpointing) == (8, 8, True, True)
+    m = predict(cfg, n=16, B_p=64)
+
+    # Parameters: one layer's projections q, k, v, o (GQA: k and v 4 x 128 = 512 wide) and a gated MLP.
+    layer = 3584 * 3584 + 3584 * 512 + 3584 * 512 + 3584 * 3584 + 3584 * 18944 + 3584 * 18944 + 18944 * 3584
+    assert layer == 233_046_016
+    rest = 2 * 152064 * 3584  # embeddings and an untied LM head
+    params = 28 * layer + rest
+    assert params == 7_615_283_200
+    # Learner state per rank: fp32 weights, gradients, 2 AdamW states, and the bf16 reference, each / 8.
+    assert m.weights * GIB == pytest.approx(4 * params / 8)
+    assert m.gradients * GIB == pytest.approx(4 * params / 8)
+    assert m.optimizer * GIB == pytest.approx(8 * params / 8)
+    assert m.reference * GIB == pytest.approx(2 * params / 8)
+    # FSDP: the root (embeddings + head) and two layers gathered in bf16; the root's bf16 gradients,
+    # one layer's in bf16 and again in fp32 for the reduce-scatter.
+    assert m.gathered * GIB == pytest.approx(2 * rest + 2 * 2 * layer + 2 * rest + (2 + 4) * layer)
+    # The micro-batch: one prompt tree of 1024 + 15 * 2048 positions; keys: the prompt's 1024 and
+    # each completion's row of 3072; masks [1024, 1024] and 15 x [2048, 3072] booleans.
+    S, K, N = 1024 + 15 * 2048, 1024 + 15 * 3072, 15 * 2048
+    assert (m.micro_batch.groups, m.micro_batch.tokens, m.micro_batch.keys, m.micro_batch.logit_positions) == (1, S, K, N)
+    masks = 1024 * 1024 + 15 * 2048 * 3072
+    # One layer's saved bytes per position (bf16): 2 norms (fp32 input + bf16 output), the
+    # inputs of qkv and gate/up, q + attention out + o_proj in (3 x 3584 x 2), the MLP's 4 x 18944 x 2;
+    # per key position k and v repeated to 28 heads (2 x 3584 x 2).
+    per_position = 2 * (4 * 3584 + 2 * 3584) + 2 * 2 * 3584 + 3 * 2 * 3584 + 4 * 2 * 18944
+    assert per_position == 230_400
+    one_layer = S * per_position + K * 2 * 2 * 3584
+    # Checkpointing: 28 layer inputs (bf16) + one layer's internals; the final norm, the hidden
+    # states at the logit positions, the residual stream's two gradients, the masks.
+    activations = 28 * 2 * 3584 * S + one_layer + S * (4 * 3584 + 2 * 3584) + N * 2 * 3584 + 2 * 2 * 3584 * S + masks
+    assert m.activations * GIB == pytest.approx(activations)
+    # One chunk of 2048 tokens x 152064: 3 fp32 copies, 2 more for the entropy, bf16 output and gradient.
+    assert m.logits * GIB == pytest.approx(2048 * 152064 * (4 * (3 + 2) + 2 * 2))
+    assert m.step_tensors * GIB == pytest.approx(5 * 64 * 16 * (1024 + 2048 - 1) * 4)
+    # vLLM: one engine per GPU in bf16; its share is 0.6 x 141 GiB, the KV cache what its weights leave.
+    assert m.sampler_weights * GIB == pytest.approx(2 * params)
+    assert m.kv_cache * GIB == pytest.approx(0.6 * 141 * GIB - 2 * params)
+    assert m.sampler_kept == 0  # asleep while learning
+
+    resident = (4 + 4 + 8 + 2) * params / 8 + 2 * GIB
+    sampling = resident + 0.6 * 141 * GIB
+    learning = (resident + 5 * 64 * 16 * 3071 * 4 + 2 * rest + 4 * layer + 2 * rest + 6 * layer + activations
+                + 2048 * 152064 * 24)
+    assert (m.sampling * GIB, m.learning * GIB) == (pytest.approx(sampling), pytest.approx(learning))
+    assert m.peak == pytest.approx(max(sampling, learning) / GIB) == pytest.approx(102.56, abs=0.01)
+    assert m.phase == "sampling" and m.learning == pytest.approx(45.94, abs=0.01)
+
+
+def test_7b_lora_on_one_gpu_by_hand(qwen7b):
+    """LoRA rank 32 on every projection, one GPU (bf16: FSDP2 over one rank), KL on (the reference is
+    the policy with its adapters off: no copy), vLLM with a 20 GiB KV cache; micro-batches of 16
+    rows: two groups of n = 8."""
+    cfg = config.load("seed-easy", seed_easy(qwen7b, "cluster.gpus_per_run=1", "lora.rank=32", "sampler.kv_cache_gib=20",
+                                             "learner.max_tokens_per_micro_batch=0", "learner.micro_batch=16",
+                                             "task.max_prompt_tokens=512", "task.max_new_tokens=1024", "algo.entropy_coef=0"))
+    assert (cfg.learner.world_size, cfg.algo.kl_coef > 0) == (1, True)
+    m = predict(cfg, n=8, B_p=16)
+
+    layer = 3584 * 3584 + 2 * 3584 * 512 + 3584 * 3584 + 3 * 3584 * 18944
+    rest = 2 * 152064 * 3584
+    params = 28 * layer + rest
+    # An adapter: r x (in + out) per projection.
+    adapter_layer = 32 * ((3584 + 3584) + (3584 + 512) + (3584 + 512) + (3584 + 3584) + (3584 + 18944) + (3584 + 18944) + (18944 + 3584))
+    assert adapter_layer == 2_883_584
+    adapter = 28 * adapter_layer
+    assert m.weights * GIB == pytest.approx(2 * params + 4 * adapter)  # frozen bf16 backbone, fp32 adapter
+    assert m.gradients * GIB == pytest.approx(4 * adapter)
+    assert m.optimizer * GIB == pytest.approx(8 * adapter)
+    assert m.reference == 0
+    assert m.gathered * GIB == pytest.approx(2 * (rest + 2 * (layer + adapter_layer)) + (2 + 4) * adapter_layer)
+    S, K, N = 2 * (512 + 8 * 1024), 2 * 512 + 16 * 1536, 16 * 1024
+    masks = 2 * 512 * 512 + 16 * 1024 * 1536
+    assert (m.micro_batch.rows, m.micro_batch.tokens, m.micro_batch.keys) == (16, S, K)
+    one_layer = S * 230_400 + K * 2 * 2 * 3584
+    activations = 28 * 2 * 3584 * S + one_layer + S * 6 * 3584 + N * 2 * 3584 + 4 * 3584 * S + masks
+    assert m.activations * GIB == pytest.approx(activations)
+    assert m.logits * GIB == pytest.approx(2048 * 152064 * (4 * 3 + 2 * 2))  # no entropy bonus
+    assert m.step_tensors * GIB == pytest.approx(5 * 16 * 8 * (512 + 1024 - 1) * 4)
+    assert m.sampler_weights * GIB == pytest.approx(2 * (params + adapter))
+    assert m.kv_cache * GIB == pytest.approx((20 + 1) * GIB)  # the cache and the engine's workspace
+    resident = 2 * params + 16 * adapter + 2 * GIB
+    assert m.sampling * GIB == pytest.approx(resident + 2 * (params + adapter) + 21 * GIB)
+    assert m.peak == pytest.approx(52.72, abs=0.01) and m.phase == "sampling"
+
+
+def test_each_knob_moves_the_prediction_as_it_claims(qwen7b):
+    cfg = config.load("seed-easy", seed_easy(qwen7b))
+
+    def at(**values):
+        return predict(config.with_values(cfg, values), n=8, B_p=64)  # groups of 1024 + 8 x 2048 = 17,408 positions
+
+    base = at()
+    assert base.micro_batch.tokens == 17_408  # 32,768 holds one group
+    wide = at(**{"learner.max_tokens_per_micro_batch": 65536})
+    assert wide.micro_batch.tokens == 3 * 17_408 and wide.activations > 2.5 * base.activations
+    assert wide.sampling == base.sampling  # the sampler does not see micro-batches
+    full = at(**{"learner.activation_checkpointing": False})
+    assert full.activations > 10 * base.activations and full.gathered == base.gathered
+    chunk = at(**{"learner.logit_chunk_tokens": 1024})
+    assert chunk.logits == pytest.approx(base.logits / 2)
+    # Tensor parallel halves the engine's weights on each GPU; its share (and the sampling phase)
+    # stays, the cache takes what the weights gave back. With a KV cache in bytes the phase shrinks.
+    tp2 = at(**{"sampler.tensor_parallel": 2})
+    assert tp2.sampler_weights == pytest.approx(base.sampler_weights / 2)
+    assert tp2.kv_cache == pytest.approx(base.kv_cache + base.sampler_weights / 2) and tp2.sampling == pytest.approx(base.sampling)
+    sized = at(**{"sampler.kv_cache_gib": 30.0}), at(**{"sampler.kv_cache_gib": 30.0, "sampler.tensor_parallel": 2})
+    assert sized[1].sampling == pytest.approx(sized[0].sampling - base.sampler_weights / 2)
+    share = at(**{"sampler.gpu_memory_utilization": 0.4})
+    assert share.kv_cache == pytest.approx(base.kv_cache - 0.2 * 141) and share.sampling == pytest.approx(base.sampling - 0.2 * 141)
+    awake = at(**{"sampler.sleep": False})
+    assert awake.learning == pytest.approx(base.learning + 0.6 * 141)  # the engine's whole share stays
+    more = config.with_values(cfg, {"cluster.gpus_per_run": 16.0, "learner.world_size": 16})
+    assert predict(more, 8, 64).optimizer == pytest.approx(base.optimizer / 2)
+
+
+def test_a_cell_that_cannot_fit_is_refused_with_its_knob(qwen7b):
+    # Without checkpointing one prompt group's activations (17,408 positions) need ~115 GiB.
+    axes = "+grid.axes={learner.activation_checkpointing:[true,false]}"
+    result = runner.invoke(app, ["plan", "--json", "--config", "seed-easy", *seed_easy(qwen7b, "grid.n=[8]", "grid.B_p=[64]", axes)])
+    assert result.exit_code == 0, result.output
+    on, off = json.loads(result.output)
+    assert on["feasible"] and on["predicted"]["gpu_memory_gib"] <= 141
+    reason = off["reason"]
+    assert not off["feasible"] and reason.startswith("needs 146.1 GiB of cluster.gpu_memory_gib=141 per GPU while learning (activations 114.9")
+    assert "turn learner.activation_checkpointing on" in reason
+    # Micro-batches by rows hold a prompt group whole: one of 263,168 positions cannot fit, and the
+    # message names the knob that splits it.
+    rows = ("grid.n=[128]", "grid.B_p=[64]", "learner.max_tokens_per_micro_batch=0", "learner.micro_batch=128")
+    only = runner.invoke(app, ["plan", "--config", "seed-easy", *seed_easy(qwen7b, *rows)])
+    assert only.exit_code == 2 and "no feasible cell: needs" in only.output
+    assert "a prompt group alone feeds 263,168 positions: set learner.max_tokens_per_micro_batch (it splits groups)" in " ".join(only.output.split())
+    # vLLM's share smaller than its own weights: refused with the two knobs that fix it.
+    small = runner.invoke(app, ["plan", "--config", "seed-easy", *seed_easy(qwen7b, "grid.n=[8]", "grid.B_p=[64]", "sampler.gpu_memory_utilization=0.1")])
+    assert small.exit_code == 2 and "does not hold the engine's weights" in small.output and "sampler.tensor_parallel" in small.output
+
+
+def test_plan_needs_no_weights_and_no_vllm_a_sweep_needs_both(qwen7b, tmp_path):
+    """The 7B directory holds config.json and tokenizer files only: `plan` plans it (vLLM need not
+    import here either); `sweep` and `run` refuse it before anything starts."""
+    args = seed_easy(qwen7b, "grid.n=[8,16]", "grid.B_p=[64]")
+    result = runner.invoke(app, ["plan", "--json", "--config", "seed-easy", *args])
+    assert result.exit_code == 0, result.output
+    assert [r["predicted"]["gpu_memory_gib"] for r in json.loads(result.output)] == [pytest.approx(102.56, abs=0.01)] * 2
+    table = runner.invoke(app, ["plan", "--config", "seed-easy", *args])
+    assert table.exit_code == 0 and "GiB/GPU" in table.output and "103" in table.output
+    for command in (["sweep", "--out", str(tmp_path / "out")], ["run", "--out", str(tmp_path / "run")]):
+        refused = runner.invoke(app, [*command, "--config", "seed-easy", *args])
+        assert refused.exit_code == 2 and "has no weights" in refused.output, refused.output
+        assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()
+
+
+def test_seed_easy_on_8_h200s(qwen7b):
+    """seed-easy as shipped on the 7B config: vLLM, every GPU a learner rank, every cell within
+    grid.max_batch fits in 141 GiB. A prompt group over the token budget is split into pieces of its
+    completions (`Trainer.micro_batches`), so n = 2048 (4.2M positions a group at 2048 new tokens)
+    learns in forwards of 15 completions, each with its prompt."""
+    from isoflop_cli.grid import expand
+
+    path, problems = qwen7b
+    cfg = config.load("seed-easy", [f"model.path={path}", f"task.train={problems}", "eval.problems=16"])
+    assert (cfg.sampler.name, cfg.sampler.sleep, cfg.learner.world_size, cfg.cluster.gpus_per_run) == ("vllm", True, 8, 8)
+    assert cfg.learner.bf16 and cfg.learner.activation_checkpointing and cfg.learner.max_tokens_per_micro_batch > 0
+    cells = expand(cfg)
+    for c in cells:
+        fits_batch = c.axes["n"] * c.axes["B_p"] <= cfg.grid.max_batch
+        assert c.feasible == fits_batch, (c.axes, c.reason)
+        if c.feasible:
+            assert c.plan.gpu_memory.peak <= 141
+            micro = c.plan.gpu_memory.micro_batch
+            assert micro.tokens <= cfg.learner.max_tokens_per_micro_batch
+            if 1024 + c.axes["n"] * 2048 > 32768:  # a group over the budget: pieces of (32,768 - 1,024) // 2,048 completions
+                assert (micro.groups, micro.rows) == (1, 15)
+    # Every cell peaks while sampling: the learner's resident 16.0 GiB, the engine's share
+    # 0.6 x 141, 2 GiB overhead; learning peaks lower.
+    assert {round(c.plan.gpu_memory.peak, 2) for c in cells if c.feasible} == {102.56}

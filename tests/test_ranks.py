@@ -1,0 +1,145 @@
+"""What each process of a sharded learner holds and how long it waits: rank 0 reads the weights and
+every other rank only ever holds its shards (counted, storage by storage), filled to the
+checkpoint's values; a rank that waits in a collective past learner.collective_timeout_s fails the
+run instead of hanging."""
+
+import json
+import time
+
+import pytest
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.multiprocessing.spawn import ProcessRaisedException
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+
+from isoflop_cli import config
+from isoflop_cli.recipe import checkpoint, distributed
+from isoflop_cli.recipe.distributed import Group
+from isoflop_cli.store import RunFiles
+
+SMALL = ["n=4", "B_p=2", "eval.problems=4", "eval.samples=4"]
+
+
+class LiveStorage(TorchDispatchMode):
+    """The most bytes of real (not meta) tensor storage created under it and alive at once, read
+    after every op: each op's outputs, a tensor subclass (FSDP2's DTensor shards) by the plain
+    tensors it holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.alive: dict[StorageWeakRef, int] = {}
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.alive = {ref: n for ref, n in self.alive.items() if not ref.expired()}  # before adding: a freed storage's address is reused
+        for tensor in pytree.tree_leaves(out):
+            for plain in _plain(tensor) if isinstance(tensor, torch.Tensor) else ():
+                if plain.device.type != "meta":
+                    self.alive[StorageWeakRef(plain.untyped_storage())] = plain.untyped_storage().nbytes()
+        self.peak = max(self.peak, sum(self.alive.values()))
+        return out
+
+
+def _plain(tensor: torch.Tensor) -> list[torch.Tensor]:
+    if is_traceable_wrapper_subclass(tensor):
+        inner = (getattr(tensor, name) for name in tensor.__tensor_flatten__()[0])
+        return [p for t in inner if isinstance(t, torch.Tensor) for p in _plain(t)]
+    return [tensor]
+
+
+def _build(group: Group, overrides: list[str], out: str) -> None:
+    """One rank's Trainer, built while its storage is counted; then what its models hold."""
+    from isoflop_cli.recipe.trainer import Budget, Trainer
+
+    cfg = config.load(None, overrides)
+    with LiveStorage() as live:
+        trainer = Trainer(group, cfg, Budget("rollouts", 16, (16,), 2), 1e-4, RunFiles(f"{out}/run"), None)
+    _, fresh = checkpoint.load(cfg.model, cfg.task)  # the checkpoint, read here only to compare
+    expected, expected_buffers = fresh.state_dict(), dict(fresh.named_buffers())
+    policy = trainer.actor.policy.get_base_model() if trainer.lora else trainer.actor.policy
+    gathered = [get_model_state_dict(m, options=StateDictOptions(full_state_dict=True)) for m in (trainer.actor, trainer.reference) if m is not None]  # every rank's shards
+    found = {
+        "peak": live.peak,
+        "tied": policy.lm_head.weight is policy.model.embed_tokens.weight,
+        "buffers": all(torch.equal(b, expected_buffers[name]) for name, b in policy.named_buffers()),  # whole on every rank, not in the state dict
+        "weights": [all(torch.equal(v, expected[_checkpoint_key(k)]) for k, v in full.items() if "lora_" not in k and k != "value_head.weight")
+                    for full in gathered],
+    }
+    with open(f"{out}/rank{group.rank}.json", "w") as f:
+        json.dump(found, f)
+
+
+def _checkpoint_key(key: str) -> str:
+    """An Actor's state-dict key as the checkpoint names it (LoRA: the base layer's)."""
+    return key.removeprefix("policy.").removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+
+def _bytes(model: torch.nn.Module) -> int:
+    return sum(t.untyped_storage().nbytes() for t in {id(t): t for t in [*model.parameters(), *model.buffers()]}.values())
+
+
+@pytest.mark.parametrize("variant", [["algo.kl_coef=0.1"], ["algo=ppo", "lora.rank=4"]], ids=["reference", "ppo-lora"])
+def test_rank_1_never_holds_a_full_copy_of_the_weights(tmp_path, variant):
+    """Two gloo ranks build a run (a KL reference beside the policy; or LoRA with a value head, the
+    reference being the adapter turned off). Every storage rank 1 allocates while it builds is
+    counted against the models one process holds: at its peak rank 1 held its half of them and at
+    most two of rank 0's tensors in flight (a broadcast's buffer lives until gloo's worker lets
+    go), and what it holds is the checkpoint (weights, the tie of embeddings and head, the rotary
+    buffers outside the state dict)."""
+    overrides = [*SMALL, *variant]
+    (tmp_path / "run").mkdir()
+    RunFiles(tmp_path / "run").take_lease()
+    distributed.launch(_build, 2, [*overrides, "learner.world_size=2"], str(tmp_path), timeout_s=600)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for found in ranks:
+        assert found["tied"] and found["buffers"] and all(found["weights"]), found
+
+    from isoflop_cli.recipe.trainer import Budget, Trainer
+
+    one = Trainer(Group(), config.load(None, overrides), Budget("rollouts", 16, (16,), 2), 1e-4, RunFiles(tmp_path / "one"), None)
+    models = [m for m in (one.actor, one.reference) if m is not None]
+    full, largest = sum(map(_bytes, models)), max(t.untyped_storage().nbytes() for m in models for t in m.parameters())
+    peak = ranks[1]["peak"]
+    print(f"rank 1 peak {peak} B of the full models' {full} B ({peak / full:.1%}); largest tensor {largest} B ({largest / full:.1%})")
+    assert full / 2 < peak <= full / 2 + 2 * largest + 0.01 * full  # the padding of shards and the buffers: within 1%
+    assert peak < (0.6 if len(models) == 2 else 0.7) * full
+
+
+def _wait(group: Group, nap_s: float) -> None:
+    group.broadcast("ready")  # both past the rendezvous
+    if group.rank == 1:
+        time.sleep(nap_s)
+    group.broadcast("after the nap")
+
+
+def test_a_rank_waiting_past_the_collective_timeout_fails_the_run():
+    """Rank 0 waits in a broadcast while rank 1 sleeps far longer than learner.collective_timeout_s:
+    the run fails with the knob named, long before rank 1 would have woken."""
+    started = time.time()
+    with pytest.raises(ProcessRaisedException, match=r"waited longer than learner\.collective_timeout_s=5 s"):
+        distributed.launch(_wait, 2, 300.0, timeout_s=5)
+    assert time.time() - started < 120
+
+
+def test_two_ranks_with_lora_and_a_value_head_give_the_losses_of_one_process(tmp_path):
+    """The adapters and the value head built on the meta device on rank 1 and filled from rank 0's:
+    two ranks' first steps (PPO, LoRA, a KL to the adapter turned off) give one process's losses."""
+    from typer.testing import CliRunner
+
+    from isoflop_cli.cli import app
+
+    args = [*SMALL, "B_p=4", "grid.budgets=[16,32]", "grid.eval_points=1", "algo=ppo", "lora.rank=4", "algo.kl_coef=0.1"]
+    rows = {}
+    for ws in (1, 2):
+        result = CliRunner().invoke(app, ["run", *args, f"learner.world_size={ws}", "--out", str(tmp_path / f"ws{ws}")])
+        assert result.exit_code == 0, result.output
+        rows[ws] = [json.loads(line) for line in (tmp_path / f"ws{ws}" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows[1]] == [r["step"] for r in rows[2]] == [0, 1, 2]
+    for a, b in zip(rows[1][1:], rows[2][1:]):
+        for key in ("train_loss", "kl", "value_loss", "clip_frac"):
+            assert abs(a[key] - b[key]) < 1e-4, (a["step"], key, a[key], b[key])
+        assert a["val_avg@k"] == b["val_avg@k"]
+    assert abs(rows[1][-1]["value_loss"]) > 0 and abs(rows[1][-1]["kl"]) > 0  # the compared terms are not all zero
