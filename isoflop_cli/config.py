@@ -179,7 +179,7 @@ class LearnerConfig:
     activation_checkpointing: Optional[bool] = None
     micro_batch: int = 0  # rows per forward/backward on each rank (whole prompt groups), gradients accumulated; 0: all
     # Tokens per forward/backward on each rank (whole prompt groups, the positions the layout feeds
-    # the model), gradients accumulated; 0: by learner.micro_batch. A group over it runs alone.
+    # the model), gradients accumulated; 0: by learner.micro_batch. A group over it learns in pieces of its rows.
     max_tokens_per_micro_batch: int = 0
     # Completion tokens whose [tokens, vocab] logits one chunk holds when log-probs and entropy are
     # computed (each chunk recomputed in backward, so at most one chunk's logits live at a time).

@@ -233,6 +233,16 @@ def tree_work(prompts: int, n: int, prompt_width: int, width: int, tokens: int, 
     return tokens, trees * prompt_width * prompt_width + prompts * n * (width - prompt_width) * width
 
 
+def piece_rows(budget: int, shared: int, per_row: int, k: int) -> int:
+    """Rows a micro-batch of one group holds at the bound (each row `per_row` positions, the group's
+    `shared` positions once: a tree's prompt, 0 for plain rows) under a token budget
+    (`learner.max_tokens_per_micro_batch`; 0: none): all k when the group fits, else as many as
+    fit beside the shared positions, at least one (`learner.pieces` splits a group so)."""
+    if not budget or shared + k * per_row <= budget:
+        return k
+    return min(k, max(1, (budget - shared) // per_row))
+
+
 def epoch_plan(epochs: float, n: int) -> tuple[int, int]:
     """(passes over the rollout batch, completions per group the updates learn from). Whole epochs
     >= 1 are passes over every completion; a fraction below 1 is one pass over that share of each

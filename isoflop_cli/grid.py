@@ -125,9 +125,7 @@ def _step_flops(cfg, n: int, B_p: int, shapes: _Shapes | None = None) -> tuple[f
     shared = (cfg.sampler.name == "vllm" or cfg.sampler.shared_prefill) and n > 1
     _, k = flops.epoch_plan(cfg.algo.epochs, n)  # completions per group the updates learn from
     # At the bound a group over the token budget splits into pieces of `per_piece` completions, each with its prompt.
-    budget = cfg.learner.max_tokens_per_micro_batch
-    per_piece = max(1, (budget - prompt) // new) if budget and prompt + k * new > budget else k
-    trees = B_p * -(-k // per_piece)
+    trees = B_p * -(-k // flops.piece_rows(cfg.learner.max_tokens_per_micro_batch, prompt, new, k))
     batch = flops.StepBatch(prompts=B_p, n=n, prompt_width=prompt, generated_width=new, prefill_rows=B_p if shared else rows,
                             n_learn=k, tree_tokens=trees * prompt + B_p * k * new, learned_tokens=B_p * k * new, trees=trees)
     reward = flops.reward_model(shapes.reward, rows, prompt + new + 1) if shapes.reward is not None else 0.0

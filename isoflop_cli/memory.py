@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 
 from isoflop_cli.algorithms import passes
 from isoflop_cli.config import ConfigError, sharded
-from isoflop_cli.flops import Shape, epoch_plan
+from isoflop_cli.flops import Shape, epoch_plan, piece_rows
 
 GIB = 2**30
 FP32 = 4  # bytes of the master weights, their gradients and each AdamW state
@@ -184,14 +184,15 @@ def micro_batch(cfg, n_learn: int, B_p: int, prompt: int, new: int) -> MicroBatc
     width = prompt + new
     per_group = prompt + n_learn * new if lrn.shared_prompt else n_learn * width
     budget = lrn.max_tokens_per_micro_batch
-    rows = None
-    if budget and per_group > budget:  # one piece of a group: as many rows as fit with the prompt (at least one)
-        groups, rows = 1, min(n_learn, max(1, (budget - prompt) // new if lrn.shared_prompt else budget // width))
-    elif budget:
-        groups = min(groups, max(1, budget // per_group))
-    elif lrn.micro_batch:
-        groups = min(groups, max(1, lrn.micro_batch // n_learn))
-    rows = rows or groups * n_learn
+    rows = piece_rows(budget, prompt, new, n_learn) if lrn.shared_prompt else piece_rows(budget, 0, width, n_learn)
+    if rows < n_learn:  # one piece of a group over the budget
+        groups = 1
+    else:
+        if budget:
+            groups = min(groups, max(1, budget // per_group))
+        elif lrn.micro_batch:
+            groups = min(groups, max(1, lrn.micro_batch // n_learn))
+        rows = groups * n_learn
     if lrn.shared_prompt:
         keys, masks = groups * prompt + rows * width, groups * prompt * prompt + rows * new * width
     else:

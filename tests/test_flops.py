@@ -157,3 +157,14 @@ def test_monotone_in_n_and_kl():
     assert flops.learning(lora, *rows) < flops.learning(shape, *rows)  # no weight gradients for the backbone
     assert flops.learning(shape, *flops.tree_work(8, 8, 6, 10, 8 * (6 + 8 * 4))) < flops.learning(shape, *rows)
     assert flops.generate(lora, 64, 6, 4) > flops.generate(shape, 64, 6, 4)  # the adapters run when sampling too
+
+
+@pytest.mark.parametrize("budget, shared, per_row, k", [(0, 5, 4, 8), (100, 5, 4, 8), (20, 5, 4, 8), (7, 5, 4, 8), (3, 0, 4, 8), (16, 0, 4, 8)])
+def test_plan_splits_a_group_at_the_bound_as_the_learner_does(budget, shared, per_row, k):
+    """flops.piece_rows (plan and the memory model, no torch) against learner.pieces on a group
+    whose rows all run to the bound: the same rows a piece."""
+    from isoflop_cli.recipe.learner import pieces
+
+    split = pieces(shared, [per_row] * k, budget) if budget else [k]
+    assert flops.piece_rows(budget, shared, per_row, k) == split[0]
+    assert len(split) == -(-k // split[0])

@@ -28,7 +28,6 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from isoflop_cli.config import LearnerConfig
 
 TREE_ATTENTION = "isoflop_tree"  # the attention implementation an Actor gives its policy: SDPA, or a tree's
 
@@ -229,8 +228,7 @@ def tree_pieces(attention_mask: torch.Tensor, prompt_width: int, group_size: int
     if not budget:
         return torch.ones_like(prompts)
     completions = attention_mask[:, prompt_width:].sum(-1).view(-1, group_size)  # [G, k]
-    return torch.tensor([1 if s + sum(r) <= budget else len(pieces(s, r, budget))
-                         for s, r in zip(prompts.tolist(), completions.tolist())])
+    return torch.tensor([len(pieces(s, r, budget)) for s, r in zip(prompts.tolist(), completions.tolist())])  # a group within it: one piece
 
 
 def token_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int,
@@ -276,10 +274,11 @@ class Actor(nn.Module):
 
     One `forward` gives everything a loss needs, so that FSDP's hooks on this module gather every
     parameter the step uses, the value head's included. Log-probs and entropies are computed
-    `logit_chunk` tokens at a time (`token_logprobs`).
+    `logit_chunk` tokens at a time (`token_logprobs`; the Trainer passes learner.logit_chunk_tokens,
+    None: all in one chunk).
     """
 
-    def __init__(self, policy: nn.Module, value_head: bool = False, logit_chunk: int = LearnerConfig.logit_chunk_tokens):
+    def __init__(self, policy: nn.Module, value_head: bool = False, logit_chunk: int | None = None):
         super().__init__()
         self.policy, self.logit_chunk = policy, logit_chunk
         if policy.config._attn_implementation == "sdpa":
@@ -299,7 +298,8 @@ class Actor(nn.Module):
         hidden = self.policy.get_decoder()(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
                                            position_ids=layout.position_ids, use_cache=False, **tree).last_hidden_state
         hidden = hidden.flatten(0, 1)[layout.picked]  # [N, hidden]
-        logp, entropy = token_logprobs(self.policy.get_output_embeddings(), hidden, layout.targets, temperature, self.logit_chunk, with_entropy)
+        logp, entropy = token_logprobs(self.policy.get_output_embeddings(), hidden, layout.targets, temperature,
+                                       self.logit_chunk or len(hidden), with_entropy)
 
         def place(x: torch.Tensor) -> torch.Tensor:
             out = x.new_zeros(layout.out_shape)
