@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 
 from isoflop_cli import config as config_mod
 from isoflop_cli import grid as grid_mod
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.store import FINISHED, SweepDir, atomic_write, write_json
 from isoflop_cli.tasks.dataset import CALIBRATED, read_rows, records
 
@@ -45,13 +46,13 @@ def check(cfg: DictConfig) -> None:
     """What calibration needs, before anything is written."""
     c = cfg.calibrate
     if cfg.task.name != "dataset":
-        raise config_mod.ConfigError("calibrate reads the problems of a file: use task=dataset task.train=PATH")
+        raise ConfigError("calibrate reads the problems of a file: use task=dataset task.train=PATH")
     if c.samples < 1 or c.shard < 1:
-        raise config_mod.ConfigError(f"calibrate.samples and calibrate.shard must be >= 1, got {c.samples} and {c.shard}")
+        raise ConfigError(f"calibrate.samples and calibrate.shard must be >= 1, got {c.samples} and {c.shard}")
     for name in ("easy", "hard"):
         band = list(c[name])
         if len(band) != 2 or not 0 <= band[0] <= band[1] <= 1:
-            raise config_mod.ConfigError(f"calibrate.{name} must be [low, high] with 0 <= low <= high <= 1, got {band}")
+            raise ConfigError(f"calibrate.{name} must be [low, high] with 0 <= low <= high <= 1, got {band}")
 
 
 def slices(rows: int, size: int) -> list[tuple[int, int]]:
@@ -110,7 +111,7 @@ def _sweep_flops(config: str | None, overrides: list[str], path: Path, tokens: f
             cfg = config_mod.load(config, [*overrides, f"task.train={path}", "task.val=null", *extra])
             cells = grid_mod.expand(cfg, recompose=lambda more, e=extra: config_mod.load(config, [*overrides, f"task.train={path}", "task.val=null", *e, *more]))
             out[key] = sum(c.plan.predicted_flops["flops_total"] for c in cells if c.feasible)
-        except config_mod.ConfigError as e:
+        except ConfigError as e:
             out[key], out["why_not"] = None, str(e)
     return out
 

@@ -26,10 +26,12 @@ from isoflop_cli import config as config_mod
 from isoflop_cli import continuation
 from isoflop_cli import grid as grid_mod
 from isoflop_cli import report
-from isoflop_cli.config import ConfigError
-from isoflop_cli.schedule import DEFAULT_MARGIN, Schedule
+from isoflop_cli.errors import ConfigError, LauncherError
+from isoflop_cli.config import identity
+from isoflop_cli.config.schema import DEFAULT_MARGIN, Schedule
 from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, check_cluster, nothing_to_run, sweep_lock, watched
-from isoflop_cli.head import HeadError, die_with_parent, ray_cluster
+from isoflop_cli.head import ray_cluster
+from isoflop_cli.processes import die_with_parent
 from isoflop_cli.store import FAILED, FINISHED, PAUSED, STOPPED, LeaseLost, RunFiles, SweepDir, atomic_write, disk_full_message, is_disk_full, read_json
 
 if TYPE_CHECKING:
@@ -142,7 +144,7 @@ def dispatch_errors() -> Iterator[None]:
     except KeyboardInterrupt:
         err.print("interrupted: jobs stopped; rerun the same command to resume")
         raise typer.Exit(130) from None
-    except HeadError as e:
+    except LauncherError as e:
         err.print(Text.assemble(("error: ", "bold red"), str(e)), soft_wrap=True)
         raise typer.Exit(1) from None
 
@@ -316,7 +318,7 @@ def run(
         config_mod.check_runnable([cfg])
         plan = grid_mod.plan_run(cfg)
         axes = {"n": cfg.n, "B_p": cfg.B_p, "seed": cfg.seed}
-        run_dir = config_mod.check_writable(out or DEFAULT_OUT / "single" / grid_mod.run_id(axes, cfg, plan))
+        run_dir = config_mod.check_writable(out or DEFAULT_OUT / "single" / identity.run_id(axes, cfg, plan.key))
     console.print(f"run: n={cfg.n} B_p={cfg.B_p} seed={cfg.seed} M={plan.M} lr={plan.lr:.3g}, to {plan.limit:.4g} {plan.column} -> {run_dir}")
     if os.environ.get(EXIT_WITH_PARENT):
         _exit_with_parent()

@@ -1,6 +1,6 @@
 """Continuing a sweep's runs to a larger budget instead of starting them over.
 
-A run is a trajectory (what it computes step by step: `grid.trajectory`) taken to a budget. The
+A run is a trajectory (what it computes step by step: `trajectory`) taken to a budget. The
 learning rate is constant after warm-up and evaluation draws from its own RNG stream, so the run to
 2C records the run to C's points and goes on. A run id hashes the budget too, so a sweep whose
 budgets grew plans new run ids; each new cell whose trajectory an earlier cell of the sweep dir ran,
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from isoflop_cli import grid
+from isoflop_cli.config import identity
 from isoflop_cli.store import FINISHED, PAUSED, SweepDir
 
 
@@ -27,6 +28,12 @@ class Continuation:
     old: str  # the earlier cell's run id
     new: str  # the cell of this sweep that continues it
     reached: float  # where the earlier run's eval points end, on the budget column
+
+
+def trajectory(cfg) -> str:
+    """The trajectory of the run `cfg` (`identity.trajectory`): its content, the ledger column its
+    budgets are in and its learning rate."""
+    return identity.trajectory(cfg, grid.budget_column(cfg.grid), grid.learning_rate(cfg.algo, cfg.n * cfg.B_p))
 
 
 def find(sweep_dir: SweepDir, cells: list[grid.Cell]) -> list[Continuation]:
@@ -42,7 +49,7 @@ def find(sweep_dir: SweepDir, cells: list[grid.Cell]) -> list[Continuation]:
         cfg = OmegaConf.load(files.config)
         rows = files.read_metrics()
         reached = float(rows[-1][grid.budget_column(cfg.grid)]) if rows else 0.0
-        key = grid.trajectory(cfg)
+        key = trajectory(cfg)
         if key not in runs or reached > runs[key][0]:
             runs[key] = (reached, rid)
     if not runs:
@@ -51,7 +58,7 @@ def find(sweep_dir: SweepDir, cells: list[grid.Cell]) -> list[Continuation]:
     for cell in cells:
         if not cell.feasible or cell.run_id in before or sweep_dir.run(cell.run_id).dir.exists():
             continue
-        key = grid.trajectory(cell.cfg)
+        key = trajectory(cell.cfg)
         if key in runs and runs[key][0] <= cell.plan.limit:
             found.append(Continuation(old=runs[key][1], new=cell.run_id, reached=runs[key][0]))
             del runs[key]
@@ -61,8 +68,8 @@ def find(sweep_dir: SweepDir, cells: list[grid.Cell]) -> list[Continuation]:
 def restarted(sweep_dir: SweepDir, cells: list[grid.Cell], gone: list[str]) -> int:
     """How many of the cells `gone` from the sweep dir's grid this grid would run again from the
     start: the same trajectory, without a checkpoint to continue from."""
-    keys = {grid.trajectory(c.cfg) for c in cells if c.feasible}
-    return sum(1 for rid in gone if sweep_dir.run(rid).config.exists() and grid.trajectory(OmegaConf.load(sweep_dir.run(rid).config)) in keys)
+    keys = {trajectory(c.cfg) for c in cells if c.feasible}
+    return sum(1 for rid in gone if sweep_dir.run(rid).config.exists() and trajectory(OmegaConf.load(sweep_dir.run(rid).config)) in keys)
 
 
 def take_over(sweep_dir: SweepDir, manifest: dict) -> None:

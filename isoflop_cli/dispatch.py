@@ -28,9 +28,9 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from isoflop_cli import preflight
-from isoflop_cli.config import ConfigError
-from isoflop_cli.head import HeadError
-from isoflop_cli.schedule import Schedule, decide
+from isoflop_cli.errors import ConfigError, HeadLost
+from isoflop_cli.config.schema import Schedule
+from isoflop_cli.fit.schedule import decide
 from isoflop_cli.store import FAILED, FINISHED, PAUSED, RETRYING, STOPPED, SUBMITTED, RunFiles, SweepDir, atomic_write
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -44,13 +44,6 @@ USER_ERROR = 2  # the exit code of `isoflop run` for bad input: the same input f
 RETRY_WAIT_S = (2.0, 60.0)  # first wait before a resubmission, doubled each time up to the second
 # How long the head may fail to answer before the sweep says it is lost (a busy head answers late).
 HEAD_GRACE_S = 15.0
-
-
-class HeadLost(HeadError):
-    def __init__(self, address: str, cause: BaseException, grace_s: float):
-        why = "connection refused" if "refused" in str(cause).lower() else type(cause).__name__
-        super().__init__(f"lost the Ray head at {address} (no answer for {grace_s:.0f}s: {why}); its jobs are gone, "
-                         "finished runs are kept; rerun the same command to resume")
 
 
 @contextlib.contextmanager

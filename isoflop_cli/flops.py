@@ -16,7 +16,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Mapping, Sequence
 
 from isoflop_cli.algorithms import passes
 from isoflop_cli.tasks.arith import ALPHABET, SPECIALS
@@ -132,9 +132,57 @@ class StepBatch:
 
 @dataclass(frozen=True)
 class StepCost:
+    """One step's FLOPs per ledger part. Iterates as (search, learning, reward), the order the
+    manifest records a cell's per-step bound in."""
+
     search: float
     learning: float
     reward: float
+
+    def __iter__(self) -> Iterator[float]:
+        return iter((self.search, self.learning, self.reward))
+
+    def scaled(self, factor: float) -> "StepCost":
+        return StepCost(self.search * factor, self.learning * factor, self.reward * factor)
+
+    @property
+    def total(self) -> float:
+        return self.search + self.learning + self.reward
+
+
+@dataclass
+class Ledger:
+    """Training FLOPs by part, added up step by step: what a run has spent (its metrics columns) or
+    what a plan predicts for it. The total and rho = learning / total are defined here alone; the
+    evaluation's FLOPs are not training compute and stay out of both."""
+
+    search: float = 0.0
+    learning: float = 0.0
+    reward: float = 0.0
+
+    @classmethod
+    def of(cls, columns: Mapping[str, float]) -> "Ledger":
+        """The ledger a run's metrics (or its running ledger) hold in their flops_* columns."""
+        return cls(columns["flops_search"], columns["flops_learning"], columns["flops_reward"])
+
+    def add(self, cost: StepCost, steps: float = 1) -> "Ledger":
+        self.search += steps * cost.search
+        self.learning += steps * cost.learning
+        self.reward += steps * cost.reward
+        return self
+
+    @property
+    def total(self) -> float:
+        return self.search + self.learning + self.reward
+
+    @property
+    def rho(self) -> float | None:
+        """The update ratio C_learning / C_total; None before anything is spent."""
+        return self.learning / self.total if self.total else None
+
+    def columns(self) -> dict[str, float | None]:
+        return {"flops_search": self.search, "flops_learning": self.learning, "flops_reward": self.reward,
+                "flops_total": self.total, "rho": self.rho}
 
 
 def step_cost(shape: Shape, algo, batch: StepBatch, shared_prompt: bool, reward: float = 0.0) -> StepCost:

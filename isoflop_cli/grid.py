@@ -7,11 +7,8 @@ own ledger reaches the budget; M here is what the ledger's upper bound per step 
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -19,7 +16,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from isoflop_cli import config, flops, memory, tasks
-from isoflop_cli.config import GROUPS, BudgetUnit, ConfigError, LrScaling
+from isoflop_cli.config import identity
+from isoflop_cli.config.compose import omegaconf_message
+from isoflop_cli.config.schema import GROUPS, BudgetUnit, LrScaling
+from isoflop_cli.errors import ConfigError
+from isoflop_cli.rewards import REWARDS
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,19 @@ class RunPlan:
     column: str  # the ledger column budgets are in: rollouts or flops_total
     limit: float  # the run ends at this ledger value (FLOPs: at the first step that reaches it)
     eval_at: tuple[float, ...]  # evaluate where the ledger column first reaches each of these
-    step_flops: tuple[float, float, float]  # upper bound of one step's (search, learning, reward) FLOPs
+    step_bound: flops.StepCost  # upper bound of one step's FLOPs per part: longest prompt, every completion at max_new_tokens
     gpu_memory: memory.Memory | None = None  # the predicted memory of one GPU (None on CPU)
+    flops_scale: float = 1.0  # measured / bound FLOPs of finished runs (or calibrated response lengths)
+
+    @property
+    def step_flops(self) -> flops.StepCost:
+        """One step's predicted FLOPs per part: the bound, scaled by what runs measured."""
+        return self.step_bound.scaled(self.flops_scale)
+
+    @property
+    def key(self) -> list:
+        """What of the plan a run's identity holds (`identity.run_id`): where it stops and evaluates, its lr."""
+        return [self.column, self.limit, list(self.eval_at), self.lr]
 
     @property
     def rollouts(self) -> int:
@@ -43,9 +55,7 @@ class RunPlan:
 
     @property
     def predicted_flops(self) -> dict[str, float]:
-        search, learning, reward = (self.M * f for f in self.step_flops)
-        total = search + learning + reward
-        return {"flops_search": search, "flops_learning": learning, "flops_reward": reward, "flops_total": total, "rho": learning / total}
+        return flops.Ledger().add(self.step_flops, self.M).columns()
 
 
 @dataclass
@@ -95,7 +105,7 @@ def eval_budgets(grid: DictConfig) -> list[float]:
     return sorted({float(c) for c in [*grid.budgets, *halvings]})
 
 
-def step_flops(cfg: DictConfig) -> tuple[float, float, float]:
+def step_flops(cfg: DictConfig) -> flops.StepCost:
     """Upper bound of one step's search, learning and reward FLOPs: every prompt at the longest
     prompt's width, every completion at max_new_tokens (a reward model scores prompt, completion, eos)."""
     return _step_flops(cfg, cfg.n, cfg.B_p)
@@ -114,11 +124,11 @@ class _Shapes:
         return cls(
             policy=flops.model_shape(cfg.model).with_lora(cfg.lora.rank, cfg.lora.targets),
             prompt=tasks.make(cfg.task).max_prompt_tokens,
-            reward=flops.reward_model_shape(cfg.reward) if cfg.reward.name == "prm" else None,
+            reward=flops.reward_model_shape(cfg.reward) if REWARDS[cfg.reward.name].model_based else None,
         )
 
 
-def _step_flops(cfg, n: int, B_p: int, shapes: _Shapes | None = None) -> tuple[float, float, float]:
+def _step_flops(cfg, n: int, B_p: int, shapes: _Shapes | None = None) -> flops.StepCost:
     shapes = shapes or _Shapes.of(cfg)
     shape, prompt, new = shapes.policy, shapes.prompt, cfg.task.max_new_tokens
     rows = B_p * n
@@ -129,8 +139,7 @@ def _step_flops(cfg, n: int, B_p: int, shapes: _Shapes | None = None) -> tuple[f
     batch = flops.StepBatch(prompts=B_p, n=n, prompt_width=prompt, generated_width=new, prefill_rows=B_p if shared else rows,
                             n_learn=k, tree_tokens=trees * prompt + B_p * k * new, learned_tokens=B_p * k * new, trees=trees)
     reward = flops.reward_model(shapes.reward, rows, prompt + new + 1) if shapes.reward is not None else 0.0
-    cost = flops.step_cost(shape, cfg.algo, batch, cfg.learner.shared_prompt, reward)
-    return cost.search, cost.learning, cost.reward
+    return flops.step_cost(shape, cfg.algo, batch, cfg.learner.shared_prompt, reward)
 
 
 def calibrated_scale(cfg: DictConfig) -> float | None:
@@ -141,7 +150,7 @@ def calibrated_scale(cfg: DictConfig) -> float | None:
     if not tokens or tokens >= cfg.task.max_new_tokens:
         return None
     expected = config.with_values(cfg, {"task.max_new_tokens": max(1, math.ceil(tokens))}, checked=False)
-    return sum(step_flops(expected)) / sum(step_flops(cfg))
+    return step_flops(expected).total / step_flops(cfg).total
 
 
 def plan_run(cfg: DictConfig, flops_scale: float = 1.0) -> RunPlan:
@@ -166,9 +175,10 @@ def _plan_run(cfg, n: int, B_p: int, flops_scale: float = 1.0, shapes: _Shapes |
         raise ConfigError(f"B_p = {B_p} prompts do not fill algo.minibatches = {cfg.algo.minibatches} x "
                           f"learner.world_size = {cfg.learner.world_size} (each rank trains on whole prompt groups)")
     c_max = max(g.budgets)
-    per_step = tuple(f * flops_scale for f in _step_flops(cfg, n, B_p, shapes))
+    bound = _step_flops(cfg, n, B_p, shapes)
+    per_step = bound.scaled(flops_scale)
     by_flops = BudgetUnit(g.budget.unit) is BudgetUnit.flops
-    cost, what = (sum(per_step), f"~{sum(per_step):.3g} FLOPs (upper bound)") if by_flops else (batch, f"B = {batch}")
+    cost, what = (per_step.total, f"~{per_step.total:.3g} FLOPs (upper bound)") if by_flops else (batch, f"B = {batch}")
     M = int(c_max // cost)
     if M < g.min_steps:
         raise ConfigError(f"budget {c_max:g} {BudgetUnit(g.budget.unit).value} allows M = {M} steps of {what}, below grid.min_steps = {g.min_steps}")
@@ -182,7 +192,7 @@ def _plan_run(cfg, n: int, B_p: int, flops_scale: float = 1.0, shapes: _Shapes |
         column=budget_column(g),
         limit=float(c_max) if by_flops else float(M * batch),
         eval_at=tuple(sorted({0.0, *checkpoints})) if by_flops else tuple(float(s * batch) for s in sorted(steps)),
-        step_flops=per_step, gpu_memory=gpu_memory,
+        step_bound=bound, flops_scale=flops_scale, gpu_memory=gpu_memory,
     )
 
 
@@ -194,79 +204,6 @@ def run_configs(cells: list[Cell]) -> list[DictConfig]:
         if c.feasible and id(c.combo) not in configs:
             configs[id(c.combo)] = c.cfg
     return list(configs.values())
-
-
-def run_id(axes: dict[str, Any], cfg: DictConfig, plan: RunPlan) -> str:
-    """Readable axis values plus a hash of what the run computes: same content, same run."""
-    content = config.run_content(cfg)
-    content["plan"] = [plan.column, plan.limit, list(plan.eval_at), plan.lr]
-    digest = hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()[:8]
-    return f"{_slug(axes)}_{digest}"
-
-
-def trajectory(cfg: DictConfig) -> str:
-    """What the run `cfg` computes step by step, without where it stops or evaluates: its run id's
-    hash less the budget. Runs of one trajectory record the same points up to the smaller budget (the
-    learning rate is constant after warm-up; evaluation draws from its own RNG stream), so the run
-    to a larger budget can continue the smaller one's checkpoint (see `continuation`)."""
-    content = config.run_content(cfg)
-    content["plan"] = [budget_column(cfg.grid), learning_rate(cfg.algo, cfg.n * cfg.B_p)]
-    return hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()
-
-
-def _slug(axes: dict[str, Any]) -> str:
-    parts = [f"n{axes['n']}", f"bp{axes['B_p']}", f"s{axes['seed']}"]
-    parts += [f"{k.split('.')[-1]}-{_slug_value(v)}" for k, v in axes.items() if k not in ("n", "B_p", "seed")]
-    return "_".join(parts).replace("/", "-").replace(" ", "")[:80]
-
-
-def _slug_value(value: Any) -> str:
-    """A scalar as written; a list or mapping (a list-typed key's value) as its items, joined by ','
-    and kept to characters a directory or job name takes."""
-    if isinstance(value, (list, tuple)):
-        text = ",".join(_slug_value(v) for v in value)
-    elif isinstance(value, dict):
-        text = ",".join(f"{k}={_slug_value(v)}" for k, v in value.items())
-    else:
-        return f"{value}"
-    return re.sub(r"[^A-Za-z0-9.,=+-]", "_", text)
-
-
-class _RunIds:
-    """`run_id` for every cell of one axes combination without a config per cell: the hashed JSON is
-    spliced from the combination's parts, serialised once, and each cell's n, B_p, seed and plan
-    (json.dumps(sort_keys=True) writes the same bytes)."""
-
-    VARYING = ("n", "B_p", "seed", "plan")
-
-    def __init__(self, content: dict[str, Any], choice: dict[str, Any]):
-        keys = sorted((set(content) - set(config.SWEEP_ONLY)) | set(self.VARYING))
-        self.pieces: list[str] = []
-        self.slots: dict[str, int] = {}
-        for key in keys:
-            self.pieces.append(json.dumps(key) + ": ")
-            if key in self.VARYING:
-                self.slots[key] = len(self.pieces)
-                self.pieces.append("")
-            else:
-                self.pieces.append(json.dumps(content[key], sort_keys=True))
-            self.pieces.append(", ")
-        self.pieces.pop()
-        extra = [f"{k.split('.')[-1]}-{_slug_value(v)}" for k, v in choice.items()]
-        self.extra = "".join("_" + p for p in extra).replace("/", "-").replace(" ", "")
-
-    def digest(self, n: int, B_p: int, seed: int, plan_json: str) -> str:
-        pieces = self.pieces.copy()
-        for key, value in (("n", json.dumps(n)), ("B_p", json.dumps(B_p)), ("seed", json.dumps(seed)), ("plan", plan_json)):
-            pieces[self.slots[key]] = value
-        return hashlib.sha1(("{" + "".join(pieces) + "}").encode()).hexdigest()
-
-    def slug(self, n: int, B_p: int, seed: int) -> str:
-        return f"n{n}_bp{B_p}_s{seed}{self.extra}"[:80]
-
-
-def _plan_json(plan: RunPlan) -> str:
-    return json.dumps([plan.column, plan.limit, list(plan.eval_at), plan.lr])
 
 
 class _Plain:
@@ -324,7 +261,7 @@ def _set_axes(work: DictConfig, root_plain: dict[str, Any], choice: dict[str, An
         try:
             OmegaConf.update(work, key, value, merge=False)
         except OmegaConfBaseException as e:
-            raise ConfigError(f"grid.axes.{key}: {config._omegaconf_message(e)}") from None
+            raise ConfigError(f"grid.axes.{key}: {omegaconf_message(e)}") from None
     config.check(work, axes=False)  # grid.axes itself was checked with the sweep
     plain = root_plain
     for key in choice:
@@ -336,7 +273,7 @@ def _same_run(first: dict[str, Any], second: dict[str, Any], run: str) -> Config
     differ = [k for k in second if first.get(k) != second[k]] or list(second)
     pairs = " and ".join(", ".join(f"{k}={axes[k]}" for k in differ) for axes in (first, second))
     return ConfigError(f"grid.axes: {pairs} are the same run ({run}): every axis value must change what a run "
-                       f"computes ({', '.join(config.SWEEP_ONLY)} settings do not)")
+                       f"computes ({', '.join(identity.SWEEP_ONLY)} settings do not)")
 
 
 def expand(
@@ -384,7 +321,7 @@ def expand(
             plain = _set_axes(work, root_plain, choice) if choice else root_plain
             spec = _Combo(root, choice, last)
         view = _Plain(plain)
-        hashes = _RunIds(config.applicable(plain), choice)
+        hashes = identity.RunIds(identity.applicable(plain), choice)
         shapes = _Shapes.of(view)
         checkpoints = eval_budgets(view.grid)
         scale = scales.get(view.model.name, 1.0)
@@ -394,11 +331,8 @@ def expand(
             except ConfigError as e:
                 cells.extend(Cell(axes={"n": n, "B_p": B_p, "seed": seed, **choice}, plan=None, reason=str(e), combo=spec) for seed in seeds)
                 continue
-            plan_json = _plan_json(plan)
-            for seed in seeds:
+            for seed, digest, rid in hashes.cells(n, B_p, seeds, plan.key):
                 axes = {"n": n, "B_p": B_p, "seed": seed, **choice}
-                digest = hashes.digest(n, B_p, seed, plan_json)
-                rid = f"{hashes.slug(n, B_p, seed)}_{digest[:8]}"
                 if digest in runs:
                     raise _same_run(runs[digest], axes, rid)
                 if rid in ids:

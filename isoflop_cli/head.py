@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
@@ -31,13 +30,11 @@ from typing import Iterator
 
 from omegaconf import DictConfig
 
+from isoflop_cli.errors import HeadError
+from isoflop_cli.processes import die_with_parent
 from isoflop_cli.store import read_json, write_json
 
 HEAD_FILE = "ray-head.json"
-
-
-class HeadError(Exception):
-    """The Ray head did not start, or stopped answering: said as one line, exit 1."""
 
 
 @contextlib.contextmanager
@@ -295,12 +292,6 @@ def _end(proc: subprocess.Popen, grace_s: float = 45) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when its parent dies, however it dies (a head's Ray under
-    the head process; a run under its Ray job supervisor)."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ import math
 from dataclasses import asdict, dataclass
 
 from isoflop_cli.algorithms import passes
-from isoflop_cli.config import ConfigError, sharded
+from isoflop_cli.config.schema import sharded
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.flops import Shape, epoch_plan, piece_rows
 
 GIB = 2**30

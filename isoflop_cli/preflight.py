@@ -73,7 +73,7 @@ def version() -> str:
 
 
 def spec_for(cfg, sweep_dir: Path, interpreter: str) -> Spec:
-    from isoflop_cli.config import PATH_KEYS
+    from isoflop_cli.config.schema import PATH_KEYS
 
     paths = {key: value for key in PATH_KEYS if key != "tracking.dir" and isinstance(value := _select(cfg, key), str) and value}
     paths.update({f"eval.{part}.{name}": str(p) for part in ("sets", "judges") for name, p in cfg.eval[part].items()})

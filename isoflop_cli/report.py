@@ -10,7 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from isoflop_cli.config import BudgetUnit
+from isoflop_cli.config.schema import BudgetUnit
 from isoflop_cli.grid import Cell
 from isoflop_cli.store import FAILED, FINISHED, KILLED, PAUSED, PENDING, RETRYING, RUNNING, STOPPED, SUBMITTED, SweepDir
 

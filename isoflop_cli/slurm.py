@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from isoflop_cli.head import HeadError
+from isoflop_cli.errors import SlurmRefused
 
 # SLURM (sacct) and submitit-local states, as the dispatcher's Ray job states.
 RUNNING_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED", "STAGE_OUT"}
@@ -47,11 +47,6 @@ class Info:
 def run_command(entrypoint: str, env: dict[str, str]) -> int:
     """The job's body on its node: the run's command in a shell, its output in the job's log."""
     return subprocess.run(["bash", "-c", entrypoint], env={**os.environ, **env}, check=False).returncode
-
-
-class SlurmRefused(HeadError):
-    """sbatch refused a submission (a partition, a GPU request or a time limit the cluster does not
-    have): its own message, one line, exit 1."""
 
 
 @contextlib.contextmanager

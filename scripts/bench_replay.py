@@ -21,7 +21,7 @@ from scipy import special
 
 from isoflop_cli.fit import data
 from isoflop_cli.fit.replay import replay
-from isoflop_cli.schedule import Schedule
+from isoflop_cli.config.schema import Schedule
 
 
 def truth(n: float, c: np.ndarray) -> np.ndarray:

@@ -28,7 +28,7 @@ def ray_address(tmp_path_factory):
     the head's own life (started, reattached, stopped with its sweep) start their own."""
     from omegaconf import OmegaConf
 
-    from isoflop_cli.config import ClusterConfig
+    from isoflop_cli.config.schema import ClusterConfig
     from isoflop_cli.head import ray_cluster
 
     with ray_cluster(OmegaConf.structured(ClusterConfig), tmp_path_factory.mktemp("ray-head")) as address:

@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from isoflop_cli.cli import app
-from isoflop_cli.config import SWEEPS_DIR as SWEEPS
+from isoflop_cli.config.compose import SWEEPS_DIR as SWEEPS
 
 runner = CliRunner()
 
@@ -86,7 +86,7 @@ CASES = {
     "eval problems absurd": (["plan", "eval.problems=1000000000"], "eval.problems must be <= 100,000"),
     "completion above the context": (["plan", "task.max_new_tokens=100000"], "task.max_new_tokens=100000: the longest prompt (6 tokens)"),
     "completion above the context on an axis": (["plan", "+grid.axes={task.max_new_tokens:[6,59]}"], "at most task.max_new_tokens=58"),
-    "PRM input above its context": (["plan", "task=arith-steps", "reward=prm", "task.max_new_tokens=56"], "the embedded PRM"),
+    "PRM input above its context": (["plan", "task=arith-steps", "reward=prm", "task.max_new_tokens=56"], "the embedded reward model"),
 }
 
 

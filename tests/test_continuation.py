@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from isoflop_cli import config, continuation, grid
 from isoflop_cli.cli import app, check_same_grid, prepare
-from isoflop_cli.config import ConfigError
+from isoflop_cli.continuation import trajectory
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.store import CHECKPOINT_STATE, FINISHED, PAUSED, RunFiles, SweepDir
 
 runner = CliRunner()
@@ -40,17 +41,17 @@ def ran(sweep: SweepDir, cell, until: int, state: str, checkpoint: bool) -> None
 def test_a_trajectory_is_the_run_id_less_its_budget():
     small, large = (grid.expand(config.load(None, [*ARGS, f"grid.budgets={b}"])) for b in ("[64,128]", "[64,256]"))
     assert [c.run_id for c in small] != [c.run_id for c in large]
-    assert [grid.trajectory(c.cfg) for c in small] == [grid.trajectory(c.cfg) for c in large]
-    assert grid.trajectory(small[0].cfg) != grid.trajectory(small[1].cfg)  # another n
+    assert [trajectory(c.cfg) for c in small] == [trajectory(c.cfg) for c in large]
+    assert trajectory(small[0].cfg) != trajectory(small[1].cfg)  # another n
     for other in ("algo.base_lr=2e-4", "algo.lr_scaling=linear", "grid.budget.unit=flops"):
         changed = grid.expand(config.load(None, [*ARGS, "grid.budgets=[1e11]" if "flops" in other else "grid.budgets=[64,128]", other]))
-        assert grid.trajectory(changed[1].cfg) != grid.trajectory(small[1].cfg), other
+        assert trajectory(changed[1].cfg) != trajectory(small[1].cfg), other
     # Keeping the final checkpoint changes what a run leaves, not what it computes (nor its id).
     kept = grid.expand(config.load(None, [*ARGS, "grid.budgets=[64,128]", "checkpoint.keep_final=true"]))
     assert [c.run_id for c in kept] == [c.run_id for c in small]
     # A run's config.yaml, read back as plain YAML, names the same trajectory as its cell.
     cell = small[1]
-    assert grid.trajectory(OmegaConf.create(config.to_yaml(cell.cfg))) == grid.trajectory(cell.cfg)
+    assert trajectory(OmegaConf.create(config.to_yaml(cell.cfg))) == trajectory(cell.cfg)
 
 
 def test_runs_left_with_a_checkpoint_continue_to_a_larger_budget(tmp_path):

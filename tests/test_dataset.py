@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from isoflop_cli.cli import app
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.tasks.dataset import DatasetTask, read_rows
 from isoflop_cli.tasks.verifiers import MathVerifier, choice, exact
 
@@ -327,7 +328,7 @@ def test_seed_study_configs_compose_on_a_real_style_checkpoint(chat_model, math_
     assert easy.algo.kl_coef > 0 and easy.algo.entropy_coef > 0 and hard.algo.kl_coef == hard.algo.entropy_coef == 0
     cells = expand(easy)
     assert sum(c.feasible for c in cells) > 20 and max(c.axes["n"] for c in cells if c.feasible) == 2048
-    with pytest.raises(config.ConfigError, match="calibration/seed-calibrate/easy.parquet does not exist"):
+    with pytest.raises(ConfigError, match="calibration/seed-calibrate/easy.parquet does not exist"):
         config.load("seed-easy", [f"model.path={chat_model}"])  # by default, the easy set calibrate writes
     calibrate = config.load("seed-calibrate", files)
     assert (calibrate.calibrate.samples, list(calibrate.calibrate.easy), list(calibrate.calibrate.hard)) == (16, [0.3, 0.6], [0.0, 0.0625])

@@ -131,7 +131,7 @@ def test_vllm_sampler_without_vllm_says_how_to_get_it():
         pytest.skip("vLLM is installed here")
     from omegaconf import OmegaConf
 
-    from isoflop_cli.config import SweepConfig
+    from isoflop_cli.config.schema import SweepConfig
     from isoflop_cli.recipe.vllm_sampler import VllmSampler
 
     cfg = OmegaConf.structured(SweepConfig)

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from isoflop_cli.config import ConfigError
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit.allocation import envelope, fit_law, fixed_batch_method, frontier_method
 from isoflop_cli.fit.curves import CurveFit, sigmoid
 from isoflop_cli.fit.data import RUN, FitSpec, FitWarning

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from isoflop_cli.config import ConfigError
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit.data import RUN, FitSpec
 from isoflop_cli.fit.parametric import parametric_method
 

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from isoflop_cli.config import ConfigError
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit.curves import sigmoid
 from isoflop_cli.fit.data import RUN, FitSpec, FitWarning
 from isoflop_cli.fit.slices import slices_method

@@ -3,7 +3,9 @@ import math
 import pytest
 
 from isoflop_cli import config
-from isoflop_cli.config import ConfigError
+from isoflop_cli.config.compose import ROOT
+from isoflop_cli.config.validate import EMBEDDED_MAX_POSITIONS
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.grid import eval_budgets, expand, learning_rate, plan_run
 
 
@@ -151,7 +153,8 @@ def test_run_ids_are_pinned():
 def test_planning_shortcuts_match_the_per_cell_path(overrides):
     """expand hashes, plans and types each cell from its combination's plain dict: the same run ids,
     plans and step FLOPs as the public per-config functions on the cell's own config."""
-    from isoflop_cli.grid import run_id, step_flops
+    from isoflop_cli.config.identity import run_id
+    from isoflop_cli.grid import step_flops
 
     cfg = load(*overrides)
     cells = expand(cfg, recompose=lambda extra: config.load(None, overrides + extra))
@@ -159,7 +162,7 @@ def test_planning_shortcuts_match_the_per_cell_path(overrides):
     for c in (c for c in cells if c.feasible):
         run_cfg = c.cfg
         assert (run_cfg.n, run_cfg.B_p, run_cfg.seed) == (c.axes["n"], c.axes["B_p"], c.axes["seed"])
-        assert c.run_id == run_id(c.axes, run_cfg, c.plan)
+        assert c.run_id == run_id(c.axes, run_cfg, c.plan.key)
         assert c.plan == plan_run(run_cfg) and c.plan.step_flops == step_flops(run_cfg)
     assert "cfg" not in vars(cells[0])  # a cell holds no config of its own: made on demand
 
@@ -176,7 +179,7 @@ def test_a_large_grid_plans_in_seconds(tmp_path):
 
     code = ("import sys; sys.path.insert(0, 'scripts'); import bench_plan; r = bench_plan.one(10000); "
             "assert r['peak_mb'] < 200, r; print(r)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=config.ROOT)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
 
 
@@ -184,7 +187,7 @@ def test_embedded_context_matches_the_recipe():
     from isoflop_cli.recipe.checkpoint import char_tokenizer, qwen2_config
 
     cfg = load()
-    assert qwen2_config(cfg.model.build, char_tokenizer()).max_position_embeddings == config.EMBEDDED_MAX_POSITIONS
+    assert qwen2_config(cfg.model.build, char_tokenizer()).max_position_embeddings == EMBEDDED_MAX_POSITIONS
 
 
 def test_a_large_plan_table_lists_seeds_together():

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from isoflop_cli import config, grid, report
 from isoflop_cli.cli import app, check_same_grid, prepare
-from isoflop_cli.config import ConfigError
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.store import FAILED, FINISHED, RUNNING, RunFiles, SweepDir
 
 runner = CliRunner()

@@ -2,6 +2,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from isoflop_cli import config
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.grid import expand
 from isoflop_cli.recipe.rewards import make_reward
 from isoflop_cli.tasks.arith import ArithTask
@@ -64,6 +65,30 @@ def test_step_solutions_and_their_rewards():
 
 def test_step_rewards_need_a_task_that_shows_its_work():
     for name in ("prm_proxy", "prm"):
-        with pytest.raises(config.ConfigError, match="task=arith-steps"):
+        with pytest.raises(ConfigError, match="task=arith-steps"):
             config.load(None, [f"reward={name}"])
     assert config.load(None, ["reward=prm", "task=arith-steps"]).task.steps
+
+
+def test_registries_refuse_a_second_entry_of_one_name():
+    from isoflop_cli.recipe.losses import ADVANTAGES, register as register_loss
+    from isoflop_cli.rewards import REWARDS, register, sparse
+
+    with pytest.raises(ValueError, match="registered twice"):
+        register("sparse")(lambda task, reward: None)
+    with pytest.raises(ValueError, match="registered twice"):
+        register_loss(ADVANTAGES, "group")(lambda inputs: None)
+    assert REWARDS["sparse"].scorer is sparse and ADVANTAGES["group"].__name__ != "<lambda>"
+
+
+def test_each_reward_config_names_a_registered_reward_and_only_prm_scores_with_a_model():
+    from pathlib import Path
+
+    from isoflop_cli.config.compose import CONF_DIR
+    from isoflop_cli.rewards import REWARDS
+
+    names = {OmegaConf.load(p).name for p in (Path(CONF_DIR) / "reward").glob("*.yaml")}
+    assert names <= set(REWARDS)
+    assert {name for name, spec in REWARDS.items() if spec.model_based} == {"prm"}
+    assert {name: spec.needs for name, spec in REWARDS.items() if spec.needs} == {
+        "dense": "has_partial_credit", "prm_proxy": "has_steps", "prm": "has_steps"}

@@ -17,7 +17,8 @@ from isoflop_cli.fit.data import RUN
 from isoflop_cli.fit.replay import replay
 from isoflop_cli.fit.band import SLOPE_MAX as SigmoidBand_SLOPE_MAX
 from isoflop_cli.fit.band import SigmoidBand
-from isoflop_cli.schedule import DEFAULT_MARGIN, Schedule, decide
+from isoflop_cli.config.schema import DEFAULT_MARGIN, Schedule
+from isoflop_cli.fit.schedule import decide
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from bench_replay import synthetic, true_gap  # noqa: E402

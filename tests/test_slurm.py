@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from typer.testing import CliRunner
 
 from isoflop_cli.cli import app
-from isoflop_cli.config import ClusterConfig
+from isoflop_cli.config.schema import ClusterConfig
 
 pytest.importorskip("submitit")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from isoflop_cli.config import ConfigError
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import bootstrap
 from isoflop_cli.fit.curves import CurveFit, fit_sigmoid, sigmoid
 from isoflop_cli.fit.data import RUN, FitSpec, MethodResult, plain, warn

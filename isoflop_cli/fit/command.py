@@ -11,7 +11,8 @@ import pandas as pd
 from omegaconf import OmegaConf
 from rich.table import Table
 
-from isoflop_cli.config import TrackingConfig, check_writable
+from isoflop_cli.config import check_writable
+from isoflop_cli.config.schema import TrackingConfig
 from isoflop_cli.fit import data, methods, outputs, report
 from isoflop_cli.fit.data import FitSpec, FitWarning
 from isoflop_cli.fit.interference import load_problems
@@ -39,7 +40,7 @@ def fit(paths: list[Path], spec: FitSpec, asked: list[str], out: Path | None) ->
     out = check_writable(out or default_out(paths[0]))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", FitWarning)
-        problems = load_problems(paths) if any(m in methods.NEEDS_PROBLEMS for m in asked) else None
+        problems = load_problems(paths) if any(methods.METHODS[m].reads_problems for m in asked) else None
         results = methods.run(df, spec, asked or methods.defaults(df, spec), explicit=bool(asked), problems=problems)
         written, front = outputs.write(df, info, spec, results, out)
     notes = list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, FitWarning)))

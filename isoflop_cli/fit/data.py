@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from isoflop_cli.config import ConfigError
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.store import RESULTS, load_results
 
 RUN = "_run"  # the run key: run_id made unique per input, or the row for files without run_id

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from isoflop_cli.config import ConfigError
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import bootstrap
 from isoflop_cli.fit.data import RUN, FitSpec, MethodResult, plain, warn
 from isoflop_cli.store import PROBLEMS

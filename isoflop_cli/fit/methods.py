@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Callable
 
 import pandas as pd
 
-from isoflop_cli.config import ConfigError
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit.allocation import fixed_batch_method, frontier_method
 from isoflop_cli.fit.data import FitSpec, FitWarning, MethodResult, compute_unit, usable, warn
 from isoflop_cli.fit.interference import interference_method
@@ -15,15 +16,29 @@ from isoflop_cli.fit.parametric import parametric_method
 from isoflop_cli.fit.scalerl import scalerl_method
 from isoflop_cli.fit.slices import slices_method
 
-METHODS: dict[str, Callable[[pd.DataFrame, FitSpec], MethodResult]] = {
-    "frontier": frontier_method,
-    "fixed-batch": fixed_batch_method,
-    "scalerl": scalerl_method,
-    "isoflop-slices": slices_method,
-    "parametric": parametric_method,
-    "interference": interference_method,  # also reads the per-problem records (problems.parquet)
+
+@dataclass(frozen=True)
+class Method:
+    """A fitting method with what it reads: the columns its rows need (rows missing one are left
+    out, and said), and whether it also reads the per-problem records (problems.parquet)."""
+
+    fit: Callable[..., MethodResult]  # (data, spec) -> result; (data, spec, problems) where it reads problems
+    columns: Callable[[FitSpec], list[str]]
+    reads_problems: bool = False
+
+
+def _curves(spec: FitSpec) -> list[str]:
+    return [spec.metric, spec.axis, spec.compute]
+
+
+METHODS: dict[str, Method] = {
+    "frontier": Method(frontier_method, _curves),
+    "fixed-batch": Method(fixed_batch_method, lambda spec: [spec.metric, spec.compute, "n", "B_p"]),
+    "scalerl": Method(scalerl_method, _curves),
+    "isoflop-slices": Method(slices_method, _curves),
+    "parametric": Method(parametric_method, lambda spec: [spec.size_col, spec.tokens_col or spec.compute_col, spec.metric]),
+    "interference": Method(interference_method, lambda spec: ["step", spec.axis, spec.compute], reads_problems=True),
 }
-NEEDS_PROBLEMS = ("interference",)
 
 
 def check(spec: FitSpec, methods: list[str]) -> None:
@@ -41,20 +56,10 @@ def check(spec: FitSpec, methods: list[str]) -> None:
         raise ConfigError(f"--metric, --axis and --compute must name three different columns, got {spec.metric}, {spec.axis}, {spec.compute}")
 
 
-def columns(method: str, spec: FitSpec) -> list[str]:
-    if method == "parametric":
-        return [spec.size_col, spec.tokens_col or spec.compute_col, spec.metric]
-    if method == "fixed-batch":
-        return [spec.metric, spec.compute, "n", "B_p"]
-    if method == "interference":
-        return ["step", spec.axis, spec.compute]
-    return [spec.metric, spec.axis, spec.compute]
-
-
 def defaults(df: pd.DataFrame, spec: FitSpec) -> list[str]:
     """What the data supports: frontier for sweep results, parametric when --size-col is given."""
     chosen = ["parametric"] if spec.size_col else []
-    if not chosen or set(columns("frontier", spec)) <= set(df.columns):
+    if not chosen or set(METHODS["frontier"].columns(spec)) <= set(df.columns):
         chosen.insert(0, "frontier")
     return chosen
 
@@ -69,9 +74,10 @@ def run(df: pd.DataFrame, spec: FitSpec, methods: list[str], explicit: bool, pro
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", FitWarning)
             warnings.simplefilter("ignore", RuntimeWarning)  # overflow inside trial steps; convergence is reported per fit
-            data = usable(df, columns(method, spec), method)
+            entry = METHODS[method]
+            data = usable(df, entry.columns(spec), method)
             try:
-                result = METHODS[method](data, spec, problems) if method in NEEDS_PROBLEMS else METHODS[method](data, spec)
+                result = entry.fit(data, spec, problems) if entry.reads_problems else entry.fit(data, spec)
             except ConfigError as e:
                 if explicit:
                     raise

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, special
 
-from isoflop_cli.config import ConfigError
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import bootstrap
 from isoflop_cli.fit.data import RUN, FitSpec, MethodResult, warn
 

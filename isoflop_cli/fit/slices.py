@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from isoflop_cli.config import ConfigError
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import bootstrap
 from isoflop_cli.fit.allocation import LAW, saturation
 from isoflop_cli.fit.curves import CurveFit, fit_power_law, fit_sigmoid

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from isoflop_cli.config import ConfigError
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import bootstrap
 
 CURVES = {"constant": 0, "log-linear": 1, "quadratic": 2}  # polynomial degree in x = log2 rho

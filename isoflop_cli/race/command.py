@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from isoflop_cli.config import ConfigError
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import data as fit_data
 from isoflop_cli.race import analysis, outputs
 from isoflop_cli.race import pilot as pilot_mod

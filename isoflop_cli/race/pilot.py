@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from isoflop_cli import config as config_mod
 from isoflop_cli import grid as grid_mod
-from isoflop_cli.config import ConfigError
+from isoflop_cli.errors import ConfigError
 
 MIN_STEPS = 4  # steps the most expensive pilot cell gets at the largest budget
 MIN_STEPS_SMALLEST = 2  # ... and at the smallest budget
@@ -156,7 +156,7 @@ def derive(config: str | None, overrides: list[str], spec: PilotSpec, force: boo
     # A first expansion at a budget every cell can afford gives the most expensive step of the pilot.
     _, probe = expand(config, overrides + base_overrides(full_cfg, spec, n, [1e30]))
     feasible = [c for c in probe if c.feasible]
-    step = max(sum(c.plan.step_flops) for c in feasible)
+    step = max(c.plan.step_flops.total for c in feasible)
     cells_count = len(feasible)
     target = spec.share * full / cells_count
     largest_run = statistics.median(cell_flops(c) for c in full_cells if c.feasible)

@@ -14,7 +14,7 @@ import shlex
 
 import numpy as np
 
-from isoflop_cli.config import ConfigError
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.race import pilot as pilot_mod
 from isoflop_cli.race.analysis import INTERIOR, REWARD, SEARCH, UPDATE, Data
 

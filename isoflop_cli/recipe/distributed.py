@@ -9,11 +9,9 @@ no-op, so the recipe reads the same either way.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Iterator
@@ -21,6 +19,8 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from isoflop_cli.processes import die_with_parent
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def launch(fn: Callable[..., None], world_size: int, *args: Any, timeout_s: floa
 
 
 def _rank_main(rank: int, world_size: int, port: int, timeout_s: float, fn: Callable[..., None], args: tuple) -> None:
-    _die_with_parent()
+    die_with_parent(signal.SIGKILL)  # a rank must not outlive its run (a killed run would leave ranks waiting forever)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
     cuda = torch.cuda.is_available()
     if cuda:
@@ -93,12 +93,6 @@ def _rank_main(rank: int, world_size: int, port: int, timeout_s: float, fn: Call
         raise
     finally:
         dist.destroy_process_group()
-
-
-def _die_with_parent() -> None:
-    """A rank must not outlive its run's process (a killed run would leave ranks waiting forever)."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def device() -> torch.device:

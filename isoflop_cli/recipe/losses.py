@@ -24,7 +24,10 @@ POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
 
 
 def register(registry: dict, name: str) -> Callable:
+    """Add an estimator or loss under `name`; a second one of the same name is a mistake, refused."""
     def add(fn: Callable) -> Callable:
+        if name in registry:
+            raise ValueError(f"'{name}' is registered twice")
         registry[name] = fn
         return fn
     return add

@@ -15,9 +15,7 @@ its share; every rank trains on its share of each mini-batch of an FSDP2-sharded
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
-import json
 import os
 import random
 import socket
@@ -31,7 +29,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from isoflop_cli import flops, tasks
 from isoflop_cli.algorithms import passes, spec
-from isoflop_cli.config import run_content, sharded
+from isoflop_cli.config.identity import fingerprints
+from isoflop_cli.config.schema import sharded
 from isoflop_cli.recipe import checkpoint, distributed, resume
 from isoflop_cli.recipe.distributed import Group
 from isoflop_cli.recipe.evaluate import Evaluator, Judge
@@ -221,10 +220,9 @@ class Trainer:
         The checkpoint's fingerprint is what the run computes, not its budget: a run to a larger
         budget continues it (`continuation`), evaluating from there at its own budget's points."""
         cfg = self.cfg
-        content = json.dumps(run_content(cfg), sort_keys=True)
-        self.fingerprint = hashlib.sha1(f"{content}{self.budget.column}{self.lr}".encode()).hexdigest()
-        before = hashlib.sha1(f"{content}{self.budget}{self.lr}".encode()).hexdigest()  # as checkpoints were named before budgets left the fingerprint
-        saved = resume.load(self.files.checkpoint, (self.fingerprint, before), self.actor, self.optimizer, self.scheduler)
+        names = fingerprints(cfg, self.budget.column, self.lr, self.budget)
+        self.fingerprint = names[0]
+        saved = resume.load(self.files.checkpoint, names, self.actor, self.optimizer, self.scheduler)
         self.progress = Progress(**saved) if saved else Progress(eval_at=list(self.budget.eval_at))
         self.progress.eval_at = [c for c in self.budget.eval_at if c > self.spent()]
         if self.group.is_main:
@@ -532,11 +530,11 @@ def _evaluator(cfg: DictConfig, task, tokenizer, reward, shape) -> Evaluator:
 
 
 def _totals(ledger: dict, flops_cfg) -> dict:
-    """flops_total (search + learning + reward; evaluation is not training compute), rho, gpu_hours."""
-    total = ledger["flops_search"] + ledger["flops_learning"] + ledger["flops_reward"]
-    out = {"flops_total": total, "rho": ledger["flops_learning"] / total if total else None}
+    """flops_total and rho (`flops.Ledger`), and gpu_hours where the device's peak and MFU are given."""
+    spent = flops.Ledger.of(ledger)
+    out = {"flops_total": spent.total, "rho": spent.rho}
     if flops_cfg.peak_tflops:
-        out["gpu_hours"] = total / (flops_cfg.peak_tflops * 1e12 * flops_cfg.utilization) / 3600
+        out["gpu_hours"] = spent.total / (flops_cfg.peak_tflops * 1e12 * flops_cfg.utilization) / 3600
     return out
 
 
@@ -544,7 +542,7 @@ def _measured(meter: Meter) -> dict:
     if not meter.on:
         return {}
     parts = {f"flops_{p}": meter.totals.get(p, 0.0) for p in ("search", "learning", "reward", "eval")}
-    return {**parts, "flops_total": parts["flops_search"] + parts["flops_learning"] + parts["flops_reward"]}
+    return {**parts, "flops_total": flops.Ledger.of(parts).total}
 
 
 def _mean(values: list[float]) -> float | None:

@@ -28,26 +28,20 @@ function decides in the sweep (`dispatch.py`) and in `isoflop replay`.
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from isoflop_cli.config.schema import DEFAULT_MARGIN
 from isoflop_cli.fit.band import SigmoidBand
 
-DEFAULT_MARGIN = 2.5  # in standard deviations of the metric's noise; chosen from replays (README: Adaptive sweeps)
 RISE_FACTOR = 2.0  # no cell gains more per doubling than this many times the largest gain fitted so far
 MIN_DOF = 8  # residual degrees of freedom the noise is read from before any cell is stopped
 MIN_POINTS = 3  # eval points past the base a cell needs before it can be stopped
 TIE = 1e-9  # a cell whose bound equals the frontier's (an exact fit of flat points) goes on
 TOLERANCE = 1.1  # a FLOP-budget run stops at the first step whose ledger reaches a budget: a little above it
-
-
-class Schedule(str, enum.Enum):
-    full = "full"
-    adaptive = "adaptive"
 
 
 @dataclass(frozen=True)

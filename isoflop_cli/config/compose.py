@@ -1,0 +1,179 @@
+"""Compose a sweep config with Hydra onto the schema, then check it (`validate`): a config that
+loads is one a run can start from. Paths are made absolute and device-dependent defaults resolved
+here, so run identity and `plan` see the values the run computes with.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from isoflop_cli.config.schema import DEFAULT_SWEEP, PATH_KEYS, SweepConfig
+from isoflop_cli.config.validate import check
+from isoflop_cli.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF_DIR = ROOT / "conf"
+SWEEPS_DIR = ROOT / "sweeps"
+
+
+def resolve_sweep_path(name_or_path: str | None) -> Path:
+    """A ready-made sweep name (`sweeps/NAME.yaml`) or a path to a YAML file."""
+    if name_or_path is None:
+        name_or_path = DEFAULT_SWEEP
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        return path.resolve()
+    path = SWEEPS_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml")))
+        raise ConfigError(f"unknown sweep config '{name_or_path}' (ready-made: {known})")
+    return path
+
+
+def load(config: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Compose `config` with `overrides`, merge into the schema and check values."""
+    path = resolve_sweep_path(config)
+    _check_not_empty(path)
+    cfg = _compose(path, list(overrides))
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(SweepConfig), cfg)
+        OmegaConf.resolve(cfg)  # a broken ${...} interpolation fails here, not in the middle of a run
+    except OmegaConfBaseException as e:
+        raise ConfigError(omegaconf_message(e)) from None
+    OmegaConf.set_readonly(cfg, False)
+    _absolute_paths(cfg)
+    resolve_device_defaults(cfg)
+    check(cfg)
+    return cfg
+
+
+def resolve_device_defaults(cfg: DictConfig) -> None:
+    """The learner knobs whose default depends on the run's GPUs (null in the schema), set to what
+    the run will use, so that run identity and `plan` see the values the run computes with: one
+    learner rank per GPU, bf16 and activation checkpointing with GPUs; one rank in fp32 without."""
+    gpus = cfg.cluster.gpus_per_run
+    learner = cfg.learner
+    if learner.world_size is None:
+        learner.world_size = max(1, int(gpus))
+    if learner.bf16 is None:
+        learner.bf16 = bool(gpus)
+    if learner.activation_checkpointing is None:
+        learner.activation_checkpointing = bool(gpus)
+
+
+def _absolute_paths(cfg: DictConfig) -> None:
+    """Files the runs read, as absolute paths: a run is a Ray job whose working directory is not
+    the one the sweep was started from."""
+    keys = [*PATH_KEYS, *(f"eval.{part}.{name}" for part in ("sets", "judges") for name in cfg.eval[part])]
+    for key in keys:
+        value = OmegaConf.select(cfg, key, throw_on_missing=False)
+        if isinstance(value, str) and value:
+            OmegaConf.update(cfg, key, str(Path(value).expanduser().absolute()), merge=False)
+
+
+def with_values(cfg: DictConfig, values: dict[str, Any], checked: bool = True) -> DictConfig:
+    """A copy of `cfg` with dotted keys set (a grid axis's values), checked as an override would be
+    (`checked=False`: values already checked on the same config)."""
+    out = cfg.copy()
+    for key, value in values.items():
+        try:
+            OmegaConf.update(out, key, value, merge=False)
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"grid.axes.{key}: {omegaconf_message(e)}") from None
+    _absolute_paths(out)
+    if checked:
+        check(out)
+    return out
+
+
+def _check_not_empty(path: Path) -> None:
+    """An empty config file (or one of comments only) would compose to the bare schema and fail on
+    whatever the schema leaves unset: say what is wrong instead."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        return  # _compose names the syntax error
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path} cannot be read: {e}") from None
+    if data is None:
+        raise ConfigError(f"config file {path} is empty: start it with a defaults list (see sweeps/default.yaml)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must be a YAML mapping (defaults, name, grid ...), got a {type(data).__name__}")
+
+
+def _compose(path: Path, overrides: list[str]) -> DictConfig:
+    # The schema is the base of every sweep (its defaults list starts with `isoflop`), so Hydra
+    # itself rejects unknown keys and wrong types while it composes.
+    ConfigStore.instance().store(name="isoflop", node=SweepConfig)
+    searchpath = f"hydra.searchpath=[file://{CONF_DIR}]"
+    try:
+        with initialize_config_dir(config_dir=str(path.parent), version_base=None):
+            cfg = compose(path.stem, overrides=[searchpath, *overrides])
+    except MissingConfigException as e:
+        text = str(e)
+        first = text.splitlines()[0]
+        options = re.search(r"Available options in '(\w+)':\n((?:\t.*\n)+)", text)
+        if options:
+            first += f" (available: {', '.join(o.strip() for o in options.group(2).splitlines())})"
+        raise ConfigError(first) from None
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        raise ConfigError(_compose_message(e)) from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    cfg.pop("hydra", None)
+    return cfg
+
+
+def _compose_message(e: Exception) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[1].startswith("To append"):  # a key the schema lacks; keep Hydra's `+key=` hint
+        cause = e.__cause__
+        if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None) and "axes" not in lines[0]:
+            return f"unknown config key '{cause.full_key}'"
+        return " ".join(lines[:2])
+    cause = e.__cause__ or e.__context__
+    key = getattr(cause, "full_key", None) if isinstance(cause, OmegaConfBaseException) else None
+    if key and key.startswith("grid.axes.") and "typing.List" in str(cause):
+        return f"{key} must be a list of values (one cell each), got {getattr(cause, 'value', None)}"
+    if key:  # e.g. a typo inside a config file
+        where = lines[0] if lines[0].startswith("Error merging override") else lines[0].split(":")[0]
+        return f"{where}: {omegaconf_message(cause)}"
+    if cause is not None and str(cause).strip():
+        return f"{lines[0]}: {_first_line(cause)}"
+    return lines[0] if lines else type(e).__name__
+
+
+def _first_line(e: Exception) -> str:
+    """The message without OmegaConf's trailing key/type lines (it may wrap over several lines)."""
+    lines = []
+    for line in str(e).strip().splitlines():
+        if line.strip().startswith(("full_key:", "object_type=", "reference_type=")):
+            break
+        lines.append(line.strip())
+    return " ".join(lines) if lines else type(e).__name__
+
+
+def omegaconf_message(e: OmegaConfBaseException) -> str:
+    msg = _first_line(e)
+    key = getattr(e, "full_key", None)
+    if "not in struct" in msg or "Key '" in msg and "not in" in msg:
+        return f"unknown config key '{key}'"
+    if key:
+        return f"bad value for '{key}': {msg}"
+    return msg
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)

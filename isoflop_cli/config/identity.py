@@ -1,0 +1,145 @@
+"""What identifies a run: the hash of what it computes. A run id names a run's directory (same
+content, same run: a rerun finds its finished work); a trajectory groups the runs that record the
+same points up to a smaller budget (`continuation`); a checkpoint's fingerprint says whether a saved
+state is this run's. Every such hash is made here, and each is pinned by tests: a change that moves
+one orphans every existing sweep's finished runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from types import SimpleNamespace
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from isoflop_cli import tasks
+from isoflop_cli.algorithms import ALGORITHMS, spec
+
+
+SWEEP_ONLY = ("grid", "cluster", "name", "calibrate", "tracking")  # config parts that do not change what a run computes
+
+
+def run_content(cfg: DictConfig) -> dict[str, Any]:
+    """What a run computes, as plain data: its config without the sweep-level parts, so a run keeps
+    its id and its checkpoints when only the sweep around it changes (its schedule, its cluster),
+    and without keys that do not apply to it (so new options leave old run ids as they were)."""
+    content = applicable(OmegaConf.to_container(cfg, resolve=True))
+    for key in SWEEP_ONLY:
+        content.pop(key, None)
+    return content
+
+
+def applicable(content: dict[str, Any]) -> dict[str, Any]:
+    """A plain config without the keys that do not apply to its run (other tasks' keys, an unset
+    custom reward, no held-out sets or judges, vLLM's engine knobs left at null, no stray digits in
+    the warm start) or do not change what it computes (whether its last checkpoint is kept): options
+    added later leave earlier run ids as they were. A new copy where it drops any."""
+    task = {k: v for k, v in content["task"].items() if k in tasks.config_keys(content["task"]["name"])}
+    reward = {k: v for k, v in content["reward"].items() if not (k == "fn" and v is None)}
+    evaluation = {k: v for k, v in content["eval"].items() if not (k in ("sets", "judges") and not v)}
+    epochs = content["algo"]["epochs"]  # whole epochs hash as the integers they were before fractions
+    algo = {**content["algo"], "epochs": int(epochs) if float(epochs).is_integer() else epochs}
+    if algo["name"] in ALGORITHMS:  # the knobs as the run applies them; std_norm only where it departs from the algorithm's own
+        effective = spec(SimpleNamespace(**algo))
+        algo["loss_agg"] = effective.loss_agg
+        algo.pop("std_norm", None)
+        if effective.std_norm != ALGORITHMS[algo["name"]].std_norm:
+            algo["std_norm"] = effective.std_norm
+    sampler = {k: v for k, v in content["sampler"].items() if not (k in ("kv_cache_gib", "enforce_eager") and v is None)}
+    build = {k: v for k, v in content["model"]["build"].items() if not (k == "stray" and v == 0)}
+    kept = {k: v for k, v in content["checkpoint"].items() if k != "keep_final"}  # what a run leaves, not what it computes
+    # How the learner splits its work in memory and time, not what it computes: a token-budget
+    # micro-batch only when set, the logit chunk and the collective timeout never.
+    learner = {k: v for k, v in content["learner"].items()
+               if k not in ("logit_chunk_tokens", "collective_timeout_s") and not (k == "max_tokens_per_micro_batch" and v == 0)}
+    return {**content, "task": task, "reward": reward, "eval": evaluation, "algo": algo, "sampler": sampler,
+            "model": {**content["model"], "build": build}, "checkpoint": kept, "learner": learner}
+
+
+def _digest(content: dict[str, Any]) -> str:
+    return hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+def run_id(axes: dict[str, Any], cfg: DictConfig, plan_key: list) -> str:
+    """Readable axis values plus a hash of what the run computes and of its plan (`RunPlan.key`:
+    where it stops and evaluates, its learning rate): same content, same run."""
+    content = run_content(cfg)
+    content["plan"] = plan_key
+    return f"{_slug(axes)}_{_digest(content)[:8]}"
+
+
+def trajectory(cfg: DictConfig, column: str, lr: float) -> str:
+    """What the run `cfg` computes step by step, without where it stops or evaluates: its run id's
+    hash less the budget (`column`: the ledger column its budgets are in). Runs of one trajectory
+    record the same points up to the smaller budget (the learning rate is constant after warm-up;
+    evaluation draws from its own RNG stream), so the run to a larger budget can continue the
+    smaller one's checkpoint (see `continuation`)."""
+    content = run_content(cfg)
+    content["plan"] = [column, lr]
+    return _digest(content)
+
+
+def fingerprints(cfg: DictConfig, column: str, lr: float, budget: object) -> tuple[str, str]:
+    """The names a run's checkpoint may carry: what it computes, not its budget, so a run to a larger
+    budget continues it; and, second, the name checkpoints had before budgets left it (`budget`
+    as it was written then, the recipe's Budget), still read."""
+    content = json.dumps(run_content(cfg), sort_keys=True)
+    now = hashlib.sha1(f"{content}{column}{lr}".encode()).hexdigest()
+    before = hashlib.sha1(f"{content}{budget}{lr}".encode()).hexdigest()
+    return now, before
+
+
+def _slug(axes: dict[str, Any]) -> str:
+    parts = [f"n{axes['n']}", f"bp{axes['B_p']}", f"s{axes['seed']}"]
+    parts += [f"{k.split('.')[-1]}-{_slug_value(v)}" for k, v in axes.items() if k not in ("n", "B_p", "seed")]
+    return "_".join(parts).replace("/", "-").replace(" ", "")[:80]
+
+
+def _slug_value(value: Any) -> str:
+    """A scalar as written; a list or mapping (a list-typed key's value) as its items, joined by ','
+    and kept to characters a directory or job name takes."""
+    if isinstance(value, (list, tuple)):
+        text = ",".join(_slug_value(v) for v in value)
+    elif isinstance(value, dict):
+        text = ",".join(f"{k}={_slug_value(v)}" for k, v in value.items())
+    else:
+        return f"{value}"
+    return re.sub(r"[^A-Za-z0-9.,=+-]", "_", text)
+
+
+class RunIds:
+    """`run_id` for every cell of one axes combination without a config per cell (`applicable` of the
+    combination's plain config, its axes `choice`): the hashed JSON is spliced from the combination's
+    parts, serialised once, and each cell's n, B_p, seed and plan (json.dumps(sort_keys=True) writes
+    the same bytes)."""
+
+    VARYING = ("n", "B_p", "seed", "plan")
+
+    def __init__(self, content: dict[str, Any], choice: dict[str, Any]):
+        keys = sorted((set(content) - set(SWEEP_ONLY)) | set(self.VARYING))
+        self.pieces: list[str] = []
+        self.slots: dict[str, int] = {}
+        for key in keys:
+            self.pieces.append(json.dumps(key) + ": ")
+            if key in self.VARYING:
+                self.slots[key] = len(self.pieces)
+                self.pieces.append("")
+            else:
+                self.pieces.append(json.dumps(content[key], sort_keys=True))
+            self.pieces.append(", ")
+        self.pieces.pop()
+        extra = [f"{k.split('.')[-1]}-{_slug_value(v)}" for k, v in choice.items()]
+        self.extra = "".join("_" + p for p in extra).replace("/", "-").replace(" ", "")
+
+    def cells(self, n: int, B_p: int, seeds: list[int], plan_key: list):
+        """(seed, full digest, run id) of each seed's cell at n, B_p with this plan."""
+        plan = json.dumps(plan_key)
+        for seed in seeds:
+            pieces = self.pieces.copy()
+            for key, value in (("n", json.dumps(n)), ("B_p", json.dumps(B_p)), ("seed", json.dumps(seed)), ("plan", plan)):
+                pieces[self.slots[key]] = value
+            digest = hashlib.sha1(("{" + "".join(pieces) + "}").encode()).hexdigest()
+            yield seed, digest, f"n{n}_bp{B_p}_s{seed}{self.extra}"[:80] + f"_{digest[:8]}"

@@ -1,0 +1,128 @@
+"""The package's import structure, as the README's architecture map draws it: no cycle between its
+parts, each layer blind to the ones above it, and the modules every process imports light."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "isoflop_cli"
+
+# What a part must not import (directly or lazily inside a function): the brief's "the CLI knows
+# nothing of torch; the recipe knows nothing of Ray or the grid", and config below what reads it.
+BLIND = {
+    "config": {"recipe", "grid", "dispatch", "sweep", "fit", "race", "cli", "head", "slurm", "memory"},
+    "recipe": {"grid", "dispatch", "sweep", "head", "slurm", "fit", "race", "cli", "preflight", "continuation", "report", "calibrate", "memory"},
+    "fit": {"recipe", "grid", "dispatch", "sweep", "head", "slurm", "cli", "race"},
+    "tasks": {"config", "recipe", "grid", "dispatch", "sweep", "fit", "race", "cli"},
+    "rewards": {"config", "recipe", "grid", "dispatch", "sweep", "fit", "race", "cli"},
+    "flops": {"config", "recipe", "grid", "dispatch", "sweep", "fit", "race", "cli"},
+    "store": {"config", "recipe", "grid", "dispatch", "sweep", "fit", "race", "cli", "head"},
+    "errors": {"*"},
+}
+THIRD_PARTY_BLIND = {"recipe": {"ray"}, "config": {"torch", "ray", "scipy", "pandas"}, "grid": {"torch", "ray"}, "memory": {"torch"}}
+
+
+def _part(module: str) -> str | None:
+    """The part of the package a module belongs to: `isoflop_cli.fit.band` -> `fit`."""
+    names = module.split(".")
+    return names[1] if names[0] == "isoflop_cli" and len(names) > 1 else None
+
+
+def _imports(path: Path) -> list[str]:
+    """Every module a file imports, at module level or inside functions, leaving out imports under
+    `if TYPE_CHECKING:` (annotations only)."""
+    tree = ast.parse(path.read_text())
+    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    skip = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+            for stmt in block.body for node in ast.walk(stmt)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found += [base] + [f"{base}.{alias.name}" for alias in node.names]
+    return found
+
+
+def _graph() -> dict[str, dict[str, set[str]]]:
+    """part -> {imported part or third-party top-level name -> the files that import it}."""
+    graph: dict[str, dict[str, set[str]]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        part = _part(module)
+        if part in (None, "__init__", "__main__"):
+            continue
+        edges = graph.setdefault(part, {})
+        for name in _imports(path):
+            target = _part(name) if name.startswith("isoflop_cli.") else name.split(".")[0]
+            if target and target != part and target != "isoflop_cli":
+                edges.setdefault(target, set()).add(path.relative_to(PACKAGE.parent).as_posix())
+    return graph
+
+
+def _cycle(graph: dict[str, dict[str, set[str]]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in graph.get(node, {}):
+            if nxt not in graph:
+                continue
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in graph:
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycle_between_the_packages_parts():
+    graph = _graph()
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle) + "; " + "; ".join(
+        f"{a} -> {b} in {sorted(graph[a][b])}" for a, b in zip(cycle, cycle[1:]))
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b": {"a.py"}}, "b": {"c": {"b.py"}}, "c": {"a": {"c.py"}, "d": {"c.py"}}, "d": {}}
+    assert _cycle(graph) == ["a", "b", "c", "a"]
+    del graph["c"]["a"]
+    assert _cycle(graph) is None
+
+
+@pytest.mark.parametrize("part", sorted(BLIND))
+def test_each_layer_is_blind_to_the_layers_above(part):
+    edges = _graph().get(part, {})
+    banned = set(edges) & PARTS if "*" in BLIND[part] else set(edges) & BLIND[part]
+    banned |= set(edges) & THIRD_PARTY_BLIND.get(part, set())
+    assert not banned, {b: sorted(edges[b]) for b in banned}
+
+
+PARTS = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir() if (p.suffix == ".py" or (p / "__init__.py").exists())} - {"__init__", "__main__"}
+
+
+@pytest.mark.parametrize("module, heavy", [
+    ("isoflop_cli.config", ("scipy", "torch", "pandas", "ray", "matplotlib")),  # every process and Ray job loads it
+    ("isoflop_cli.cli", ("torch", "ray", "transformers", "matplotlib")),  # `isoflop --help`, `plan`, `status`
+    ("isoflop_cli.grid", ("torch", "ray", "scipy")),
+])
+def test_light_modules_stay_light(module, heavy):
+    code = f"import sys, {module}; print(','.join(m for m in {heavy!r} if m in sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert not loaded, f"importing {module} loads {loaded}"
