@@ -25,8 +25,10 @@ from omegaconf import DictConfig
 
 from isoflop_cli import config as config_mod
 from isoflop_cli import grid as grid_mod
+from isoflop_cli import sweep
+from isoflop_cli.dispatch import sweep_lock
 from isoflop_cli.errors import ConfigError
-from isoflop_cli.store import FINISHED, SweepDir, atomic_write, write_json
+from isoflop_cli.store import CALIBRATION, FINISHED, CellState, Manifest, SweepDir, atomic_write, write_json
 from isoflop_cli.tasks.dataset import CALIBRATED, read_rows, records
 
 RESULT = "calibration.parquet"
@@ -59,34 +61,52 @@ def slices(rows: int, size: int) -> list[tuple[int, int]]:
     return [(start, min(start + size, rows)) for start in range(0, rows, size)]
 
 
-def prepare(cfg: DictConfig, dest: SweepDir) -> dict:
+def prepare(cfg: DictConfig, dest: SweepDir) -> Manifest:
     """The manifest: one cell per slice of rows, its config with `calibrate.rows` set; finished
     slices of an earlier call are kept as they are."""
+    old = dest.manifest().cells
     rows = len(read_rows(cfg.task.train, "task.train", cfg.task.prompt_key, cfg.task.answer_key))
     atomic_write(dest.config_file, config_mod.to_yaml(cfg))
-    old = dest.manifest()["cells"]
-    cells = {}
+    manifest = Manifest(name=cfg.name, kind=CALIBRATION)
     for start, stop in slices(rows, cfg.calibrate.shard):
         rid = f"rows-{start:07d}-{stop:07d}"
         part = cfg.copy()
         part.calibrate.rows = [start, stop]
         atomic_write(dest.run(rid).config, config_mod.to_yaml(part))
-        cells[rid] = {"rows": [start, stop], "state": old.get(rid, {}).get("state", "pending"),
-                      **{k: old[rid][k] for k in ("submission_id", "attempts") if k in old.get(rid, {})}}
-    manifest = {"name": cfg.name, "kind": "calibration", "rows": rows, "cells": cells}
+        before = old.get(rid, CellState())
+        manifest.cells[rid] = CellState(rows=[start, stop], state=before.state, submission_id=before.submission_id, attempts=before.attempts)
     dest.write_manifest(manifest)
     return manifest
+
+
+def total_rows(manifest: Manifest) -> int:
+    """The rows of task.train a calibration's slices cover (all of them: `slices`)."""
+    return max((cell.rows[1] for cell in manifest.cells.values()), default=0)
+
+
+def run(cfg: DictConfig, dest: SweepDir, config: str | None, overrides: list[str], view: sweep.View) -> tuple[dict, dict[str, str]]:
+    """Slice task.train, run every unfinished slice as a job (`isoflop calibrate-shard`, no
+    preflight), merge the finished ones: the summary, and the slices that did not finish with why.
+    The dir has one owner, as a sweep's."""
+    with sweep_lock(dest.path):
+        prepare(cfg, dest)
+        view.prepared(dest)
+        states = sweep.drive(dest, cfg, view, command="calibrate-shard", probe=False)
+        summary = merge(cfg, dest, config, overrides)
+    cells = dest.manifest().cells
+    return summary, {rid: cells[rid].error or "" for rid, state in states.items() if state != FINISHED}
 
 
 def merge(cfg: DictConfig, dest: SweepDir, config: str | None, overrides: list[str]) -> dict:
     """calibration.parquet, easy.parquet, hard.parquet, the histogram and the summary (also written
     as summary.json), from the finished slices."""
     manifest = dest.manifest()
-    parts = [pd.read_parquet(dest.run(rid).dir / RESULT) for rid in manifest["cells"] if dest.run(rid).finished()]
+    rows = total_rows(manifest)
+    parts = [pd.read_parquet(dest.run(rid).dir / RESULT) for rid in manifest.cells if dest.run(rid).finished()]
     df = pd.concat(parts, ignore_index=True).sort_values("problem_id").reset_index(drop=True) if parts else pd.DataFrame()
     atomic_write(dest.path / RESULT, df.to_parquet(index=False))
     source = records(Path(cfg.task.train), "task.train")
-    summary = {"rows": manifest["rows"], "calibrated": len(df), "left_out": manifest["rows"] - len(df), "samples": cfg.calibrate.samples,
+    summary = {"rows": rows, "calibrated": len(df), "left_out": rows - len(df), "samples": cfg.calibrate.samples,
                "bands": []}
     for band in (Band("easy", *cfg.calibrate.easy), Band("hard", *cfg.calibrate.hard)):
         chosen = df[band.holds(df["pass_rate"])] if not df.empty else df
@@ -140,4 +160,4 @@ def _histogram(df: pd.DataFrame, summary: dict, stem: Path) -> None:
 
 
 def finished_slices(dest: SweepDir) -> int:
-    return sum(dest.run(rid).status().get("state") == FINISHED for rid in dest.manifest()["cells"])
+    return sum(dest.run(rid).status().get("state") == FINISHED for rid in dest.manifest().cells)

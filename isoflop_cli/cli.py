@@ -1,8 +1,9 @@
 """`isoflop`: a thin Typer layer over config -> grid -> dispatch -> run -> store -> fit.
 
-Commands take Hydra overrides as arguments (`grid.n=[4,8,16] model=tiny-arith`). Bad input is one
-line on stderr and exit code 2, before anything starts. This module never imports torch: `run`
-hands the resolved config to the recipe.
+Commands take Hydra overrides as arguments (`grid.n=[4,8,16] model=tiny-arith`), call `sweep.py`
+(or the recipe, the fit, the race) and print. Bad input is one line on stderr and exit code 2,
+before anything starts. This module never imports torch: `run` hands the resolved config to the
+recipe.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -23,19 +24,15 @@ from rich.live import Live
 from rich.text import Text
 
 from isoflop_cli import config as config_mod
-from isoflop_cli import continuation
 from isoflop_cli import grid as grid_mod
 from isoflop_cli import report
-from isoflop_cli.errors import ConfigError, LauncherError
+from isoflop_cli import sweep as sweep_mod
 from isoflop_cli.config import identity
 from isoflop_cli.config.schema import DEFAULT_MARGIN, Schedule
-from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, check_cluster, nothing_to_run, sweep_lock, watched
-from isoflop_cli.head import ray_cluster
+from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, check_cluster, watched
+from isoflop_cli.errors import ConfigError, LauncherError
 from isoflop_cli.processes import die_with_parent
-from isoflop_cli.store import FAILED, FINISHED, PAUSED, STOPPED, LeaseLost, RunFiles, SweepDir, atomic_write, disk_full_message, is_disk_full, read_json
-
-if TYPE_CHECKING:
-    import pandas as pd
+from isoflop_cli.store import FAILED, FINISHED, PAUSED, STOPPED, LeaseLost, RunFiles, SweepDir, disk_full_message, is_disk_full, read_json
 
 app = typer.Typer(
     help="IsoFLOP sweeps of LLM RL post-training: plan a grid, run it as Ray jobs, fit the frontier.",
@@ -60,18 +57,6 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(2) from None
 
 
-def _load(config: Optional[str], overrides: Optional[list[str]], out: Path):
-    """The config and its cells; FLOP predictions are scaled by the sweep's finished runs in OUT, if
-    any, else by the response lengths calibrate measured on the problem set, if it did."""
-    overrides = list(overrides or [])
-    cfg = config_mod.load(config, overrides)
-    scale = SweepDir(out / cfg.name).flops_scale()
-    if cfg.model.name not in scale and (calibrated := grid_mod.calibrated_scale(cfg)):
-        scale[cfg.model.name] = calibrated
-    cells = grid_mod.expand(cfg, recompose=lambda extra: config_mod.load(config, overrides + extra), flops_scale=scale)
-    return cfg, cells
-
-
 @app.command()
 def plan(
     overrides: Optional[list[str]] = OVERRIDES,
@@ -83,7 +68,7 @@ def plan(
     """The grid as a table: every cell, its steps M, eval points, rollouts and predicted FLOPs (search,
     learning, reward, rho); infeasible cells and why; the schedule's worst case. No compute."""
     with user_errors():
-        cfg, cells = _load(config, overrides, out)
+        cfg, cells = sweep_mod.load(config, list(overrides or []), out)
         share = _replayed_share(replayed) if replayed else None
     if as_json:
         print(json.dumps(report.plan_records(cells), indent=1))
@@ -114,23 +99,20 @@ def sweep(
     A sweep dir holding other cells (a changed grid) is refused unless --extend merges the two.
     """
     with user_errors():
-        cfg, cells = _load(config, overrides, out)
+        cfg, cells = sweep_mod.load(config, list(overrides or []), out)
         if not dry_run:
-            config_mod.check_runnable(grid_mod.run_configs(cells))
-            check_cluster(cfg.cluster)
-            sweep_dir = SweepDir(config_mod.check_writable(out / cfg.name))
-            continued = continuation.find(sweep_dir, cells)
-            check_same_grid(sweep_dir, cells, extend, continued)
+            sweep_dir = sweep_mod.check(out, cfg, cells)
+            continued = sweep_mod.continuations(sweep_dir, cells, extend)
     console.print(report.plan_table(cfg, cells))
     if dry_run:
         return
     if continued:
         console.print(f"{len(continued)} runs continue from where an earlier, smaller budget left them (their checkpoints)")
-    df, failed = _dispatch(sweep_dir, cfg, cells, continued)
-    if not df.empty:
+    outcome = _run_sweep(sweep_dir, cfg, cells, continued)
+    if not outcome.results.empty:
         compute = "flops_total" if cfg.grid.budget.unit == "flops" else "rollouts"
-        console.print(report.frontier_table(df, metric="val_avg@k", axis="n", compute=compute))
-    if failed:
+        console.print(report.frontier_table(outcome.results, metric="val_avg@k", axis="n", compute=compute))
+    if outcome.failed:
         raise typer.Exit(1)
 
 
@@ -149,62 +131,37 @@ def dispatch_errors() -> Iterator[None]:
         raise typer.Exit(1) from None
 
 
-def _dispatch(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell],
-              continued: list[continuation.Continuation] = ()) -> tuple[pd.DataFrame, dict[str, str]]:
-    """Prepare the sweep dir, run every unfinished cell as a Ray job under a live table, collect
-    results.parquet. Returns the results and the runs that did not finish, with why (printed too).
-    Ctrl-C or SIGTERM stops the jobs and exits 130; rerunning resumes. One sweep dir has one owner:
-    a second sweep on it while this one runs is refused (exit 2); a lost Ray head is one line (exit 1)."""
-    with contextlib.ExitStack() as held:
-        with user_errors():
-            held.enter_context(sweep_lock(sweep_dir.path))
-        prepare(sweep_dir, cfg, cells, continued)
-        table = lambda: report.sweep_table(sweep_dir)  # noqa: E731
+class Terminal(sweep_mod.View):
+    """A sweep as the terminal shows it: the sweep dir, a spinner while the preflight probes, then
+    the live table of its cells."""
+
+    def prepared(self, sweep_dir: SweepDir) -> None:
         console.print(f"sweep dir: {sweep_dir.path}")
-        states = nothing_to_run(sweep_dir)
-        if states is None:
-            with dispatch_errors(), launcher(cfg.cluster, sweep_dir.path) as (address, client):
-                dispatcher = Dispatcher(sweep_dir, cfg.cluster, address, client=client)
-                with user_errors():
-                    _preflight(dispatcher, cfg)
-                with Live(table(), console=console, refresh_per_second=2) as live:
-                    dispatcher.on_poll = lambda: live.update(table())
-                    states = dispatcher.run()
-        console.print()
-        df = sweep_dir.collect()
-        failed = {rid: sweep_dir.manifest()["cells"][rid].get("error", "") for rid, s in states.items() if s not in (FINISHED, PAUSED)}
-    paused = sum(s == PAUSED for s in states.values())
-    console.print(f"{len(states) - len(failed) - paused}/{len(states)} runs finished"
-                  + (f", {paused} stopped by the adaptive schedule (paused at their checkpoints; grid.schedule=full or larger grid.budgets continue them)" if paused else "")
-                  + f"; {len(df)} eval points in {sweep_dir.results_file}", soft_wrap=True)
-    for rid, why in failed.items():
+
+    def probing(self) -> contextlib.AbstractContextManager:
+        return console.status("preflight: probing the cluster's nodes")
+
+    @contextlib.contextmanager
+    def watching(self, dispatcher: Dispatcher) -> Iterator[None]:
+        table = lambda: report.sweep_table(dispatcher.sweep)  # noqa: E731
+        with Live(table(), console=console, refresh_per_second=2) as live:
+            dispatcher.on_poll = lambda: live.update(table())
+            yield
+
+
+def _run_sweep(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued=()) -> sweep_mod.Outcome:
+    """`sweep.run` under a live table, then how many runs finished and why the others did not.
+    Ctrl-C or SIGTERM stops the jobs and exits 130 (rerunning resumes); a second sweep on the dir
+    is refused (exit 2); a lost Ray head is one line (exit 1)."""
+    with dispatch_errors(), user_errors():
+        outcome = sweep_mod.run(sweep_dir, cfg, cells, continued, Terminal())
+    console.print()
+    console.print(f"{outcome.finished}/{len(outcome.states)} runs finished"
+                  + (f", {outcome.paused} stopped by the adaptive schedule (paused at their checkpoints; grid.schedule=full or larger grid.budgets continue them)" if outcome.paused else "")
+                  + f"; {len(outcome.results)} eval points in {sweep_dir.results_file}", soft_wrap=True)
+    for rid, why in outcome.failed.items():
         err.print(Text.assemble(("failed ", "red"), f"{rid}: {why}"), soft_wrap=True)
-    return df, failed
-
-
-@contextlib.contextmanager
-def launcher(cluster, state_dir: Path) -> Iterator[tuple[str, object]]:
-    """Where the jobs go: (the Ray Jobs address, None) for a Ray cluster (a local head started and
-    stopped here if none is named), or ("slurm", the SLURM client) for cluster.launcher=slurm."""
-    if cluster.launcher == "slurm":
-        from isoflop_cli.slurm import SlurmClient
-
-        yield "slurm", SlurmClient(cluster, state_dir / "slurm")
-        return
-    with ray_cluster(cluster, state_dir) as address:
-        yield address, None
-
-
-def _preflight(dispatcher: Dispatcher, cfg, asked: bool = False) -> list:
-    """The preflight probe before any run is submitted (unless cluster.preflight=false and not
-    `asked` by doctor): its problems are one ConfigError (exit 2)."""
-    if not (asked or cfg.cluster.preflight):
-        return []
-    with console.status("preflight: probing the cluster's nodes"):
-        nodes, problems = dispatcher.preflight(cfg)
-    if problems:
-        raise ConfigError(f"preflight found {len(problems)} problem(s) before any run started:\n" + "\n".join(f"  - {p}" for p in problems))
-    return nodes
+    return outcome
 
 
 @app.command()
@@ -221,11 +178,7 @@ def doctor(
         config_mod.check_runnable([cfg])
         check_cluster(cfg.cluster)
         sweep_dir = SweepDir(config_mod.check_writable(out / cfg.name))
-    with contextlib.ExitStack() as held:
-        with user_errors():
-            held.enter_context(sweep_lock(sweep_dir.path))
-        with launcher(cfg.cluster, sweep_dir.path) as (address, client), user_errors():
-            nodes = _preflight(Dispatcher(sweep_dir, cfg.cluster, address, client=client), cfg, asked=True)
+        nodes = sweep_mod.doctor(sweep_dir, cfg, Terminal())
     for n in nodes:
         console.print(f"node {n.host}{f' x{n.count}' if n.count > 1 else ''}: {n.cpus:g} CPU, {n.gpus:g} GPU, isoflop {n.version}, Python {n.python}, "
                       "sweep dir shared, run files readable" + (", vLLM imports" if n.vllm else ""), soft_wrap=True)
@@ -246,63 +199,6 @@ def preflight_probe(
         preflight.probe_here(spec)
     else:
         preflight.probe(spec)
-
-
-def check_same_grid(sweep_dir: SweepDir, cells: list[grid_mod.Cell], extend: bool, continued: list[continuation.Continuation] = (),
-                    hint: str = "rerun with --extend to add this grid's cells to them, or ") -> None:
-    """A sweep dir is never silently narrowed: cells it holds that this grid lacks (and does not
-    continue) refuse the sweep unless `extend` keeps them beside the new ones."""
-    if not sweep_dir.manifest_file.exists() or extend:
-        return
-    old = sweep_dir.manifest()["cells"]
-    new = {c.run_id for c in cells if c.feasible} | {c.old for c in continued}
-    gone = [rid for rid in old if rid not in new]
-    if gone:
-        twins = continuation.restarted(sweep_dir, cells, gone)
-        why = (f"; {twins} of them are runs of this grid to a smaller budget, finished without a checkpoint to continue from "
-               "(checkpoint.keep_final=true keeps one)") if twins else ""
-        raise ConfigError(f"{sweep_dir.path} holds a different grid: {len(gone)} of its {len(old)} cells are not in this one "
-                          f"(e.g. {gone[0]}){why}; {hint}use another --out or name=")
-
-
-def schedule_entry(cfg, cells: list[grid_mod.Cell]) -> dict:
-    """The manifest's schedule: what the dispatcher needs to run it (adaptive: the budgets it decides
-    at, the margin, the ledger column and metric the rule reads)."""
-    if cfg.grid.schedule != Schedule.adaptive:
-        return {"name": Schedule.full.value}
-    column = next(c.plan.column for c in cells if c.feasible)
-    return {"name": Schedule.adaptive.value, "budgets": sorted(float(b) for b in cfg.grid.budgets), "margin": float(cfg.grid.margin),
-            "column": column, "metric": "val_avg@k"}
-
-
-def prepare(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued: list[continuation.Continuation] = ()) -> None:
-    """Write the sweep config, the manifest and each run's config, keeping what earlier runs recorded
-    and every cell the dir already held (`check_same_grid` has refused an unasked merge); the cells
-    that continue an earlier run take over its directory."""
-    atomic_write(sweep_dir.config_file, config_mod.to_yaml(cfg))
-    old = sweep_dir.manifest()["cells"]
-    continues = {c.new: c.old for c in continued}
-    manifest = {"name": cfg.name, "schedule": schedule_entry(cfg, cells),
-                "cells": {rid: entry for rid, entry in old.items() if rid not in continues.values()}, "infeasible": []}
-    for cell in cells:
-        if not cell.feasible:
-            manifest["infeasible"].append({"axes": cell.axes, "reason": cell.reason})
-            continue
-        entry = old.get(cell.run_id, {"state": PAUSED, "continues": continues[cell.run_id]} if cell.run_id in continues else {})
-        manifest["cells"][cell.run_id] = {
-            "axes": cell.axes,
-            "columns": report.run_columns(cell),
-            "M": cell.plan.M,
-            "eval_steps": list(cell.plan.eval_steps),
-            "step_flops": list(grid_mod.step_flops(cell.cfg)),
-            "state": entry.get("state", "pending"),
-            **{k: entry[k] for k in ("submission_id", "attempts", "failures", "continues") if k in entry},
-        }
-    sweep_dir.write_manifest(manifest)
-    continuation.take_over(sweep_dir, manifest)
-    for cell in cells:
-        if cell.feasible:
-            atomic_write(sweep_dir.run(cell.run_id).config, config_mod.to_yaml(cell.cfg))
 
 
 @app.command()
@@ -345,8 +241,6 @@ def calibrate(
     task.train from the base model (the sweep's model, sampler and verifier), as Ray jobs of
     calibrate.shard problems (a rerun keeps finished ones), then write calibration.parquet,
     easy.parquet and hard.parquet (the file's own rows, by pass-rate band), a histogram and a summary."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from isoflop_cli import calibrate as cal
 
     overrides = list(overrides or [])
@@ -356,27 +250,40 @@ def calibrate(
         cal.check(cfg)
         check_cluster(cfg.cluster)
         dest = SweepDir(config_mod.check_writable(out / cfg.name))
-    with contextlib.ExitStack() as held:
-        with user_errors():
-            held.enter_context(sweep_lock(dest.path))
-        manifest = cal.prepare(cfg, dest)
-        console.print(f"calibrating {manifest['rows']:,} problems of {cfg.task.train}: {cfg.calibrate.samples} samples each, "
-                      f"{len(manifest['cells'])} job(s) of {cfg.calibrate.shard} -> {dest.path}", soft_wrap=True)
-        columns = (TextColumn("jobs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        states = nothing_to_run(dest)
-        if states is None:
-            with dispatch_errors(), launcher(cfg.cluster, dest.path) as (address, client), Progress(*columns, console=console) as progress:
-                bar = progress.add_task("calibrate", total=len(manifest["cells"]), completed=cal.finished_slices(dest))
-                states = Dispatcher(dest, cfg.cluster, address, client=client, command="calibrate-shard",
-                                    on_poll=lambda: progress.update(bar, completed=cal.finished_slices(dest))).run()
-        summary = cal.merge(cfg, dest, config, overrides)
+    with dispatch_errors(), user_errors():
+        summary, failed = cal.run(cfg, dest, config, overrides, CalibrationProgress(cfg))
     console.print(report.calibration_table(summary))
     console.print(f"wrote {dest.path / cal.RESULT}, easy.parquet, hard.parquet, calibration.png/.svg, summary.json", soft_wrap=True)
-    failed = {rid: dest.manifest()["cells"][rid].get("error", "") for rid, state in states.items() if state != FINISHED}
     for rid, why in failed.items():
         err.print(Text.assemble(("failed ", "red"), f"{rid}: {why}"), soft_wrap=True)
     if failed:
         raise typer.Exit(1)
+
+
+class CalibrationProgress(sweep_mod.View):
+    """A calibration as the terminal shows it: its slices, then a progress bar of finished ones."""
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+
+    def prepared(self, dest: SweepDir) -> None:
+        from isoflop_cli import calibrate as cal
+
+        manifest, c = dest.manifest(), self.cfg.calibrate
+        console.print(f"calibrating {cal.total_rows(manifest):,} problems of {self.cfg.task.train}: {c.samples} samples each, "
+                      f"{len(manifest.cells)} job(s) of {c.shard} -> {dest.path}", soft_wrap=True)
+
+    @contextlib.contextmanager
+    def watching(self, dispatcher: Dispatcher) -> Iterator[None]:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from isoflop_cli import calibrate as cal
+
+        dest = dispatcher.sweep
+        with Progress(TextColumn("jobs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
+            bar = progress.add_task("calibrate", total=len(dest.manifest().cells), completed=cal.finished_slices(dest))
+            dispatcher.on_poll = lambda: progress.update(bar, completed=cal.finished_slices(dest))
+            yield
 
 
 @app.command("calibrate-shard", hidden=True)
@@ -401,7 +308,7 @@ def calibrate_shard(
 def status(path: Path = typer.Argument(..., help="A sweep directory (OUT/<name>).")) -> None:
     """The cells of a sweep: status, step/M, rollouts so far, latest validation metric."""
     with user_errors():
-        sweep_dir = _sweep_dir(path)
+        sweep_dir = sweep_mod.existing(path)
     console.print(report.sweep_table(sweep_dir))
 
 
@@ -417,8 +324,8 @@ def logs(
     """A run's job log, as the sweep copies it into the run dir (every cluster.log_every_s while the
     job runs, and whole when it ends). --follow shows it live while a sweep is watching the run."""
     with user_errors():
-        sweep_dir = _sweep_dir(path)
-        if run_id not in sweep_dir.manifest()["cells"]:
+        sweep_dir = sweep_mod.existing(path)
+        if run_id not in sweep_dir.manifest().cells:
             raise ConfigError(f"no run '{run_id}' in {path}: `isoflop status {path}` lists its runs")
     files, shown = sweep_dir.run(run_id), ""
     while True:
@@ -429,7 +336,7 @@ def logs(
         sys.stdout.write(text[len(shown):])
         sys.stdout.flush()
         shown = text
-        if not follow or sweep_dir.manifest()["cells"][run_id].get("state") in DONE_WITH:
+        if not follow or sweep_dir.manifest().cells[run_id].state in DONE_WITH:
             break
         if not watched(sweep_dir.path):  # no sweep copies it any more (ended or killed): what is there is all
             console.print(f"--- no sweep is watching {path}; rerun the sweep to go on ---", style="dim")
@@ -550,10 +457,8 @@ def race_pilot(
         column = race.target_metric(target, metric, race.recorded_columns(pilot.cfg), "pilot runs record")
         race.check_full(full_results, column, validate_with)
         if not dry_run:
-            config_mod.check_runnable(grid_mod.run_configs(pilot.cells))
-            check_cluster(pilot.cfg.cluster)
-            sweep_dir = SweepDir(config_mod.check_writable((out or DEFAULT_OUT) / pilot.cfg.name))
-            check_same_grid(sweep_dir, pilot.cells, extend=False, hint="")
+            sweep_dir = sweep_mod.check(out or DEFAULT_OUT, pilot.cfg, pilot.cells)
+            sweep_mod.check_same_grid(sweep_dir, pilot.cells, extend=False, hint="")
     console.print(report.plan_table(pilot.cfg, pilot.cells))
     console.print(f"pilot: {len(pilot.rewards)} reward system(s) {pilot.rewards} x algo.epochs {[level(e) for e in spec.epochs]} x n {pilot.n_levels}, "
                   f"budgets {', '.join(f'{b:.3g}' for b in pilot.budgets)} FLOPs: {pilot.flops:.3g} FLOPs predicted, "
@@ -564,16 +469,16 @@ def race_pilot(
         err.print(Text.assemble(("note: ", "bold yellow"), note), soft_wrap=True)
     if dry_run:
         return
-    df, failed = _dispatch(sweep_dir, pilot.cfg, pilot.cells)
-    if failed:
+    outcome = _run_sweep(sweep_dir, pilot.cfg, pilot.cells)
+    if outcome.failed:
         err.print("the pilot is incomplete: rerun the same command to resume it")
         raise typer.Exit(1)
     with user_errors():
         scale = sweep_dir.flops_scale()
-        spent = race.pilot_flops(df)
+        spent = race.pilot_flops(outcome.results)
         full = race.full_sweep_flops(config, overrides, scale)
         cost = {"pilot_flops": spent, "pilot_share": spent / full, "full_flops": full, "pilot_share_planned": pilot.share, "scale": scale}
-        result, written = race.analyse(df, target, column, pilot.budgets, config, overrides, cost, sweep_dir.path / "race",
+        result, written = race.analyse(outcome.results, target, column, pilot.budgets, config, overrides, cost, sweep_dir.path / "race",
                                        str(out) if out else None, bootstrap, seed, full_results)
     console.print(summary(result))
     console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
@@ -617,18 +522,3 @@ def _exit_with_parent() -> None:
     die_with_parent()
     if os.getppid() == 1:  # the parent died before we asked
         raise SystemExit(1)
-
-
-def _sweep_dir(path: Path) -> SweepDir:
-    if not path.is_dir():
-        raise ConfigError(f"no such sweep directory: {path}")
-    sweep_dir = SweepDir(path)
-    if not sweep_dir.manifest_file.exists():
-        raise ConfigError(f"{path} is not a sweep directory (no manifest.json)")
-    manifest = read_json(sweep_dir.manifest_file)
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("cells"), dict):
-        raise ConfigError(f"{sweep_dir.manifest_file} is not a readable sweep manifest (a cells object)")
-    for run_id, cell in manifest["cells"].items():
-        if not isinstance(cell, dict) or not isinstance(cell.get("M"), int) or not isinstance(cell.get("attempts", 0), int):
-            raise ConfigError(f"{sweep_dir.manifest_file}: cell '{run_id}' is malformed (it needs an integer M)")
-    return sweep_dir

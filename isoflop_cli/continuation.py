@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from isoflop_cli import grid
 from isoflop_cli.config import identity
-from isoflop_cli.store import FINISHED, PAUSED, SweepDir
+from isoflop_cli.store import FINISHED, PAUSED, Manifest, SweepDir
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def trajectory(cfg) -> str:
 def find(sweep_dir: SweepDir, cells: list[grid.Cell]) -> list[Continuation]:
     """The cells of `cells` that continue a run the sweep dir holds under another id: same trajectory,
     a checkpoint left, and not past the new cell's budget (the furthest such run where several are)."""
-    before = sweep_dir.manifest()["cells"]
+    before = sweep_dir.manifest().cells
     new_ids = {c.run_id for c in cells if c.feasible}
     runs: dict[str, tuple[float, str]] = {}  # trajectory -> (reached, old run id)
     for rid in before:
@@ -72,12 +72,14 @@ def restarted(sweep_dir: SweepDir, cells: list[grid.Cell], gone: list[str]) -> i
     return sum(1 for rid in gone if sweep_dir.run(rid).config.exists() and trajectory(OmegaConf.load(sweep_dir.run(rid).config)) in keys)
 
 
-def take_over(sweep_dir: SweepDir, manifest: dict) -> None:
+def take_over(sweep_dir: SweepDir, manifest: Manifest) -> None:
     """Move each run the manifest's cells continue into their own directories (after the manifest
     records it: see the module's docstring)."""
-    for rid, cell in manifest["cells"].items():
-        old, new = sweep_dir.run(cell.get("continues", "")), sweep_dir.run(rid)
-        if "continues" not in cell or new.dir.exists() or not old.dir.exists():
+    for rid, cell in manifest.cells.items():
+        if cell.continues is None:
+            continue
+        old, new = sweep_dir.run(cell.continues), sweep_dir.run(rid)
+        if new.dir.exists() or not old.dir.exists():
             continue
         status = old.status()
         if status.get("state") == FINISHED:  # finished at the smaller budget: paused short of this one

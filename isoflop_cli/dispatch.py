@@ -28,10 +28,10 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from isoflop_cli import preflight
-from isoflop_cli.errors import ConfigError, HeadLost
 from isoflop_cli.config.schema import Schedule
+from isoflop_cli.errors import ConfigError, HeadLost
 from isoflop_cli.fit.schedule import decide
-from isoflop_cli.store import FAILED, FINISHED, PAUSED, RETRYING, STOPPED, SUBMITTED, RunFiles, SweepDir, atomic_write
+from isoflop_cli.store import FAILED, FINISHED, PAUSED, RETRYING, STOPPED, SUBMITTED, CellState, Failure, Manifest, RunFiles, SweepDir, SweepSchedule, atomic_write
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 # Set in a job's environment: `isoflop run` then dies with the job supervisor that started it, so
@@ -106,15 +106,15 @@ def should_retry(tries: int, max_attempts: int, exit_code: int | None, reason: s
     return tries < max_attempts and exit_code != USER_ERROR and reason not in earlier
 
 
-def log_behind(files: RunFiles, cell: dict) -> bool:
+def log_behind(files: RunFiles, cell: CellState) -> bool:
     """A finished run whose job's log was last copied before it finished (while no CLI watched)."""
-    return "submission_id" in cell and (not files.log.exists() or files.log.stat().st_mtime < files.status_file.stat().st_mtime)
+    return cell.submission_id is not None and (not files.log.exists() or files.log.stat().st_mtime < files.status_file.stat().st_mtime)
 
 
 def nothing_to_run(sweep: SweepDir) -> dict[str, str] | None:
     """Every cell of the manifest finished, its log copied: their states, and no cluster need start
     (a rerun of a finished sweep starts no Ray head); else None."""
-    cells = sweep.manifest()["cells"]
+    cells = sweep.manifest().cells
     if cells and all(sweep.run(rid).finished() and not log_behind(sweep.run(rid), cell) for rid, cell in cells.items()):
         return dict.fromkeys(cells, FINISHED)
     return None
@@ -211,35 +211,34 @@ class Dispatcher:
         `schedule.decide` then stops those that can no longer reach the frontier (paused for good
         in this schedule, `stopped_at` in the manifest)."""
         manifest = self.sweep.manifest()
-        cells = manifest["cells"]
+        cells = manifest.cells
         for rid, cell in cells.items():
             if self.sweep.run(rid).finished():
-                cell["state"] = FINISHED
+                cell.state = FINISHED
                 if log_behind(self.sweep.run(rid), cell):
-                    self._save_log(rid, cell["submission_id"])
-        schedule = manifest.get("schedule", {"name": Schedule.full.value})
+                    self._save_log(rid, cell.submission_id)
+        schedule = manifest.schedule
         try:
-            if schedule["name"] == Schedule.adaptive.value:
-                budgets = schedule["budgets"]
-                for i, budget in enumerate(budgets[:-1]):
+            if schedule.name == Schedule.adaptive.value:
+                for budget in schedule.budgets[:-1]:
                     self._drive(manifest, pause_at=budget)
                     self._stop_behind(manifest, schedule, budget)
                 self._drive(manifest, pause_at=None)
             else:
                 for cell in cells.values():
-                    cell.pop("stopped_at", None)  # a full sweep continues what an adaptive one paused
+                    cell.stopped_at = cell.why = None  # a full sweep continues what an adaptive one paused
                 self._drive(manifest, pause_at=None)
         except KeyboardInterrupt:
             for rid, sid in self.active.items():
                 with contextlib.suppress(Exception):
                     self.client.stop_job(sid)
-                cells[rid]["state"] = STOPPED
+                cells[rid].state = STOPPED
             self.sweep.write_manifest(manifest)
             raise
         except HeadLost:
             self._lost(manifest)
             raise
-        return {rid: c["state"] for rid, c in cells.items()}
+        return {rid: c.state for rid, c in cells.items()}
 
     def _reached(self, run_id: str, pause_at: float | None) -> bool:
         """The run is finished, or paused at `pause_at` or beyond."""
@@ -249,14 +248,14 @@ class Dispatcher:
         status = files.status()
         return pause_at is not None and status.get("state") == PAUSED and (status.get("paused_at") or 0) >= pause_at
 
-    def _drive(self, manifest: dict, pause_at: float | None) -> None:
+    def _drive(self, manifest: Manifest, pause_at: float | None) -> None:
         """Run every cell still in the race to `pause_at` (None: to its budget), as many at once as
         the capacity allows; reattach to jobs a killed CLI left running."""
-        cells = manifest["cells"]
-        queue = [rid for rid, c in cells.items() if "stopped_at" not in c and rid not in self.failed and not self._reached(rid, pause_at)]
+        cells = manifest.cells
+        queue = [rid for rid, c in cells.items() if c.stopped_at is None and rid not in self.failed and not self._reached(rid, pause_at)]
         waiting: dict[str, float] = {}  # runs to resubmit after a failure -> when (monotonic)
         for rid in list(queue):
-            sid = cells[rid].get("submission_id")
+            sid = cells[rid].submission_id
             if sid and self._job_status(sid) in ("PENDING", "RUNNING"):
                 self.active[rid] = sid  # reattach to a job that is still going
                 queue.remove(rid)
@@ -270,29 +269,29 @@ class Dispatcher:
                 while queue and len(self.active) < limit:
                     rid = queue.pop(0)
                     self.active[rid] = self._submit(rid, cells[rid], pause_at)
-                    cells[rid].update(state=SUBMITTED, submission_id=self.active[rid])
+                    cells[rid].state, cells[rid].submission_id = SUBMITTED, self.active[rid]
                     self.sweep.write_manifest(manifest)
             for rid, sid in list(self.active.items()):
                 job_state = self.job_states[rid] = self._job_status(sid)
                 if job_state in TERMINAL or job_state is None:
                     del self.active[rid]
                     self._save_log(rid, sid)
+                    cell = cells[rid]
                     if self._reached(rid, pause_at):
-                        cells[rid]["state"] = FINISHED if self.sweep.run(rid).finished() else PAUSED
+                        cell.state = FINISHED if self.sweep.run(rid).finished() else PAUSED
                     elif job_state == "SUCCEEDED" and self.sweep.run(rid).status().get("state") == PAUSED:
                         queue.append(rid)  # a reattached job that paused at an earlier budget
                     else:
                         reason = self._failure(rid, sid, job_state)
-                        earlier = [a["reason"] for a in cells[rid].get("failures", [])]
-                        cells[rid].setdefault("failures", []).append({"attempt": cells[rid].get("attempts", 0), "reason": reason, "at": time.time()})
+                        earlier = [f.reason for f in cell.failures]
+                        cell.failures.append(Failure(attempt=cell.attempts, reason=reason, at=time.time()))
                         if should_retry(self.tries.get(rid, 0), self.cluster.max_attempts, self._exit_code(sid), reason, earlier):
-                            cells[rid]["state"] = RETRYING
+                            cell.state = RETRYING
                             # Backoff doubles with each try of this dispatch; a job a killed CLI left (reattached) is its first.
                             wait = min(RETRY_WAIT_S[0] * 2 ** (self.tries.get(rid, 1) - 1), RETRY_WAIT_S[1])
                             waiting[rid] = time.monotonic() + wait
                         else:
-                            cells[rid]["state"] = FAILED
-                            cells[rid]["error"] = reason
+                            cell.state, cell.error = FAILED, reason
                             self.failed.add(rid)
                     self.sweep.write_manifest(manifest)
             self._stream_logs()
@@ -300,26 +299,26 @@ class Dispatcher:
             if queue or self.active or waiting:
                 time.sleep(self.cluster.poll_s)
 
-    def _stop_behind(self, manifest: dict, schedule: dict, budget: float) -> None:
+    def _stop_behind(self, manifest: Manifest, schedule: SweepSchedule, budget: float) -> None:
         """The adaptive rule at `budget`, over the cells still in the race (their eval points so far)."""
-        cells = manifest["cells"]
-        racing = [rid for rid, c in cells.items() if "stopped_at" not in c and rid not in self.failed]
-        column, metric = schedule["column"], schedule["metric"]
+        cells = manifest.cells
+        racing = [rid for rid, c in cells.items() if c.stopped_at is None and rid not in self.failed]
+        column, metric = schedule.column, schedule.metric
         frames = [pd.DataFrame(self.sweep.run(rid).read_metrics(), columns=[column, metric]).assign(run_id=rid) for rid in racing]
         points = pd.concat(frames, ignore_index=True).dropna() if frames else pd.DataFrame()
         if points.empty:
             return
-        for d in decide(points, budget, schedule["budgets"], schedule["margin"], metric, column):
+        for d in decide(points, budget, schedule.budgets, schedule.margin, metric, column):
             if not d.go:
-                cells[d.run].update(state=PAUSED, stopped_at=budget,
-                                    why=f"stopped at {budget:g}: best {d.best:.3f}; at {d.at:g} it could reach {d.reach:.3f}, "
-                                        f"below the frontier's {d.frontier:.3f} there")
+                cell = cells[d.run]
+                cell.state, cell.stopped_at = PAUSED, budget
+                cell.why = f"stopped at {budget:g}: best {d.best:.3f}; at {d.at:g} it could reach {d.reach:.3f}, below the frontier's {d.frontier:.3f} there"
         self.sweep.write_manifest(manifest)
 
-    def _submit(self, run_id: str, cell: dict, pause_at: float | None = None) -> str:
+    def _submit(self, run_id: str, cell: CellState, pause_at: float | None = None) -> str:
         files = self.sweep.run(run_id)
-        attempt = cell.get("attempts", 0) + 1
-        cell["attempts"] = attempt
+        cell.attempts += 1
+        attempt = cell.attempts
         self.tries[run_id] = self.tries.get(run_id, 0) + 1
         # exec: the run is the job's process, so it ends with its job (see EXIT_WITH_PARENT).
         command = [self.python, "-m", "isoflop_cli", self.command, "--config", str(files.config), "--out", str(files.dir)]
@@ -366,12 +365,12 @@ class Dispatcher:
             self._lost(self.sweep.manifest())
             raise
 
-    def _lost(self, manifest: dict) -> None:
+    def _lost(self, manifest: Manifest) -> None:
         """The head is lost, and every job on it: the runs it held (in flight here, or submitted by an
         earlier CLI) are stopped in the manifest, and a rerun resubmits them from their checkpoints."""
-        held = [cell for rid, cell in manifest["cells"].items() if rid in self.active or cell.get("state") == SUBMITTED]
+        held = [cell for rid, cell in manifest.cells.items() if rid in self.active or cell.state == SUBMITTED]
         for cell in held:
-            cell["state"] = STOPPED
+            cell.state = STOPPED
         if held:
             self.sweep.write_manifest(manifest)
 

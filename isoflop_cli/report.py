@@ -12,18 +12,9 @@ from rich.text import Text
 
 from isoflop_cli.config.schema import BudgetUnit
 from isoflop_cli.grid import Cell
-from isoflop_cli.store import FAILED, FINISHED, KILLED, PAUSED, PENDING, RETRYING, RUNNING, STOPPED, SUBMITTED, SweepDir
+from isoflop_cli.store import FAILED, FINISHED, KILLED, PAUSED, PENDING, RETRYING, RUNNING, STOPPED, SUBMITTED, CellState, SweepDir
 
 STATE_STYLE = {"finished": "green", "running": "cyan", "submitted": "yellow", "failed": "red", "stopped": "magenta", "killed": "red", "paused": "blue", "retrying": "yellow"}
-
-
-def run_columns(cell: Cell) -> dict[str, Any]:
-    """The axis columns of a run's result rows: n, B_p, model, reward, algo, seed, lr and any extra axis."""
-    cfg = cell.cfg
-    columns = {"n": cfg.n, "B_p": cfg.B_p, "model": cfg.model.name, "reward": cfg.reward.name, "algo": cfg.algo.name, "seed": cfg.seed, "lr": cell.plan.lr}
-    for key, value in cell.axes.items():
-        columns.setdefault(key, value)
-    return columns
 
 
 def plan_records(cells: list[Cell]) -> list[dict]:
@@ -130,7 +121,7 @@ def _axes_label(axes: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in axes.items())
 
 
-def run_state(sweep: SweepDir, run_id: str, cell: dict) -> tuple[str, str]:
+def run_state(sweep: SweepDir, run_id: str, cell: CellState) -> tuple[str, str]:
     """A run's true state and, when it did not finish, why.
 
     Sealed records make a run finished; otherwise the sweep's word (failed, stopped: the dispatcher
@@ -140,13 +131,13 @@ def run_state(sweep: SweepDir, run_id: str, cell: dict) -> tuple[str, str]:
     if files.finished():
         return FINISHED, ""
     status = files.status()
-    own, known = status.get("state", PENDING), cell.get("state", PENDING)
+    own, known = status.get("state", PENDING), cell.state
     if known in (FAILED, STOPPED):
-        return known, cell.get("error") or files.failure_reason() or ""
+        return known, cell.error or files.failure_reason() or ""
     if known == RETRYING:
-        return RETRYING, f"attempt {cell.get('attempts', 0)} failed ({cell['failures'][-1]['reason']}); resubmitting, it resumes from its checkpoint"
-    if "stopped_at" in cell:
-        return PAUSED, cell.get("why", "")
+        return RETRYING, f"attempt {cell.attempts} failed ({cell.failures[-1].reason}); resubmitting, it resumes from its checkpoint"
+    if cell.stopped_at is not None:
+        return PAUSED, cell.why or ""
     if own == PAUSED:
         return PAUSED, f"at {_compact(status.get('paused_at') or 0)}, waiting for the others to reach that budget"
     if own == FAILED:
@@ -162,7 +153,7 @@ def run_state(sweep: SweepDir, run_id: str, cell: dict) -> tuple[str, str]:
 
 def sweep_table(sweep: SweepDir) -> Group:
     manifest = sweep.manifest()
-    cells = manifest["cells"]
+    cells = manifest.cells
     done = 0
     table = Table(title=f"{sweep.path}")
     for col in ("cell", "status", "tries", "step/M", "rollouts", "val_avg@k", "wall_s"):
@@ -176,29 +167,29 @@ def sweep_table(sweep: SweepDir) -> Group:
         state, why = run_state(sweep, run_id, cell)
         states[state] = states.get(state, 0) + 1
         done += state == FINISHED
-        if state not in (FINISHED, FAILED, STOPPED) and "stopped_at" not in cell:
-            left += cell["M"] * cell.get("columns", {}).get("n", 0) * cell.get("columns", {}).get("B_p", 0) - status.get("rollouts", 0)
+        if state not in (FINISHED, FAILED, STOPPED) and cell.stopped_at is None:
+            left += cell.M * cell.columns.get("n", 0) * cell.columns.get("B_p", 0) - status.get("rollouts", 0)
         if state == RUNNING and status.get("started") and status.get("updated", 0) > status["started"]:
             rate += status.get("rollouts", 0) / (status["updated"] - status["started"])
         if why and state != FINISHED:
             where = f" on {status['host']}" if state in (FAILED, KILLED) and status.get("host") else ""
             reasons.append(Text(f"{state} {run_id}{where}: {why}", style=STATE_STYLE.get(state, "white")))
-        elif state == FINISHED and cell.get("failures"):
-            earlier = "; ".join(f"attempt {f['attempt']}: {f['reason']}" for f in cell["failures"])
-            reasons.append(Text(f"finished {run_id} after {len(cell['failures'])} failed attempt(s): {earlier}", style="dim"))
+        elif state == FINISHED and cell.failures:
+            earlier = "; ".join(f"attempt {f.attempt}: {f.reason}" for f in cell.failures)
+            reasons.append(Text(f"finished {run_id} after {len(cell.failures)} failed attempt(s): {earlier}", style="dim"))
         rows = files.read_metrics() if state != PENDING else []
         last = rows[-1] if rows else {}
-        step = cell["M"] if state == FINISHED else status.get("step", 0)
+        step = cell.M if state == FINISHED else status.get("step", 0)
         table.add_row(
             run_id,
             f"[{STATE_STYLE.get(state, 'white')}]{state}[/]",
-            str(cell.get("attempts", 0)),
-            f"{step}/{cell['M']}",
+            str(cell.attempts),
+            f"{step}/{cell.M}",
             _fmt(status.get("rollouts", last.get("rollouts", 0))) if state != PENDING else "-",
             _fmt(last.get("val_avg@k")),
             _fmt(last.get("wall_s")),
         )
-    table.caption = f"{done}/{len(cells)} finished" + (f"; {len(manifest.get('infeasible', []))} infeasible cells skipped" if manifest.get("infeasible") else "")
+    table.caption = f"{done}/{len(cells)} finished" + (f"; {len(manifest.infeasible)} infeasible cells skipped" if manifest.infeasible else "")
     return Group(table, cluster_line(states, rate, left), *reasons)
 
 

@@ -1,7 +1,7 @@
 """The sweep directory on disk: what each file holds, and writes that never leave a torn file.
 
     <out>/<sweep>/sweep.yaml          resolved sweep config
-    <out>/<sweep>/manifest.json       cells: run_id, axes, plan, status, job submissions
+    <out>/<sweep>/manifest.json       cells: run_id, axes, plan, status, job submissions (`Manifest`)
     <out>/<sweep>/runs/<run_id>/      config.yaml, metrics.jsonl, status.json, job.log, lease.json,
                                       problems.jsonl (per eval point, each validation problem's
                                       correct samples), checkpoint/ (while the run is unfinished,
@@ -36,10 +36,13 @@ import socket
 import tempfile
 import time
 import uuid
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NoReturn
 
 import pandas as pd
+
+from isoflop_cli.errors import ConfigError
 
 RESULTS = "results.parquet"
 PROBLEMS = "problems.parquet"
@@ -266,6 +269,182 @@ def _jsonl(rows: list[dict]) -> str:
 _EXCEPTION = re.compile(r"^(error: |([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|Killed)\b)")
 
 
+# The manifest: what a sweep dir holds (its cells) and where each cell's job stands. `SweepDir`
+# reads and writes it, here and nowhere else; every other module works on these objects.
+
+MANIFEST_VERSION = 1  # 0: a manifest written before it had a version (the same keys)
+SWEEP, CALIBRATION = "sweep", "calibration"  # what a manifest's cells are: grid cells, or slices of task.train
+CELL_STATES = (PENDING, SUBMITTED, RUNNING, FINISHED, FAILED, STOPPED, PAUSED, RETRYING)
+
+
+class Malformed(ValueError):
+    """What in a manifest does not fit its schema (said in the refusal that names the file)."""
+
+
+@dataclass
+class Failure:
+    """One failed attempt of a cell's job, and why (the run's error or its log's exception line)."""
+
+    attempt: int
+    reason: str
+    at: float  # when the dispatcher saw it (time.time())
+
+
+@dataclass
+class CellState:
+    """One cell of a manifest: what it is (a grid cell as `sweep.prepare` planned it, or a slice of
+    rows for calibration) and where its job stands (the dispatcher's, kept across reruns)."""
+
+    axes: dict[str, Any] = field(default_factory=dict)
+    columns: dict[str, Any] = field(default_factory=dict)  # the run's columns in results.parquet (sweep.run_columns)
+    M: int = 0  # steps to the cell's budget (a sweep's cells have it)
+    eval_steps: list[int] = field(default_factory=list)
+    step_flops: list[float] | None = None  # one step's (search, learning, reward) upper bound; None where planned before isoflop kept it
+    rows: list[int] | None = None  # calibration: the slice [start, stop) of task.train
+    state: str = PENDING
+    submission_id: str | None = None  # the job of the last attempt
+    attempts: int = 0  # jobs submitted over every dispatch (an adaptive sweep's budgets are one each)
+    failures: list[Failure] = field(default_factory=list)
+    error: str | None = None  # why it failed for good
+    continues: str | None = None  # the run of a smaller budget whose directory and checkpoint this cell took over
+    stopped_at: float | None = None  # the budget where the adaptive schedule stopped it (paused for the rest of the schedule)
+    why: str | None = None  # the adaptive schedule's reason
+
+    @classmethod
+    def from_json(cls, data: Any, kind: str) -> CellState:
+        if not isinstance(data, dict):
+            raise Malformed("not an object")
+        if kind == CALIBRATION and not _is(data.get("rows"), "ints"):
+            raise Malformed("it needs rows [start, stop]")
+        if kind == SWEEP and not _is(data.get("M"), "int"):
+            raise Malformed("it needs an integer M")
+        values = _fields(data, {"axes": "object", "columns": "object", "M": "int", "eval_steps": "ints", "step_flops": "numbers",
+                                "rows": "ints", "state": "str", "submission_id": "str", "attempts": "int", "failures": "list",
+                                "error": "str", "continues": "str", "stopped_at": "number", "why": "str"})
+        values["failures"] = [Failure(**_fields(_object("failures", f), {"attempt": "int", "reason": "str", "at": "number"}, required=True))
+                              for f in values.get("failures", [])]
+        cell = cls(**values)
+        if cell.state not in CELL_STATES:
+            raise Malformed(f"state '{cell.state}' is none of {', '.join(CELL_STATES)}")
+        return cell
+
+    def to_json(self) -> dict:
+        """Fields not set (None, empty) are left out, as isoflop before version 1 wrote them."""
+        return {k: v for k, v in asdict(self).items() if v is not None and v != [] and v != {}}
+
+
+@dataclass
+class SweepSchedule:
+    """The schedule the dispatcher drives the cells by (`schedule.Schedule`): full, or adaptive
+    with the budgets it decides at, its margin, and the ledger column and metric its rule reads."""
+
+    name: str = "full"
+    budgets: list[float] | None = None
+    margin: float | None = None
+    column: str | None = None
+    metric: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict) -> SweepSchedule:
+        schedule = cls(**_fields(data, {"name": "str", "budgets": "numbers", "margin": "number", "column": "str", "metric": "str"}))
+        if schedule.name != "full" and None in (schedule.budgets, schedule.margin, schedule.column, schedule.metric):
+            raise Malformed(f"schedule {schedule.name} needs budgets, margin, column and metric")
+        return schedule
+
+
+@dataclass
+class Infeasible:
+    """A cell of the grid that cannot run, and why (the plan's reason)."""
+
+    axes: dict[str, Any]
+    reason: str
+
+
+@dataclass
+class Manifest:
+    """A sweep dir's cells by run id (or a calibration's slices), the schedule, and the grid's
+    infeasible cells."""
+
+    name: str = ""
+    kind: str = SWEEP
+    schedule: SweepSchedule = field(default_factory=SweepSchedule)
+    cells: dict[str, CellState] = field(default_factory=dict)
+    infeasible: list[Infeasible] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Manifest:
+        """A manifest of this version or an earlier one (version 0 has the same keys, without
+        `version`, and `kind` only on a calibration's); keys it does not know are left out."""
+        if not isinstance(data, dict):
+            raise Malformed("not a JSON object")
+        top = _fields(data, {"version": "int", "name": "str", "kind": "str", "cells": "object", "schedule": "object", "infeasible": "list"})
+        if "cells" not in top:
+            raise Malformed("no cells object")
+        if top.get("version", 0) > MANIFEST_VERSION:
+            raise Malformed(f"version {top['version']}, written by a newer isoflop: this one reads up to version {MANIFEST_VERSION}")
+        kind = top.get("kind", SWEEP)
+        if kind not in (SWEEP, CALIBRATION):
+            raise Malformed(f"kind '{kind}' is neither {SWEEP} nor {CALIBRATION}")
+        cells = {}
+        for run_id, cell in top["cells"].items():
+            try:
+                cells[run_id] = CellState.from_json(cell, kind)
+            except Malformed as e:
+                raise Malformed(f"cell '{run_id}' is malformed ({e})") from None
+        infeasible = [Infeasible(**_fields(_object("infeasible", i), {"axes": "object", "reason": "str"}, required=True))
+                      for i in top.get("infeasible", [])]
+        return cls(name=top.get("name", ""), kind=kind, schedule=SweepSchedule.from_json(top.get("schedule", {})), cells=cells,
+                   infeasible=infeasible)
+
+    def to_json(self) -> dict:
+        return {"version": MANIFEST_VERSION, "name": self.name, "kind": self.kind,
+                "schedule": {k: v for k, v in asdict(self.schedule).items() if v is not None},
+                "cells": {run_id: cell.to_json() for run_id, cell in self.cells.items()},
+                "infeasible": [asdict(i) for i in self.infeasible]}
+
+
+_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "object": lambda v: isinstance(v, dict),
+    "list": lambda v: isinstance(v, list),
+}
+_CHECKS["ints"] = lambda v: isinstance(v, list) and all(map(_CHECKS["int"], v))
+_CHECKS["numbers"] = lambda v: isinstance(v, list) and all(map(_CHECKS["number"], v))
+
+
+def _is(value: Any, kind: str) -> bool:
+    return _CHECKS[kind](value)
+
+
+def _fields(data: dict, schema: dict[str, str], required: bool = False) -> dict[str, Any]:
+    """The keys of `schema` that `data` has (all of them, if `required`), each checked as its kind;
+    numbers as floats."""
+    out = {}
+    for key, kind in schema.items():
+        if key not in data:
+            if required:
+                raise Malformed(f"{key} is missing")
+            continue
+        value = data[key]
+        if not _is(value, kind):
+            _refuse(key, value)
+        out[key] = float(value) if kind == "number" else [float(v) for v in value] if kind == "numbers" else value
+    return out
+
+
+def _object(key: str, value: Any) -> dict:
+    """An entry of the list `key` (failures, infeasible), which is an object."""
+    if not isinstance(value, dict):
+        _refuse(key, value)
+    return value
+
+
+def _refuse(key: str, value: Any) -> NoReturn:
+    raise Malformed(f"{key} is {json.dumps(value)[:40]}")
+
+
 class SweepDir:
     def __init__(self, path: Path | str):
         self.path = Path(path)
@@ -276,32 +455,42 @@ class SweepDir:
     def run(self, run_id: str) -> RunFiles:
         return RunFiles(self.path / "runs" / run_id)
 
-    def manifest(self) -> dict:
-        return read_json(self.manifest_file, default={"cells": {}})
+    def manifest(self) -> Manifest:
+        """The manifest, or an empty one where none is written yet. One that cannot be read is
+        refused (ConfigError naming the file), never taken for empty: a sweep would then write its
+        own cells over it, and every other finished run would drop out of results.parquet."""
+        try:
+            return Manifest.from_json(json.loads(self.manifest_file.read_text()))
+        except FileNotFoundError:
+            return Manifest()
+        except (OSError, ValueError) as e:  # unreadable, not JSON (a torn or cut file), or not a manifest
+            why = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+            raise ConfigError(f"{self.manifest_file} is not a readable sweep manifest ({why}): nothing was changed; "
+                              "move it aside to rebuild it from the grid (finished runs in runs/ are found again)") from None
 
-    def write_manifest(self, manifest: dict) -> None:
-        write_json(self.manifest_file, manifest)
+    def write_manifest(self, manifest: Manifest) -> None:
+        write_json(self.manifest_file, manifest.to_json())
 
     def flops_scale(self) -> dict[str, float]:
         """Per model, the mean of measured / predicted-upper-bound FLOPs per step over finished runs:
         how much shorter real prompts and completions are than the bounds the plan assumes."""
         ratios: dict[str, list[float]] = {}
-        for run_id, cell in self.manifest()["cells"].items():
-            rows = self.run(run_id).finished_rows() if "step_flops" in cell else None
+        for run_id, cell in self.manifest().cells.items():
+            rows = self.run(run_id).finished_rows() if cell.step_flops is not None else None
             if rows and rows[-1]["step"] > 0:
-                bound = rows[-1]["step"] * sum(cell["step_flops"])
-                ratios.setdefault(cell["columns"]["model"], []).append(rows[-1]["flops_total"] / bound)
+                bound = rows[-1]["step"] * sum(cell.step_flops)
+                ratios.setdefault(cell.columns["model"], []).append(rows[-1]["flops_total"] / bound)
         return {model: sum(r) / len(r) for model, r in ratios.items()}
 
     def collect(self) -> pd.DataFrame:
         """results.parquet from the finished runs of the manifest, and the eval points of those an
         adaptive sweep stopped (the points a full sweep records for them too): axes + eval-point rows."""
         frames = []
-        for run_id, cell in self.manifest()["cells"].items():
+        for run_id, cell in self.manifest().cells.items():
             files = self.run(run_id)
             rows = files.finished_rows() or (files.read_metrics() if files.status().get("state") == PAUSED else None)
             if rows:
-                meta = pd.DataFrame([{"run_id": run_id, **cell["columns"]}] * len(rows))
+                meta = pd.DataFrame([{"run_id": run_id, **cell.columns}] * len(rows))
                 frames.append(pd.concat([meta, pd.DataFrame(rows).drop(columns=meta.columns, errors="ignore")], axis=1))
         df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
         if not df.empty:

@@ -37,10 +37,10 @@ def test_merge_cuts_bands_from_the_files_own_rows(tmp_path, sums):
     cfg = config.load(None, overrides)
     dest = SweepDir(tmp_path / "cal")
     manifest = calibrate.prepare(cfg, dest)
-    assert [c["rows"] for c in manifest["cells"].values()] == [[0, 100], [100, 200], [200, 300]]
+    assert [c.rows for c in manifest.cells.values()] == [[0, 100], [100, 200], [200, 300]]
     rates = {i: (i % 17) / 16 for i in range(300)}  # every count of 16 samples, 0 to 16
-    for rid, cell in list(manifest["cells"].items())[:2]:
-        start, stop = cell["rows"]
+    for rid, cell in list(manifest.cells.items())[:2]:
+        start, stop = cell.rows
         part = pd.DataFrame([{"problem_id": i, "prompt": f"{SUMS[i][0]}+{SUMS[i][1]}=", "answer": "x", "pass_rate": rates[i], "samples": 16,
                               "mean_response_tokens": 3.0} for i in range(start, stop)])
         files = dest.run(rid)

@@ -8,10 +8,11 @@ from omegaconf import OmegaConf
 from typer.testing import CliRunner
 
 from isoflop_cli import config, continuation, grid
-from isoflop_cli.cli import app, check_same_grid, prepare
+from isoflop_cli.cli import app
 from isoflop_cli.continuation import trajectory
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.store import CHECKPOINT_STATE, FINISHED, PAUSED, RunFiles, SweepDir
+from isoflop_cli.sweep import check_same_grid, prepare
 
 runner = CliRunner()
 ARGS = ["grid.n=[2,4]", "grid.B_p=[2]", "eval.problems=8"]
@@ -66,10 +67,10 @@ def test_runs_left_with_a_checkpoint_continue_to_a_larger_budget(tmp_path):
     check_same_grid(sweep, new_cells, extend=False, continued=found)  # nothing is gone: both are continued
     rows = {c.run_id: sweep.run(c.run_id).read_metrics() for c in cells}
     prepare(sweep, new_cfg, new_cells, found)
-    manifest = sweep.manifest()["cells"]
+    manifest = sweep.manifest().cells
     assert set(manifest) == {c.run_id for c in new_cells}
     for old, new in zip(cells, new_cells):
-        assert manifest[new.run_id]["continues"] == old.run_id and manifest[new.run_id]["state"] == PAUSED
+        assert manifest[new.run_id].continues == old.run_id and manifest[new.run_id].state == PAUSED
         files = sweep.run(new.run_id)
         assert not sweep.run(old.run_id).dir.exists() and files.has_checkpoint()
         assert files.read_metrics() == rows[old.run_id]  # its eval points so far, kept

@@ -76,7 +76,7 @@ def test_flop_budgets_plan_and_calibration(tmp_path):
     import json
 
     from isoflop_cli.grid import step_flops
-    from isoflop_cli.store import FINISHED, SweepDir
+    from isoflop_cli.store import FINISHED, CellState, Manifest, SweepDir
 
     cfg = load("grid.n=[2,32]", "grid.B_p=[4]", "grid.budget.unit=flops", "grid.budgets=[1e9,4e9]")
     cells = expand(cfg)
@@ -91,7 +91,7 @@ def test_flop_budgets_plan_and_calibration(tmp_path):
 
     # A finished run that spent half its upper bound halves the predictions, not the run id.
     sweep = SweepDir(tmp_path)
-    sweep.write_manifest({"cells": {"r": {"columns": {"model": "tiny-arith"}, "step_flops": [3.0, 1.0]}}})
+    sweep.write_manifest(Manifest(cells={"r": CellState(columns={"model": "tiny-arith"}, step_flops=[3.0, 1.0])}))
     files = sweep.run("r")
     files.dir.mkdir(parents=True)
     files.append_metrics({"step": 10, "flops_total": 20.0})

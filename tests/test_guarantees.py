@@ -14,9 +14,10 @@ import pytest
 from typer.testing import CliRunner
 
 from isoflop_cli import config, grid, report
-from isoflop_cli.cli import app, check_same_grid, prepare
+from isoflop_cli.cli import app
 from isoflop_cli.errors import ConfigError
-from isoflop_cli.store import FAILED, FINISHED, RUNNING, RunFiles, SweepDir
+from isoflop_cli.store import FAILED, FINISHED, RUNNING, CellState, Failure, Manifest, RunFiles, SweepDir, write_json
+from isoflop_cli.sweep import check_same_grid, prepare
 
 runner = CliRunner()
 ROWS = [{"step": s, "rollouts": 8 * s, "flops_total": 1e9 * s, "val_avg@k": v} for s, v in ((0, 0.2), (2, 0.3), (4, 0.4))]
@@ -30,7 +31,7 @@ def one_error_line(result, needle: str, code: int = 2) -> None:
 
 def sealed_sweep(tmp_path: Path) -> SweepDir:
     sweep = SweepDir(tmp_path)
-    sweep.write_manifest({"cells": {"a": {"columns": {"n": 4, "B_p": 2}, "M": 4}}})
+    sweep.write_manifest(Manifest(cells={"a": CellState(columns={"n": 4, "B_p": 2}, M=4)}))
     files = sweep.run("a")
     files.dir.mkdir(parents=True)
     for row in ROWS:
@@ -73,11 +74,11 @@ def test_a_run_marked_finished_without_whole_records_is_not_finished(tmp_path):
 def test_status_tells_killed_failed_and_stopped_runs_apart_from_running(tmp_path):
     sweep = SweepDir(tmp_path)
     ids = {"killed": "k1", "failed": "f1", "stopped": "s1", "running": "r1", "crashed": "c1"}
-    cells = {rid: {"columns": {"n": 2, "B_p": 2}, "M": 4, "attempts": 2} for rid in ids.values()}
-    cells["f1"].update(state=FAILED, error="job isoflop-f1-2 ended FAILED: Job entrypoint command failed with exit code -9")
-    cells["s1"]["state"] = "stopped"
-    cells["c1"]["state"] = FAILED
-    sweep.write_manifest({"cells": cells})
+    cells = {rid: CellState(columns={"n": 2, "B_p": 2}, M=4, attempts=2) for rid in ids.values()}
+    cells["f1"].state, cells["f1"].error = FAILED, "job isoflop-f1-2 ended FAILED: Job entrypoint command failed with exit code -9"
+    cells["s1"].state = "stopped"
+    cells["c1"].state = FAILED
+    sweep.write_manifest(Manifest(cells=cells))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     for rid in cells:  # each run's own status says running, as a killed run leaves it
@@ -88,7 +89,7 @@ def test_status_tells_killed_failed_and_stopped_runs_apart_from_running(tmp_path
                                   "torch.OutOfMemoryError: CUDA out of memory\n")
     states = {name: report.run_state(sweep, rid, cells[rid]) for name, rid in ids.items()}
     assert states["killed"][0] == "killed" and str(dead.pid) in states["killed"][1]
-    assert states["failed"] == (FAILED, cells["f1"]["error"])
+    assert states["failed"] == (FAILED, cells["f1"].error)
     assert states["stopped"][0] == "stopped"
     assert states["running"] == (RUNNING, "")
     assert states["crashed"] == (FAILED, "torch.OutOfMemoryError: CUDA out of memory")  # not the traceback's last frame
@@ -101,9 +102,10 @@ def test_status_tells_killed_failed_and_stopped_runs_apart_from_running(tmp_path
 
 
 def test_status_on_a_malformed_manifest_cell_is_one_line(tmp_path):
-    SweepDir(tmp_path).write_manifest({"cells": {"a": {"columns": {}}}})
+    manifest = SweepDir(tmp_path).manifest_file
+    write_json(manifest, {"cells": {"a": {"columns": {}}}})
     one_error_line(runner.invoke(app, ["status", str(tmp_path)]), "cell 'a' is malformed")
-    SweepDir(tmp_path).write_manifest({"cells": {"a": [1, 2]}})
+    write_json(manifest, {"cells": {"a": [1, 2]}})
     one_error_line(runner.invoke(app, ["status", str(tmp_path)]), "cell 'a' is malformed")
 
 
@@ -126,11 +128,31 @@ def test_a_changed_grid_is_refused_or_merged_never_narrowed(tmp_path):
         check_same_grid(sweep, new_cells, extend=False)
     check_same_grid(sweep, new_cells, extend=True)
     prepare(sweep, new_cfg, new_cells)
-    merged = sweep.manifest()["cells"]
+    merged = sweep.manifest().cells
     assert set(merged) == {c.run_id for c in cells + new_cells} and len(merged) == 3
-    assert all(merged[c.run_id]["state"] == "pending" for c in new_cells if c.run_id not in {d.run_id for d in cells})
+    assert all(merged[c.run_id].state == "pending" for c in new_cells if c.run_id not in {d.run_id for d in cells})
     after = sweep.collect()
     assert len(after) == len(before) and set(after["run_id"]) == set(before["run_id"])  # every finished run stays collectable
+
+
+def test_a_manifest_that_cannot_be_read_is_refused_never_written_over(tmp_path):
+    """A torn manifest.json was once taken for an empty one: a sweep of another grid then wrote its
+    own cell over it and the finished runs fell out of results.parquet. Every command that reads it
+    refuses in one line naming it, and nothing in the dir changes."""
+    args = ["grid.budgets=[32]", "grid.B_p=[2]", "eval.problems=8", "--out", str(tmp_path)]
+    cfg = config.load(None, ["grid.budgets=[32]", "grid.B_p=[2]", "eval.problems=8", "grid.n=[2]"])
+    cells = grid.expand(cfg)
+    sweep = SweepDir(tmp_path / cfg.name)
+    prepare(sweep, cfg, cells)
+    sweep.run(cells[0].run_id).finish(ROWS, step=4, M=4)
+    sweep.collect()
+    torn = sweep.manifest_file.read_text()[:-60]
+    sweep.manifest_file.write_text(torn)
+    before = {p: p.read_bytes() for p in sweep.path.rglob("*") if p.is_file()}
+    for command in (["sweep", *args, "grid.n=[4]"], ["sweep", *args, "grid.n=[4]", "--extend"], ["sweep", *args, "grid.n=[2]"],
+                    ["plan", *args, "grid.n=[2]"], ["status", str(sweep.path)], ["logs", str(sweep.path), cells[0].run_id]):
+        one_error_line(runner.invoke(app, command), f"{sweep.manifest_file} is not a readable sweep manifest")
+        assert {p: p.read_bytes() for p in sweep.path.rglob("*") if p.is_file()} == before, command
 
 
 def test_sweep_refuses_before_creating_anything(tmp_path):
@@ -204,9 +226,10 @@ def test_a_rerun_keeps_each_cells_attempts_and_their_reasons(tmp_path):
     sweep = SweepDir(tmp_path / cfg.name)
     prepare(sweep, cfg, cells)
     manifest = sweep.manifest()
-    failure = {"attempt": 1, "reason": "job ended FAILED: exit code -9", "at": 1.0}
-    manifest["cells"][cells[0].run_id].update(attempts=2, submission_id="isoflop-x-2", failures=[failure])
+    failure = Failure(attempt=1, reason="job ended FAILED: exit code -9", at=1.0)
+    cell = manifest.cells[cells[0].run_id]
+    cell.attempts, cell.submission_id, cell.failures = 2, "isoflop-x-2", [failure]
     sweep.write_manifest(manifest)
     prepare(sweep, cfg, cells)
-    cell = sweep.manifest()["cells"][cells[0].run_id]
-    assert (cell["attempts"], cell["submission_id"], cell["failures"]) == (2, "isoflop-x-2", [failure])
+    cell = sweep.manifest().cells[cells[0].run_id]
+    assert (cell.attempts, cell.submission_id, cell.failures) == (2, "isoflop-x-2", [failure])

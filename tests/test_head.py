@@ -198,7 +198,7 @@ def test_a_head_lost_during_the_preflight_is_lost_in_one_line(tmp_path):
 
     from isoflop_cli import config
     from isoflop_cli.dispatch import Dispatcher
-    from isoflop_cli.store import SweepDir
+    from isoflop_cli.store import CellState, Manifest, SweepDir
 
     class Gone:  # what Ray's job client raises once its head's process is dead
         def __getattr__(self, name):
@@ -208,7 +208,7 @@ def test_a_head_lost_during_the_preflight_is_lost_in_one_line(tmp_path):
 
     cfg = config.load()
     sweep = SweepDir(tmp_path)
-    sweep.write_manifest({"cells": {"a": {"state": "submitted", "submission_id": "isoflop-a-1"}, "b": {"state": "finished"}}})
+    sweep.write_manifest(Manifest(cells={"a": CellState(state="submitted", submission_id="isoflop-a-1"), "b": CellState(state="finished")}))
     dispatcher = Dispatcher(sweep, cfg.cluster, "http://127.0.0.1:1", head_grace_s=1, client=Gone())
     t = time.time()
     with pytest.raises(HeadLost) as e:
@@ -216,8 +216,8 @@ def test_a_head_lost_during_the_preflight_is_lost_in_one_line(tmp_path):
     assert 1 <= time.time() - t < 30
     assert str(e.value).startswith("lost the Ray head at http://127.0.0.1:1 (no answer for 1s: ConnectionError)")
     assert not (tmp_path / ".preflight").exists(), "the shared-dir check leaves nothing behind"
-    cells = sweep.manifest()["cells"]
-    assert cells["a"]["state"] == "stopped" and cells["b"]["state"] == "finished", "the lost head's job is stopped, a rerun resubmits it"
+    cells = sweep.manifest().cells
+    assert cells["a"].state == "stopped" and cells["b"].state == "finished", "the lost head's job is stopped, a rerun resubmits it"
 
 
 def test_head_ports_are_distinct_free_and_apart_from_kernel_picks():

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from isoflop_cli.cli import app
 from isoflop_cli.dispatch import sweep_lock
-from isoflop_cli.store import SweepDir
+from isoflop_cli.store import CellState, Manifest, SweepDir
 
 RUN = "n2_bp2_s0_0123abcd"
 
@@ -15,7 +15,7 @@ RUN = "n2_bp2_s0_0123abcd"
 def one_run_sweep(tmp_path, state: str):
     sweep = SweepDir(tmp_path / "default")
     sweep.path.mkdir(parents=True)
-    sweep.write_manifest({"cells": {RUN: {"M": 4, "state": state}}})
+    sweep.write_manifest(Manifest(cells={RUN: CellState(M=4, state=state)}))
     sweep.run(RUN).dir.mkdir(parents=True)
     return sweep
 
@@ -46,7 +46,7 @@ def test_logs_follow_prints_the_log_as_it_grows_until_the_sweep_is_done_with_the
                 time.sleep(1.0)
                 log.write_text(text)
             time.sleep(1.0)
-            sweep.write_manifest({"cells": {RUN: {"M": 4, "state": "finished"}}})
+            sweep.write_manifest(Manifest(cells={RUN: CellState(M=4, state="finished")}))
 
     writer = threading.Thread(target=sweep_side)
     writer.start()
@@ -79,7 +79,7 @@ def test_status_shows_runs_per_state_the_sweeps_rollouts_per_second_and_the_time
     sweep = SweepDir(tmp_path / "default")
     sweep.path.mkdir(parents=True)
     cell = {"M": 10, "columns": {"n": 2, "B_p": 4}}
-    sweep.write_manifest({"cells": {"running": {**cell, "state": "submitted"}, "waiting": {**cell, "state": "pending"}}})
+    sweep.write_manifest(Manifest(cells={"running": CellState(**cell, state="submitted"), "waiting": CellState(**cell, state="pending")}))
     files = sweep.run("running")
     files.dir.mkdir(parents=True)
     files.set_status("running", step=5, M=10, rollouts=40, pid=os.getpid(), started=clock.time() - 10)

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from isoflop_cli import store
-from isoflop_cli.store import FINISHED, RUNNING, RunFiles, SweepDir, atomic_write, read_json
+from isoflop_cli.store import FINISHED, RUNNING, CellState, Manifest, RunFiles, SweepDir, atomic_write, read_json
 
 
 def test_atomic_write_and_torn_metrics(tmp_path):
@@ -24,10 +24,7 @@ def test_atomic_write_and_torn_metrics(tmp_path):
 
 def test_collect_only_finished_runs(tmp_path):
     sweep = SweepDir(tmp_path)
-    sweep.write_manifest({"cells": {
-        "a": {"columns": {"n": 2, "B_p": 4}},
-        "b": {"columns": {"n": 8, "B_p": 4}},
-    }})
+    sweep.write_manifest(Manifest(cells={"a": CellState(columns={"n": 2, "B_p": 4}), "b": CellState(columns={"n": 8, "B_p": 4})}))
     for rid, state in (("a", FINISHED), ("b", "running")):
         files = sweep.run(rid)
         files.dir.mkdir(parents=True)
@@ -56,10 +53,9 @@ def test_a_reattached_job_that_fails_is_retried(tmp_path):
     from types import SimpleNamespace
 
     from isoflop_cli import config, dispatch
-    from isoflop_cli.store import FINISHED, SweepDir
 
     sweep = SweepDir(tmp_path)
-    sweep.write_manifest({"cells": {"a": {"state": "submitted", "submission_id": "isoflop-a-1", "attempts": 1, "columns": {}}}})
+    sweep.write_manifest(Manifest(cells={"a": CellState(state="submitted", submission_id="isoflop-a-1", attempts=1)}))
     asked: dict[str, int] = {}
 
     class Cluster:  # Ray's job client where node loss ended the reattached job; the new attempt finishes the run
@@ -85,8 +81,8 @@ def test_a_reattached_job_that_fails_is_retried(tmp_path):
         patch.setattr(dispatch, "RETRY_WAIT_S", (0.01, 0.01))
         states = dispatch.Dispatcher(sweep, cluster, "http://127.0.0.1:1", client=Cluster()).run()
     assert states == {"a": FINISHED}
-    cell = sweep.manifest()["cells"]["a"]
-    assert cell["attempts"] == 2 and cell["submission_id"].startswith("isoflop-a-2-") and len(cell["failures"]) == 1
+    cell = sweep.manifest().cells["a"]
+    assert cell.attempts == 2 and cell.submission_id.startswith("isoflop-a-2-") and len(cell.failures) == 1
 
 
 def test_sweeps_of_the_same_cells_in_two_dirs_submit_distinct_jobs(tmp_path):
@@ -102,7 +98,7 @@ def test_sweeps_of_the_same_cells_in_two_dirs_submit_distinct_jobs(tmp_path):
     for name in ("one", "two"):
         sweep = SweepDir(tmp_path / name)
         dispatcher = dispatch.Dispatcher(sweep, config.load().cluster, "http://127.0.0.1:1", client=Cluster())
-        ids.add(dispatcher._submit("n2_bp2_s0_abcdef12", {}))
+        ids.add(dispatcher._submit("n2_bp2_s0_abcdef12", CellState()))
     assert len(ids) == 2 and all(i.startswith("isoflop-n2_bp2_s0_abcdef12-1-") for i in ids)
 
 
