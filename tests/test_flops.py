@@ -168,3 +168,24 @@ def test_plan_splits_a_group_at_the_bound_as_the_learner_does(budget, shared, pe
     split = pieces(shared, [per_row] * k, budget) if budget else [k]
     assert flops.piece_rows(budget, shared, per_row, k) == split[0]
     assert len(split) == -(-k // split[0])
+
+
+def test_a_ledger_adds_step_costs_and_defines_total_and_rho_once():
+    from isoflop_cli.flops import Ledger, StepCost
+
+    ledger = Ledger().add(StepCost(3.0, 6.0, 1.0), steps=4).add(StepCost(1.0, 2.0, 0.0))
+    assert ledger.columns() == {"flops_search": 13.0, "flops_learning": 26.0, "flops_reward": 4.0, "flops_total": 43.0, "rho": 26 / 43}
+    assert Ledger.of(ledger.columns()) == ledger and Ledger().rho is None
+    assert list(StepCost(1.0, 2.0, 3.0)) == [1.0, 2.0, 3.0]  # the manifest's order
+
+
+def test_a_plans_prediction_is_its_bound_times_the_measured_scale():
+    from isoflop_cli import config
+    from isoflop_cli.grid import plan_run
+
+    cfg = config.load(None, ["grid.budget.unit=flops", "grid.budgets=[1e11]"])
+    bound, scaled = plan_run(cfg), plan_run(cfg, flops_scale=0.5)
+    assert scaled.step_bound == bound.step_bound and scaled.step_flops.total == 0.5 * bound.step_bound.total
+    assert scaled.M >= 2 * bound.M - 1  # a FLOP budget buys more steps at half the predicted cost
+    assert scaled.predicted_flops["flops_total"] == scaled.M * scaled.step_flops.total
+    assert scaled.predicted_flops["rho"] == bound.step_bound.learning / bound.step_bound.total
