@@ -21,6 +21,7 @@ from isoflop_cli.config.compose import omegaconf_message
 from isoflop_cli.config.schema import GROUPS, BudgetUnit, LrScaling
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.rewards import REWARDS
+from isoflop_cli.samplers import SAMPLERS
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def _step_flops(cfg, n: int, B_p: int, shapes: _Shapes | None = None) -> flops.S
     shapes = shapes or _Shapes.of(cfg)
     shape, prompt, new = shapes.policy, shapes.prompt, cfg.task.max_new_tokens
     rows = B_p * n
-    shared = (cfg.sampler.name == "vllm" or cfg.sampler.shared_prefill) and n > 1
+    shared = SAMPLERS[cfg.sampler.name].shares_prefill(cfg.sampler, n)
     _, k = flops.epoch_plan(cfg.algo.epochs, n)  # completions per group the updates learn from
     # At the bound a group over the token budget splits into pieces of `per_piece` completions, each with its prompt.
     trees = B_p * -(-k // flops.piece_rows(cfg.learner.max_tokens_per_micro_batch, prompt, new, k))

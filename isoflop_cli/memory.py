@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from isoflop_cli.algorithms import passes
 from isoflop_cli.config.schema import sharded
 from isoflop_cli.errors import ConfigError
+from isoflop_cli.samplers import SAMPLERS
 from isoflop_cli.flops import Shape, epoch_plan, piece_rows
 
 GIB = 2**30
@@ -121,7 +122,7 @@ def predict(shape: Shape, cfg, n: int, B_p: int, prompt: int) -> Memory | None:
     if not cfg.cluster.gpus_per_run:
         return None
     s = cfg.sampler
-    if s.name == "vllm" and s.kv_cache_gib is None and cfg.cluster.gpu_memory_gib is None:
+    if SAMPLERS[s.name].own_engine and s.kv_cache_gib is None and cfg.cluster.gpu_memory_gib is None:
         return None
     c = 2 if cfg.learner.bf16 else FP32
     _, k = epoch_plan(cfg.algo.epochs, n)
@@ -291,7 +292,7 @@ def _sampler(shape: Shape, cfg, c: int, rows: int, width: int) -> tuple[float, f
     layer, rest, adapter = parameters(shape)
     P = shape.layers * (layer + adapter) + rest
     s = cfg.sampler
-    if s.name == "vllm":
+    if SAMPLERS[s.name].own_engine:
         weights = c * P / s.tensor_parallel
         if s.kv_cache_gib is not None:
             kv = (s.kv_cache_gib + ENGINE_WORKSPACE_GIB) * GIB
@@ -328,9 +329,9 @@ def _knobs(term: str, memory: Memory, cfg) -> list[str]:
             return ["use sampler=vllm (HF generate caches every row at once)"]
         return ["lower sampler.kv_cache_gib" if s.kv_cache_gib is not None else "lower sampler.gpu_memory_utilization"]
     if term == "sampler_weights":
-        return ["raise sampler.tensor_parallel"] if s.name == "vllm" else ["use sampler=vllm"]
+        return ["raise sampler.tensor_parallel"] if SAMPLERS[s.name].own_engine else ["use sampler=vllm"]
     if term == "sampler_kept":
-        return ["turn sampler.sleep on"] if s.name == "vllm" else ["use sampler=vllm"]
+        return ["turn sampler.sleep on"] if SAMPLERS[s.name].own_engine else ["use sampler=vllm"]
     if term == "step_tensors":
         return ["fewer rollouts per step (grid.n, grid.B_p)"]
     if term in ("weights", "gradients", "optimizer", "reference"):

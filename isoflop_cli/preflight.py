@@ -30,6 +30,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from isoflop_cli.samplers import SAMPLERS
 from isoflop_cli.tracking import PACKAGES as TRACKER_PACKAGES
 
 MARK = "ISOFLOP_PREFLIGHT "  # the probe's result line in its job log
@@ -78,7 +79,7 @@ def spec_for(cfg, sweep_dir: Path, interpreter: str) -> Spec:
     paths = {key: value for key in PATH_KEYS if key != "tracking.dir" and isinstance(value := _select(cfg, key), str) and value}
     paths.update({f"eval.{part}.{name}": str(p) for part in ("sets", "judges") for name, p in cfg.eval[part].items()})
     return Spec(version(), platform.python_version_tuple()[0] + "." + platform.python_version_tuple()[1], str(sweep_dir.absolute()),
-                uuid.uuid4().hex[:12], paths, cfg.sampler.name == "vllm", interpreter, list(cfg.tracking.backends))
+                uuid.uuid4().hex[:12], paths, SAMPLERS[cfg.sampler.name].package == "vllm", interpreter, list(cfg.tracking.backends))
 
 
 def check(client, cfg, sweep_dir: Path, python: str, env: dict[str, str], wait_s: float = WAIT_S) -> tuple[list[Node], list[str]]:

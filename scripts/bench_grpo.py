@@ -107,7 +107,7 @@ def ours(n: int, B_p: int, steps: int, warmup: int, shared_prefill: bool = True,
 def offline(n: int, B_p: int, rounds: int) -> Steps:
     """vLLM's own generation throughput on the same B_p x n batch of the run's prompts, through the
     sampler alone (one engine, `rounds` batches after one warm-up batch)."""
-    from isoflop_cli.recipe.sampler import make_sampler
+    from isoflop_cli.recipe.rollouts import make_sampler
 
     cfg = config.load(None, [f"n={n}", f"B_p={B_p}", "sampler=vllm"])
     tokenizer, model = checkpoint.load(cfg.model, cfg.task)

@@ -269,7 +269,7 @@ def offline_tokens_per_s(overrides: list[str], rounds: int) -> float:
     tokens/s over `rounds` batches after a warm-up batch."""
     from isoflop_cli import config, tasks
     from isoflop_cli.recipe import checkpoint
-    from isoflop_cli.recipe.sampler import make_sampler
+    from isoflop_cli.recipe.rollouts import make_sampler
 
     cfg = config.load(None, overrides)
     tokenizer, model = checkpoint.load(cfg.model, cfg.task, meta=True)  # the engine reads the weights itself

@@ -76,7 +76,8 @@ def test_the_decode_loop_draws_what_generate_draws_until_rows_leave(tiny, shared
 
 def test_pack_gives_the_hf_samplers_layout(tiny):
     """The vLLM adapter returns token lists; `pack` must lay them out exactly as the HF sampler does."""
-    from isoflop_cli.recipe.sampler import HFSampler, pack
+    from isoflop_cli.recipe.rollouts import pack
+    from isoflop_cli.recipe.sampler import HFSampler
 
     tokenizer, model = tiny
     torch.manual_seed(1)

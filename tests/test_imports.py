@@ -126,3 +126,19 @@ def test_light_modules_stay_light(module, heavy):
     code = f"import sys, {module}; print(','.join(m for m in {heavy!r} if m in sys.modules))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert not loaded, f"importing {module} loads {loaded}"
+
+
+def test_the_samplers_do_not_import_each_other():
+    """Both build on `recipe/rollouts.py`; `make_sampler` finds each through the registry."""
+    for a, b in (("sampler", "vllm_sampler"), ("vllm_sampler", "sampler")):
+        assert not any(name.startswith(f"isoflop_cli.recipe.{b}") for name in _imports(PACKAGE / "recipe" / f"{a}.py")), (a, b)
+
+
+@pytest.mark.parametrize("pattern", [r"sampler\.name\s*[!=]=", r"reward\.name\s*[!=]=\s*\"prm\"", r"\bs\.name\s*==\s*\"vllm\""])
+def test_no_module_compares_sampler_or_reward_names(pattern):
+    """What a sampler or reward needs is on its registry entry (samplers.py, rewards.py)."""
+    import re
+
+    found = [f"{p.relative_to(PACKAGE.parent)}:{i}" for p in PACKAGE.rglob("*.py")
+             for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(pattern, line)]
+    assert not found, found

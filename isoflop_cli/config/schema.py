@@ -307,7 +307,6 @@ class SweepConfig:
 
 
 GROUPS = ("model", "task", "reward", "algo", "grid", "cluster", "sampler")
-SAMPLERS = ("hf", "vllm")
 PATH_KEYS = ("model.path", "reward.path", "task.train", "task.val", "tracking.dir")  # files the runs read
 
 

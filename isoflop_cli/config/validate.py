@@ -20,10 +20,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from isoflop_cli import tasks
 from isoflop_cli.algorithms import ALGORITHMS, LOSS_AGGS
-from isoflop_cli.config.schema import GROUPS, SAMPLERS, Schedule
+from isoflop_cli.config.schema import GROUPS, Schedule
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.flops import PROJECTIONS, Shape, UnsupportedModel
 from isoflop_cli.rewards import REWARDS, load_function
+from isoflop_cli.samplers import SAMPLERS
 from isoflop_cli.tasks.arith import ALPHABET
 from isoflop_cli.tracking import BACKENDS
 
@@ -323,9 +324,10 @@ def check_runnable(cfgs: Iterable[DictConfig]) -> None:
             if path not in checked:
                 _check_weights(name, Path(path).expanduser())
                 checked.add(path)
-        if cfg.sampler.name == "vllm" and ("vllm", cfg.cluster.python) not in checked:
+        package = SAMPLERS[cfg.sampler.name].package
+        if package == "vllm" and (package, cfg.cluster.python) not in checked:
             check_vllm(cfg.cluster.python)
-            checked.add(("vllm", cfg.cluster.python))
+            checked.add((package, cfg.cluster.python))
 
 
 def _check_weights(name: str, path: Path) -> None:
@@ -374,7 +376,7 @@ def check_engine(cfg: DictConfig) -> None:
         raise ConfigError(f"learner.logit_chunk_tokens must be >= 1, got {lrn.logit_chunk_tokens}")
     if not (math.isfinite(lrn.collective_timeout_s) and lrn.collective_timeout_s > 0):
         raise ConfigError(f"learner.collective_timeout_s must be a finite number > 0, got {lrn.collective_timeout_s}")
-    check_choice("sampler.name", smp.name, SAMPLERS)
+    check_choice("sampler.name", smp.name, tuple(SAMPLERS))
     gpus = cfg.cluster.gpus_per_run
     if lrn.bf16 and not gpus:
         raise ConfigError("learner.bf16 is GPU-only: set cluster.gpus_per_run (e.g. cluster=gpu)")
@@ -385,7 +387,7 @@ def check_engine(cfg: DictConfig) -> None:
     if gpus >= 1 and lrn.world_size < int(gpus):  # every GPU a learner rank: the sampler's engines span them too
         raise ConfigError(f"learner.world_size={lrn.world_size} leaves {int(gpus) - lrn.world_size} of cluster.gpus_per_run={gpus:g} GPUs idle: "
                           "leave learner.world_size unset (one rank per GPU) or lower cluster.gpus_per_run")
-    if smp.name == "vllm":  # vLLM importable is `check_runnable`'s: `plan` does not need it
+    if SAMPLERS[smp.name].own_engine:  # its package importable is `check_runnable`'s: `plan` does not need it
         if not 0 < smp.gpu_memory_utilization < 1:
             raise ConfigError(f"sampler.gpu_memory_utilization must be in (0, 1), got {smp.gpu_memory_utilization}")
         if smp.kv_cache_gib is not None and smp.kv_cache_gib <= 0:

@@ -19,7 +19,8 @@ from omegaconf import DictConfig
 
 from isoflop_cli.recipe import checkpoint
 from isoflop_cli.recipe.distributed import device
-from isoflop_cli.recipe.sampler import make_sampler, sampler_dtype
+from isoflop_cli.recipe.rollouts import make_sampler, sampler_dtype
+from isoflop_cli.samplers import SAMPLERS
 from isoflop_cli.store import FAILED, RUNNING, RunFiles, atomic_write
 from isoflop_cli.tasks.dataset import held_out
 
@@ -45,13 +46,13 @@ def _calibrate(cfg: DictConfig, start: int, stop: int) -> pd.DataFrame:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     # The model as the sweep samples it: in bf16 with learner.bf16 (on by default with GPUs), on the
     # GPU when there is one; a vLLM engine reads the weights itself (the HF model: its structure only).
-    vllm = cfg.sampler.name == "vllm"
-    tokenizer, model = checkpoint.load(cfg.model, cfg.task, sampler_dtype(cfg), meta=vllm)
+    own_engine = SAMPLERS[cfg.sampler.name].own_engine
+    tokenizer, model = checkpoint.load(cfg.model, cfg.task, sampler_dtype(cfg), meta=own_engine)
     task = held_out(cfg.task, cfg.task.train)  # every row of the file
     task.prepare(tokenizer)  # chat template; prompts over task.max_prompt_tokens are left out
     problems = [p for p in task.problems("val") if start <= int(p.id) < stop]
     texts = {r.index: r.text() for r in task.rows_of["val"]}
-    sampler = make_sampler(cfg, model if vllm else model.to(device()), tokenizer, task.max_prompt_tokens)
+    sampler = make_sampler(cfg, model if own_engine else model.to(device()), tokenizer, task.max_prompt_tokens)
     m, started, out = cfg.calibrate.samples, time.time(), []
     torch.manual_seed(cfg.seed * 1_000_003 + start)
     for i in range(0, len(problems), PROMPTS_PER_BATCH):

@@ -8,15 +8,14 @@ The sampler also records the log-prob of every sampled token under its own forwa
 temperature-scaled distribution, as the learner defines it), which truncated importance sampling
 compares with the learner's.
 
-This is the `sampler=hf` side of the sampler contract; `vllm_sampler.VllmSampler` is the other.
-Both return `Rollouts` and take new weights through `load_weights`.
+This is `sampler=hf`, a `rollouts.Sampler`; `vllm_sampler.VllmSampler` is the other.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import transformers
@@ -24,59 +23,11 @@ from packaging.version import Version
 from transformers import DynamicCache
 
 from isoflop_cli.recipe.distributed import Group, device
+from isoflop_cli.recipe.rollouts import Rollouts, sampler_dtype
 
 # transformers 5.24 renamed `past_key_values` to `cache` (the old name warns); vLLM's CPU build pins
 # transformers < 5.20, so the sampler runs in both environments and passes the name each knows.
 CACHE = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
-
-
-@dataclass
-class Rollouts:
-    sequences: torch.Tensor  # [R, P + T]: left-padded prompt, then the completion
-    attention_mask: torch.Tensor  # [R, P + T]: prompt tokens and completion tokens up to its eos
-    completion_mask: torch.Tensor  # [R, P + T]: completion tokens (eos included) only
-    logprobs: torch.Tensor  # [R, P + T - 1]: the sampler's log-prob of each next token (0 off the completion)
-    texts: list[str]  # decoded completions, R = len(prompts) * n, each prompt's n together
-    prompt_width: int  # the padded prompt length
-    prefill_rows: int  # rows the prompt was prefilled for: len(prompts) when shared, else R
-
-    @property
-    def generated_width(self) -> int:
-        """Decode steps the batch ran (rows that finished early decoded padding until the end)."""
-        return self.sequences.shape[1] - self.prompt_width
-
-    @property
-    def tokens_generated(self) -> int:
-        return int(self.completion_mask.sum())
-
-    @property
-    def decode_rows(self) -> tuple[int, ...]:
-        """Rows running at each decode step 1 .. generated_width - 1: those whose completion (eos
-        included) is longer than the step. Both samplers drop a row from the batch once it said eos."""
-        lengths = self.completion_mask.sum(-1)
-        return tuple(int((lengths > t).sum()) for t in range(1, self.generated_width))
-
-    def select(self, rows: torch.Tensor) -> "Rollouts":
-        """These rows only, in the same layout (the rows a fractional epoch learns from)."""
-        return replace(self, sequences=self.sequences[rows], attention_mask=self.attention_mask[rows], completion_mask=self.completion_mask[rows],
-                       logprobs=self.logprobs[rows], texts=[self.texts[i] for i in rows.tolist()], prefill_rows=min(self.prefill_rows, len(rows)))
-
-
-def make_sampler(cfg, policy, tokenizer, max_prompt_tokens: int, own_copy: bool = False, group: Group = Group()):
-    """The run's sampler (`sampler.name`): vLLM, an engine on each of the `group`'s ranks (or
-    tensor-parallel groups of them), or the HF decode loop on `policy`."""
-    if cfg.sampler.name == "vllm":
-        from isoflop_cli.recipe import checkpoint
-        from isoflop_cli.recipe.vllm_sampler import VllmSampler
-
-        return VllmSampler(checkpoint.model_path(cfg.model, cfg.task), cfg.sampler, cfg.lora, tokenizer, seed=cfg.seed,
-                           max_len=max_prompt_tokens + cfg.task.max_new_tokens, dtype=sampler_dtype(cfg), group=group)
-    return HFSampler(policy, tokenizer, shared_prefill=cfg.sampler.shared_prefill, own_copy=own_copy, dtype=sampler_dtype(cfg))
-
-
-def sampler_dtype(cfg) -> torch.dtype:
-    """The dtype the sampler's weights are held and pushed in: the learner's compute dtype (bf16 with learner.bf16)."""
-    return torch.bfloat16 if cfg.learner.bf16 else torch.float32
 
 
 class HFSampler:
@@ -92,6 +43,10 @@ class HFSampler:
         self.model = copy.deepcopy(model).to(device=device(), dtype=dtype).eval().requires_grad_(False) if own_copy else model  # a sharded learner's policy waits in host memory
         self.tokenizer = tokenizer
         self.shared_prefill = shared_prefill
+
+    @classmethod
+    def from_config(cls, cfg, policy, tokenizer, max_prompt_tokens: int, own_copy: bool, group: Group) -> "HFSampler":
+        return cls(policy, tokenizer, shared_prefill=cfg.sampler.shared_prefill, own_copy=own_copy, dtype=sampler_dtype(cfg))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """New policy weights, one tensor at a time: all of them, or only the adapter's (LoRA)."""
@@ -188,33 +143,3 @@ class HFSampler:
                                     logits_to_keep=1).logits[:, -1]
                 positions = positions + 1
         return tokens, chosen
-
-
-def pack(prompt_ids: list[list[int]], completions: list[list[int]], logprobs: list[list[float]], n: int, tokenizer) -> Rollouts:
-    """`Rollouts` from token lists, as a separate engine returns them: each prompt (unpadded) and its
-    n completions (up to and including eos) with each token's log-prob. Prompts are left-padded and
-    completions right-padded, the layout `HFSampler` produces."""
-    pad = tokenizer.pad_token_id
-    width, new = max(map(len, prompt_ids)), max(1, max(map(len, completions)))
-    rows = len(completions)
-    sequences = torch.full((rows, width + new), pad, dtype=torch.long)
-    attention = torch.zeros(rows, width + new, dtype=torch.long)
-    completion_mask = torch.zeros_like(attention)
-    token_logprobs = torch.zeros(rows, width + new - 1)
-    for r, (tokens, lps) in enumerate(zip(completions, logprobs)):
-        prompt = prompt_ids[r // n]
-        sequences[r, width - len(prompt) : width] = torch.tensor(prompt)
-        attention[r, width - len(prompt) : width] = 1
-        sequences[r, width : width + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        attention[r, width : width + len(tokens)] = 1
-        completion_mask[r, width : width + len(tokens)] = 1
-        token_logprobs[r, width - 1 : width - 1 + len(tokens)] = torch.tensor(lps)
-    return Rollouts(
-        sequences=sequences,
-        attention_mask=attention,
-        completion_mask=completion_mask,
-        logprobs=token_logprobs,
-        texts=tokenizer.batch_decode(completions, skip_special_tokens=True),
-        prompt_width=width,
-        prefill_rows=len(prompt_ids) if n > 1 else rows,
-    )

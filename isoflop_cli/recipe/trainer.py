@@ -38,7 +38,8 @@ from isoflop_cli.recipe.learner import Actor, Layout, pack, tree_pieces, tree_to
 from isoflop_cli.recipe.losses import ADVANTAGES, POLICY_LOSSES, AdvantageInputs, Advantages, kl_k3, token_weights, truncated_is, value_loss
 from isoflop_cli.recipe.measure import Meter
 from isoflop_cli.recipe.rewards import make_reward
-from isoflop_cli.recipe.sampler import Rollouts, make_sampler, sampler_dtype
+from isoflop_cli.recipe.rollouts import Rollouts, make_sampler, sampler_dtype
+from isoflop_cli.samplers import SAMPLERS
 from isoflop_cli.store import FAILED, PAUSED, RUNNING, RunFiles, disk_full_message, is_disk_full
 from isoflop_cli.tracking import Tracking, flat, tracker_root
 
@@ -196,10 +197,10 @@ class Trainer:
         self.task.prepare(self.tokenizer)  # chat template; prompts over task.max_prompt_tokens dropped
         if main and any(self.task.dropped.values()):
             print(f"prompts over task.max_prompt_tokens, left out: {self.task.dropped}", flush=True)
-        self.vllm = cfg.sampler.name == "vllm"
+        self.own_engine = SAMPLERS[cfg.sampler.name].own_engine  # an engine on every rank (vLLM)
         self.sampler = make_sampler(cfg, self.actor.policy, self.tokenizer, self.task.max_prompt_tokens, own_copy=sharded(cfg),
-                                    group=self.group) if main or self.vllm else None
-        self.separate_sampler = sharded(cfg) or self.vllm
+                                    group=self.group) if main or self.own_engine else None
+        self.separate_sampler = sharded(cfg) or self.own_engine
         if sharded(cfg):
             for model in filter(None, (self.actor, self.reference)):
                 distributed.shard(model, self.learner.bf16)
@@ -268,7 +269,7 @@ class Trainer:
         problems = [next(self.prompts) for _ in range(self.B_p)]
         self.progress.prompts_drawn += self.B_p
         rollouts = self.lead(lambda: self.sample(problems))
-        if self.vllm:
+        if self.own_engine:
             self.sampler.sleep()  # the learner's turn (GPU): the engine's memory back until the next push and sampling
         batch = self.group.broadcast(self.score(problems, rollouts) if self.group.is_main else None)
         self.arrange(batch)
@@ -287,13 +288,13 @@ class Trainer:
         other ranks. With vLLM those serve rank 0's sampling requests meanwhile, each engine sampling
         its share; with the HF sampler (rank 0's alone) they go straight on to the next collective."""
         if not self.group.is_main:
-            if self.vllm:
+            if self.own_engine:
                 self.sampler.serve()
             return None
         try:
             return work()
         finally:
-            if self.vllm:
+            if self.own_engine:
                 self.sampler.release()
 
     def sample(self, problems: list) -> Rollouts:
@@ -506,7 +507,7 @@ class Trainer:
 
     def close(self) -> None:
         """vLLM's engines shut down while the run's process group is still up (see `VllmSampler.close`)."""
-        if self.vllm:
+        if self.own_engine:
             self.sampler.close()
 
     def save(self) -> None:

@@ -60,7 +60,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from isoflop_cli.recipe.distributed import Group
-from isoflop_cli.recipe.sampler import Rollouts, pack
+from isoflop_cli.recipe.rollouts import Rollouts, pack, sampler_dtype
 
 ADAPTER_ID = 1  # the one LoRA slot the run's adapter lives in
 CPU_KV_CACHE_GIB = 1.0  # the CPU build's KV cache when sampler.kv_cache_gib is null (its memory-share default fails at start)
@@ -133,6 +133,14 @@ class VllmSampler:
                 max_loras=1,
                 **({"kv_cache_memory_bytes": int(kv_gib * 2**30)} if kv_gib else {"gpu_memory_utilization": sampler_cfg.gpu_memory_utilization}),
             )
+
+    @classmethod
+    def from_config(cls, cfg, policy, tokenizer, max_prompt_tokens: int, own_copy: bool, group: Group) -> "VllmSampler":
+        """The engine reads the run's checkpoint itself (`policy` is not used)."""
+        from isoflop_cli.recipe import checkpoint
+
+        return cls(checkpoint.model_path(cfg.model, cfg.task), cfg.sampler, cfg.lora, tokenizer, seed=cfg.seed,
+                   max_len=max_prompt_tokens + cfg.task.max_new_tokens, dtype=sampler_dtype(cfg), group=group)
 
     # Sampling: rank 0 asks, every engine samples its share.
 
