@@ -461,7 +461,7 @@ class SweepDir:
         own cells over it, and every other finished run would drop out of results.parquet."""
         try:
             return Manifest.from_json(json.loads(self.manifest_file.read_text()))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no manifest there (NotADirectory: the dir's path runs through a file)
             return Manifest()
         except (OSError, ValueError) as e:  # unreadable, not JSON (a torn or cut file), or not a manifest
             why = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
