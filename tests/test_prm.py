@@ -51,5 +51,5 @@ def test_plan_predicts_the_prms_flops_for_a_full_width_batch(scorer):
     cfg = config.load(None, ["reward=prm", "task=arith-steps", "reward.build.steps=250", "n=2", "B_p=2"])
     longest = next(p for p in task.validation_set(64) if len(p.prompt) == task.max_prompt_tokens)
     _, spent = model([longest] * 4, ["9" * cfg.task.max_new_tokens] * 4)  # B_p * n completions at max_new_tokens
-    assert step_flops(cfg)[2] == spent
-    assert step_flops(config.load(None, ["task=arith-steps", "n=2", "B_p=2"]))[2] == 0  # a rule costs no FLOPs
+    assert step_flops(cfg).reward == spent
+    assert step_flops(config.load(None, ["task=arith-steps", "n=2", "B_p=2"])).reward == 0  # a rule costs no FLOPs

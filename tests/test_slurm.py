@@ -103,7 +103,9 @@ def test_a_sweep_on_a_real_slurm_survives_a_killed_run_and_a_preemption(slurm, t
     requeued by SLURM (a preemption): the sweep waits for SLURM to run it again, submitting nothing.
     Both runs resume from their checkpoints, and every eval point is there once."""
     args = ["--out", str(tmp_path), "cluster=slurm", "cluster.cpus_per_run=1", "cluster.gpus_per_run=0", f"cluster.python={sys.executable}",
-            "cluster.poll_s=1", "grid.n=[2]", "grid.B_p=[2,4]", "grid.budgets=[1024]", "grid.eval_points=3", "eval.problems=16",
+            # 4,096 rollouts: each run lasts long enough past its first checkpoint that the kill and the requeue land
+            # mid-run (at 1,024 a run could end between the checkpoint and the requeue, and its job then ends FAILED).
+            "cluster.poll_s=1", "grid.n=[2]", "grid.B_p=[2,4]", "grid.budgets=[4096]", "grid.eval_points=3", "eval.problems=16",
             "eval.samples=4", "checkpoint.every=16"]
     proc = subprocess.Popen([sys.executable, "-m", "isoflop_cli", "sweep", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=slurm)
     sweep = tmp_path / "default"
