@@ -130,7 +130,9 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     Ctrl-C (jobs and head stopped) after a run saved a checkpoint; then a last rerun finishes the
     sweep, that run resuming from its checkpoint. While a run goes, its job's log is in its run dir
     (`isoflop logs` prints it), not only once the job ends."""
-    args = [sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(tmp_path), *SMALL, "cluster.local_cpus=1", "checkpoint.every=4",
+    # budgets to 1,024 rollouts: each run lasts long enough that every kill lands while one runs (at 256 a run could end
+    # between the test seeing it and its kill).
+    args = [sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(tmp_path), *SMALL, "grid.budgets=[64,1024]", "cluster.local_cpus=1", "checkpoint.every=4",
             "cluster.log_every_s=0.5"]
     sweep_dir = tmp_path / "default"
 
