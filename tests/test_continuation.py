@@ -121,6 +121,7 @@ def test_what_cannot_continue_is_said(tmp_path):
     assert json.loads(sweep.manifest_file.read_text())["cells"].keys() == {c.run_id for c in cells}  # untouched
 
 
+@pytest.mark.slow
 def test_a_run_kept_at_its_end_continues_to_a_larger_flop_budget(tmp_path):
     """checkpoint.keep_final: a run to a FLOP budget keeps its state after its last eval point, and the
     same run to twice the budget in that directory resumes there, keeping every row it had."""

@@ -237,6 +237,7 @@ def _rows(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_embedded_model_trains_on_a_file_of_sums(tmp_path, files):
     """The arithmetic the embedded model was warm-started on, given as verl parquet and checked by
     math-verify: the model solves some of it from the start, as it does its own task."""
@@ -251,6 +252,7 @@ def test_embedded_model_trains_on_a_file_of_sums(tmp_path, files):
     assert rows[-1]["reward_cpu_s"] > 0  # checking in the verifier's own process is counted
 
 
+@pytest.mark.slow
 def test_chat_checkpoint_trains_with_math_verify_and_a_custom_reward(tmp_path, chat_model, math_file, monkeypatch):
     """A Qwen2 checkpoint with a BPE tokenizer and chat template, on chat prompts (long ones dropped):
     the whole run path, then the same with the user's own reward function by import path."""
@@ -276,6 +278,7 @@ def test_chat_checkpoint_trains_with_math_verify_and_a_custom_reward(tmp_path, c
         assert bad.exit_code == 2 and message in bad.output, bad.output
 
 
+@pytest.mark.slow
 def test_eval_targets_native_held_out_sets_judges_and_per_problem_records(tmp_path, files):
     """Each eval point also scores the validation completions with the training reward
     (`val_native`), samples each held-out set and scores with each judge, all as evaluation compute:

@@ -4,6 +4,7 @@ training draws on that device as they were. On a CPU machine the run's device is
 GPU the same tests check the GPU's placement and its generator."""
 
 import pandas as pd
+import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
@@ -15,6 +16,8 @@ from isoflop_cli.recipe.evaluate import Judge
 from isoflop_cli.recipe.trainer import Budget, Trainer
 from isoflop_cli.store import RunFiles
 from isoflop_cli.tasks.arith import ArithTask
+
+pytestmark = pytest.mark.slow  # the embedded models, built on first use
 
 SCORING_DTYPE = torch.bfloat16 if torch.cuda.is_available() else torch.float32
 

@@ -29,6 +29,7 @@ def tiny():
     return tokenizer, model.eval()
 
 
+@pytest.mark.slow
 def test_shared_prefill_samples_the_same_and_its_logprobs_are_the_learners(tiny):
     from isoflop_cli.recipe.learner import Actor, Layout
     from isoflop_cli.recipe.sampler import HFSampler
@@ -48,6 +49,7 @@ def test_shared_prefill_samples_the_same_and_its_logprobs_are_the_learners(tiny)
     assert torch.equal(r.logprobs[~on], torch.zeros_like(r.logprobs[~on]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shared, top_p", [(True, 1.0), (False, 1.0), (True, 0.8)])
 def test_the_decode_loop_draws_what_generate_draws_until_rows_leave(tiny, shared, top_p):
     """Same seed, same tokens as `generate` with do_sample, top_k=0 and that top_p, up to the step
@@ -74,6 +76,7 @@ def test_the_decode_loop_draws_what_generate_draws_until_rows_leave(tiny, shared
     assert ours.decode_rows[first] < 24  # fewer rows in the decode step after the first eos
 
 
+@pytest.mark.slow
 def test_pack_gives_the_hf_samplers_layout(tiny):
     """The vLLM adapter returns token lists; `pack` must lay them out exactly as the HF sampler does."""
     from isoflop_cli.recipe.rollouts import pack
@@ -92,6 +95,7 @@ def test_pack_gives_the_hf_samplers_layout(tiny):
     assert (packed.texts, packed.prompt_width, packed.prefill_rows) == (r.texts, r.prompt_width, r.prefill_rows)
 
 
+@pytest.mark.slow
 def test_sampler_copy_follows_load_weights(tiny):
     from isoflop_cli.recipe.sampler import HFSampler
 
@@ -151,6 +155,7 @@ def metrics(run_dir):
     return [{k: v for k, v in r.items() if k != "wall_s" and k != "reward_cpu_s" and not k.startswith("time_")} for r in rows]
 
 
+@pytest.mark.slow
 def test_two_fsdp_ranks_give_the_losses_of_one_process(tmp_path):
     """learner.world_size=2 (two processes, gloo, FSDP2) against one: the first 3 steps' losses
     within 1e-4, with a reference (KL), an entropy bonus and two mini-batches per step. The two
@@ -178,6 +183,7 @@ def status_step(run_dir) -> int:
         return 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", [[], ["algo=ppo", "lora.rank=4", "algo.epochs=2"], ["learner.world_size=2"]], ids=["full", "ppo-lora", "fsdp-2-ranks"])
 def test_a_killed_run_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path, variant):
     args = [*SMALL, "grid.budgets=[128]", "grid.eval_points=4", "checkpoint.every=4", "algo.kl_coef=0.01", *variant]
@@ -202,6 +208,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path, 
     assert all(abs(r["tis"] - 1) < 1e-3 for r in metrics(whole)[1:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", [[], ["learner.world_size=2"]], ids=["one-process", "fsdp-2-ranks"])
 def test_an_attempt_taken_over_stops_without_writing_and_the_run_is_one_uninterrupted_run(tmp_path, variant):
     """A run's processes frozen mid-run (SIGSTOP: a node cut off, as the sweep sees it) while a new
@@ -240,6 +247,7 @@ def test_an_attempt_taken_over_stops_without_writing_and_the_run_is_one_uninterr
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
 
 
+@pytest.mark.slow
 def test_changed_config_does_not_resume_from_another_runs_checkpoint(tmp_path):
     args = [*SMALL, "grid.budgets=[64]", "grid.eval_points=2", "checkpoint.every=2"]
     run_dir = tmp_path / "run"
@@ -274,6 +282,7 @@ def test_a_save_after_a_swap_killed_in_its_clean_up_keeps_the_newest_state(tmp_p
     assert resume.load(directory, ("run",), model, optimizer, scheduler) == {"step": 2}
 
 
+@pytest.mark.slow
 def test_micro_batches_accumulate_to_the_whole_batch_update(tmp_path):
     """learner.micro_batch splits each mini-batch's forward/backward; the update must not change."""
     args = [*SMALL, "grid.budgets=[8,16,24]", "grid.eval_points=1", "algo=ppo", "algo.kl_coef=0.1"]
@@ -287,6 +296,7 @@ def test_micro_batches_accumulate_to_the_whole_batch_update(tmp_path):
         assert a["val_avg@k"] == b["val_avg@k"]
 
 
+@pytest.mark.slow
 def test_shared_prompt_in_learning_changes_the_cost_not_the_update(tmp_path):
     """learner.shared_prompt lays each prompt group out as one sequence in the learning passes:
     the same losses and evaluations as plain rows (with activation checkpointing too), fewer

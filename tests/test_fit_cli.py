@@ -136,6 +136,7 @@ def test_unreadable_input_exit_2(tmp_path):
     one_error_line(invoke(tmp_path), "results.parquet")
 
 
+@pytest.mark.slow  # ~6 s of fits
 def test_parametric_on_the_chinchilla_csv(tmp_path):
     if not CHINCHILLA.exists():
         pytest.skip(f"shared data not found at {CHINCHILLA}")

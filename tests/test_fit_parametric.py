@@ -21,6 +21,7 @@ def chinchilla(drop_highest: int) -> pd.DataFrame:
     return df.iloc[: len(df) - drop_highest].assign(**{RUN: lambda d: d.index.astype(str)})
 
 
+@pytest.mark.slow  # ~8 s of fits
 def test_chinchilla_240_runs_land_on_epochs_reestimate():
     """The README's procedure on its 240 runs (all 245 but the 5 of highest loss): E within 1%,
     alpha and beta within 0.01, Huber objective <= 1.02e-3. Measured: E 1.8172, A 477.8, B 2143.4,

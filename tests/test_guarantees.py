@@ -194,6 +194,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_line_leaves_no_partial_files_and_a_rerun_resumes(small_disk, tmp_path):
     run_dir = small_disk / "run"
     cmd = [sys.executable, "-m", "isoflop_cli", "run", "n=4", "B_p=2", "grid.budgets=[32]", "grid.eval_points=2", "eval.problems=8",

@@ -1,8 +1,10 @@
 """The preflight's verdicts on node types as a probe reports them (made-up nodes: every problem it
 names, and none for a node that has everything), and the probe for real on a local Ray head."""
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,17 +49,31 @@ def test_a_request_no_node_can_satisfy_is_refused(tmp_path):
 
 
 @pytest.mark.e2e
-def test_doctor_on_a_local_head_and_a_sweep_whose_nodes_lack_isoflop(tmp_path):
-    """`isoflop doctor` probes the local head's node; a sweep whose runs' interpreter has no isoflop
-    (cluster.python: the venv's base Python) stops at the preflight, exit 2, before any run."""
-    def isoflop(*args):
-        return subprocess.run([sys.executable, "-m", "isoflop_cli", *args], capture_output=True, text=True, timeout=300)
+def test_doctor_on_a_busy_cluster_and_a_sweep_whose_nodes_lack_isoflop(tmp_path, ray_address, ray_jobs):
+    """`isoflop doctor` probes the node of a running cluster (the suite's shared head) while a job
+    holds every CPU there: the probe asks for none, so it does not wait for a free one. A sweep
+    whose runs' interpreter has no isoflop (cluster.python: the venv's base Python) stops at the
+    preflight, exit 2, before any run."""
+    from ray.job_submission import JobStatus
 
-    ok = isoflop("doctor", "--out", str(tmp_path))
-    assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "sweep dir shared, run files readable" in ok.stdout and "ready: a run asks for 1 CPU and 0 GPU" in ok.stdout
-    bare = Path(sys.base_prefix) / "bin" / "python3"
-    bad = isoflop("sweep", "--out", str(tmp_path), "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]", f"cluster.python={bare}")
-    assert bad.returncode == 2, bad.stdout + bad.stderr
-    assert "preflight found 1 problem(s) before any run started" in bad.stderr and "No module named" in bad.stderr
-    assert not list((tmp_path / "default" / "runs").glob("*/status.json"))  # no run started
+    def isoflop(*args):
+        return subprocess.run([sys.executable, "-m", "isoflop_cli", *args, f"cluster.address={ray_address}"], capture_output=True, text=True,
+                              timeout=300)
+
+    held = ray_jobs.submit_job(entrypoint="sleep 900", entrypoint_num_cpus=os.cpu_count())  # the shared head has os.cpu_count() CPUs
+    try:
+        while ray_jobs.get_job_status(held) == JobStatus.PENDING:
+            time.sleep(0.2)
+        ok = isoflop("doctor", "--out", str(tmp_path))
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert "sweep dir shared, run files readable" in ok.stdout and "ready: a run asks for 1 CPU and 0 GPU" in ok.stdout
+        bare = Path(sys.base_prefix) / "bin" / "python3"
+        bad = isoflop("sweep", "--out", str(tmp_path), "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]", f"cluster.python={bare}")
+        assert bad.returncode == 2, bad.stdout + bad.stderr
+        assert "preflight found 1 problem(s) before any run started" in bad.stderr and "No module named" in bad.stderr
+        assert not list((tmp_path / "default" / "runs").glob("*/status.json"))  # no run started
+        assert ray_jobs.get_job_status(held) == JobStatus.RUNNING  # it held every CPU throughout
+    finally:
+        ray_jobs.stop_job(held)
+        while not ray_jobs.get_job_status(held).is_terminal():
+            time.sleep(0.2)

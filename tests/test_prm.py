@@ -12,6 +12,8 @@ from isoflop_cli.recipe import prm
 from isoflop_cli.recipe.rewards import make_reward
 from isoflop_cli.tasks.arith import ArithTask
 
+pytestmark = pytest.mark.slow  # the embedded PRM, built on first use
+
 
 @pytest.fixture(scope="module")
 def scorer():

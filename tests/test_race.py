@@ -153,6 +153,7 @@ def test_bad_target_exits_2(args, needle, tmp_path):
     one_error_line(runner.invoke(app, ["race-pilot", "--from-results", str(path), *args]), needle)
 
 
+@pytest.mark.slow  # each refusal plans the pilot first: ~7 s
 def test_bad_input_before_any_compute(tmp_path):
     one_error_line(runner.invoke(app, ["race-pilot", "--from-results", str(tmp_path / "nope.parquet")]), "nope.parquet")
     one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--target", "judge"]), "eval.judges")
@@ -164,6 +165,7 @@ def test_bad_input_before_any_compute(tmp_path):
     one_error_line(runner.invoke(app, ["race-pilot", "--from-results", str(path)]), "rho")
 
 
+@pytest.mark.slow  # plans the pilot: ~7 s
 def test_pilot_above_the_cap_is_refused_with_exit_2(tmp_path):
     """A full sweep of one tiny cell: the least useful pilot costs many times that, so it is refused."""
     result = runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]"])
@@ -174,6 +176,7 @@ def test_pilot_above_the_cap_is_refused_with_exit_2(tmp_path):
     assert forced.exit_code == 0, forced.output
 
 
+@pytest.mark.slow  # plans two 20-cell pilots: ~10 s
 def test_pilot_derivation_on_the_embedded_default():
     pilot = derive(None, ["task=arith-steps", "+grid.axes={reward:[sparse,prm]}"], PilotSpec())
     feasible = [c for c in pilot.cells if c.feasible]

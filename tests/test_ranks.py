@@ -19,6 +19,8 @@ from isoflop_cli.recipe import checkpoint, distributed
 from isoflop_cli.recipe.distributed import Group
 from isoflop_cli.store import RunFiles
 
+pytestmark = pytest.mark.slow  # two-rank runs of the embedded model
+
 SMALL = ["n=4", "B_p=2", "eval.problems=4", "eval.samples=4"]
 
 

@@ -52,6 +52,7 @@ def brute_force_extreme(x, y, base, x_t, threshold, upper=True, slope_max=Sigmoi
     return best
 
 
+@pytest.mark.slow  # brute force: ~7 s
 def test_the_band_is_the_brute_force_bound():
     """Profile bounds of a monotone sigmoid through noisy points, against a dense search of all
     four parameters: the band, exact in (lower, upper), finds at least what the search finds, and
@@ -136,6 +137,7 @@ def test_exact_fits_and_no_margin_stop_only_what_falls_short():
     assert got["lead"].go and np.isfinite(got["lead"].frontier) and not got["low"].go and np.isfinite(got["low3"].reach)
 
 
+@pytest.mark.slow  # a replay: 4-7 s each
 @pytest.mark.parametrize("noise_sd", [0.005, 0.02, 0.05])
 def test_replay_keeps_the_frontier_of_a_grid_whose_n_star_rises_for_less_compute(noise_sd):
     """Synthetic full grids whose n*(C) rises from 4 to 64 and saturates (scripts/bench_replay.py):
@@ -161,12 +163,14 @@ def test_replay_keeps_the_frontier_of_a_grid_whose_n_star_rises_for_less_compute
     assert eager.compute_share < r.compute_share and true_gap(df, eager) > 0.01
 
 
+@pytest.mark.slow  # two replays of a synthetic grid: ~10 s
 def test_full_schedule_and_an_infinite_margin_stop_nothing():
     df = synthetic(0.02).assign(**{RUN: lambda d: d["run_id"]})
     for r in (replay(df, "val_avg@k", "n", "rollouts", Schedule.full, 0.0), replay(df, "val_avg@k", "n", "rollouts", Schedule.adaptive, 1e9)):
         assert r.compute_share == 1.0 and r.stopped.empty and r.n_star_agreement == 1.0 and r.max_value_gap == 0.0
 
 
+@pytest.mark.slow  # a replay: ~5 s
 def test_replay_command_writes_its_figures(tmp_path):
     path = tmp_path / "results.parquet"
     synthetic(0.02).to_parquet(path)
@@ -199,6 +203,7 @@ def metrics(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in ("wall_s", "reward_cpu_s") and not k.startswith("time_")} for r in rows]  # timings vary
 
 
+@pytest.mark.slow
 def test_a_paused_run_continues_as_if_it_never_stopped(tmp_path):
     whole = runner.invoke(app, ["run", *RUN_ARGS, "--out", str(tmp_path / "whole")])
     assert whole.exit_code == 0, whole.output

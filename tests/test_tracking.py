@@ -37,6 +37,7 @@ def wandb_records(path):
     return records
 
 
+@pytest.mark.slow
 def test_every_eval_row_reaches_each_tracker_once_and_a_resumed_run_continues_its_tracker_run(tmp_path):
     run_dir = tmp_path / "n4_bp2_s0_feedbeef"
     args = ["run", *ARGS, "tracking.backends=[wandb,mlflow,tensorboard]", "--out", str(run_dir)]
@@ -83,6 +84,7 @@ def test_every_eval_row_reaches_each_tracker_once_and_a_resumed_run_continues_it
     assert {e.step: e.value for e in events.Scalars("val_avg@k")} == pytest.approx(expected)
 
 
+@pytest.mark.slow
 def test_a_tracker_that_fails_is_a_warning_and_the_run_finishes(tmp_path):
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("a file where the trackers' directory should be")

@@ -14,6 +14,8 @@ from isoflop_cli.recipe.distributed import Group
 from isoflop_cli.recipe.trainer import Budget, Trainer
 from isoflop_cli.store import RunFiles
 
+pytestmark = pytest.mark.slow  # a Trainer on the embedded model
+
 REWARDS = [[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0]]  # B_p = 2 groups of n = 4
 # By hand: means 0.25 and 0.75, unbiased stds 0.5 and 0.5.
 CENTRED = [0.75, -0.25, -0.25, -0.25, 0.25, 0.25, -0.75, 0.25]
