@@ -60,5 +60,9 @@ test: setup setup-vllm slurm
 test-fast: setup
 	$(BIN)/python -m pytest -q --durations=10 -m "not e2e and not slow and not vllm"
 
+# The unit tier, for your own loop: no Ray head, no model built or trained (tests/conftest.py).
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not e2e and not slow and not vllm"
+
 clean:
 	rm -rf $(VENV) $(VVENV) $(OUT)
