@@ -25,11 +25,11 @@ from rich.text import Text
 
 from isoflop_cli import config as config_mod
 from isoflop_cli import grid as grid_mod
-from isoflop_cli import report
+from isoflop_cli import launchers, report
 from isoflop_cli import sweep as sweep_mod
 from isoflop_cli.config import identity
 from isoflop_cli.config.schema import DEFAULT_MARGIN, Schedule
-from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, check_cluster, watched
+from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, watched
 from isoflop_cli.errors import ConfigError, LauncherError
 from isoflop_cli.processes import die_with_parent
 from isoflop_cli.store import FAILED, FINISHED, PAUSED, STOPPED, LeaseLost, RunFiles, SweepDir, disk_full_message, is_disk_full, read_json
@@ -176,7 +176,7 @@ def doctor(
     with user_errors():
         cfg = config_mod.load(config, list(overrides or []))
         config_mod.check_runnable([cfg])
-        check_cluster(cfg.cluster)
+        launchers.of(cfg.cluster).check()
         sweep_dir = SweepDir(config_mod.check_writable(out / cfg.name))
         nodes = sweep_mod.doctor(sweep_dir, cfg, Terminal())
     for n in nodes:
@@ -248,7 +248,7 @@ def calibrate(
         cfg = config_mod.load(config, overrides)
         config_mod.check_runnable([cfg])
         cal.check(cfg)
-        check_cluster(cfg.cluster)
+        launchers.of(cfg.cluster).check()
         dest = SweepDir(config_mod.check_writable(out / cfg.name))
     with dispatch_errors(), user_errors():
         summary, failed = cal.run(cfg, dest, config, overrides, CalibrationProgress(cfg))

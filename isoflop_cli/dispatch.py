@@ -1,4 +1,5 @@
-"""Run every cell of a sweep as a Ray job, on a local head (`head.py`) or on a cluster.
+"""Run every cell of a sweep as a job on its launcher (`launchers.py`: Ray, on a local head or a
+cluster, or SLURM).
 
 Resumable by construction: a sealed (finished) run is never submitted again; a job the cluster
 still knows as running is reattached; a job the cluster lost (a new local head after a kill) is
@@ -16,7 +17,6 @@ import hashlib
 import json
 import os
 import shlex
-import shutil
 import socket
 import sys
 import time
@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import pandas as pd
 from omegaconf import DictConfig
 
-from isoflop_cli import preflight
+from isoflop_cli import launchers, preflight
 from isoflop_cli.config.schema import Schedule
 from isoflop_cli.errors import ConfigError, HeadLost
 from isoflop_cli.fit.schedule import decide
@@ -120,29 +120,6 @@ def nothing_to_run(sweep: SweepDir) -> dict[str, str] | None:
     return None
 
 
-def check_cluster(cluster: DictConfig) -> None:
-    """Before anything is written: SLURM's sbatch is there, or the Ray cluster answers at its
-    address, or a local head has what a job asks for (a job asking for more would wait forever)."""
-    if cluster.launcher == "slurm":
-        if cluster.slurm.executor == "slurm" and shutil.which("sbatch") is None:
-            raise ConfigError("cluster.launcher=slurm needs SLURM's sbatch on PATH here (cluster.slurm.executor=local runs the same jobs as local processes)")
-        return
-    address = cluster.address or os.environ.get("RAY_ADDRESS")
-    if address:
-        from ray.job_submission import JobSubmissionClient
-
-        try:
-            JobSubmissionClient(address)
-        except (ConnectionError, ValueError, RuntimeError) as e:
-            raise ConfigError(f"cannot reach the Ray cluster at {address}: {str(e).splitlines()[0]}") from None
-        return
-    cpus = cluster.local_cpus or os.cpu_count() or 1
-    if cluster.gpus_per_run:
-        raise ConfigError("cluster.gpus_per_run > 0 needs a Ray cluster with GPUs (cluster.address): the local head has none")
-    if cluster.cpus_per_run > cpus:
-        raise ConfigError(f"cluster.cpus_per_run={cluster.cpus_per_run} is more than the local head's {cpus} CPUs (cluster.local_cpus)")
-
-
 @dataclass(frozen=True)
 class Patient:
     """A job client whose every call goes through `ask` (Dispatcher._ask: retried while the head
@@ -171,13 +148,12 @@ class Dispatcher:
     logged: dict[str, float] = field(default_factory=dict)  # run_id -> when its running job's log was last copied (monotonic)
     log_sizes: dict[str, tuple[str, int]] = field(default_factory=dict)  # run_id -> (submission, characters) of the log last written
     job_states: dict[str, str | None] = field(default_factory=dict)  # run_id -> its job's state at the last poll
-    client: Any = None  # Ray's JobSubmissionClient at `address`, or what answers its calls (slurm.SlurmClient)
+    client: launchers.Jobs | None = None  # the launcher's job client at `address` (made here when not given)
 
     def __post_init__(self) -> None:
-        from ray.job_submission import JobSubmissionClient
-
+        self.launcher = launchers.of(self.cluster)
         if self.client is None:
-            self.client = self._ask(JobSubmissionClient, self.address)
+            self.client = self._ask(self.launcher.jobs, self.address, self.sweep.path)
 
     def _ask(self, call: Callable, *args, **kwargs):
         """A request to the head, retried while the head does not answer; past head_grace_s it is
@@ -194,14 +170,10 @@ class Dispatcher:
                 time.sleep(1)
 
     def capacity(self, cells: int) -> int:
-        """Jobs in flight: what the local head can run at once; on a cluster, all (it queues them)."""
+        """Jobs in flight: cluster.max_concurrent, else what the launcher can run at once."""
         if self.cluster.max_concurrent:
             return int(self.cluster.max_concurrent)
-        slurm = self.cluster.launcher == "slurm"
-        if (slurm and self.cluster.slurm.executor == "slurm") or (not slurm and (self.cluster.address or os.environ.get("RAY_ADDRESS"))):
-            return cells
-        cpus = self.cluster.local_cpus or os.cpu_count() or 1
-        return max(1, int(cpus // self.cluster.cpus_per_run))
+        return self.launcher.capacity(cells)
 
     def run(self) -> dict[str, str]:
         """Drive every cell to the end of the sweep's schedule; returns run_id -> final state.
@@ -265,7 +237,7 @@ class Dispatcher:
             for rid in [r for r, when in waiting.items() if time.monotonic() >= when]:
                 del waiting[rid]
                 queue.append(rid)  # its checkpoint is where the new job resumes
-            with getattr(self.client, "batch", contextlib.nullcontext)():  # SLURM: these jobs as one array job
+            with self.launcher.batch(self.client):  # SLURM: these jobs as one array job
                 while queue and len(self.active) < limit:
                     rid = queue.pop(0)
                     self.active[rid] = self._submit(rid, cells[rid], pause_at)
@@ -360,7 +332,7 @@ class Dispatcher:
         environment: the node types it saw, and one line per problem. Its requests are patient as
         the dispatcher's: a head lost while it probes is HeadLost (one line), not a traceback."""
         try:
-            return preflight.check(Patient(self._ask, self.client), cfg, self.sweep.path, self.python, {**self.env(), EXIT_WITH_PARENT: "1"})
+            return preflight.check(self.launcher, Patient(self._ask, self.client), cfg, self.sweep.path, self.python, {**self.env(), EXIT_WITH_PARENT: "1"})
         except HeadLost:
             self._lost(self.sweep.manifest())
             raise

@@ -30,7 +30,7 @@ from typing import Iterator
 
 from omegaconf import DictConfig
 
-from isoflop_cli.errors import HeadError
+from isoflop_cli.errors import ConfigError, HeadError
 from isoflop_cli.processes import die_with_parent
 from isoflop_cli.store import read_json, write_json
 
@@ -301,3 +301,57 @@ if __name__ == "__main__":
     parser.add_argument("--temp-dir", type=Path, required=True)
     args = parser.parse_args()
     serve_head(args.cpus, args.info, args.temp_dir)
+
+
+class RayLauncher:
+    """`cluster.launcher=ray` (launchers.py): each run a Ray job on cluster.address, $RAY_ADDRESS,
+    or a local head this sweep starts (`ray_cluster`)."""
+
+    places_probe = False  # the probe lists the Ray cluster's nodes and checks one of each type
+
+    def __init__(self, cluster: DictConfig):
+        self.cluster = cluster
+
+    @property
+    def address(self) -> str | None:
+        return self.cluster.address or os.environ.get("RAY_ADDRESS")
+
+    def check(self) -> None:
+        """The cluster answers at its address; or a local head has what a job asks for (a job asking
+        for more would wait forever)."""
+        if self.address:
+            from ray.job_submission import JobSubmissionClient
+
+            try:
+                JobSubmissionClient(self.address)
+            except (ConnectionError, ValueError, RuntimeError) as e:
+                raise ConfigError(f"cannot reach the Ray cluster at {self.address}: {str(e).splitlines()[0]}") from None
+            return
+        if self.cluster.gpus_per_run:
+            raise ConfigError("cluster.gpus_per_run > 0 needs a Ray cluster with GPUs (cluster.address): the local head has none")
+        if self.cluster.cpus_per_run > self._local_cpus():
+            raise ConfigError(f"cluster.cpus_per_run={self.cluster.cpus_per_run} is more than the local head's {self._local_cpus()} CPUs "
+                              "(cluster.local_cpus)")
+
+    def capacity(self, cells: int) -> int:
+        """A cluster queues every job; a local head runs what its CPUs hold."""
+        return cells if self.address else max(1, int(self._local_cpus() // self.cluster.cpus_per_run))
+
+    def _local_cpus(self) -> int:
+        return self.cluster.local_cpus or os.cpu_count() or 1
+
+    def open(self, state_dir: Path):
+        return ray_cluster(self.cluster, state_dir)
+
+    def jobs(self, address: str, state_dir: Path):
+        from ray.job_submission import JobSubmissionClient
+
+        return JobSubmissionClient(address)
+
+    def batch(self, jobs):
+        return contextlib.nullcontext()
+
+    def placement(self, jobs, nodes: list, cpus: float, gpus: float) -> list[str]:
+        from isoflop_cli.preflight import unplaceable
+
+        return unplaceable(nodes, cpus, gpus)

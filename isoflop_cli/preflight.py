@@ -82,15 +82,15 @@ def spec_for(cfg, sweep_dir: Path, interpreter: str) -> Spec:
                 uuid.uuid4().hex[:12], paths, SAMPLERS[cfg.sampler.name].package == "vllm", interpreter, list(cfg.tracking.backends))
 
 
-def check(client, cfg, sweep_dir: Path, python: str, env: dict[str, str], wait_s: float = WAIT_S) -> tuple[list[Node], list[str]]:
-    """Run the probe job on the cluster behind `client` (a JobSubmissionClient); the node types it
-    saw and one line per problem (none: every run can start)."""
+def check(launcher, client, cfg, sweep_dir: Path, python: str, env: dict[str, str], wait_s: float = WAIT_S) -> tuple[list[Node], list[str]]:
+    """Run the probe job on the cluster behind `client` (the `launcher`'s jobs client); the node
+    types it saw and one line per problem (none: every run can start)."""
     spec = spec_for(cfg, sweep_dir, python)
     shared = sweep_dir.absolute() / DIR
     shared.mkdir(parents=True, exist_ok=True)
     try:
         (shared / f"{spec.nonce}.cli").write_text(spec.nonce)
-        return _probe_job(client, cfg, spec, shared, env, wait_s)
+        return _probe_job(launcher, client, cfg, spec, shared, env, wait_s)
     finally:
         for p in shared.glob(f"{spec.nonce}.*"):
             p.unlink(missing_ok=True)
@@ -98,10 +98,9 @@ def check(client, cfg, sweep_dir: Path, python: str, env: dict[str, str], wait_s
             shared.rmdir()  # empty unless another check runs beside this one
 
 
-def _probe_job(client, cfg, spec: Spec, shared: Path, env: dict[str, str], wait_s: float) -> tuple[list[Node], list[str]]:
-    slurm = cfg.cluster.launcher == "slurm"  # SLURM places the probe itself: it checks the node it is on
+def _probe_job(launcher, client, cfg, spec: Spec, shared: Path, env: dict[str, str], wait_s: float) -> tuple[list[Node], list[str]]:
     encoded = base64.urlsafe_b64encode(json.dumps(asdict(spec)).encode()).decode()
-    command = [spec.interpreter, "-m", "isoflop_cli", "preflight-probe", encoded, *(["--here"] if slurm else [])]
+    command = [spec.interpreter, "-m", "isoflop_cli", "preflight-probe", encoded, *(["--here"] if launcher.places_probe else [])]
     sid = client.submit_job(entrypoint="exec " + shlex.join(command), submission_id=f"isoflop-preflight-{spec.nonce}",
                             entrypoint_num_cpus=0, runtime_env={"env_vars": env})
     deadline = time.monotonic() + wait_s
@@ -117,13 +116,7 @@ def _probe_job(client, cfg, spec: Spec, shared: Path, env: dict[str, str], wait_
         last = next((line for line in reversed(log.splitlines()) if line.strip()), "no output")
         return [], [f"the preflight probe failed on the cluster (job {sid}, with {spec.interpreter}): {last}"]
     nodes = [Node(**n) for n in json.loads(lines[-1])]
-    cpus, gpus = cfg.cluster.cpus_per_run, cfg.cluster.gpus_per_run
-    if slurm:
-        refused = client.refusal(cpus, gpus)
-        placed = [f"SLURM would never start a run's job ({_count(cpus)} CPUs, {_count(gpus)} GPUs): {refused} "
-                  "(cluster.cpus_per_run, cluster.gpus_per_run, cluster.slurm.partition, cluster.slurm.time_min)"] if refused else []
-    else:
-        placed = unplaceable(nodes, cpus, gpus)
+    placed = launcher.placement(client, nodes, cfg.cluster.cpus_per_run, cfg.cluster.gpus_per_run)
     return nodes, problems(spec, nodes, shared) + placed
 
 

@@ -1,9 +1,9 @@
 """`cluster.launcher=slurm`: each run a SLURM job (the runs one poll submits as one array job),
 submitted with submitit.
 
-`SlurmClient` answers the calls the dispatcher makes of Ray's `JobSubmissionClient` (submit,
-status, logs, stop, info), so the sweep's dispatch, resume, retries, status and run dir layout are
-the same on SLURM as on Ray. A job runs the run's command (the entrypoint the dispatcher builds)
+`SlurmLauncher` is the `launchers.Launcher` entry; its `SlurmClient` answers the `launchers.Jobs`
+calls (Ray's `JobSubmissionClient`'s: submit, status, logs, stop, info), so the sweep's dispatch,
+resume, retries, status and run dir layout are the same on SLURM as on Ray. A job runs the run's command (the entrypoint the dispatcher builds)
 in a shell on its node; its exit code is the job's result, so a user error (exit 2) is not
 retried. SLURM requeues a preempted job (`cluster.slurm.requeue`) and the run resumes from its
 checkpoint, as after any other interruption.
@@ -19,13 +19,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from isoflop_cli.errors import SlurmRefused
+from isoflop_cli.errors import ConfigError, SlurmRefused
 
 # SLURM (sacct) and submitit-local states, as the dispatcher's Ray job states.
 RUNNING_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED", "STAGE_OUT"}
@@ -184,3 +185,40 @@ class SlurmClient:
             return int(job.result())
         except Exception:  # noqa: BLE001 - the job itself failed (killed, out of memory, time limit)
             return None
+
+
+class SlurmLauncher:
+    """`cluster.launcher=slurm` (launchers.py): each run a SLURM job through submitit, its state in
+    the sweep dir's `slurm/` (a new CLI reattaches to the jobs a killed one left)."""
+
+    places_probe = True  # SLURM places the probe: it checks the node it lands on
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+
+    @property
+    def _sbatch(self) -> bool:
+        return self.cluster.slurm.executor == "slurm"
+
+    def check(self) -> None:
+        if self._sbatch and shutil.which("sbatch") is None:
+            raise ConfigError("cluster.launcher=slurm needs SLURM's sbatch on PATH here (cluster.slurm.executor=local runs the same jobs as local processes)")
+
+    def capacity(self, cells: int) -> int:
+        """SLURM queues every job; submitit's local executor runs what this machine's CPUs hold."""
+        return cells if self._sbatch else max(1, int((self.cluster.local_cpus or os.cpu_count() or 1) // self.cluster.cpus_per_run))
+
+    def open(self, state_dir: Path):
+        return contextlib.nullcontext("slurm")  # no address: submitit talks to SLURM itself
+
+    def jobs(self, address: str, state_dir: Path) -> SlurmClient:
+        return SlurmClient(self.cluster, state_dir / "slurm")
+
+    def batch(self, jobs: SlurmClient):
+        return jobs.batch()
+
+    def placement(self, jobs: SlurmClient, nodes: list, cpus: float, gpus: float) -> list[str]:
+        """What `sbatch --test-only` says of a run's job (the probe saw one node only)."""
+        refused = jobs.refusal(cpus, gpus)
+        return [f"SLURM would never start a run's job ({cpus:g} CPUs, {gpus:g} GPUs): {refused} "
+                "(cluster.cpus_per_run, cluster.gpus_per_run, cluster.slurm.partition, cluster.slurm.time_min)"] if refused else []

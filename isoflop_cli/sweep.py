@@ -14,15 +14,14 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ContextManager, Iterator
+from typing import TYPE_CHECKING, Any, ContextManager
 
 from isoflop_cli import config as config_mod
-from isoflop_cli import continuation
+from isoflop_cli import continuation, launchers
 from isoflop_cli import grid as grid_mod
 from isoflop_cli.config.schema import Schedule
-from isoflop_cli.dispatch import Dispatcher, check_cluster, nothing_to_run, sweep_lock
+from isoflop_cli.dispatch import Dispatcher, nothing_to_run, sweep_lock
 from isoflop_cli.errors import ConfigError
-from isoflop_cli.head import ray_cluster
 from isoflop_cli.store import FINISHED, PAUSED, CellState, Infeasible, Manifest, SweepDir, SweepSchedule, atomic_write
 
 if TYPE_CHECKING:
@@ -46,7 +45,7 @@ def check(out: Path, cfg, cells: list[grid_mod.Cell]) -> SweepDir:
     """Before anything is written: every run's config can run, the cluster can take its jobs, and
     OUT/<name> is a writable directory (the sweep dir returned)."""
     config_mod.check_runnable(grid_mod.run_configs(cells))
-    check_cluster(cfg.cluster)
+    launchers.of(cfg.cluster).check()
     return SweepDir(config_mod.check_writable(out / cfg.name))
 
 
@@ -122,19 +121,6 @@ def prepare(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued: lis
             atomic_write(sweep_dir.run(cell.run_id).config, config_mod.to_yaml(cell.cfg))
 
 
-@contextlib.contextmanager
-def launcher(cluster, state_dir: Path) -> Iterator[tuple[str, object]]:
-    """Where the jobs go: (the Ray Jobs address, None) for a Ray cluster (a local head started and
-    stopped here if none is named), or ("slurm", the SLURM client) for cluster.launcher=slurm."""
-    if cluster.launcher == "slurm":
-        from isoflop_cli.slurm import SlurmClient
-
-        yield "slurm", SlurmClient(cluster, state_dir / "slurm")
-        return
-    with ray_cluster(cluster, state_dir) as address:
-        yield address, None
-
-
 class View:
     """What a caller shows of a sweep while it runs (the CLI: a spinner, a live table or a progress
     bar); this one shows nothing."""
@@ -170,8 +156,8 @@ def drive(sweep_dir: SweepDir, cfg, view: View, command: str = "run", probe: boo
     states = nothing_to_run(sweep_dir)
     if states is not None:
         return states
-    with launcher(cfg.cluster, sweep_dir.path) as (address, client):
-        dispatcher = Dispatcher(sweep_dir, cfg.cluster, address, client=client, command=command)
+    with launchers.of(cfg.cluster).open(sweep_dir.path) as address:
+        dispatcher = Dispatcher(sweep_dir, cfg.cluster, address, command=command)
         if probe:
             preflight(dispatcher, cfg, view)
         with view.watching(dispatcher):
@@ -210,8 +196,8 @@ def run(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued: list[co
 def doctor(sweep_dir: SweepDir, cfg, view: View) -> list:
     """The preflight alone, on the sweep's launcher (a local head started for it where none is
     named): the node types it saw; its problems are one ConfigError."""
-    with sweep_lock(sweep_dir.path), launcher(cfg.cluster, sweep_dir.path) as (address, client):
-        return preflight(Dispatcher(sweep_dir, cfg.cluster, address, client=client), cfg, view, asked=True)
+    with sweep_lock(sweep_dir.path), launchers.of(cfg.cluster).open(sweep_dir.path) as address:
+        return preflight(Dispatcher(sweep_dir, cfg.cluster, address), cfg, view, asked=True)
 
 
 def existing(path: Path) -> SweepDir:

@@ -134,9 +134,11 @@ def test_the_samplers_do_not_import_each_other():
         assert not any(name.startswith(f"isoflop_cli.recipe.{b}") for name in _imports(PACKAGE / "recipe" / f"{a}.py")), (a, b)
 
 
-@pytest.mark.parametrize("pattern", [r"sampler\.name\s*[!=]=", r"reward\.name\s*[!=]=\s*\"prm\"", r"\bs\.name\s*==\s*\"vllm\""])
-def test_no_module_compares_sampler_or_reward_names(pattern):
-    """What a sampler or reward needs is on its registry entry (samplers.py, rewards.py)."""
+@pytest.mark.parametrize("pattern", [r"sampler\.name\s*[!=]=", r"reward\.name\s*[!=]=\s*\"prm\"", r"\bs\.name\s*==\s*\"vllm\"",
+                                     r"launcher\s*[!=]=\s*\""])
+def test_no_module_compares_sampler_reward_or_launcher_names(pattern):
+    """What a sampler, reward or launcher needs is on its registry entry (samplers.py, rewards.py,
+    launchers.py)."""
     import re
 
     found = [f"{p.relative_to(PACKAGE.parent)}:{i}" for p in PACKAGE.rglob("*.py")

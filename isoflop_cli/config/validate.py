@@ -23,6 +23,7 @@ from isoflop_cli.algorithms import ALGORITHMS, LOSS_AGGS
 from isoflop_cli.config.schema import GROUPS, Schedule
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.flops import PROJECTIONS, Shape, UnsupportedModel
+from isoflop_cli.launchers import LAUNCHERS
 from isoflop_cli.rewards import REWARDS, load_function
 from isoflop_cli.samplers import SAMPLERS
 from isoflop_cli.tasks.arith import ALPHABET
@@ -135,7 +136,7 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
     positive("cluster.cpus_per_run", c.cpus_per_run)
     positive("cluster.poll_s", c.poll_s)
     positive("cluster.log_every_s", c.log_every_s)
-    check_choice("cluster.launcher", c.launcher, ("ray", "slurm"))
+    check_choice("cluster.launcher", c.launcher, LAUNCHERS)
     check_choice("cluster.slurm.executor", c.slurm.executor, ("slurm", "local"))
     positive("cluster.slurm.time_min", c.slurm.time_min)
     positive("cluster.max_attempts", c.max_attempts)

@@ -1,0 +1,71 @@
+"""The launcher registry: each entry builds a class that does what dispatch and the preflight ask of
+a launcher, and each answers for itself what they used to decide by comparing names (capacity,
+who places the probe, what a job needs before the sweep writes anything)."""
+
+import inspect
+
+import pytest
+
+from isoflop_cli import config, launchers
+from isoflop_cli.errors import ConfigError
+
+
+def cluster(**values):
+    c = config.load().cluster
+    for key, value in values.items():
+        if key.startswith("slurm_"):
+            c.slurm[key[len("slurm_"):]] = value
+        else:
+            c[key] = value
+    return c
+
+
+@pytest.mark.parametrize("name", sorted(launchers.LAUNCHERS))
+def test_each_entry_is_a_launcher(name):
+    built = launchers.of(cluster(launcher=name))
+    for method in ("check", "capacity", "open", "jobs", "batch", "placement"):
+        want = inspect.signature(getattr(launchers.Launcher, method)).parameters
+        got = inspect.signature(getattr(built, method)).parameters
+        assert list(got) == [p for p in want if p != "self"], (name, method)
+    assert isinstance(built.places_probe, bool)
+
+
+def test_capacity_is_what_the_launcher_can_run_at_once(monkeypatch):
+    """A local head or submitit's local executor runs what its CPUs hold; a Ray cluster or SLURM
+    queues every job; cluster.max_concurrent overrides both (the dispatcher's)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert launchers.of(cluster(local_cpus=6, cpus_per_run=2)).capacity(10) == 3
+    assert launchers.of(cluster(local_cpus=1, cpus_per_run=2)).capacity(10) == 1
+    assert launchers.of(cluster(address="http://127.0.0.1:1")).capacity(10) == 10
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:1")
+    assert launchers.of(cluster(local_cpus=6, cpus_per_run=2)).capacity(10) == 10
+    assert launchers.of(cluster(launcher="slurm", slurm_executor="slurm")).capacity(7) == 7
+    assert launchers.of(cluster(launcher="slurm", slurm_executor="local", local_cpus=4, cpus_per_run=1)).capacity(7) == 4
+
+
+def test_only_slurm_places_the_probe():
+    assert not launchers.of(cluster(launcher="ray")).places_probe
+    assert launchers.of(cluster(launcher="slurm")).places_probe
+
+
+def test_checks_before_anything_is_written(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ConfigError, match="cluster.gpus_per_run > 0 needs a Ray cluster"):
+        launchers.of(cluster(gpus_per_run=1)).check()
+    with pytest.raises(ConfigError, match=r"cluster.cpus_per_run=4.0 is more than the local head's 2 CPUs"):
+        launchers.of(cluster(cpus_per_run=4, local_cpus=2)).check()
+    launchers.of(cluster(cpus_per_run=2, local_cpus=2)).check()
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ConfigError, match="needs SLURM's sbatch on PATH"):
+        launchers.of(cluster(launcher="slurm")).check()
+    launchers.of(cluster(launcher="slurm", slurm_executor="local")).check()
+
+
+def test_ray_placement_reads_the_probe_s_nodes():
+    from isoflop_cli.preflight import Node
+
+    node = Node(host="a", cpus=4, gpus=0, count=1, version="0", python="3.11", reads_cli_file=True, wrote=None, unreadable={},
+                vllm=False, trackers_missing=[])
+    ray = launchers.of(cluster())
+    assert ray.placement(None, [node], 4, 0) == []
+    assert ray.placement(None, [node], 1, 1)[0].startswith("no node has the 1 CPUs and 1 GPUs a run asks for")
