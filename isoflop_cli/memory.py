@@ -325,7 +325,7 @@ def _knobs(term: str, memory: Memory, cfg) -> list[str]:
     if term == "logits":
         return ["lower learner.logit_chunk_tokens"]
     if term == "kv_cache":
-        if s.name != "vllm":
+        if not SAMPLERS[s.name].own_engine:
             return ["use sampler=vllm (HF generate caches every row at once)"]
         return ["lower sampler.kv_cache_gib" if s.kv_cache_gib is not None else "lower sampler.gpu_memory_utilization"]
     if term == "sampler_weights":

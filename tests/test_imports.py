@@ -135,10 +135,10 @@ def test_the_samplers_do_not_import_each_other():
 
 
 @pytest.mark.parametrize("pattern", [r"sampler\.name\s*[!=]=", r"reward\.name\s*[!=]=\s*\"prm\"", r"\bs\.name\s*==\s*\"vllm\"",
-                                     r"launcher\s*[!=]=\s*\""])
-def test_no_module_compares_sampler_reward_or_launcher_names(pattern):
-    """What a sampler, reward or launcher needs is on its registry entry (samplers.py, rewards.py,
-    launchers.py)."""
+                                     r"launcher\s*[!=]=\s*\"", r"\bs\.name\s*!=\s*\"vllm\"", r"task(_cfg)?\.name\s*[!=]=\s*\"arith\""])
+def test_no_module_compares_sampler_reward_task_or_launcher_names(pattern):
+    """What a sampler, reward, task or launcher needs is on its registry entry (samplers.py,
+    rewards.py, tasks/, launchers.py)."""
     import re
 
     found = [f"{p.relative_to(PACKAGE.parent)}:{i}" for p in PACKAGE.rglob("*.py")

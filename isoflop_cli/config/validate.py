@@ -116,7 +116,7 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
             if part == "model" or REWARDS[cfg.reward.name].model_based:  # the embedded model (and PRM) this run builds
                 _check_build(f"{part}.build", cfg[part].build)
         if part == "model" or REWARDS[cfg.reward.name].model_based:
-            _check_positions(cfg, task.max_prompt_tokens, positions, what, scored=part == "reward")
+            _check_positions(cfg, task, positions, what, scored=part == "reward")
     if cfg.lora.rank < 0:
         raise ConfigError(f"lora.rank must be >= 0 (0: full fine-tuning), got {cfg.lora.rank}")
     if cfg.lora.rank:
@@ -281,16 +281,16 @@ def _check_reward(cfg: DictConfig, task: tasks.Task) -> None:
             raise ConfigError(f"reward.fn '{r.fn}' cannot be loaded: {type(e).__name__}: {e}") from None
 
 
-def _check_positions(cfg: DictConfig, prompt: int, positions: Any, what: str, scored: bool) -> None:
+def _check_positions(cfg: DictConfig, task: tasks.Task, positions: Any, what: str, scored: bool) -> None:
     """The longest prompt and its completion (a PRM also scores an end token) fit the model's context."""
     if not isinstance(positions, int) or isinstance(positions, bool):
         return  # the checkpoint does not say
-    new = cfg.task.max_new_tokens
+    new, prompt = cfg.task.max_new_tokens, task.max_prompt_tokens
     need = prompt + new + scored
     if need > positions:
         room = positions - prompt - scored
-        fix = f"at most task.max_new_tokens={room}" if room > 0 else ("fewer task.digits or task.operands" if cfg.task.name == "arith" else "a lower task.max_prompt_tokens")
-        longest = f"the longest prompt ({prompt} tokens)" if cfg.task.name == "arith" else f"a prompt at task.max_prompt_tokens={prompt}"
+        fix = f"at most task.max_new_tokens={room}" if room > 0 else task.PROMPT_KNOBS
+        longest = f"the longest prompt ({prompt} tokens)"
         raise ConfigError(f"task.max_new_tokens={new}: {longest} and its completion need {need} positions, "
                           f"above the {positions} of {what}; {fix}")
 

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
 
+from isoflop_cli import tasks
 from isoflop_cli.recipe.distributed import device
 from isoflop_cli.tasks.arith import ALPHABET, SPECIALS, ArithTask
 
@@ -68,7 +69,8 @@ def model_path(model_cfg: DictConfig, task_cfg: DictConfig) -> Path:
 def ensure_embedded(model_cfg: DictConfig, task_cfg: DictConfig) -> Path:
     """The embedded model, warm-started on the run's arithmetic task; for any other task (problems
     from a file, in the embedded model's characters) on the default arithmetic."""
-    task = ArithTask.from_config(task_cfg) if task_cfg.name == "arith" else ArithTask()
+    kind = tasks.task_class(task_cfg.name)
+    task = kind.from_config(task_cfg) if issubclass(kind, ArithTask) else ArithTask()
     # What the warm start learns from; sampling limits (max_new_tokens) do not change the model.
     recipe = {"name": model_cfg.name, "build": OmegaConf.to_container(model_cfg.build), "task": {"name": "arith", **asdict(task)}, "vocab": ALPHABET}
     return cached(model_cfg.name, recipe, lambda out: build(model_cfg.build, task, out))

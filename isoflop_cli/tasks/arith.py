@@ -52,6 +52,7 @@ class Splits:
 @dataclass(frozen=True)
 class ArithTask(Task):
     CONFIG_KEYS = ("digits", "operands", "ops", "reverse_answer", "val_fraction", "steps")
+    PROMPT_KNOBS = "fewer task.digits or task.operands"
     digits: tuple[int, ...] = (1, 2)
     operands: int = 2
     ops: tuple[str, ...] = ("+",)

@@ -54,6 +54,7 @@ class Task(ABC):
     has_steps: bool = False  # step_credit works (prm_proxy, prm)
     has_partial_credit: bool = False  # partial_credit works (dense)
     dropped: dict[str, int] = {}  # per split, problems `prepare` left out (prompts over the token limit)
+    PROMPT_KNOBS: str = ""  # what shortens the longest prompt, for a message where it leaves no room to answer
 
     def check(self, eval_problems: int) -> None:
         """Raise TaskError if a run could not draw what it needs (an empty split, too few validation
