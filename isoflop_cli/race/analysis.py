@@ -29,11 +29,11 @@ import pandas as pd
 
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import bootstrap
+from isoflop_cli.rewards import REWARDS
 
 CURVES = {"constant": 0, "log-linear": 1, "quadratic": 2}  # polynomial degree in x = log2 rho
 SEARCH, UPDATE, REWARD, UNDETERMINED = "search-heavy", "update-heavy", "reward-heavy", "undetermined"
 INTERIOR = "interior"  # the target peaks inside the pilot's rho range (the second seed study's finding)
-MODEL_BASED = ("prm",)  # reward names that are model-based when the data has no flops_reward column
 LEVEL_COLUMNS = ("algo.epochs", "algo.minibatches")  # the pilot's allocation levels, where results name them
 REACH = 1.5  # a run is read at a budget up to this factor beyond its first or last eval point
 
@@ -76,11 +76,12 @@ def read_at(run: pd.DataFrame, budget: float, metric: str) -> tuple[float, float
 
 
 def model_based_rewards(df: pd.DataFrame) -> list[str]:
-    """Reward systems that spend model FLOPs on feedback: flops_reward > 0, or by name without that column."""
+    """Reward systems that spend model FLOPs on feedback: flops_reward > 0, or without that column
+    those the reward registry calls model-based."""
     if "flops_reward" in df.columns:
         spent = df.groupby("reward")["flops_reward"].max()
         return sorted(str(r) for r, f in spent.items() if f > 0)
-    return sorted(str(r) for r in df["reward"].unique() if str(r) in MODEL_BASED)
+    return sorted(str(r) for r in df["reward"].unique() if str(r) in REWARDS and REWARDS[str(r)].model_based)
 
 
 def level_of(df: pd.DataFrame) -> pd.Series:
