@@ -44,7 +44,7 @@ console = Console()
 err = Console(stderr=True)
 
 OVERRIDES = typer.Argument(None, help="Hydra overrides, e.g. grid.n=[4,8,16] grid.budgets=[512,2048] model=tiny-arith")
-CONFIG = typer.Option(None, "--config", "-c", help="A ready-made sweep in sweeps/ (by name) or a YAML path [default: default]")
+CONFIG = typer.Option(None, "--config", "-c", help="A ready-made sweep in sweeps/ (by name) or a YAML path (default: default)")
 DEFAULT_OUT = Path("isoflop-runs")
 
 
@@ -149,12 +149,56 @@ class Terminal(sweep_mod.View):
             yield
 
 
+class LogLines(Terminal):
+    """A sweep where no terminal shows it (`make sweep > log`, nohup, CI, a SLURM batch script):
+    no live table, which draws only on a terminal, but one line per event (report.events) and a
+    summary line every SUMMARY_EVERY_S, each stamped with the time."""
+
+    SUMMARY_EVERY_S = 60.0
+
+    def probing(self) -> contextlib.AbstractContextManager:
+        self._line("preflight: probing the cluster's nodes")
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def watching(self, dispatcher: Dispatcher) -> Iterator[None]:
+        seen = report.snapshot(dispatcher.sweep)
+        self._line(report.summary_line(seen))
+        last_summary = time.monotonic()
+
+        def poll() -> None:
+            nonlocal seen, last_summary
+            now = report.snapshot(dispatcher.sweep)
+            for line in report.events(seen, now):
+                self._line(line)
+            seen = now
+            if time.monotonic() - last_summary >= self.SUMMARY_EVERY_S:
+                self._line(report.summary_line(now))
+                last_summary = time.monotonic()
+
+        dispatcher.on_poll = poll
+        try:
+            yield
+        finally:
+            poll()
+            self._line(report.summary_line(seen))
+
+    @staticmethod
+    def _line(text: str) -> None:
+        console.print(f"{time.strftime('%H:%M:%S')} {text}", soft_wrap=True, highlight=False)
+
+
+def _view() -> Terminal:
+    """The live table on a terminal, one line per event elsewhere."""
+    return Terminal() if console.is_terminal else LogLines()
+
+
 def _run_sweep(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued=()) -> sweep_mod.Outcome:
     """`sweep.run` under a live table, then how many runs finished and why the others did not.
     Ctrl-C or SIGTERM stops the jobs and exits 130 (rerunning resumes); a second sweep on the dir
     is refused (exit 2); a lost Ray head is one line (exit 1)."""
     with dispatch_errors(), user_errors():
-        outcome = sweep_mod.run(sweep_dir, cfg, cells, continued, Terminal())
+        outcome = sweep_mod.run(sweep_dir, cfg, cells, continued, _view())
     console.print()
     console.print(f"{outcome.finished}/{len(outcome.states)} runs finished"
                   + (f", {outcome.paused} stopped by the adaptive schedule (paused at their checkpoints; grid.schedule=full or larger grid.budgets continue them)" if outcome.paused else "")
@@ -178,7 +222,7 @@ def doctor(
         config_mod.check_runnable([cfg])
         launchers.of(cfg.cluster).check()
         sweep_dir = SweepDir(config_mod.check_writable(out / cfg.name))
-        nodes = sweep_mod.doctor(sweep_dir, cfg, Terminal())
+        nodes = sweep_mod.doctor(sweep_dir, cfg, _view())
     for n in nodes:
         console.print(f"node {n.host}{f' x{n.count}' if n.count > 1 else ''}: {n.cpus:g} CPU, {n.gpus:g} GPU, isoflop {n.version}, Python {n.python}, "
                       "sweep dir shared, run files readable" + (", vLLM imports" if n.vllm else ""), soft_wrap=True)
@@ -205,7 +249,7 @@ def preflight_probe(
 def run(
     overrides: Optional[list[str]] = OVERRIDES,
     config: Optional[str] = CONFIG,
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory [default: isoflop-runs/single/<run_id>]."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default: isoflop-runs/single/<run_id>)."),
     pause_at: Optional[float] = typer.Option(None, "--pause-at", help="Stop at the first step whose ledger reaches this budget, keeping a checkpoint; a later run continues (adaptive sweeps)."),
 ) -> None:
     """One GRPO run in this process: what each Ray job executes, and how to debug a single cell (n=..., B_p=...)."""
@@ -412,9 +456,9 @@ def replay(
 def race_pilot(
     overrides: Optional[list[str]] = OVERRIDES,
     config: Optional[str] = CONFIG,
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output root; the pilot lives in OUT/<name>-pilot, its analysis in race/ there [default: isoflop-runs]. With --from-results: the output dir [default: race/ beside the file]."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output root; the pilot lives in OUT/<name>-pilot, its analysis in race/ there (default: isoflop-runs). With --from-results: the output dir (default: race/ beside the file)."),
     target: str = typer.Option("native", help="native (val_native: validation scored by the training reward), downstream (a held-out set's downstream_*_pass@1, else val_avg@k) or judge (judge_*)."),
-    metric: Optional[str] = typer.Option(None, help="The target column itself [default: the target's column]."),
+    metric: Optional[str] = typer.Option(None, help="The target column itself (default: the target's column)."),
     from_results: Optional[Path] = typer.Option(None, "--from-results", help="Analyse this results file or sweep dir (steps 3-6): no compute."),
     validate_with: Optional[Path] = typer.Option(None, "--validate-with", help="Full-scale results (a sweep dir or results file): same_regime_rate compares the pilot's call with the call on them."),
     force: bool = typer.Option(False, "--force", help="Run a pilot that costs more than --cap of the full sweep."),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -191,6 +192,51 @@ def sweep_table(sweep: SweepDir) -> Group:
         )
     table.caption = f"{done}/{len(cells)} finished" + (f"; {len(manifest.infeasible)} infeasible cells skipped" if manifest.infeasible else "")
     return Group(table, cluster_line(states, rate, left), *reasons)
+
+
+@dataclass(frozen=True)
+class CellView:
+    """A cell as one poll saw it: what `events` compares between polls."""
+
+    state: str
+    attempts: int
+    points: int  # eval points written
+    last: dict  # the latest of them ({} before the first)
+    why: str
+
+
+def snapshot(sweep: SweepDir) -> dict[str, CellView]:
+    """Every cell of the sweep as it stands (run_state's word, the eval points so far)."""
+    out = {}
+    for run_id, cell in sweep.manifest().cells.items():
+        state, why = run_state(sweep, run_id, cell)
+        rows = sweep.run(run_id).read_metrics() if state != PENDING else []
+        out[run_id] = CellView(state, cell.attempts, len(rows), rows[-1] if rows else {}, why)
+    return out
+
+
+def events(before: dict[str, CellView], after: dict[str, CellView], metric: str = "val_avg@k") -> list[str]:
+    """One line per thing that happened between two snapshots, for a log that no live table draws
+    in (a file, CI, a SLURM batch script): a run started, wrote an eval point, changed state
+    (finished, failed with the reason, retrying, stopped by the schedule, killed)."""
+    lines = []
+    for run_id, now in after.items():
+        was = before.get(run_id)
+        if now.points > (was.points if was else 0) and now.last:
+            lines.append(f"{run_id} eval point {now.points}: {metric} {_fmt(now.last.get(metric))} at {_fmt(now.last.get('rollouts'))} rollouts"
+                         f" (step {now.last.get('step', '-')})")
+        if was is None or now.state != was.state or (now.state == RUNNING and now.attempts != was.attempts):
+            what = f"{now.state} (attempt {now.attempts})" if now.state == RUNNING else now.state
+            lines.append(f"{run_id} {what}" + (f": {now.why}" if now.why else ""))
+    return lines
+
+
+def summary_line(cells: dict[str, CellView]) -> str:
+    """Runs per state, for a log's periodic line."""
+    states: dict[str, int] = {}
+    for c in cells.values():
+        states[c.state] = states.get(c.state, 0) + 1
+    return cluster_line(states, 0.0, 0.0).plain
 
 
 def cluster_line(states: dict[str, int], rate: float, left: float) -> Text:

@@ -219,3 +219,26 @@ def test_a_model_cache_that_is_a_file_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("ISOFLOP_CACHE", str(tmp_path / "cache" / "below"))
     result = runner.invoke(app, ["run", "--out", str(tmp_path / "r")])
     assert result.exit_code == 2 and "is not a writable directory" in result.output, result.output
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_every_command_s_help_shows_every_word_of_its_texts(columns, monkeypatch):
+    """Each command's help, at 80 and 120 columns, holds its docstring and each option's help
+    whole: nothing read as markup and dropped (a "[default: ...]" once vanished), no word lost to
+    wrapping."""
+    import re
+
+    import typer.main
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():
+        if command.hidden:
+            continue
+        result = CliRunner().invoke(app, [name, "--help"], terminal_width=columns)
+        assert result.exit_code == 0, result.output
+        shown = re.sub(r"[\s│╭╮╰╯─]+", " ", result.output)
+        texts = [command.help or ""] + [p.help for p in command.params if getattr(p, "help", None)]
+        for text in texts:
+            words = " ".join(text.split())
+            assert words in shown, (name, columns, words)

@@ -87,3 +87,52 @@ def test_status_shows_runs_per_state_the_sweeps_rollouts_per_second_and_the_time
     console.print(sweep_table(sweep))
     text = console.export_text()
     assert "runs: 1 running, 1 pending; 4 rollouts/s across the sweep; ~30 s left at that rate" in text
+
+
+def test_a_sweep_logged_to_a_file_prints_a_line_per_event_and_a_summary(tmp_path, monkeypatch, capsys):
+    """Where stdout is no terminal, the sweep's view prints what happened between polls, one line
+    each (a run started, an eval point with its metric, finished, failed with its reason, retrying),
+    and the runs per state at the start, every minute and at the end."""
+    import os
+
+    from isoflop_cli import cli
+    from isoflop_cli.store import Failure
+
+    sweep = SweepDir(tmp_path / "default")
+    sweep.path.mkdir(parents=True)
+    a, b = "n2_bp2_s0_aaaaaaaa", "n4_bp2_s0_bbbbbbbb"
+    manifest = Manifest(cells={a: CellState(M=4, state="submitted", attempts=1), b: CellState(M=4, state="submitted", attempts=1)})
+    sweep.write_manifest(manifest)
+    for rid in (a, b):
+        sweep.run(rid).dir.mkdir(parents=True)
+    dispatcher = type("D", (), {"sweep": sweep, "on_poll": None})()
+    clock = [0.0]
+    monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
+    assert not cli.console.is_terminal and isinstance(cli._view(), cli.LogLines)
+
+    with cli.LogLines().watching(dispatcher):
+        start = capsys.readouterr().out
+        sweep.run(a).set_status("running", pid=os.getpid(), step=0)
+        dispatcher.on_poll()
+        sweep.run(a).append_metrics({"step": 2, "rollouts": 8, "val_avg@k": 0.625})
+        dispatcher.on_poll()
+        manifest.cells[b].state = "retrying"
+        manifest.cells[b].failures.append(Failure(attempt=1, reason="the node died", at=0.0))
+        sweep.write_manifest(manifest)
+        clock[0] = 61.0
+        dispatcher.on_poll()
+        sweep.run(a).finish([{"step": 2, "rollouts": 8, "val_avg@k": 0.625}, {"step": 4, "rollouts": 16, "val_avg@k": 0.75}], step=4, M=4)
+        manifest.cells[b].state, manifest.cells[b].error = "failed", "ValueError: bad row 3"
+        sweep.write_manifest(manifest)
+    lines = [line.split(" ", 1)[1] for line in capsys.readouterr().out.splitlines()]  # each stamped HH:MM:SS
+    assert start.split(" ", 1)[1].strip() == "runs: 2 submitted"
+    assert lines == [
+        f"{a} running (attempt 1)",
+        f"{a} eval point 1: val_avg@k 0.625 at 8 rollouts (step 2)",
+        f"{b} retrying: attempt 1 failed (the node died); resubmitting, it resumes from its checkpoint",
+        "runs: 1 running, 1 retrying",
+        f"{a} eval point 2: val_avg@k 0.750 at 16 rollouts (step 4)",
+        f"{a} finished",
+        f"{b} failed: ValueError: bad row 3",
+        "runs: 1 failed, 1 finished",
+    ]
