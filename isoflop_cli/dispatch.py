@@ -111,11 +111,12 @@ def log_behind(files: RunFiles, cell: CellState) -> bool:
     return cell.submission_id is not None and (not files.log.exists() or files.log.stat().st_mtime < files.status_file.stat().st_mtime)
 
 
-def nothing_to_run(sweep: SweepDir) -> dict[str, str] | None:
-    """Every cell of the manifest finished, its log copied: their states, and no cluster need start
-    (a rerun of a finished sweep starts no Ray head); else None."""
+def nothing_to_run(sweep: SweepDir, logs_kept: bool) -> dict[str, str] | None:
+    """Every cell of the manifest finished, its log copied or beyond reach (`logs_kept` false: the
+    head that ran it is gone, and a new head would not have it): their states, and no cluster need
+    start (a rerun of a finished sweep starts no Ray head); else None."""
     cells = sweep.manifest().cells
-    if cells and all(sweep.run(rid).finished() and not log_behind(sweep.run(rid), cell) for rid, cell in cells.items()):
+    if cells and all(sweep.run(rid).finished() and not (logs_kept and log_behind(sweep.run(rid), cell)) for rid, cell in cells.items()):
         return dict.fromkeys(cells, FINISHED)
     return None
 

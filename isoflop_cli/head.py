@@ -343,6 +343,14 @@ class RayLauncher:
     def open(self, state_dir: Path):
         return ray_cluster(self.cluster, state_dir)
 
+    def keeps_logs(self, state_dir: Path) -> bool:
+        """A cluster keeps its jobs' logs; a local head only while it runs."""
+        if self.address:
+            return True
+        info_file = state_dir.absolute() / HEAD_FILE
+        head = read_json(info_file)
+        return isinstance(head, dict) and isinstance(head.get("pid"), int) and _is_head(head["pid"], info_file)
+
     def jobs(self, address: str, state_dir: Path):
         from ray.job_submission import JobSubmissionClient
 

@@ -59,6 +59,10 @@ class Launcher(Protocol):
         """For the sweep's life: the address jobs go to (started here if it needs starting, its
         state in `state_dir`)."""
 
+    def keeps_logs(self, state_dir: Path) -> bool:
+        """Whether the logs of jobs that ran for `state_dir` can be fetched without starting
+        anything (a lost local head took its jobs' logs with it)."""
+
     def jobs(self, address: str, state_dir: Path) -> Jobs:
         """The job client at `address` (a ConnectionError while it does not answer yet: the
         dispatcher asks again, within its grace)."""

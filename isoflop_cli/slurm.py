@@ -211,6 +211,9 @@ class SlurmLauncher:
     def open(self, state_dir: Path):
         return contextlib.nullcontext("slurm")  # no address: submitit talks to SLURM itself
 
+    def keeps_logs(self, state_dir: Path) -> bool:
+        return True  # files in the sweep dir's slurm/ (submitit's)
+
     def jobs(self, address: str, state_dir: Path) -> SlurmClient:
         return SlurmClient(self.cluster, state_dir / "slurm")
 

@@ -153,10 +153,11 @@ def drive(sweep_dir: SweepDir, cfg, view: View, command: str = "run", probe: boo
     """Every cell of the prepared manifest to the end of its schedule, each attempt a job running
     `isoflop COMMAND` on its run dir (after the preflight, where `probe`); run id -> final state.
     Where every cell is finished already, no launcher starts."""
-    states = nothing_to_run(sweep_dir)
+    launcher = launchers.of(cfg.cluster)
+    states = nothing_to_run(sweep_dir, launcher.keeps_logs(sweep_dir.path))
     if states is not None:
         return states
-    with launchers.of(cfg.cluster).open(sweep_dir.path) as address:
+    with launcher.open(sweep_dir.path) as address:
         dispatcher = Dispatcher(sweep_dir, cfg.cluster, address, command=command)
         if probe:
             preflight(dispatcher, cfg, view)

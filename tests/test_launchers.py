@@ -23,7 +23,7 @@ def cluster(**values):
 @pytest.mark.parametrize("name", sorted(launchers.LAUNCHERS))
 def test_each_entry_is_a_launcher(name):
     built = launchers.of(cluster(launcher=name))
-    for method in ("check", "capacity", "open", "jobs", "batch", "placement"):
+    for method in ("check", "capacity", "open", "keeps_logs", "jobs", "batch", "placement"):
         want = inspect.signature(getattr(launchers.Launcher, method)).parameters
         got = inspect.signature(getattr(built, method)).parameters
         assert list(got) == [p for p in want if p != "self"], (name, method)
@@ -69,3 +69,25 @@ def test_ray_placement_reads_the_probe_s_nodes():
     ray = launchers.of(cluster())
     assert ray.placement(None, [node], 4, 0) == []
     assert ray.placement(None, [node], 1, 1)[0].startswith("no node has the 1 CPUs and 1 GPUs a run asks for")
+
+
+def test_a_finished_sweep_whose_head_is_gone_reruns_without_starting_one(tmp_path, monkeypatch):
+    """A run that finished after its local head died has a log no head can give any more: a rerun
+    of the finished sweep starts no head for it (it once started one on every rerun). While the
+    head that ran it lives, the rerun attaches to it to copy the log."""
+    from isoflop_cli import head, sweep
+    from isoflop_cli.store import CellState, Manifest, SweepDir
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    sweep_dir = SweepDir(tmp_path)
+    sweep_dir.write_manifest(Manifest(cells={"a": CellState(state="finished", submission_id="isoflop-a-1-abcdef", M=1)}))
+    sweep_dir.run("a").dir.mkdir(parents=True)
+    sweep_dir.run("a").finish([{"step": 0, "rollouts": 0}], step=1, M=1)  # no job.log: it was never copied
+    cfg = config.load()
+    started = []
+    monkeypatch.setattr(head, "ray_cluster", lambda *a: started.append(a) or (_ for _ in ()).throw(AssertionError("a head started")))
+    assert sweep.drive(sweep_dir, cfg, sweep.View()) == {"a": "finished"}
+    assert not started
+    (tmp_path / head.HEAD_FILE).write_text('{"pid": 1, "address": "http://127.0.0.1:1"}')  # a pid that is not this dir's head
+    assert not launchers.of(cfg.cluster).keeps_logs(tmp_path)
+    assert launchers.of(cluster(address="http://127.0.0.1:1")).keeps_logs(tmp_path)
