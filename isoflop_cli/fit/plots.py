@@ -203,8 +203,8 @@ BANDS = {  # pass-rate bands of a validation problem at one eval point
 
 def interference_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
     """Per axis value, how the validation problems' pass rates spread over training (the share of
-    problems in each pass-rate band at each compute, over its runs), and the shares that fell or
-    regressed against the axis, with their bootstrap intervals."""
+    problems in each pass-rate band at each compute, over its runs), and the shares that rose and
+    regressed (by the binomial test, at equal compute) against the axis, with their bootstrap intervals."""
     rates = result.frames["rates"]
     values = sorted(rates[spec.axis].unique())
     fig, axes = plt.subplots(1, len(values) + 1, figsize=(3.4 * (len(values) + 1), 3.4), dpi=120, squeeze=False)
@@ -222,11 +222,11 @@ def interference_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Pa
     ax = axes[0][-1]
     per_value = result.entry["per_value"]
     xs = np.array([v[spec.axis] for v in per_value], float)
-    for share, colour in (("fell", "#dd8452"), ("regressed", "#c44e52")):
+    for share, colour in (("rose", "#2f7f4f"), ("regressed", "#c44e52")):
         ys = np.array([v[share] for v in per_value], float)
         err = np.array([[y - (v[f"{share}_interval90"] or [y, y])[0], (v[f"{share}_interval90"] or [y, y])[1] - y] for y, v in zip(ys, per_value)]).T
         ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=colour, label=share)
-    ax.set(xscale="log", xlabel=spec.axis, ylabel="share per eval interval",
+    ax.set(xscale="log", xlabel=spec.axis, ylabel="share of problems (binomial test)",
            title=f"up to {spec.compute} {result.entry['compute_upto']:.3g}")
     plain_ticks(ax.xaxis)
     ax.legend(fontsize=7)

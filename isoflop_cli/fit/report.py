@@ -9,6 +9,7 @@ from rich.table import Table
 
 from isoflop_cli.fit.data import FitSpec
 from isoflop_cli.fit.evidence import label
+from isoflop_cli.fit.interference import ALPHA
 
 FORMS = {
     "frontier": "log2({axis}*) = lower + (upper - lower) / (1 + exp(-slope * (log10 C - midpoint)))",
@@ -16,7 +17,7 @@ FORMS = {
     "scalerl": "R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)",
     "isoflop-slices": "{axis}* = coef * C^exponent",
     "parametric": "L(N, D) = E + A / N^alpha + B / D^beta",
-    "interference": "per eval interval: shares of problems whose pass rate rose / fell, and of those solved at its start that regressed; slopes against log2 {axis}",
+    "interference": "per run: shares of problems whose pass rate rose / regressed by a binomial test, at equal compute and at equal steps; slopes against log2 {axis}",
 }
 
 
@@ -43,7 +44,9 @@ def extra_rows(method: str, entry: dict) -> list[tuple[str, str, str, str]]:
         return [(f"{k} (N_opt ~ C^a, D_opt ~ C^b)" if k == "a" else k, fmt(v), "-", _interval(ex["interval90"].get(k))) for k, v in ex["params"].items()]
     if method == "interference":
         axis = entry["axis"]
-        return [(f"{axis}={fmt(v[axis])}: {s}", fmt(v[s]), "-", _interval(v[f"{s}_interval90"])) for v in entry["per_value"] for s in ("fell", "regressed")]
+        return [(f"{axis}={fmt(v[axis])}: {s}{where}", fmt(v[s]), "-", _interval(v[f"{s}_interval90"]))
+                for where, rows in ((" (equal compute)", entry["per_value"]), (" (equal steps)", entry["equal_steps"]["per_value"]))
+                for v in rows for s in ("rose", "regressed")]
     if method == "isoflop-slices" and entry["sigmoid"]:
         s = entry["sigmoid"]
         return [(f"sigmoid {k}", fmt(v), fmt(s["median"].get(k)), _interval(s["interval90"].get(k))) for k, v in s["params"].items()]
@@ -75,9 +78,12 @@ def summary(method: str, entry: dict, spec: FitSpec) -> str:
         parts.append(f"Huber objective {entry['objective']:.6g} over {entry['rows']} rows")
     if method == "interference":
         fewer = entry["fewer_regressions_with_larger_n"]
-        parts.append(f"up to {spec.compute} {entry['compute_upto']:.4g}: " + ("a larger " + spec.axis + " means fewer regressions" if fewer
-                     else "a larger " + spec.axis + " means more regressions" if fewer is False else f"no trend of regressions in {spec.axis}")
-                     + (f" (permutation p = {entry['trend_p_value']:.2g})" if entry.get("trend_p_value") is not None else f" (one {spec.axis} value)"))
+        p = [entry["trend_p_value"], entry["equal_steps"]["trend_p_value"]]
+        parts.append(("a larger " + spec.axis + " means fewer regressions" if fewer else "a larger " + spec.axis + " means more regressions"
+                      if fewer is False else f"no trend of regressions in {spec.axis}")
+                     + (f" (permutation p = {p[0]:.2g} up to {spec.compute} {entry['compute_upto']:.4g}, {p[1]:.2g} up to step "
+                        f"{entry['equal_steps']['steps_upto']:.4g}; called only when both are below {ALPHA:g} with one sign)" if None not in p
+                        else f" (one {spec.axis} value)"))
     return "; ".join(parts)
 
 
