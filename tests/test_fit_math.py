@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 from scipy import optimize
 
-from isoflop_cli.fit import bootstrap
-from isoflop_cli.fit.allocation import envelope, record_points
+from isoflop_cli.fit import bootstrap, evidence
+from isoflop_cli.fit.allocation import envelope, running_best
 from isoflop_cli.fit.curves import CurveFit, fit_power_law, fit_sigmoid, scalerl, sigmoid
 from isoflop_cli.fit.data import RUN
 from isoflop_cli.fit.parametric import exponents, objective
@@ -20,16 +20,24 @@ def test_sigmoid_and_scalerl_at_their_midpoints():
     assert scalerl(1e6, R0=0.2, A=0.6, C_mid=1e5, B=1.0) == pytest.approx(0.2 + 0.4 / 1.1)
 
 
-def test_record_points_hand_computed():
-    # buckets of 0.01: 30 (the base, at compute 0), 30, 32, 31, 35 -> records at the third and fifth
-    # points: the second ties the base evaluation, which counts as an earlier point
+def test_running_best_hand_computed():
+    # a: base 0.30, then 0.305, 0.32, 0.31, 0.35 -> running best 0.305, 0.32, 0.32 (the plateau kept), 0.35
+    # b: base 0.5, then 0.4, 0.52 -> the base holds until the run passes it
     df = pd.DataFrame({RUN: "a", "rollouts": [0, 10, 20, 30, 40], "m": [0.30, 0.305, 0.32, 0.31, 0.35]})
-    other = pd.DataFrame({RUN: "b", "rollouts": [0, 10, 20], "m": [0.5, 0.4, 0.52]})  # below its base, then above it
-    rec = record_points(pd.concat([other, df]), "m", "rollouts")
-    assert rec[rec[RUN] == "a"]["rollouts"].tolist() == [20, 40]
-    assert rec[rec[RUN] == "b"]["rollouts"].tolist() == [20]
-    no_base = record_points(df[df["rollouts"] > 0], "m", "rollouts")  # without a base point, the first is a record
-    assert no_base["rollouts"].tolist() == [10, 20, 40]
+    other = pd.DataFrame({RUN: "b", "rollouts": [0, 10, 20], "m": [0.5, 0.4, 0.52]})
+    best = running_best(pd.concat([other, df]), "m", "rollouts")
+    assert best[best[RUN] == "a"]["m"].tolist() == [0.305, 0.32, 0.32, 0.35] and best[best[RUN] == "a"]["rollouts"].tolist() == [10, 20, 30, 40]
+    assert best[best[RUN] == "b"]["m"].tolist() == [0.5, 0.52]
+
+
+def test_measured_is_the_best_up_to_the_next_eval_point():
+    compute, values = np.array([10.0, 20.0, 40.0]), np.array([0.3, 0.5, 0.4])
+    # at 10 what 10 measured; between 10 and 20, and at 20, what was measured by 20; beyond the last, all of it
+    assert evidence.measured(compute, values, np.array([10.0, 15.0, 20.0, 30.0, 80.0])).tolist() == [0.3, 0.5, 0.5, 0.5, 0.5]
+    assert evidence.extrapolated(np.array([0.52, 0.6, np.nan]), np.array([0.5, 0.5, 0.5]), 0.05).tolist() == [False, True, False]
+    values = np.array([[0.50, 0.70, -np.inf], [0.48, 0.60, 0.9], [0.30, 0.69, 0.89]])  # three curves at three budgets; -inf: not run there
+    assert evidence.tied(values, 0.01).tolist() == [[True, True, False], [True, False, True], [False, True, True]]
+    assert evidence.label([16, 2, 4]) == "2, 4, 16 (tied)" and evidence.label([8]) == "8"
 
 
 def test_sigmoid_fit_is_exact_on_noise_free_points():

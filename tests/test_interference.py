@@ -1,5 +1,6 @@
-"""`isoflop fit --method interference`: per-problem shares that rose, fell and regressed, checked by
-hand, and the trend in n recovered from synthetic sweeps with a known share of regressions."""
+"""`isoflop fit --method interference`: a problem regresses only when a binomial test on its counts
+says so; silent on null sweeps where every problem's true pass rate only rises and small n takes
+more steps; known regression rates recovered at equal compute and at equal steps."""
 
 import json
 
@@ -9,86 +10,96 @@ import pytest
 from typer.testing import CliRunner
 
 from isoflop_cli.cli import app
-from isoflop_cli.fit.data import RUN
-from isoflop_cli.fit.interference import intervals
+from isoflop_cli.fit.data import RUN, FitSpec
+from isoflop_cli.fit.interference import changes, interference_method
 
 runner = CliRunner()
+ROLLOUTS = np.r_[0, 256 * 2.0 ** np.arange(8)]  # eval points: the base, then 256 .. 32,768 rollouts
+SAMPLES = 8
 
 
-def test_shares_by_hand():
-    # pass rates of 3 problems at steps 0, 1, 2 (4 samples each):
-    #   a: 0, .5, .25   rises, then falls; solved at step 1, so it regressed by step 2
-    #   b: 1, 1, 1      never changes
-    #   c: 1, .25, 1    falls (regressed: solved at step 0), then rises
-    correct = {"a": [0, 2, 1], "b": [4, 4, 4], "c": [4, 1, 4]}
-    rows = [{RUN: "r", "step": s, "problem_id": p, "correct": c[s], "samples": 4} for p, c in correct.items() for s in range(3)]
-    got = intervals(pd.DataFrame(rows)).set_index("step")
-    assert got.loc[1, ["rose", "fell"]].tolist() == pytest.approx([1 / 3, 1 / 3])
-    assert got.loc[1, "solved_at_start"] == 2 and got.loc[1, "regressed"] == pytest.approx(1 / 2)  # b and c were solved; c regressed
-    assert got.loc[2, ["rose", "fell"]].tolist() == pytest.approx([1 / 3, 1 / 3])
-    assert got.loc[2, "solved_at_start"] == 2 and got.loc[2, "regressed"] == pytest.approx(1 / 2)  # a and b were solved; a regressed
+def test_regressed_and_rose_by_hand():
+    counts = {"drop": [8, 8, 8, 0, 0, 0], "noise": [4, 3, 5, 3, 4, 3], "rise": [0, 1, 0, 7, 8, 8], "blip": [6, 6, 0, 6, 6, 6]}
+    rows = [{RUN: "r", "step": s, "problem_id": p, "correct": c[s], "samples": SAMPLES} for p, c in counts.items() for s in range(6)]
+    got = changes(pd.DataFrame(rows)).set_index("problem_id")
+    assert got.loc["drop", "regressed"] and not got.loc["drop", "rose"]
+    # 24 of 24 before step 3 and 0 of 24 from it: one-sided Fisher p = 1 / C(48, 24), times the 15 (start, split) pairs
+    assert got.loc["drop", "p_drop"] == pytest.approx(15 / 32247603683100.0, rel=1e-6)
+    assert not got.loc["noise", ["regressed", "rose"]].any()
+    assert got.loc["rise", "rose"] and not got.loc["rise", "regressed"]
+    assert not got.loc["blip", "regressed"]  # one bad eval point, then back: not a regression that lasts
+    assert (got["evals"] == 6).all()
 
 
-def synthetic_sweep(path, fall: dict[int, float], runs: int = 4, problems: int = 200, steps: int = 8, seed: int = 0):
-    """Runs whose solved problems each fall below 0.5 with probability fall[n] per interval (and
-    unsolved ones get solved with probability 0.3): a known share of regressions per n."""
+def sweep(fall: dict[int, float] | None = None, ns=(2, 4, 8, 16), b_ps=(8, 16), runs: int = 1, problems: int = 200, seed: int = 0,
+          drop_step: float = 100) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(results, problems) as `fit` reads them. Null (fall None): each problem's true pass rate rises
+    with steps from its own base, never falls; a run of n takes 1 / (B_p n) steps per rollout, so at
+    equal compute small n is further along. Otherwise every problem sits at 0.8 and exactly
+    fall[n] of them drop to 0.2 from step `drop_step` on."""
     rng = np.random.default_rng(seed)
+    base, tau = rng.uniform(0.05, 0.95, problems), rng.uniform(100, 1000, problems)
     results, records = [], []
-    for n, p_fall in fall.items():
-        for r in range(runs):
-            run_id = f"n{n}_r{r}"
-            solved = rng.random(problems) < 0.5
-            for step in range(steps):
-                if step:
-                    u = rng.random(problems)
-                    solved = np.where(solved, u >= p_fall, u < 0.3)
-                records += [{"run_id": run_id, "step": step, "problem_id": f"p{j}", "correct": 4 if s else 1, "samples": 4} for j, s in enumerate(solved)]
-                results.append({"run_id": run_id, "n": n, "B_p": 4, "step": step, "rollouts": 64 * step, "val_avg@k": solved.mean()})
-    path.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(results).to_parquet(path / "results.parquet")
-    pd.DataFrame(records).to_parquet(path / "problems.parquet")
-    return path
+    for n in ns:
+        for b_p in b_ps:
+            for r in range(runs):
+                run_id = f"n{n}_bp{b_p}_r{r}"
+                steps = ROLLOUTS / (b_p * n)
+                if fall is None:
+                    rate = base + (1 - base) * (1 - np.exp(-steps[:, None] / tau))
+                else:
+                    drops = np.arange(problems) < round(fall[n] * problems)
+                    rate = np.where(drops & (steps[:, None] >= drop_step), 0.2, 0.8)
+                correct = rng.binomial(SAMPLES, rate)  # (eval points, problems)
+                records.append(pd.DataFrame({RUN: run_id, "step": np.repeat(steps, problems), "problem_id": np.tile(np.arange(problems), len(steps)),
+                                             "correct": correct.ravel(), "samples": SAMPLES}))
+                results.append(pd.DataFrame({RUN: run_id, "n": n, "B_p": b_p, "step": steps, "rollouts": ROLLOUTS, "val_avg@k": correct.mean(1) / SAMPLES}))
+    return pd.concat(results, ignore_index=True), pd.concat(records, ignore_index=True)
 
 
-def fit(path, *args):
-    result = runner.invoke(app, ["fit", str(path), "--method", "interference", "--out", str(path / "fit"), *args])
+def test_silent_on_null_sweeps():
+    """40 sweeps where no problem's true pass rate ever falls: a trend in n (permutation p < 0.1) is
+    called at equal compute, at equal steps, or by both, in at most 4 (measured: 1, 1 and 0 of 40;
+    the earlier rule, crossing a pass rate of 0.5, called "more regressions with larger n" in 40 of
+    40 of these)."""
+    calls = {"compute": 0, "steps": 0, "either": 0}
+    for seed in range(40):
+        results, problems = sweep(seed=seed)
+        entry = interference_method(results, FitSpec(bootstrap=0), problems).entry
+        at_compute, at_steps = entry["trend_p_value"] < 0.1, entry["equal_steps"]["trend_p_value"] < 0.1
+        calls["compute"] += at_compute
+        calls["steps"] += at_steps
+        calls["either"] += entry["fewer_regressions_with_larger_n"] is not None
+    assert calls["compute"] <= 4 and calls["steps"] <= 4 and calls["either"] <= 4, calls
+
+
+def test_known_regression_rates_are_recovered():
+    """0.3 of n = 2's problems and 0.1 of n = 8's truly drop from 0.8 to 0.2 (at step 100, inside both
+    windows): recovered within 0.03 at equal compute and at equal steps, and the trend is called."""
+    results, problems = sweep({2: 0.3, 8: 0.1}, ns=(2, 8), b_ps=(8,), runs=4)
+    entry = interference_method(results, FitSpec(bootstrap=50), problems).entry
+    for per_value in (entry["per_value"], entry["equal_steps"]["per_value"]):
+        got = {v["n"]: v["regressed"] for v in per_value}
+        assert got[2] == pytest.approx(0.3, abs=0.03) and got[8] == pytest.approx(0.1, abs=0.03)
+    assert entry["fewer_regressions_with_larger_n"] is True and entry["trend_p_value"] < 0.1 and entry["equal_steps"]["trend_p_value"] < 0.1
+    assert entry["interval90"]["slope_regressed_per_log2_n"][1] < 0 and entry["permuted_within"] == "B_p"
+    assert entry["compute_upto"] == 32768 and entry["equal_steps"]["steps_upto"] == 32768 / 64
+
+
+def test_cli_writes_the_method_and_refuses_without_records(tmp_path):
+    results, problems = sweep({2: 0.3, 8: 0.1}, ns=(2, 8), b_ps=(8,), runs=2)
+    path = tmp_path / "s"
+    path.mkdir()
+    results.rename(columns={RUN: "run_id"}).to_parquet(path / "results.parquet")
+    problems.rename(columns={RUN: "run_id"}).to_parquet(path / "problems.parquet")
+    result = runner.invoke(app, ["fit", str(path), "--method", "interference", "--bootstrap", "20", "--out", str(path / "fit")], terminal_width=200)
     assert result.exit_code == 0, result.output
-    return json.loads((path / "fit" / "fit.json").read_text())["interference"], result
-
-
-def test_fewer_regressions_with_larger_n_is_recovered(tmp_path):
-    entry, result = fit(synthetic_sweep(tmp_path / "s", {2: 0.3, 8: 0.1, 32: 0.02}))
-    by_n = {v["n"]: v for v in entry["per_value"]}
-    for n, p in ((2, 0.3), (8, 0.1), (32, 0.02)):
-        assert by_n[n]["regressed"] == pytest.approx(p, abs=0.03)  # solved problems falling, per interval
-        low, high = by_n[n]["regressed_interval90"]
-        assert low <= by_n[n]["regressed"] <= high
-    assert entry["fewer_regressions_with_larger_n"] is True and entry["trend_p_value"] < 0.01
-    assert entry["interval90"]["slope_regressed_per_log2_n"][1] < 0
-    assert entry["compute_upto"] == 64 * 7 and len(entry["per_run"]) == 12
-    assert "fewer regressions" in result.output
+    entry = json.loads((path / "fit" / "fit.json").read_text())["interference"]
+    assert {"per_value", "per_run", "equal_steps", "problem_test", "training_problems"} <= set(entry)
+    assert "equal steps" in result.output and "regressed" in result.output
     for suffix in (".png", ".svg"):
-        assert (tmp_path / "s" / "fit" / f"interference{suffix}").stat().st_size > 1000
-    assert "## interference" in (tmp_path / "s" / "fit" / "report.md").read_text()
-
-
-def test_no_trend_is_called_rarely_when_n_does_not_matter(tmp_path):
-    """With the same regression rate at every n, a trend is called (permutation p < 0.1) in few of
-    10 synthetic sweeps (at the test's level, about 1)."""
-    from isoflop_cli.fit.data import FitSpec, load
-    from isoflop_cli.fit.interference import interference_method, load_problems
-
-    called = 0
-    for seed in range(10):
-        path = synthetic_sweep(tmp_path / f"s{seed}", {2: 0.1, 8: 0.1, 32: 0.1}, runs=6, seed=seed)
-        df, _ = load([path])
-        entry = interference_method(df, FitSpec(bootstrap=50), load_problems([path])).entry
-        called += entry["fewer_regressions_with_larger_n"] is not None
-    assert called <= 2
-
-
-def test_missing_per_problem_records_exit_2(tmp_path):
-    path = synthetic_sweep(tmp_path / "s", {2: 0.1, 8: 0.1})
+        assert (path / "fit" / f"interference{suffix}").stat().st_size > 1000
+    assert "## interference" in (path / "fit" / "report.md").read_text()
     (path / "problems.parquet").unlink()
     result = runner.invoke(app, ["fit", str(path), "--method", "interference"])
     assert result.exit_code == 2 and "no problems.parquet" in result.output

@@ -1,10 +1,13 @@
 """Methods `frontier` and `fixed-batch`: per-axis sigmoids, their upper envelope, and axis*(C).
 
-The first seed's workflow. Each run's record-breaking points (the bucketized metric rising above
-every earlier point of the run) trace its best-so-far curve without the noise of the dips; for
-every axis value a bounded monotone sigmoid of the metric against log10 C is fitted through them;
-the upper envelope across axis values is the frontier, and the axis value on it is axis*(C).
-log2 axis*(C) is then fitted by a sigmoid of log10 C, whose upper plateau is where it saturates.
+The first seed's workflow. Each run's running best (the best it has shown at or before each eval
+point) traces the curve the frontier reads; for every axis value a bounded monotone sigmoid of the
+metric against log10 C is fitted through its runs' running bests, up to its last eval point and no
+further; the upper envelope across axis values is the frontier, and the axis value on it is
+axis*(C). What the eval points do not support is said beside it (evidence.py): a frontier value
+above everything measured by more than the noise is extrapolated, and axis values within the noise
+of the top are tied (axis*(C) is then a set). log2 axis*(C) is fitted by a sigmoid of log10 C at
+the budgets where one value wins beyond the noise, whose upper plateau is where it saturates.
 `fixed-batch` runs the same analysis within each batch size B = B_p * n: which split wins.
 """
 
@@ -16,31 +19,35 @@ import numpy as np
 import pandas as pd
 
 from isoflop_cli.errors import ConfigError
-from isoflop_cli.fit import bootstrap
+from isoflop_cli.fit import bootstrap, evidence
 from isoflop_cli.fit.curves import CurveFit, fit_sigmoid, sigmoid
 from isoflop_cli.fit.data import RUN, FitSpec, MethodResult, plain, warn
 from isoflop_cli.fit.frontier import compute_grid
 
-BUCKET = 0.01  # metric resolution of a record: a rise smaller than a bucket is noise, not a record
-MIN_POINTS = 5  # record-breaking points an axis value needs for its 4-parameter sigmoid
+MIN_POINTS = 5  # eval points an axis value needs for its 4-parameter sigmoid
 LAW = ["lower", "upper", "midpoint", "slope"]
 
 
-def record_points(df: pd.DataFrame, metric: str, compute: str, bucket: float = BUCKET) -> pd.DataFrame:
-    """Each run's record-breaking eval points at compute > 0: those whose bucket beats every earlier
-    point, the base model's evaluation at compute 0 included (a run that starts below its base
-    breaks no record until it passes it). The compute-0 point itself is not returned: the curves
-    are fitted in log compute."""
+def running_best(df: pd.DataFrame, metric: str, compute: str) -> pd.DataFrame:
+    """Each run's eval points at compute > 0, `metric` replaced by the run's running best: the best
+    it has shown at or before that compute, its base evaluation (compute 0) included.
+
+    This is what the frontier is made of (the best eval point with compute <= C: a run stopped at C
+    keeps its best checkpoint), so the fitted and the empirical frontier estimate one thing, and a
+    plateau stays in the fit. Record-breaking points alone (those that beat every earlier one) end
+    at a run's last record, and a sigmoid through them is free to go on rising to its last eval
+    point: on the embedded default sweep n = 8's last record was at 8,192 rollouts, and its curve
+    read at 32,768 gave 0.996 where the best measured point was 0.970. The running best carries the
+    maximum of the noise so far (about one sd above the mean curve on a plateau of a few points);
+    so does the empirical frontier, and the curves of every axis value alike."""
     d = df.sort_values([RUN, compute], kind="stable")
-    level = np.floor(np.round(d[metric].to_numpy(float) / bucket, 9))
-    best_before = pd.Series(level, index=d.index).groupby(d[RUN]).cummax().groupby(d[RUN]).shift()
-    record = best_before.isna().to_numpy() | (level > best_before.to_numpy())
-    return d[record & (d[compute].to_numpy(float) > 0)]
+    d = d.assign(**{metric: d.groupby(RUN, sort=False)[metric].cummax()})
+    return d[d[compute].to_numpy(float) > 0]
 
 
 @dataclass
 class AxisCurve:
-    """The record points of one axis value, indexed into the run counts of a bootstrap replicate."""
+    """The running-best points of one axis value, indexed into the run counts of a bootstrap replicate."""
 
     value: float
     x: np.ndarray  # log10 compute
@@ -52,33 +59,41 @@ class AxisCurve:
         w = None if counts is None else counts[self.run]
         return fit_sigmoid(self.x, self.y, w, levels=(0.0, 1.0), increasing=True, start=start)
 
+    def measured(self, grid: np.ndarray) -> np.ndarray:
+        """At each log10 C of grid, the best its runs measured up to their next eval point."""
+        return evidence.measured(10**self.x, self.y, 10**grid)
 
-def fit_axis_curves(df: pd.DataFrame, spec: FitSpec, runs: pd.Index, method: str) -> list[AxisCurve]:
-    """One AxisCurve per axis value with enough record points; the others are dropped with a warning."""
-    lo, hi = df[spec.metric].min(), df[spec.metric].max()
+
+def fit_axis_curves(best: pd.DataFrame, spec: FitSpec, runs: pd.Index, method: str) -> list[AxisCurve]:
+    """One AxisCurve per axis value with enough eval points (`best`: the running bests); the others
+    are dropped with a warning."""
+    lo, hi = best[spec.metric].min(), best[spec.metric].max()
     if lo < 0 or hi > 1:
         raise ConfigError(f"{method}: the sigmoid is bounded to [0, 1]; {spec.metric} ranges {lo:.3g}..{hi:.3g}")
-    positive = df[df[spec.compute] > 0]
-    records = record_points(df, spec.metric, spec.compute)
     out, dropped = [], []
-    for value, g in records.groupby(spec.axis):
+    for value, g in best.groupby(spec.axis):
         x = np.log10(g[spec.compute].to_numpy(float))
         if len(g) < MIN_POINTS or np.unique(x).size < 3:
             dropped.append(f"{spec.axis}={plain(value)} ({len(g)} points)")
             continue
-        span = np.log10(positive.loc[positive[spec.axis] == value, spec.compute].agg(["min", "max"]).to_numpy(float))
-        out.append(AxisCurve(float(value), x, g[spec.metric].to_numpy(float), runs.get_indexer(g[RUN]), (span[0], span[1])))
+        out.append(AxisCurve(float(value), x, g[spec.metric].to_numpy(float), runs.get_indexer(g[RUN]), (x.min(), x.max())))
     if dropped:
-        warn(f"{method}: too few record-breaking points (need {MIN_POINTS} at 3 computes) for {', '.join(dropped)}; left out of the frontier")
+        warn(f"{method}: too few eval points (need {MIN_POINTS} at 3 computes) for {', '.join(dropped)}; left out of the frontier")
     return out
 
 
-def envelope(curves: list[AxisCurve], fits: list[CurveFit], grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Upper envelope of the fitted curves on log10 C `grid` (each within its own span): value, axis*."""
+def curve_values(curves: list[AxisCurve], fits: list[CurveFit], grid: np.ndarray) -> np.ndarray:
+    """(curves, grid): each fitted curve on log10 C `grid` within its own span, -inf outside it."""
     values = np.full((len(curves), grid.size), -np.inf)
     for i, (c, f) in enumerate(zip(curves, fits)):
         inside = (grid >= c.span[0] - 1e-9) & (grid <= c.span[1] + 1e-9)
         values[i, inside] = sigmoid(grid[inside], **f.params)
+    return values
+
+
+def envelope(curves: list[AxisCurve], fits: list[CurveFit], grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Upper envelope of the fitted curves on log10 C `grid` (each within its own span): value, axis*."""
+    values = curve_values(curves, fits, grid)
     best = values.argmax(0)
     top = values[best, np.arange(grid.size)]
     star = np.array([c.value for c in curves])[best]
@@ -94,16 +109,24 @@ def fit_law(grid: np.ndarray, star: np.ndarray, levels: tuple[float, float], sta
 
 
 def saturation(law: CurveFit, grid: np.ndarray) -> dict:
-    """Where log2 axis* has covered 90% of its rise: the compute beyond which axis* stops moving."""
+    """Where log2 axis* has covered 90% of its rise: the compute beyond which axis* stops moving
+    (`within_data`: at or below the largest budget of `grid`, the budgets the law was fitted on)."""
     p = law.params
     log_c = p["midpoint"] + np.log(9) / p["slope"] if p["slope"] > 0 else np.inf
-    return {"compute": float(10**log_c), "axis_star": float(2 ** p["upper"]), "within_data": bool(log_c <= grid.max())}
+    return {"compute": float(10**log_c), "axis_star": float(2 ** p["upper"]), "within_data": bool(grid.size and log_c <= grid.max())}
 
 
-def analyse(df: pd.DataFrame, spec: FitSpec, method: str) -> dict | None:
-    """Curves, envelope, axis*(C) and its law on one subset of runs, with bootstrap intervals."""
+def analyse(df: pd.DataFrame, spec: FitSpec, method: str, sigma: float) -> dict | None:
+    """Curves, envelope, axis*(C) and its law on one subset of runs, with bootstrap intervals, and
+    what the eval points say of them at noise `sigma` (evidence.py).
+
+    A tie is no switch: the law is fitted only when different axis values win beyond the noise at
+    some budgets (`resolved`), and only from the first such budget to the last. Ties between them
+    are where the winner changes (two curves cross), and the bootstrap reads that uncertainty; ties
+    before the first or after the last place nothing, so the law does not reach into them."""
     runs = pd.Index(df[RUN].unique())
-    curves = fit_axis_curves(df, spec, runs, method)
+    best = running_best(df, spec.metric, spec.compute)
+    curves = fit_axis_curves(best, spec, runs, method)
     if not curves:
         return None
     grid = np.log10(compute_grid(df, spec.compute, spec.points))
@@ -116,8 +139,11 @@ def analyse(df: pd.DataFrame, spec: FitSpec, method: str) -> dict | None:
     if not curves:
         return None
     value, star = envelope(curves, fits, grid)
+    ties = evidence.tied(curve_values(curves, fits, grid), sigma)
+    resolved = np.isfinite(star) & (ties.sum(0) == 1)
+    between = _between(resolved) & np.isfinite(star)
     levels = (np.log2(min(c.value for c in curves)), np.log2(max(c.value for c in curves)))
-    law = fit_law(grid, star, levels)
+    law = fit_law(grid[between], star[between], levels) if np.unique(star[resolved]).size > 1 else None
     strata = df.drop_duplicates(RUN).set_index(RUN).loc[runs, spec.axis].to_numpy()
     draws, stars = [], []
     for counts in bootstrap.run_counts(spec.bootstrap, strata, spec.seed):
@@ -125,25 +151,35 @@ def analyse(df: pd.DataFrame, spec: FitSpec, method: str) -> dict | None:
         _, s = envelope(curves, refits, grid)
         stars.append(s)
         draw = {f"{c.value}/{k}": v for c, f in zip(curves, refits) if f.converged for k, v in f.params.items()}
-        relaw = fit_law(grid, s, levels, law.params if law else None)
+        relaw = fit_law(grid[between], s[between], levels, law.params) if law else None
         if relaw is not None and relaw.converged:
             draw.update(relaw.params, _law_at_bound=relaw.at_bound)
         draws.append(draw)
+    seen = evidence.measured(best[spec.compute].to_numpy(float), best[spec.metric].to_numpy(float), 10**grid)
     return {"curves": curves, "fits": fits, "grid": grid, "value": value, "star": star, "law": law, "draws": draws,
-            "star_band": bootstrap.band(np.array(stars), discrete=True) if stars else None}
+            "star_band": bootstrap.band(np.array(stars), discrete=True) if stars else None, "best": best, "sigma": sigma,
+            "measured": seen, "extrapolated": evidence.extrapolated(value, seen, sigma), "tied": ties, "resolved": resolved, "between": between}
+
+
+def _between(mask: np.ndarray) -> np.ndarray:
+    """True from the first True of mask to its last."""
+    out = np.zeros_like(mask)
+    where = np.flatnonzero(mask)
+    if where.size:
+        out[where[0]:where[-1] + 1] = True
+    return out
 
 
 def frontier_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     """Method `frontier`: the law of log2 axis*(C) and its saturation, per-axis curves, axis*(C) band."""
-    a = analyse(df, spec, "frontier")
+    a = analyse(df, spec, "frontier", evidence.metric_noise(df, spec, "frontier"))
     if a is None:
-        raise ConfigError(f"frontier: no {spec.axis} value has a fitted sigmoid ({MIN_POINTS} record-breaking points at 3 computes, and a converged fit)")
+        raise ConfigError(f"frontier: no {spec.axis} value has a fitted sigmoid ({MIN_POINTS} eval points at 3 computes, and a converged fit)")
     entry = _law_entry(a, spec.axis, "frontier")
     entry["curves"] = _curve_entries(a, spec.axis)
     entry["axis_star"] = _axis_star_rows(a)
-    entry["bucket"] = BUCKET
     frames = {"frontier": _frontier_frame(a, df[spec.axis]), "curves": _curve_frame(a), "rows": df,
-              "records": record_points(df, spec.metric, spec.compute), "axis_star": pd.DataFrame(entry["axis_star"])}
+              "running_best": a["best"], "axis_star": pd.DataFrame(entry["axis_star"])}
     return MethodResult(entry, frames)
 
 
@@ -158,9 +194,10 @@ def fixed_batch_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     if batches.empty:
         raise ConfigError("fixed-batch: no batch size B = B_p * n is run with two or more splits")
     params, interval, median, per_batch, converged, rows = {}, {}, {}, {}, True, []
+    sigma = evidence.metric_noise(df, spec, "fixed-batch")
     for B in batches:
         label = f"fixed-batch B={plain(B)}"
-        a = analyse(df[batch == B], spec, label)
+        a = analyse(df[batch == B], spec, label, sigma)
         if a is None:
             continue
         e = _law_entry(a, spec.axis, label)
@@ -173,7 +210,7 @@ def fixed_batch_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
             rows.append({"B": plain(B), **r})
         per_batch[str(plain(B))] = {**e, "best": best}
     if not per_batch:
-        raise ConfigError(f"fixed-batch: no batch size has two splits with {MIN_POINTS} record-breaking points each")
+        raise ConfigError(f"fixed-batch: no batch size has two splits with {MIN_POINTS} eval points each")
     entry = {"params": params, "interval90": interval, "median": median, "converged": converged, "batches": per_batch}
     return MethodResult(entry, {"fixed_batch": pd.DataFrame(rows)})
 
@@ -181,14 +218,19 @@ def fixed_batch_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
 def _law_entry(a: dict, axis: str, method: str) -> dict:
     law: CurveFit | None = a["law"]
     median, interval = bootstrap.summarise(a["draws"], LAW)
+    on_grid = np.isfinite(a["star"])
+    honest = {"noise_sd": a["sigma"], "tie_within": evidence.TIE_SD * a["sigma"], "budgets": int(on_grid.sum()),
+              "budgets_tied": int((on_grid & ~a["resolved"]).sum()), "budgets_extrapolated": int(a["extrapolated"].sum())}
     if law is None:
-        only = np.unique(a["star"][np.isfinite(a["star"])])
-        warn(f"{method}: {axis}*(C) = {plain(only[0])} at every budget: no law of {axis}* against compute to fit")
-        return {"params": {}, "interval90": {}, "median": {}, "converged": False, "note": f"{axis}* is {plain(only[0])} at every budget"}
+        only = np.unique(a["star"][a["resolved"]])
+        where = "at every budget" + (f" where one {axis} wins beyond the noise (tied at {honest['budgets_tied']})" if honest["budgets_tied"] else "")
+        note = f"{axis}* is {plain(only[0])} {where}" if only.size else f"{axis}* is tied within the noise at every budget"
+        warn(f"{method}: {note}: no law of {axis}* against compute to fit")
+        return {"params": {}, "interval90": {}, "median": {}, "converged": False, "note": note, **honest}
     entry = {"params": law.params, "interval90": interval, "median": median, "converged": law.converged,
-             "at_bound": law.at_bound, "saturation": saturation(law, a["grid"]),
+             "at_bound": law.at_bound, "saturation": saturation(law, a["grid"][a["between"]]),
              "bootstrap": {"resamples": len(a["draws"]), "converged": sum(all(k in d for k in LAW) for d in a["draws"]),
-                           "at_bound_share": _bound_shares(a["draws"])}}
+                           "at_bound_share": _bound_shares(a["draws"])}, **honest}
     if not law.converged:
         warn(f"{method}: the sigmoid of log2 {axis}* against log10 compute did not converge")
     return entry
@@ -201,22 +243,32 @@ def _bound_shares(draws: list[dict]) -> dict[str, float]:
 
 
 def _curve_entries(a: dict, axis: str) -> dict:
+    """Per curve its parameters with their bootstrap summary, and how far it stands above what its
+    own runs measured (`above_measured`, the most over the budgets it spans; `extrapolated` when
+    that is more than the noise)."""
     out = {}
     for c, f in zip(a["curves"], a["fits"]):
         names = [f"{c.value}/{k}" for k in LAW]
         median, interval = bootstrap.summarise(a["draws"], names)
+        x = a["grid"][(a["grid"] >= c.span[0] - 1e-9) & (a["grid"] <= c.span[1] + 1e-9)]
+        above = float(np.max(sigmoid(x, **f.params) - c.measured(x), initial=-np.inf))
         out[f"{axis}={plain(c.value)}"] = {"params": f.params, "converged": f.converged, "at_bound": f.at_bound, "points": int(c.x.size),
                                            "median": {k.split("/")[1]: v for k, v in median.items()},
-                                           "interval90": {k.split("/")[1]: v for k, v in interval.items()}}
+                                           "interval90": {k.split("/")[1]: v for k, v in interval.items()},
+                                           "above_measured": above, "extrapolated": bool(above > a["sigma"])}
     return out
 
 
 def _axis_star_rows(a: dict) -> list[dict]:
+    """Per budget: axis* (the top curve's value), the frontier value, the best measured by then, whether
+    the value is extrapolated, and `axis_star_set`: every axis value tied with the top (one when resolved)."""
     band = a["star_band"]
+    values = np.array([c.value for c in a["curves"]])
     rows = []
     for i, (x, s) in enumerate(zip(a["grid"], a["star"])):
         if np.isfinite(s):
-            row = {"compute": float(10**x), "axis_star": float(s)}
+            row = {"compute": float(10**x), "axis_star": float(s), "axis_star_set": [plain(v) for v in sorted(values[a["tied"][:, i]])],
+                   "value": float(a["value"][i]), "measured": float(a["measured"][i]), "extrapolated": bool(a["extrapolated"][i])}
             if band is not None:
                 row.update(median=float(band[0, i]), low=float(band[1, i]), high=float(band[2, i]))
             rows.append(row)
@@ -232,8 +284,10 @@ def _frontier_frame(a: dict, axis_values: pd.Series) -> pd.DataFrame:
 
 
 def _curve_frame(a: dict) -> pd.DataFrame:
+    """80 points of each curve over its span; `extrapolated` where it stands above its runs' best by more than the noise."""
     parts = []
     for c, f in zip(a["curves"], a["fits"]):
         x = np.linspace(c.span[0], c.span[1], 80)
-        parts.append(pd.DataFrame({"axis_value": c.value, "compute": 10**x, "value": sigmoid(x, **f.params)}))
+        y = sigmoid(x, **f.params)
+        parts.append(pd.DataFrame({"axis_value": c.value, "compute": 10**x, "value": y, "extrapolated": evidence.extrapolated(y, c.measured(x), a["sigma"])}))
     return pd.concat(parts, ignore_index=True)

@@ -19,17 +19,32 @@ def compute_grid(df: pd.DataFrame, compute: str, points: int) -> np.ndarray:
     return np.unique(np.geomspace(lo, hi, points)) if hi > lo else np.array([hi])
 
 
+def best_at(compute: np.ndarray, values: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each C in grid, the highest of `values` with compute <= C and its position in them
+    (NaN and -1 where no compute is that small). Vectorised: a running maximum over compute."""
+    compute, values = np.asarray(compute, float), np.asarray(values, float)
+    if compute.size == 0:
+        return np.full(np.size(grid), np.nan), np.full(np.size(grid), -1)
+    order = np.argsort(compute, kind="stable")
+    v = values[order]
+    best = np.maximum.accumulate(v)
+    first = np.r_[True, v[1:] > best[:-1]]  # where the running maximum is set: its first occurrence
+    where = np.maximum.accumulate(np.where(first, np.arange(v.size), 0))
+    k = np.searchsorted(compute[order], np.asarray(grid, float) * (1 + 1e-9), side="right") - 1
+    seen = k >= 0
+    k = np.maximum(k, 0)
+    return np.where(seen, best[k], np.nan), np.where(seen, order[where[k]], -1)
+
+
 def best_below(df: pd.DataFrame, metric: str, compute: str, grid: np.ndarray, axis: str | None = None) -> pd.DataFrame:
     """For each C in grid, the row with the highest metric among rows with compute <= C."""
-    rows = df.dropna(subset=[metric]).sort_values(compute)
-    out = []
-    for c in grid:
-        seen = rows[rows[compute] <= c * (1 + 1e-9)]
-        if seen.empty:
-            continue
-        best = seen.loc[seen[metric].idxmax()]
-        out.append({"compute": float(c), "value": float(best[metric]), **({"axis_star": best[axis]} if axis else {})})
-    return pd.DataFrame(out)
+    rows = df.dropna(subset=[metric])
+    value, at = best_at(rows[compute].to_numpy(float), rows[metric].to_numpy(float), grid)
+    seen = at >= 0
+    out = pd.DataFrame({"compute": np.asarray(grid, float)[seen], "value": value[seen]})
+    if axis:
+        out["axis_star"] = rows[axis].to_numpy()[at[seen]]
+    return out
 
 
 def frontier(df: pd.DataFrame, metric: str = "val_avg@k", axis: str = "n", compute: str = "rollouts", points: int = 24) -> pd.DataFrame:

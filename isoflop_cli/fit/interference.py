@@ -4,18 +4,25 @@ Training on many problems at once, the updates for some problems set others back
 evens the updates out across problems. Averages hide this, so each eval point of a run also records
 every validation problem's correct samples (`problems.parquet` beside the results). From those:
 
-- per run and eval interval (consecutive eval points), the share of problems whose pass rate rose,
-  the share whose pass rate fell, and, of the problems solved at the interval's start (pass rate
-  >= SOLVED), the share below it at its end (regressed: what training on the others undid);
-- per run, the mean of those shares over its intervals up to a common compute (the largest compute
-  every run reaches), so runs of different n are compared at equal compute;
+- per run and validation problem, over the run's eval points in a window, whether it regressed:
+  from some eval point s to the window's end its pass rate is below what it was over some stretch
+  of eval points before s, by a one-sided Fisher exact test on the pooled binomial counts at family
+  level ALPHA_PROBLEM (Bonferroni over the (start, s) pairs; the pair tested is the largest drop by
+  a two-proportion z). Rose likewise, upwards. Crossing a pass rate of 0.5 between two evals of 8
+  samples, the earlier rule, is mostly sampling noise, and noise near 0.5 is most common where a
+  run has made least progress: it called "more regressions with larger n" in 20 of 20 simulated
+  sweeps where every problem's true pass rate only rises;
+- per run, the shares of its problems that regressed and rose, in two windows: up to the largest
+  compute every run reaches (equal compute) and up to the largest step every run reaches (equal
+  progress: at equal compute a small-n run has taken more steps, and is further along);
 - per axis value (n), the mean over its runs, with 90% intervals from a bootstrap over runs within
-  each value; and the slope of each share against log2 n (least squares over the per-value means),
-  with its bootstrap interval. Whether a larger n means fewer regressions
-  (`fewer_regressions_with_larger_n`) is called by a permutation test of that slope (the n labels
-  shuffled among runs, two-sided p < ALPHA): with the few runs a sweep has per n, the bootstrap
-  interval alone called a trend in 9 of 40 synthetic sweeps where n does not matter; null when
-  the test does not reject.
+  each value; the slope of each share against log2 n, with its bootstrap interval; and a
+  permutation test of the regression slope, the n labels shuffled among the runs of each B_p (so
+  that no B_p is credited to n), two-sided p < ALPHA. `fewer_regressions_with_larger_n` is called
+  only when both windows reject with the same sign; null otherwise.
+
+Training problems are not recorded per problem (which ones a run's batches drew, and how it did on
+them), so the same figures on training problems seen in batches against unseen ones cannot be read.
 """
 
 from __future__ import annotations
@@ -24,16 +31,18 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import bootstrap
 from isoflop_cli.fit.data import RUN, FitSpec, MethodResult, plain, warn
 from isoflop_cli.store import PROBLEMS
 
-SOLVED = 0.5  # a problem counts as solved at an eval point at this pass rate or above
+ALPHA_PROBLEM = 0.05  # each problem's test, over all its (start, s) pairs together
 ALPHA = 0.10  # the permutation test's level for calling a trend in n
 PERMUTATIONS = 2000
-SHARES = ("rose", "fell", "regressed")
+SHARES = ("rose", "regressed")
+STRATUM = "B_p"  # n labels are permuted among runs of one B_p
 
 
 def load_problems(paths: list[Path]) -> pd.DataFrame | None:
@@ -48,64 +57,113 @@ def load_problems(paths: list[Path]) -> pd.DataFrame | None:
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
-def intervals(problems: pd.DataFrame) -> pd.DataFrame:
-    """Per run and pair of consecutive eval points (keyed by the later step): the shares of problems
-    that rose and fell, how many were solved at the start, and the share of those that regressed."""
-    p = problems.assign(rate=problems["correct"] / problems["samples"]).sort_values([RUN, "problem_id", "step"])
-    p = p.assign(before=p.groupby([RUN, "problem_id"], sort=False)["rate"].shift()).dropna(subset=["before"])
-    solved = p["before"] >= SOLVED
-    p = p.assign(rose=p["rate"] > p["before"], fell=p["rate"] < p["before"], solved=solved, regressed=solved & (p["rate"] < SOLVED))
-    agg = p.groupby([RUN, "step"]).agg(problems=("rate", "size"), rose=("rose", "mean"), fell=("fell", "mean"),
-                                       solved_at_start=("solved", "sum"), regressed_count=("regressed", "sum"))
-    agg["regressed"] = agg["regressed_count"] / agg["solved_at_start"].where(agg["solved_at_start"] > 0)
-    return agg.drop(columns="regressed_count").reset_index()
+def changes(problems: pd.DataFrame) -> pd.DataFrame:
+    """Per run and problem over its eval points in `problems` (RUN, problem_id, step, correct,
+    samples): `regressed` and `rose` (bools), `p_drop` and `p_rise` (Bonferroni-adjusted), and how
+    many eval points it had (`evals`; fewer than 2: not testable, both False)."""
+    p = problems.sort_values([RUN, "problem_id", "step"])
+    keys = p[[RUN, "problem_id"]].drop_duplicates().reset_index(drop=True)
+    group = p.groupby([RUN, "problem_id"], sort=False).ngroup().to_numpy()
+    at = p.groupby([RUN, "problem_id"], sort=False).cumcount().to_numpy()
+    evals = np.bincount(group)
+    T = int(evals.max())
+    c, m = np.zeros((len(evals), T)), np.zeros((len(evals), T))
+    c[group, at], m[group, at] = p["correct"].to_numpy(float), p["samples"].to_numpy(float)
+    cc = np.concatenate([np.zeros((len(evals), 1)), np.cumsum(c, 1)], 1)  # (G, T + 1): counts before each index
+    mm = np.concatenate([np.zeros((len(evals), 1)), np.cumsum(m, 1)], 1)
+    rows = np.arange(len(evals))
+    end_c, end_m = cc[rows, evals][:, None], mm[rows, evals][:, None]
+    # Every pair start a < split s < evals: the stretch [a, s) against [s, end).
+    a, s = np.triu_indices(T, 1)
+    bc, bm = cc[:, s] - cc[:, a], mm[:, s] - mm[:, a]
+    ac, am = end_c - cc[:, s], end_m - mm[:, s]
+    valid = s[None, :] < evals[:, None]
+    pooled = (bc + ac) / np.maximum(bm + am, 1)
+    se = np.sqrt(pooled * (1 - pooled) * (1 / np.maximum(bm, 1) + 1 / np.maximum(am, 1)))
+    z = np.where(valid & (se > 0), (bc / np.maximum(bm, 1) - ac / np.maximum(am, 1)) / np.where(se > 0, se, 1), 0.0)
+    pairs = np.maximum(evals * (evals - 1) / 2, 1)
+    out = keys.assign(evals=evals)
+    for name, pick, tail in (("drop", z.argmax(1), stats.hypergeom.cdf), ("rise", z.argmin(1), stats.hypergeom.sf)):
+        b_c, b_m, a_c, a_m = (v[rows, pick] for v in (bc, bm, ac, am))
+        k = a_c if name == "drop" else a_c - 1  # P(after <= observed) for a drop, P(after >= observed) for a rise
+        raw = tail(k, (b_m + a_m).astype(int), (b_c + a_c).astype(int), a_m.astype(int))
+        out[f"p_{name}"] = np.where(evals >= 2, np.minimum(raw * pairs, 1.0), np.nan)
+    out["regressed"] = out["p_drop"] < ALPHA_PROBLEM
+    out["rose"] = out["p_rise"] < ALPHA_PROBLEM
+    return out
 
 
 def interference_method(df: pd.DataFrame, spec: FitSpec, problems: pd.DataFrame | None) -> MethodResult:
     if problems is None or problems.empty:
         raise ConfigError("interference: no problems.parquet beside the results (sweeps record it from this isoflop on: "
                           "each eval point's per-problem correct samples)")
-    runs = df[[RUN, "step", spec.axis, spec.compute]].drop_duplicates([RUN, "step"])
-    steps = intervals(problems[problems[RUN].isin(runs[RUN])]).merge(runs, on=[RUN, "step"], how="inner")
-    if steps.empty:
+    extra = [STRATUM] if STRATUM in df.columns and spec.axis != STRATUM else []
+    runs = df[[RUN, "step", spec.axis, spec.compute, *extra]].drop_duplicates([RUN, "step"])
+    rated = problems.merge(runs, on=[RUN, "step"], how="inner")
+    if rated.empty or rated.groupby(RUN)["step"].nunique().max() < 2:
         raise ConfigError("interference: no run has two eval points with per-problem records")
-    common = float(steps.groupby(RUN)[spec.compute].max().min())  # every run reaches it
-    upto = steps[steps[spec.compute] <= common * (1 + 1e-9)]
-    per_run = upto.groupby(RUN).agg(**{s: (s, "mean") for s in SHARES}, value=(spec.axis, "first"), intervals=("step", "size")).reset_index()
+    windows = {}
+    for by, column in (("compute", spec.compute), ("steps", "step")):
+        upto = float(rated.groupby(RUN)[column].max().min())  # every run reaches it
+        windows[by] = _window(rated[rated[column] <= upto * (1 + 1e-9)], spec, extra, upto)
+    main, steps = windows["compute"], windows["steps"]
+    agree = main["fewer"] is not None and main["fewer"] == steps["fewer"]
+    entry = {
+        "params": main["params"], "median": main["median"], "interval90": main["interval90"], "converged": True,
+        "fewer_regressions_with_larger_n": main["fewer"] if agree else None, "trend_p_value": main["p"], "compute_upto": main["upto"],
+        "per_value": main["per_value"], "per_run": main["per_run"],
+        "equal_steps": {"steps_upto": steps["upto"], "params": steps["params"], "interval90": steps["interval90"], "per_value": steps["per_value"],
+                        "trend_p_value": steps["p"], "fewer_regressions_with_larger_n": steps["fewer"]},
+        "equal_compute_call": main["fewer"], "permuted_within": extra[0] if extra else None,
+        "problem_test": {"alpha": ALPHA_PROBLEM, "test": "one-sided Fisher exact, pooled counts of [a, s) against [s, end), Bonferroni over the pairs"},
+        "training_problems": "not recorded per problem: seen against unseen cannot be compared",
+    }
+    if main["fewer"] is not None and not agree:
+        warn(f"interference: the trend in {spec.axis} at equal compute (p = {main['p']:.2g}) is not there at equal steps "
+             f"(p = {steps['p']:.2g}): it may be progress, not {spec.axis}; no trend is called")
+    rates = problems.assign(rate=problems["correct"] / problems["samples"]).merge(runs, on=[RUN, "step"], how="inner")
+    return MethodResult(entry, {"per_run": main["frame"], "rates": rates})
+
+
+def _window(rated: pd.DataFrame, spec: FitSpec, extra: list[str], upto: float) -> dict:
+    """The shares, their per-value means, slopes and trend test over the eval points in `rated`."""
+    per_problem = changes(rated)
+    testable = per_problem[per_problem["evals"] >= 2]
+    meta = rated.drop_duplicates(RUN).set_index(RUN)
+    per_run = testable.groupby(RUN).agg(rose=("rose", "mean"), regressed=("regressed", "mean"), problems=("evals", "size"),
+                                        evals=("evals", "max")).reset_index()
+    per_run["value"] = meta.loc[per_run[RUN], spec.axis].to_numpy(float)
+    strata = meta.loc[per_run[RUN], extra[0]].to_numpy() if extra else np.zeros(len(per_run))
     values = sorted(per_run["value"].unique())
     if len(values) < 2:
         warn(f"interference: one {spec.axis} value ({plain(values[0])}): shares are reported, no trend in {spec.axis}")
-    counts = np.vstack([np.ones((1, len(per_run)), dtype=np.int64), bootstrap.run_counts(spec.bootstrap, per_run["value"].to_numpy(), spec.seed)])
-    means = {s: _weighted_means(per_run[s].to_numpy(float), per_run["value"].to_numpy(float), values, counts) for s in SHARES}  # (replicates, values)
+    labels = per_run["value"].to_numpy(float)
+    counts = np.vstack([np.ones((1, len(per_run)), dtype=np.int64), bootstrap.run_counts(spec.bootstrap, labels, spec.seed)])
     x = np.log2(np.asarray(values, float))
+    means = {s: _weighted_means(per_run[s].to_numpy(float), labels, values, counts) for s in SHARES}  # (replicates, values)
     slopes = {s: _slopes(x, means[s]) for s in SHARES}
-    params = {f"slope_{s}_per_log2_{spec.axis}": float(slopes[s][0]) for s in SHARES}
+    names = {s: f"slope_{s}_per_log2_{spec.axis}" for s in SHARES}
     interval90, median = {}, {}
     for s in SHARES:
-        draws = slopes[s][1:]
-        ok = draws[np.isfinite(draws)]
+        ok = slopes[s][1:][np.isfinite(slopes[s][1:])]
         if ok.size >= 10:
-            interval90[f"slope_{s}_per_log2_{spec.axis}"] = [float(v) for v in np.quantile(ok, [0.05, 0.95])]
-            median[f"slope_{s}_per_log2_{spec.axis}"] = float(np.median(ok))
-    p_value = _permutation_p(per_run["regressed"].to_numpy(float), per_run["value"].to_numpy(float), values, spec.seed)
-    slope = params[f"slope_regressed_per_log2_{spec.axis}"]
-    fewer = None if p_value is None or p_value >= ALPHA or not np.isfinite(slope) else bool(slope < 0)
+            interval90[names[s]] = [float(v) for v in np.quantile(ok, [0.05, 0.95])]
+            median[names[s]] = float(np.median(ok))
+    p = _permutation_p(per_run["regressed"].to_numpy(float), labels, strata, values, spec.seed)
+    slope = float(slopes["regressed"][0])
+    fewer = None if p is None or p >= ALPHA or not np.isfinite(slope) else bool(slope < 0)
     per_value = []
     for j, v in enumerate(values):
-        row = {spec.axis: plain(v), "runs": int((per_run["value"] == v).sum())}
+        row = {spec.axis: plain(v), "runs": int((labels == v).sum())}
         for s in SHARES:
             row[s] = float(means[s][0, j])
             ok = means[s][1:, j][np.isfinite(means[s][1:, j])]
             row[f"{s}_interval90"] = [float(q) for q in np.quantile(ok, [0.05, 0.95])] if ok.size >= 10 else None
         per_value.append(row)
-    entry = {
-        "params": params, "median": median, "interval90": interval90, "converged": True,
-        "per_value": per_value, "fewer_regressions_with_larger_n": fewer, "trend_p_value": p_value, "compute_upto": common, "solved_at": SOLVED,
-        "per_run": [{"run": r[RUN].split(":", 1)[1], spec.axis: plain(r["value"]), **{s: _num(r[s]) for s in SHARES}, "intervals": int(r["intervals"])}
-                    for _, r in per_run.iterrows()],
-    }
-    rates = problems.assign(rate=problems["correct"] / problems["samples"]).merge(runs, on=[RUN, "step"], how="inner")
-    return MethodResult(entry, {"per_run": per_run, "rates": rates})
+    rows = [{"run": r[RUN].split(":", 1)[-1], spec.axis: plain(r["value"]), **{s: float(r[s]) for s in SHARES},
+             "problems": int(r["problems"]), "evals": int(r["evals"])} for _, r in per_run.iterrows()]
+    return {"upto": upto, "params": {names[s]: float(slopes[s][0]) for s in SHARES}, "median": median, "interval90": interval90,
+            "per_value": per_value, "per_run": rows, "p": p, "fewer": fewer, "frame": per_run}
 
 
 def _weighted_means(y: np.ndarray, axis: np.ndarray, values: list, counts: np.ndarray) -> np.ndarray:
@@ -120,30 +178,37 @@ def _weighted_means(y: np.ndarray, axis: np.ndarray, values: list, counts: np.nd
     return out
 
 
-def _permutation_p(y: np.ndarray, axis: np.ndarray, values: list, seed: int) -> float | None:
+def _permutation_p(y: np.ndarray, axis: np.ndarray, strata: np.ndarray, values: list, seed: int) -> float | None:
     """Two-sided permutation p-value of the slope of per-value mean `y` on log2 value, the values
-    shuffled among runs (None with fewer than two values or no finite y)."""
+    shuffled among the runs of each stratum (None with fewer than two values or no finite y)."""
     ok = np.isfinite(y)
-    y, axis = y[ok], axis[ok]
+    y, axis, strata = y[ok], axis[ok], strata[ok]
     if len(values) < 2 or np.unique(axis).size < 2:
         return None
-    x = np.log2(np.asarray(values, float))
-    one = lambda labels: _slopes(x, _weighted_means(y, labels, values, np.ones((1, y.size))))[0]  # noqa: E731
-    observed = abs(one(axis))
     rng = np.random.default_rng(seed)
-    shuffled = np.array([abs(one(rng.permutation(axis))) for _ in range(PERMUTATIONS)])
-    return float((1 + np.sum(shuffled >= observed - 1e-15)) / (1 + PERMUTATIONS))
+    shuffled = np.tile(axis, (PERMUTATIONS, 1))
+    for s in np.unique(strata):
+        members = np.flatnonzero(strata == s)
+        shuffled[:, members] = rng.permuted(shuffled[:, members], axis=1)
+    labels = np.vstack([axis[None, :], shuffled])  # (1 + permutations, runs)
+    x = np.log2(np.asarray(values, float))
+    onehot = labels[:, :, None] == np.asarray(values, float)[None, None, :]  # (perm, runs, values)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = (onehot * y[None, :, None]).sum(1) / onehot.sum(1)
+    slope = np.abs(_slopes(x, means))
+    return float((1 + np.sum(slope[1:] >= slope[0] - 1e-15)) / (1 + PERMUTATIONS))
 
 
 def _slopes(x: np.ndarray, means: np.ndarray) -> np.ndarray:
-    """Per replicate, the least-squares slope of the per-value means on x (NaN with < 2 finite values)."""
-    out = np.full(means.shape[0], np.nan)
-    for b, m in enumerate(means):
-        ok = np.isfinite(m)
-        if ok.sum() >= 2 and np.unique(x[ok]).size >= 2:
-            out[b] = np.polyfit(x[ok], m[ok], 1)[0]
-    return out
-
-
-def _num(v: float) -> float | None:
-    return None if not np.isfinite(v) else float(v)
+    """Per row of `means` (replicates, values), the least-squares slope on x over its finite
+    entries (NaN with fewer than two distinct x)."""
+    w = np.isfinite(means)
+    m = np.where(w, means, 0.0)
+    n = w.sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        xbar = (w * x).sum(1) / n
+        mbar = m.sum(1) / n
+        dx = np.where(w, x[None, :] - xbar[:, None], 0.0)
+        var = (dx * dx).sum(1)
+        out = (dx * (m - mbar[:, None])).sum(1) / var
+    return np.where(var > 1e-12, out, np.nan)

@@ -11,6 +11,7 @@ import pandas as pd
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit.allocation import fixed_batch_method, frontier_method
 from isoflop_cli.fit.data import FitSpec, FitWarning, MethodResult, compute_unit, usable, warn
+from isoflop_cli.fit.evidence import TIE_SD
 from isoflop_cli.fit.interference import interference_method
 from isoflop_cli.fit.parametric import parametric_method
 from isoflop_cli.fit.scalerl import scalerl_method
@@ -105,7 +106,8 @@ def doubts(method: str, entry: dict, spec: FitSpec) -> list[tuple[str, bool]]:
     result unreliable: parameters pinned at their bounds (the data did not place them), parameters
     most bootstrap resamples pin at a bound, 90% intervals of zero width (the resamples all landed
     on one value: a bound or too few runs, not certainty), and an axis*(C) law read from fewer than
-    three axis values. A law's lower plateau
+    three axis values; and, as notes, curves and frontier values above what was measured by more
+    than the noise (extrapolated) and budgets where axis* is a tie. A law's lower plateau
     at the grid's smallest value is a note, not a doubt: axis* is the smallest value tried there."""
     out = []
     pinned = entry.get("at_bound") or []
@@ -117,6 +119,16 @@ def doubts(method: str, entry: dict, spec: FitSpec) -> list[tuple[str, bool]]:
     for name, curve in (entry.get("curves") or {}).items():
         if curve.get("at_bound"):
             out.append((f"{method}: the curve {name} has {', '.join(curve['at_bound'])} at the fit's bounds", False))
+        if curve.get("extrapolated"):
+            out.append((f"{method}: the curve {name} stands up to {curve['above_measured']:.3f} above the best its runs measured "
+                        f"(noise sd {entry['noise_sd']:.3g}): extrapolated there, dashed in the plot", False))
+    if entry.get("budgets_extrapolated"):
+        out.append((f"{method}: the frontier is above the best measured point by more than the noise at {entry['budgets_extrapolated']} of "
+                    f"{entry['budgets']} budgets: extrapolated there (`extrapolated` in axis_star, dashed in the plot)", False))
+    if entry.get("budgets_tied"):
+        out.append((f"{method}: {spec.axis}* is tied (curves within {entry['tie_within']:.3g} of the top, {TIE_SD:g} sd of the noise) at "
+                    f"{entry['budgets_tied']} of {entry['budgets']} budgets: there it is a set (`axis_star_set`), not one value, and "
+                    f"no switch is read from it", False))
     shares = (entry.get("bootstrap") or {}).get("at_bound_share") or {}
     most = [f"{name} ({share:.0%})" for name, share in shares.items() if share > 0.5 and name not in pinned and name != "lower"]
     if most:

@@ -44,8 +44,10 @@ def palette(values) -> dict:
 
 
 def frontier_plot(df: pd.DataFrame, front: pd.DataFrame, spec: FitSpec, out: Path, fitted: MethodResult | None) -> list[Path]:
-    """Eval points per axis value, their fitted sigmoids (or best-so-far steps without a fit), and the
-    frontier with markers coloured by axis*(C)."""
+    """Eval points per axis value, their fitted sigmoids through the running bests (or best-so-far
+    steps without a fit), and the frontier with markers coloured by axis*(C). Where a fitted curve or
+    the frontier stands above what was measured by more than the noise its line is dashed
+    (extrapolated); a budget whose axis* is a tie has a hollow marker."""
     axis, compute, metric = spec.axis, spec.compute, spec.metric
     colour = palette(df[axis].unique())
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
@@ -53,21 +55,46 @@ def frontier_plot(df: pd.DataFrame, front: pd.DataFrame, spec: FitSpec, out: Pat
     for value in colour:
         pts = raw[raw[axis] == value]
         ax.scatter(pts[compute], pts[metric], s=8, alpha=0.2, color=colour[value])
+    tied = np.zeros(len(front), dtype=bool)
     if fitted is not None:
-        records = fitted.frames["records"]
-        ax.scatter(records[compute], records[metric], s=14, color=[colour[v] for v in records[axis]], edgecolors="none", alpha=0.8)
+        best = fitted.frames["running_best"]
+        ax.scatter(best[compute], best[metric], s=10, color=[colour[v] for v in best[axis]], edgecolors="none", alpha=0.6)
         for value, c in fitted.frames["curves"].groupby("axis_value"):
-            ax.plot(c["compute"], c["value"], color=colour.get(value, "grey"), lw=1.6, label=f"{axis}={plain(value)}")
+            _dashed_where(ax, c["compute"].to_numpy(), c["value"].to_numpy(), c["extrapolated"].to_numpy(),
+                          color=colour.get(value, "grey"), lw=1.6, label=f"{axis}={plain(value)}")
+        rows = fitted.frames["axis_star"]
+        _dashed_where(ax, front["compute"].to_numpy(), front["value"].to_numpy(), rows["extrapolated"].to_numpy(bool),
+                      color="black", lw=2.5, alpha=0.35, zorder=3, label="frontier (dashed: extrapolated)")
+        tied = rows["axis_star_set"].map(len).to_numpy() > 1
     else:
         steps = axis_curves(df, metric, axis, compute)
         for value, c in steps.groupby(axis):
             ax.step(c["compute"], c["value"], where="post", color=colour[value], lw=1.5, label=f"{axis}={plain(value)}")
-    ax.plot(front["compute"], front["value"], color="black", lw=2.5, alpha=0.35, zorder=3, label="frontier")
-    ax.scatter(front["compute"], front["value"], c=[colour.get(v, "grey") for v in front["axis_star"]], edgecolors="black", s=36, zorder=4)
+        ax.plot(front["compute"], front["value"], color="black", lw=2.5, alpha=0.35, zorder=3, label="frontier")
+    marks = [colour.get(v, "grey") for v in front["axis_star"]]
+    ax.scatter(front["compute"][~tied], front["value"][~tied], c=[m for m, t in zip(marks, tied) if not t], edgecolors="black", s=36, zorder=4)
+    if tied.any():
+        ax.scatter(front["compute"][tied], front["value"][tied], facecolors="white", edgecolors=[m for m, t in zip(marks, tied) if t],
+                   linewidths=1.5, s=36, zorder=4, label=f"{axis}* tied within the noise")
     ax.set(xscale="log", xlabel=compute, ylabel=metric,
            title=f"{'fitted' if fitted is not None else 'empirical'} frontier; markers coloured by {axis}*(C)")
     ax.legend(fontsize=7, loc="best", ncol=2)
     return save(fig, out)
+
+
+def _dashed_where(ax: plt.Axes, x: np.ndarray, y: np.ndarray, dashed: np.ndarray, label: str, **style) -> None:
+    """One line, solid where `dashed` is False and dashed where it is True (each segment styled by its
+    right end, so a dashed stretch starts at the last solid point)."""
+    for i, (start, stop) in enumerate(_runs(dashed)):
+        lo = max(start - 1, 0)
+        ax.plot(x[lo:stop], y[lo:stop], ls="--" if dashed[start] else "-", label=label if i == 0 else None, **style)
+
+
+def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
+    """[start, stop) of each stretch of equal flags."""
+    edges = np.flatnonzero(np.diff(flags.astype(int))) + 1
+    bounds = np.r_[0, edges, flags.size]
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
 def axis_star_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
@@ -176,8 +203,8 @@ BANDS = {  # pass-rate bands of a validation problem at one eval point
 
 def interference_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
     """Per axis value, how the validation problems' pass rates spread over training (the share of
-    problems in each pass-rate band at each compute, over its runs), and the shares that fell or
-    regressed against the axis, with their bootstrap intervals."""
+    problems in each pass-rate band at each compute, over its runs), and the shares that rose and
+    regressed (by the binomial test, at equal compute) against the axis, with their bootstrap intervals."""
     rates = result.frames["rates"]
     values = sorted(rates[spec.axis].unique())
     fig, axes = plt.subplots(1, len(values) + 1, figsize=(3.4 * (len(values) + 1), 3.4), dpi=120, squeeze=False)
@@ -195,11 +222,11 @@ def interference_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Pa
     ax = axes[0][-1]
     per_value = result.entry["per_value"]
     xs = np.array([v[spec.axis] for v in per_value], float)
-    for share, colour in (("fell", "#dd8452"), ("regressed", "#c44e52")):
+    for share, colour in (("rose", "#2f7f4f"), ("regressed", "#c44e52")):
         ys = np.array([v[share] for v in per_value], float)
         err = np.array([[y - (v[f"{share}_interval90"] or [y, y])[0], (v[f"{share}_interval90"] or [y, y])[1] - y] for y, v in zip(ys, per_value)]).T
         ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=colour, label=share)
-    ax.set(xscale="log", xlabel=spec.axis, ylabel="share per eval interval",
+    ax.set(xscale="log", xlabel=spec.axis, ylabel="share of problems (binomial test)",
            title=f"up to {spec.compute} {result.entry['compute_upto']:.3g}")
     plain_ticks(ax.xaxis)
     ax.legend(fontsize=7)

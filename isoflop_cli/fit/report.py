@@ -8,6 +8,8 @@ import pandas as pd
 from rich.table import Table
 
 from isoflop_cli.fit.data import FitSpec
+from isoflop_cli.fit.evidence import label
+from isoflop_cli.fit.interference import ALPHA
 
 FORMS = {
     "frontier": "log2({axis}*) = lower + (upper - lower) / (1 + exp(-slope * (log10 C - midpoint)))",
@@ -15,7 +17,7 @@ FORMS = {
     "scalerl": "R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)",
     "isoflop-slices": "{axis}* = coef * C^exponent",
     "parametric": "L(N, D) = E + A / N^alpha + B / D^beta",
-    "interference": "per eval interval: shares of problems whose pass rate rose / fell, and of those solved at its start that regressed; slopes against log2 {axis}",
+    "interference": "per run: shares of problems whose pass rate rose / regressed by a binomial test, at equal compute and at equal steps; slopes against log2 {axis}",
 }
 
 
@@ -42,7 +44,9 @@ def extra_rows(method: str, entry: dict) -> list[tuple[str, str, str, str]]:
         return [(f"{k} (N_opt ~ C^a, D_opt ~ C^b)" if k == "a" else k, fmt(v), "-", _interval(ex["interval90"].get(k))) for k, v in ex["params"].items()]
     if method == "interference":
         axis = entry["axis"]
-        return [(f"{axis}={fmt(v[axis])}: {s}", fmt(v[s]), "-", _interval(v[f"{s}_interval90"])) for v in entry["per_value"] for s in ("fell", "regressed")]
+        return [(f"{axis}={fmt(v[axis])}: {s}{where}", fmt(v[s]), "-", _interval(v[f"{s}_interval90"]))
+                for where, rows in ((" (equal compute)", entry["per_value"]), (" (equal steps)", entry["equal_steps"]["per_value"]))
+                for v in rows for s in ("rose", "regressed")]
     if method == "isoflop-slices" and entry["sigmoid"]:
         s = entry["sigmoid"]
         return [(f"sigmoid {k}", fmt(v), fmt(s["median"].get(k)), _interval(s["interval90"].get(k))) for k, v in s["params"].items()]
@@ -58,10 +62,14 @@ def summary(method: str, entry: dict, spec: FitSpec) -> str:
     parts = ["converged" if entry["converged"] else "NOT converged"]
     if not entry.get("reliable", True):
         parts.append(f"NOT reliable: {len(entry.get('warnings', []))} warning(s)")
+    if entry.get("note"):
+        parts.append(entry["note"])
     if method == "frontier" and entry.get("saturation") and not set(entry.get("at_bound") or []) - {"lower"}:
         sat = entry["saturation"]
         where = f"saturates at {spec.axis}* ~ {sat['axis_star']:.3g} from C ~ {sat['compute']:.3g}" if sat["within_data"] else "does not saturate within the data"
         parts.append(where)
+    if method == "frontier":
+        parts.append(evidence_line(entry, spec))
     if method == "scalerl":
         parts.append(f"curve of {entry['best']} (highest A)")
     if method == "isoflop-slices":
@@ -70,10 +78,28 @@ def summary(method: str, entry: dict, spec: FitSpec) -> str:
         parts.append(f"Huber objective {entry['objective']:.6g} over {entry['rows']} rows")
     if method == "interference":
         fewer = entry["fewer_regressions_with_larger_n"]
-        parts.append(f"up to {spec.compute} {entry['compute_upto']:.4g}: " + ("a larger " + spec.axis + " means fewer regressions" if fewer
-                     else "a larger " + spec.axis + " means more regressions" if fewer is False else f"no trend of regressions in {spec.axis}")
-                     + (f" (permutation p = {entry['trend_p_value']:.2g})" if entry.get("trend_p_value") is not None else f" (one {spec.axis} value)"))
+        p = [entry["trend_p_value"], entry["equal_steps"]["trend_p_value"]]
+        parts.append(("a larger " + spec.axis + " means fewer regressions" if fewer else "a larger " + spec.axis + " means more regressions"
+                      if fewer is False else f"no trend of regressions in {spec.axis}")
+                     + (f" (permutation p = {p[0]:.2g} up to {spec.compute} {entry['compute_upto']:.4g}, {p[1]:.2g} up to step "
+                        f"{entry['equal_steps']['steps_upto']:.4g}; called only when both are below {ALPHA:g} with one sign)" if None not in p
+                        else f" (one {spec.axis} value)"))
     return "; ".join(parts)
+
+
+def evidence_line(entry: dict, spec: FitSpec) -> str:
+    """The noise the frontier was read at, the budgets where axis* is a tie and where the frontier is extrapolated."""
+    top = entry["axis_star"][-1]
+    line = (f"noise sd {entry['noise_sd']:.3g}: {spec.axis}* tied (within {entry['tie_within']:.3g} of the top) at {entry['budgets_tied']} of "
+            f"{entry['budgets']} budgets" + (f", at the largest {spec.axis}* = {label(top['axis_star_set'])}" if len(top["axis_star_set"]) > 1 else ""))
+    if entry["budgets_extrapolated"]:
+        line += f"; the frontier is EXTRAPOLATED (above the best measured by more than the noise) at {entry['budgets_extrapolated']} budgets"
+    return line
+
+
+def _note(row: dict) -> str:
+    """A frontier budget's caveat: its value above what was measured by more than the noise."""
+    return f"extrapolated (+{row['value'] - row['measured']:.3f} over measured)" if row["extrapolated"] else "-"
 
 
 def method_table(method: str, entry: dict, spec: FitSpec) -> Table:
@@ -87,15 +113,18 @@ def method_table(method: str, entry: dict, spec: FitSpec) -> Table:
 
 
 def frontier_table(front: pd.DataFrame, spec: FitSpec, axis_star: list[dict] | None) -> Table:
-    """frontier.csv with the bootstrap 90% band of axis*(C) where the frontier was fitted."""
+    """frontier.csv, and where the frontier was fitted: the best measured by then, axis*(C) as the
+    set within the noise of the top (a tie is written as one), its bootstrap 90% band, and whether
+    the value is extrapolated."""
     band = {round(r["compute"], 6): r for r in axis_star or []}
     table = Table(title=f"frontier ({'fitted' if axis_star else 'empirical'}): best {spec.metric} with {spec.compute} <= C, and {spec.axis}*(C)")
-    for col in (spec.compute, spec.metric, f"{spec.axis}*", f"{spec.axis}* 90%"):
-        table.add_column(col, justify="right")
+    for col in (spec.compute, spec.metric, "measured", f"{spec.axis}*", f"{spec.axis}* 90%", "note"):
+        table.add_column(col, justify="left" if col == "note" else "right")
     shown = front.iloc[sorted({*range(0, len(front), max(1, len(front) // 12)), len(front) - 1})]
     for r in shown.itertuples():
         b = band.get(round(r.compute, 6))
-        table.add_row(f"{r.compute:,.4g}", f"{r.value:.3f}", fmt(r.axis_star), _interval([b["low"], b["high"]]) if b and "low" in b else "-")
+        table.add_row(f"{r.compute:,.4g}", f"{r.value:.3f}", f"{b['measured']:.3f}" if b else "-", label(b["axis_star_set"]) if b else fmt(r.axis_star),
+                      _interval([b["low"], b["high"]]) if b and "low" in b else "-", _note(b) if b else "-")
     return table
 
 
@@ -112,24 +141,38 @@ def markdown(results: dict[str, dict], spec: FitSpec, info: dict, plots: dict[st
         lines += [f"- warning: {w}" for w in entry.get("warnings", [])] + [""]
         lines += [f"Reliable: {'yes' if entry.get('reliable') else 'no'}.", ""]
     if front is not None:
-        source = "fitted envelope of the per-axis sigmoids" if "frontier" in results else "empirical: best eval point with compute <= C"
-        lines += ["## frontier.csv", "", f"{source}.", "", f"![frontier]({plots['frontier.csv'][0]})", "", f"| {spec.compute} | {spec.metric} | {spec.axis}* |", "| ---: | ---: | ---: |"]
-        lines += [f"| {r.compute:.4g} | {r.value:.4f} | {fmt(r.axis_star)} |" for r in front.itertuples()] + [""]
+        fitted = "frontier" in results
+        source = ("fitted envelope of the per-axis sigmoids; `measured`: the best eval point up to the first at or after C; dashed and "
+                  "`extrapolated` where the fit is above it by more than the noise; the axis* column: every value within the noise of the "
+                  "top, a tie when more than one (frontier.csv keeps the top one)" if fitted else "empirical: best eval point with compute <= C")
+        lines += ["## frontier.csv", "", f"{source}.", "", f"![frontier]({plots['frontier.csv'][0]})", ""]
+        if fitted:
+            rows = {round(r["compute"], 6): r for r in results["frontier"]["axis_star"]}
+            lines += [f"| {spec.compute} | {spec.metric} | measured | {spec.axis}* | note |", "| ---: | ---: | ---: | ---: | --- |"]
+            lines += [f"| {r.compute:.4g} | {r.value:.4f} | {rows[round(r.compute, 6)]['measured']:.4f} | {label(rows[round(r.compute, 6)]['axis_star_set'])} | {_note(rows[round(r.compute, 6)])} |"
+                      for r in front.itertuples()] + [""]
+        else:
+            lines += [f"| {spec.compute} | {spec.metric} | {spec.axis}* |", "| ---: | ---: | ---: |"]
+            lines += [f"| {r.compute:.4g} | {r.value:.4f} | {fmt(r.axis_star)} |" for r in front.itertuples()] + [""]
     return "\n".join(lines)
 
 
 def _method_details(method: str, entry: dict, spec: FitSpec) -> list[str]:
     if method == "frontier":
-        out = [f"| {spec.compute} | {spec.axis}* | median | 90% interval |", "| ---: | ---: | ---: | ---: |"]
-        out += [f"| {r['compute']:.4g} | {fmt(r['axis_star'])} | {fmt(r.get('median'))} | {_interval([r['low'], r['high']]) if 'low' in r else '-'} |" for r in entry["axis_star"]]
-        out += ["", "Per-axis sigmoids of the metric against log10 C (through the record-breaking points):", "",
-                "| curve | lower | upper | midpoint | slope | points | converged |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
-        out += [f"| {k} | {' | '.join(fmt(c['params'][p]) for p in ('lower', 'upper', 'midpoint', 'slope'))} | {c['points']} | {c['converged']} |" for k, c in entry["curves"].items()]
+        out = [f"| {spec.compute} | {spec.axis}* | within the noise | median | 90% interval |", "| ---: | ---: | ---: | ---: | ---: |"]
+        out += [f"| {r['compute']:.4g} | {fmt(r['axis_star'])} | {label(r['axis_star_set'])} | {fmt(r.get('median'))} | "
+                f"{_interval([r['low'], r['high']]) if 'low' in r else '-'} |" for r in entry["axis_star"]]
+        out += ["", "Per-axis sigmoids of the metric against log10 C (through each run's running best, up to its last eval point); "
+                "`above measured`: the most the curve stands above its runs' best by then (extrapolated beyond the noise):", "",
+                "| curve | lower | upper | midpoint | slope | points | converged | above measured |", "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+        out += [f"| {k} | {' | '.join(fmt(c['params'][p]) for p in ('lower', 'upper', 'midpoint', 'slope'))} | {c['points']} | {c['converged']} | "
+                f"{c['above_measured']:+.3f}{' EXTRAPOLATED' if c['extrapolated'] else ''} |" for k, c in entry["curves"].items()]
         return out + [""]
     if method == "fixed-batch":
-        out = ["| B | compute | winning " + spec.axis + " | 90% interval |", "| ---: | ---: | ---: | ---: |"]
+        out = ["| B | compute | winning " + spec.axis + " | within the noise | 90% interval |", "| ---: | ---: | ---: | ---: | ---: |"]
         for B, b in entry["batches"].items():
-            out += [f"| {B} | {r['compute']:.4g} | {fmt(r['axis_star'])} | {_interval([r['low'], r['high']]) if 'low' in r else '-'} |" for r in b["best"]]
+            out += [f"| {B} | {r['compute']:.4g} | {fmt(r['axis_star'])} | {label(r['axis_star_set'])} | {_interval([r['low'], r['high']]) if 'low' in r else '-'} |"
+                    for r in b["best"]]
         return out + [""]
     if method == "isoflop-slices":
         out = [f"| budget | parabola vertex {spec.axis} | interior (used) | median | 90% interval |", "| ---: | ---: | --- | ---: | ---: |"]

@@ -1,0 +1,66 @@
+"""What the eval points say about a fitted frontier: the metric's noise, the best measured up to
+each budget, which fitted values go beyond it (extrapolated), and which axis values are tied.
+
+A fitted curve is a summary of eval points, not more: where it stands above everything its runs
+measured by more than the noise, it says what the data did not, and is marked extrapolated; where
+several curves are within the noise of the top, the data do not tell them apart, and axis*(C) is
+the set of them (a tie), not a switch from one to another.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from isoflop_cli.fit.data import RUN, FitSpec, warn
+from isoflop_cli.fit.frontier import best_at
+from isoflop_cli.fit.schedule import noise
+
+NOISE_RUNS = 64  # runs the noise is read from (evenly spread): its pooled residual is settled long before, and each costs ~0.15 s
+TIE_SD = 2.0  # curves within this many sd of one eval point's noise of the top are tied: two evaluations of one model differ by more only ~16% of the time (sd sqrt(2))
+
+
+def metric_noise(df: pd.DataFrame, spec: FitSpec, method: str) -> float:
+    """One sd of an eval point's noise: the pooled residual of each run's best monotone sigmoid
+    through its raw eval points (`schedule.noise`, the adaptive rule's and `isoflop replay`'s noise),
+    from up to NOISE_RUNS runs. It holds the evaluation's sampling noise (eval.problems x
+    eval.samples completions: results do not record how many, so no binomial error can be read
+    from them) and the run's own wobble between eval points. 0 with a warning when too few points
+    to read it (then any excess is an extrapolation and only exact equality a tie)."""
+    runs = df[RUN].unique()
+    pick = runs[np.unique(np.linspace(0, runs.size - 1, min(runs.size, NOISE_RUNS)).round().astype(int))] if runs.size else runs
+    sigma = noise(df[df[RUN].isin(pick)], spec.metric, spec.compute, RUN)
+    if sigma is None:
+        warn(f"{method}: too few eval points to read the metric's noise; extrapolation and ties are judged with zero noise")
+        return 0.0
+    return sigma
+
+
+def measured(compute: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """For each budget C in grid, the best of `values` measured up to the first eval point at or
+    after C (the last one beyond it): between eval points a curve interpolates, and is held to
+    what its runs had measured by the next one. NaN where nothing is measured."""
+    points = np.unique(np.asarray(compute, float))
+    if points.size == 0:
+        return np.full(np.size(grid), np.nan)
+    upto = points[np.minimum(np.searchsorted(points, np.asarray(grid, float) * (1 - 1e-9)), points.size - 1)]
+    return best_at(compute, values, upto)[0]
+
+
+def extrapolated(value: np.ndarray, seen: np.ndarray, sigma: float) -> np.ndarray:
+    """Fitted values above what was measured by more than the noise."""
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(value) & ~(value <= np.nan_to_num(seen, nan=-np.inf) + sigma)
+
+
+def tied(values: np.ndarray, sigma: float) -> np.ndarray:
+    """(curves, grid) -> which curves are within TIE_SD sigma of the top at each budget (-inf:
+    a curve not run that far)."""
+    top = values.max(0)
+    return np.isfinite(values) & (values >= top - TIE_SD * sigma)
+
+
+def label(members: list) -> str:
+    """axis* as it is written: one value as itself, a tie as `2, 4, 8 (tied)`."""
+    members = sorted(members)
+    return f"{members[0]:g}" if len(members) == 1 else ", ".join(f"{m:g}" for m in members) + " (tied)"
