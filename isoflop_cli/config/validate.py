@@ -251,11 +251,11 @@ def _check_eval_sets(cfg: DictConfig) -> None:
                 raise ConfigError(f"eval.{part} name '{name}' must be letters, digits, '_' or '-' (it names a metrics column)")
     for name, path in cfg.eval.sets.items():
         try:
-            held = held_out(cfg.task, path)
+            held = held_out(cfg.task, path, f"eval.sets.{name}")
             if cfg.model.path is None:
                 held.check_alphabet(ALPHABET, "the embedded model")
         except tasks.TaskError as e:
-            raise ConfigError(f"eval.sets.{name}: {e}") from None
+            raise ConfigError(str(e)) from None
     for name, path in cfg.eval.judges.items():
         _check_checkpoint(f"eval.judges.{name}", Path(path))
 

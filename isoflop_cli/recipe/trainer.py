@@ -522,7 +522,7 @@ def _evaluator(cfg: DictConfig, task, tokenizer, reward, shape) -> Evaluator:
 
     sets = {}
     for name, path in cfg.eval.sets.items():
-        held = held_out(cfg.task, path)
+        held = held_out(cfg.task, path, f"eval.sets.{name}")
         held.prepare(tokenizer)
         sets[name] = (held, held.validation_set(cfg.eval.problems))
     judges = {name: Judge(path) for name, path in cfg.eval.judges.items()}

@@ -1,0 +1,55 @@
+"""Values that pass the schema but are nonsense, and messages that must be one line (issue 29,
+"Nothing lost, round 2"): each mechanism tested on the case that failed and one variant. No Ray,
+no training."""
+
+import json
+
+import pandas as pd
+from typer.testing import CliRunner
+
+from isoflop_cli.cli import app
+from isoflop_cli.tasks.dataset import read_rows
+
+runner = CliRunner()
+DATASET = ["plan", "task=dataset", "task.answer_key=answer", "task.max_new_tokens=6", "task.max_prompt_tokens=8",
+           "task.val_fraction=0.5", "eval.problems=1"]
+
+
+def one_error(result, needle: str) -> str:
+    """The output is one line, `error: ...` holding `needle`, and the exit code is 2."""
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), result.output
+    assert needle in lines[0], result.output
+    return lines[0]
+
+
+# --- data files: answers by type; NaN, infinity and null refused naming the file and the row ----
+
+
+def test_answers_are_normalised_by_type_and_nan_infinity_null_refused(tmp_path):
+    # A float column of whole numbers (pandas' way to hold ints beside a missing value) gave "12.0".
+    pd.DataFrame({"prompt": ["1+2=", "2+2=", "6+6=", "1+1="], "answer": [3.0, 4.0, 12.0, 2.5]}).to_parquet(tmp_path / "f.parquet")
+    assert [r.answer for r in read_rows(str(tmp_path / "f.parquet"), "task.train", "prompt", "answer")] == ["3", "4", "12", "2.5"]
+    # The case that failed: NaN in a float column read as the answer "nan" (then "'a' is not a character ...").
+    pd.DataFrame({"prompt": ["1+2=", "2+2=", "3+3="], "answer": [3.0, float("nan"), 6.0]}).to_parquet(tmp_path / "nan.parquet")
+    one_error(runner.invoke(app, [*DATASET, f"task.train={tmp_path / 'nan.parquet'}"]), "nan.parquet row 1: 'answer' is nan")
+    # Variants: JSON's Infinity and null.
+    for name, value, needle in (("inf", "Infinity", "'answer' is inf"), ("null", "null", "'answer' is null")):
+        (tmp_path / f"{name}.jsonl").write_text('{"prompt": "1+2=", "answer": 3}\n' f'{{"prompt": "1+3=", "answer": {value}}}\n')
+        one_error(runner.invoke(app, [*DATASET, f"task.train={tmp_path / name}.jsonl"]), f"{name}.jsonl row 1: {needle}")
+
+
+def test_a_json_array_file_is_told_to_be_json_lines(tmp_path):
+    rows = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "2+2=", "answer": "4"}]
+    for indent in (None, 1):  # the whole array on one line (read as row 0, a list), and one object per several lines
+        (tmp_path / "rows.json").write_text(json.dumps(rows, indent=indent))
+        one_error(runner.invoke(app, [*DATASET, f"task.train={tmp_path / 'rows.json'}"]), "rows.json is a JSON array: give JSON Lines")
+
+
+def test_held_out_set_errors_name_their_eval_sets_key(tmp_path):
+    pd.DataFrame({"prompt": ["1+2=", "2+2="], "answer": ["3", "4"]}).to_parquet(tmp_path / "train.parquet")
+    pd.DataFrame({"prompt": ["1+2=", "2+2="], "answer": ["3", None]}).to_parquet(tmp_path / "held.parquet")
+    base = [*DATASET, f"task.train={tmp_path / 'train.parquet'}"]
+    line = one_error(runner.invoke(app, [*base, f"+eval.sets={{held:{tmp_path / 'held.parquet'}}}"]), "eval.sets.held ")
+    assert "task.train" not in line and "held.parquet row 1: 'answer' is " in line
+    one_error(runner.invoke(app, [*base, f"+eval.sets={{other:{tmp_path / 'nope.parquet'}}}"]), "eval.sets.other ")
