@@ -5,6 +5,7 @@ no training."""
 import json
 
 import pandas as pd
+import pytest
 from typer.testing import CliRunner
 
 from isoflop_cli.cli import app
@@ -53,3 +54,26 @@ def test_held_out_set_errors_name_their_eval_sets_key(tmp_path):
     line = one_error(runner.invoke(app, [*base, f"+eval.sets={{held:{tmp_path / 'held.parquet'}}}"]), "eval.sets.held ")
     assert "task.train" not in line and "held.parquet row 1: 'answer' is " in line
     one_error(runner.invoke(app, [*base, f"+eval.sets={{other:{tmp_path / 'nope.parquet'}}}"]), "eval.sets.other ")
+
+
+# --- derived values: checked like the config's own before any run --------------------------------
+
+DERIVED = {  # each mechanism's case that failed (passed `plan`, then failed in every run), then a variant
+    "seed above the generators' range": (["plan", "grid.seed=[100000000000000000000000]"], "grid.seed must be a whole number in [0, 2**32)"),
+    "negative seed of one run": (["run", "seed=-1"], "seed must be a whole number in [0, 2**32), got -1"),
+    "temperature that overflows the logits": (["plan", "algo.temperature=1e-300"], "algo.temperature must be a finite number >= 0.01"),
+    "temperature on an axis": (["plan", "+grid.axes={algo.temperature:[0.6,0.001]}"], "algo.temperature must be a finite number >= 0.01"),
+    "infinite learning rate": (["plan", "grid.n=[64]", "grid.B_p=[4]", "algo.base_lr=1e308", "algo.lr_scaling=linear"], "is a learning rate of inf"),
+    "infinite learning rate of one run": (["run", "n=64", "B_p=4", "algo.base_lr=1e308", "algo.lr_scaling=linear"], "is a learning rate of inf"),
+    "model name too long for a directory": (["plan", "model.name=" + "m" * 300], "model.name is 300 characters long: at most 100"),
+    "sweep name too long for a directory": (["plan", "name=" + "s" * 101], "name is 101 characters long: at most 100"),
+    "FLOPs that overflow (plan --json printed Infinity)": (["plan", "--json", "grid.budgets=[1.7e308]"], "FLOPs a run: above 1e+30"),
+    "FLOPs that overflow at one budget": (["plan", "grid.budgets=[512,1e300]"], "FLOPs a run: above 1e+30"),
+}
+
+
+@pytest.mark.parametrize("name", list(DERIVED))
+def test_derived_values_are_checked_before_any_run(name, tmp_path):
+    args, needle = DERIVED[name]
+    one_error(runner.invoke(app, [*args, *(["--out", str(tmp_path / "r")] if args[0] == "run" else [])]), needle)
+    assert not (tmp_path / "r").exists()
