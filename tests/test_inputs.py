@@ -77,3 +77,44 @@ def test_derived_values_are_checked_before_any_run(name, tmp_path):
     args, needle = DERIVED[name]
     one_error(runner.invoke(app, [*args, *(["--out", str(tmp_path / "r")] if args[0] == "run" else [])]), needle)
     assert not (tmp_path / "r").exists()
+
+
+# --- results read by fit, replay and race-pilot: columns named, numbers finite ---------------------
+
+
+def _results(tmp_path, name: str, **columns) -> str:
+    path = tmp_path / name
+    pd.DataFrame(columns).to_parquet(path) if name.endswith(".parquet") else pd.DataFrame(columns).to_csv(path, index=False)
+    return str(path)
+
+
+def test_results_columns_are_present_finite_numbers_named_by_column_and_row(tmp_path):
+    # The case that failed: replay without its compute column was a KeyError traceback.
+    path = _results(tmp_path, "r.csv", run_id=["a", "b"], n=[2, 4], **{"val_avg@k": [0.1, 0.2]})
+    one_error(runner.invoke(app, ["replay", path]), "r.csv: no column rollouts (have: run_id, n, val_avg@k)")
+    # race-pilot: all-infinite flops_total still named a regime; a non-numeric rho read as "no run reaches the budgets".
+    race = {"run_id": ["a", "a"], "reward": ["sparse"] * 2, "val_native": [0.1, 0.2]}
+    path = _results(tmp_path, "inf.parquet", **race, rho=[0.2, 0.3], flops_total=[float("inf")] * 2)
+    one_error(runner.invoke(app, ["race-pilot", "--from-results", path]), "inf.parquet: flops_total in row 0 is not a finite number (inf)")
+    path = _results(tmp_path, "rho.parquet", **race, rho=["0.2", "high"], flops_total=[1e9, 2e9])
+    one_error(runner.invoke(app, ["race-pilot", "--from-results", path]), "rho.parquet: rho in row 1 is not a finite number ('high')")
+
+
+def test_a_results_file_that_is_a_directory_is_named(tmp_path):
+    (tmp_path / "sweep" / "results.parquet").mkdir(parents=True)
+    for command in ("fit", "replay"):  # a sweep dir whose results.parquet is a directory was an IsADirectoryError traceback
+        one_error(runner.invoke(app, [command, str(tmp_path / "sweep")]), "sweep/results.parquet is a directory, not a results file")
+
+
+@pytest.mark.parametrize("share", [-3, 1.5])
+def test_a_replayed_share_outside_0_1_is_refused(tmp_path, share):
+    (tmp_path / "replay.json").write_text(json.dumps({"compute_share": share}))  # -3 was printed as "-300%"
+    one_error(runner.invoke(app, ["plan", "--replay", str(tmp_path / "replay.json")]), f"compute_share must be in (0, 1] (a share of the full grid's compute), got {share}")
+
+
+def test_replay_warnings_are_lines_of_their_own_not_python_warnings(tmp_path):
+    rows = [("a", 2, c, v) for c, v in ((0, 0.1), (2, 0.15), (4, 0.2), (8, 0.3))] + [("b", 4, c, v) for c, v in ((0, 0.1), (2, 0.1), (4, None), (8, 0.4))]
+    path = _results(tmp_path, "r.csv", **dict(zip(["run_id", "n", "rollouts", "val_avg@k"], map(list, zip(*rows)))))
+    result = runner.invoke(app, ["replay", path, "--budgets", "2,4,8"])
+    assert result.exit_code == 0, result.output
+    assert "warning: replay: dropped 1 of 8 rows with NaN" in result.output and "FitWarning" not in result.output and ".py:" not in result.output
