@@ -229,7 +229,8 @@ def run(
     from isoflop_cli.recipe.trainer import Budget, train
 
     try:
-        rows = train(cfg, Budget(plan.column, plan.limit, plan.eval_at, plan.M), plan.lr, run_dir, pause_at)
+        with user_errors():  # what the run finds wrong with the input (a reward function's scores): exit 2, not retried
+            rows = train(cfg, Budget(plan.column, plan.limit, plan.eval_at, plan.M), plan.lr, run_dir, pause_at)
     except LeaseLost as e:  # a newer attempt of this run writes its dir now: this one stands down
         err.print(Text.assemble(("stopped: ", "bold yellow"), str(e)), soft_wrap=True)
         raise typer.Exit(1) from None

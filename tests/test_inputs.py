@@ -118,3 +118,66 @@ def test_replay_warnings_are_lines_of_their_own_not_python_warnings(tmp_path):
     result = runner.invoke(app, ["replay", path, "--budgets", "2,4,8"])
     assert result.exit_code == 0, result.output
     assert "warning: replay: dropped 1 of 8 rows with NaN" in result.output and "FitWarning" not in result.output and ".py:" not in result.output
+
+
+# --- a user's reward function: every call checked, one line naming it, a failure for good ----------
+
+USER_REWARDS = '''
+import math
+
+def nan_for_wrong(problems, completions):
+    return [1.0 if c == p.answer else math.nan for p, c in zip(problems, completions)]
+
+def one_short(problems, completions):
+    return [0.5] * (len(completions) - 1)
+
+def words(problems, completions):
+    return ["good" for _ in completions]
+
+def raises(problems, completions):
+    raise ValueError("no such field\\n  while scoring 'answer'")
+
+def good(problems, completions):
+    return [c == p.answer for p, c in zip(problems, completions)]
+'''
+
+
+@pytest.fixture
+def user_rewards(tmp_path, monkeypatch):
+    (tmp_path / "user_rewards.py").write_text(USER_REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+@pytest.mark.parametrize("fn, needle", [
+    ("nan_for_wrong", "returned nan for completion 1: each score must be a finite number"),  # the sampler's "inf/nan" steps later
+    ("one_short", "returned 1 scores for 2 completions: it must return one per completion"),
+    ("words", "returned 'good' for completion 0"),
+    ("raises", "raised ValueError: while scoring 'answer'"),  # the exception's last line, not a traceback
+])
+def test_a_user_reward_function_is_checked_on_every_call(user_rewards, fn, needle):
+    from omegaconf import OmegaConf
+
+    from isoflop_cli.errors import ConfigError
+    from isoflop_cli.recipe.rewards import make_reward
+    from isoflop_cli.tasks.arith import ArithTask
+
+    task = ArithTask()
+    problem = task.problem([4, 3], ["+"])
+    reward = make_reward(OmegaConf.create({"name": "custom", "fn": "user_rewards:good"}), task)
+    assert reward([problem] * 2, [problem.answer, "9"])[0] == [1.0, 0.0]  # bools are numbers
+    reward = make_reward(OmegaConf.create({"name": "custom", "fn": f"user_rewards:{fn}"}), task)
+    with pytest.raises(ConfigError) as e:
+        reward([problem] * 2, [problem.answer, "9"])
+    assert str(e.value).startswith(f"reward.fn 'user_rewards:{fn}' ") and needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.slow  # trains (builds the embedded model on first use)
+def test_a_run_whose_reward_returns_nan_fails_for_good_with_its_line(user_rewards, tmp_path):
+    from isoflop_cli.store import RunFiles
+
+    result = runner.invoke(app, ["run", "--out", str(tmp_path / "r"), "n=4", "B_p=2", "grid.budgets=[16]", "grid.eval_points=2",
+                                 "eval.problems=4", "eval.samples=4", "reward=custom", "reward.fn=user_rewards:nan_for_wrong"])
+    assert result.exit_code == 2, result.output  # the dispatcher's USER_ERROR: not retried
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "reward.fn 'user_rewards:nan_for_wrong' returned nan" in errors[0] and "Traceback" not in result.output
+    assert RunFiles(tmp_path / "r").failure_reason() == errors[0].removeprefix("error: ")
