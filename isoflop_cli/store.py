@@ -326,6 +326,8 @@ class CellState:
         cell = cls(**values)
         if cell.state not in CELL_STATES:
             raise Malformed(f"state '{cell.state}' is none of {', '.join(CELL_STATES)}")
+        if cell.state == RETRYING and not cell.failures:  # the dispatcher writes the failure it retries after with the state
+            raise Malformed(f"state {RETRYING} without the failure it retries after")
         return cell
 
     def to_json(self) -> dict:

@@ -181,3 +181,14 @@ def test_a_run_whose_reward_returns_nan_fails_for_good_with_its_line(user_reward
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "reward.fn 'user_rewards:nan_for_wrong' returned nan" in errors[0] and "Traceback" not in result.output
     assert RunFiles(tmp_path / "r").failure_reason() == errors[0].removeprefix("error: ")
+
+
+# --- manifests: what the readers of a cell take for granted is part of its schema -----------------
+
+
+@pytest.mark.parametrize("command", ["status", "logs"])
+def test_a_retrying_cell_without_its_failure_is_a_malformed_manifest(tmp_path, command):
+    # `status` read the failure a retrying cell retries after: an IndexError traceback.
+    (tmp_path / "manifest.json").write_text('{"version": 1, "cells": {"a": {"M": 4, "state": "retrying", "attempts": 1}}}')
+    args = [command, str(tmp_path), *(["a"] if command == "logs" else [])]
+    one_error(runner.invoke(app, args), "cell 'a' is malformed (state retrying without the failure it retries after)")
