@@ -192,3 +192,19 @@ def test_a_retrying_cell_without_its_failure_is_a_malformed_manifest(tmp_path, c
     (tmp_path / "manifest.json").write_text('{"version": 1, "cells": {"a": {"M": 4, "state": "retrying", "attempts": 1}}}')
     args = [command, str(tmp_path), *(["a"] if command == "logs" else [])]
     one_error(runner.invoke(app, args), "cell 'a' is malformed (state retrying without the failure it retries after)")
+
+
+# --- a failed job's reason: one line, whatever Ray appends ---------------------------------------
+
+
+def test_a_killed_jobs_reason_is_one_line_with_its_exception_and_its_logs_path(tmp_path):
+    from isoflop_cli.dispatch import job_message
+
+    log = tmp_path / "runs" / "a" / "log.txt"
+    # The case that failed: Ray's message carries the log's last 20,000 characters into the reason.
+    tail = "step 3\n" * 2500 + "Traceback (most recent call last):\n  File \"x.py\", line 1\nMemoryError: out of memory\nstep 4\n"
+    message = f"Job entrypoint command failed with exit code -9, last available logs (truncated to 20,000 chars):\n{tail}"
+    assert job_message(message, log) == f"Job entrypoint command failed with exit code -9; MemoryError: out of memory (log: {log})"
+    # Variants: a tail without an exception line, and Ray's message without a tail (as it is).
+    assert job_message(message.replace("MemoryError: out of memory", "bye"), log) == f"Job entrypoint command failed with exit code -9 (log: {log})"
+    assert job_message("Job entrypoint command failed with exit code 1. No logs available.", log).endswith("No logs available.")
