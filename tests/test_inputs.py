@@ -208,3 +208,31 @@ def test_a_killed_jobs_reason_is_one_line_with_its_exception_and_its_logs_path(t
     # Variants: a tail without an exception line, and Ray's message without a tail (as it is).
     assert job_message(message.replace("MemoryError: out of memory", "bye"), log) == f"Job entrypoint command failed with exit code -9 (log: {log})"
     assert job_message("Job entrypoint command failed with exit code 1. No logs available.", log).endswith("No logs available.")
+
+
+# --- SLURM: sbatch's refusal is the one message, not raw lines before it ------------------------
+
+
+def test_sbatchs_refusal_is_one_message_not_its_raw_lines_first(tmp_path, monkeypatch, capfd):
+    pytest.importorskip("submitit")
+    from omegaconf import OmegaConf
+
+    from isoflop_cli.config.schema import ClusterConfig
+    from isoflop_cli.errors import SlurmRefused
+    from isoflop_cli.slurm import SlurmClient
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")  # submitit takes SLURM to be there when srun is
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid partition name specified' >&2\nexit 1\n")
+    for tool in ("srun", "sbatch"):
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    cluster = OmegaConf.structured(ClusterConfig)
+    cluster.slurm.executor, cluster.slurm.partition = "slurm", "nope"
+    client = SlurmClient(cluster, tmp_path / "slurm")
+    with pytest.raises(SlurmRefused, match="SLURM refused the runs' jobs: .*Invalid partition name specified"):
+        client.submit_job("true", "isoflop-a-1")  # one job
+    with pytest.raises(SlurmRefused, match="Invalid partition name specified"), client.batch():
+        client.submit_job("true", "isoflop-b-1")  # an array job, submitted as the batch ends
+    assert "sbatch" not in capfd.readouterr().err
