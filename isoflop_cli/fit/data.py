@@ -133,12 +133,12 @@ def numbers(df: pd.DataFrame, column: str, where: Path | str) -> pd.Series:
     if column not in df.columns:
         raise ConfigError(f"{where}: no column {column} (have: {', '.join(str(c) for c in df.columns if c != RUN)})")
     values = pd.to_numeric(df[column], errors="coerce")
-    bad = (values.isna() & df[column].notna()) | np.isinf(values.to_numpy(float))
-    if bad.any():
-        row = bad.to_numpy().nonzero()[0][0]
-        value = df[column].iloc[row]
-        raise ConfigError(f"{where}: {column} in row {row} is not a finite number ({value!r})" if isinstance(value, str) else
-                          f"{where}: {column} in row {row} is not a finite number ({value})")
+    for bad, what in ((values.isna() & df[column].notna(), "not a number"), (np.isinf(values.to_numpy(float)), "not finite")):
+        if bad.any():
+            row = np.asarray(bad).nonzero()[0][0]
+            value = df[column].iloc[row]
+            raise ConfigError(f"{where}: {column} in row {row} is {what} ({value!r})" if isinstance(value, str) else
+                              f"{where}: {column} in row {row} is {what} ({value})")
     return values
 
 
