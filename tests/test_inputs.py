@@ -236,3 +236,21 @@ def test_sbatchs_refusal_is_one_message_not_its_raw_lines_first(tmp_path, monkey
     with pytest.raises(SlurmRefused, match="Invalid partition name specified"), client.batch():
         client.submit_job("true", "isoflop-b-1")  # an array job, submitted as the batch ends
     assert "sbatch" not in capfd.readouterr().err
+
+
+def _score_nan(group) -> None:
+    from isoflop_cli.errors import ConfigError
+
+    if group.is_main:  # rank 0 scores the batch
+        raise ConfigError("reward.fn 'user_rewards:nan_for_wrong' returned nan for completion 1: each score must be a finite number")
+    group.broadcast(None)
+
+
+@pytest.mark.slow  # two spawned torch processes
+def test_a_ranks_user_error_stays_one_line_in_a_sharded_run():
+    from isoflop_cli.errors import ConfigError
+    from isoflop_cli.recipe import distributed
+
+    with pytest.raises(ConfigError) as e:  # not torch's ProcessRaisedException with the rank's traceback
+        distributed.launch(_score_nan, 2, timeout_s=30)
+    assert str(e.value) == "reward.fn 'user_rewards:nan_for_wrong' returned nan for completion 1: each score must be a finite number"
