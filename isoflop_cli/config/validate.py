@@ -163,10 +163,11 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
 
 MAX_EVAL_PROBLEMS = 100_000
 MAX_NAME = 100  # characters of a name that is a directory's (a file name is at most 255 bytes, with a digest and prefixes added)
-MIN_TEMPERATURE = 0.01
+MIN_TEMPERATURE = 0.01  # below it sampling is greedy in all but name; far below, logits / temperature overflow
 # Seeds are fed to torch.manual_seed (< 2**64) and random.seed, also as seed * 1_000_003 + step
 # (evaluation, calibration): below 2**32 (numpy's seed range) every one of them stays in range.
 SEED_LIMIT = 2**32
+EMBEDDED_MAX_POSITIONS = 64  # the embedded models' context (recipe.checkpoint.qwen2_config)
 
 
 def _check_seeds(cfg: DictConfig) -> None:
@@ -176,7 +177,6 @@ def _check_seeds(cfg: DictConfig) -> None:
         for value in values:
             if not 0 <= value < SEED_LIMIT:
                 raise ConfigError(f"{key} must be a whole number in [0, 2**32), got {value}")
-EMBEDDED_MAX_POSITIONS = 64  # the embedded models' context (recipe.checkpoint.qwen2_config)
 
 
 def _show(value: Any) -> str:
