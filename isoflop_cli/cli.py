@@ -78,10 +78,15 @@ def plan(
 
 
 def _replayed_share(path: Path) -> float:
+    """The share of its full grid a replayed schedule spent: a number in (0, 1] (a schedule spends
+    at most the full grid's compute)."""
     data = read_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("compute_share"), (int, float)):
         raise ConfigError(f"--replay {path}: not a replay.json written by isoflop replay (no compute_share)")
-    return float(data["compute_share"])
+    share = float(data["compute_share"])
+    if not 0 < share <= 1:
+        raise ConfigError(f"--replay {path}: compute_share must be in (0, 1] (a share of the full grid's compute), got {share:g}")
+    return share
 
 
 @app.command()
@@ -268,7 +273,8 @@ def run(
     from isoflop_cli.recipe.trainer import Budget, train
 
     try:
-        rows = train(cfg, Budget(plan.column, plan.limit, plan.eval_at, plan.M), plan.lr, run_dir, pause_at)
+        with user_errors():  # what the run finds wrong with the input (a reward function's scores): exit 2, not retried
+            rows = train(cfg, Budget(plan.column, plan.limit, plan.eval_at, plan.M), plan.lr, run_dir, pause_at)
     except LeaseLost as e:  # a newer attempt of this run writes its dir now: this one stands down
         err.print(Text.assemble(("stopped: ", "bold yellow"), str(e)), soft_wrap=True)
         raise typer.Exit(1) from None
@@ -445,9 +451,12 @@ def replay(
         stages = _float_list("--budgets", budgets) if budgets else None
         df, info = data.load([path])
         data.numeric_column(df, compute, path)
-        result = replay_mod.replay(df, metric, axis, compute, Schedule(schedule), margin, stages)
-        dest = config_mod.check_writable(out or (path if path.is_dir() else path.parent) / "replay")
-        written = replay_mod.write(result, info, axis, compute, dest)
+        with data.notes() as notes:
+            result = replay_mod.replay(df, metric, axis, compute, Schedule(schedule), margin, stages)
+            dest = config_mod.check_writable(out or (path if path.is_dir() else path.parent) / "replay")
+            written = replay_mod.write(result, info, axis, compute, dest)
+    for note in notes:
+        err.print(Text.assemble(("warning: ", "bold yellow"), note), soft_wrap=True)
     console.print(report.replay_table(result, axis))
     console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
 

@@ -31,7 +31,7 @@ from isoflop_cli import launchers, preflight
 from isoflop_cli.config.schema import Schedule
 from isoflop_cli.errors import ConfigError, HeadLost
 from isoflop_cli.fit.schedule import decide
-from isoflop_cli.store import FAILED, FINISHED, PAUSED, RETRYING, STOPPED, SUBMITTED, CellState, Failure, Manifest, RunFiles, SweepDir, SweepSchedule, atomic_write
+from isoflop_cli.store import FAILED, FINISHED, PAUSED, RETRYING, STOPPED, SUBMITTED, CellState, Failure, Manifest, RunFiles, SweepDir, SweepSchedule, atomic_write, last_exception
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 # Set in a job's environment: `isoflop run` then dies with the job supervisor that started it, so
@@ -381,11 +381,24 @@ class Dispatcher:
     def _failure(self, run_id: str, submission_id: str, job_state: str | None) -> str:
         """The run's own error or its log's exception line, else what Ray says of the job's end
         (a killed process: "...exit code -9"); a job the cluster lost says so."""
-        reason = self.sweep.run(run_id).failure_reason()
+        files = self.sweep.run(run_id)
+        reason = files.failure_reason()
         if reason:
             return reason
         try:
             message = self.client.get_job_info(submission_id).message
         except Exception:  # the cluster no longer knows the job
             message = None
-        return f"job {submission_id} ended {job_state or 'lost'}" + (f": {message}" if message else "")
+        return f"job {submission_id} ended {job_state or 'lost'}" + (f": {job_message(message, files.log)}" if message else "")
+
+
+def job_message(message: str, log: Path) -> str:
+    """Ray's word on a job's end, one line: without the log tail it appends to a failed job's
+    (up to 20,000 characters), of which the last exception line is kept, and the path of the
+    job's whole log instead."""
+    head, cut, tail = message.partition(", last available logs")
+    line = " ".join(head.split())
+    if not cut:
+        return line
+    exception = last_exception(tail)
+    return line + (f"; {exception}" if exception else "") + f" (log: {log})"

@@ -24,6 +24,11 @@ from isoflop_cli.rewards import REWARDS
 from isoflop_cli.samplers import SAMPLERS
 
 
+# FLOPs one run may be planned to spend: far beyond any cluster's, and low enough that a grid's
+# total stays a finite float (a budget of 1e300 made `plan --json` print Infinity).
+MAX_RUN_FLOPS = 1e30
+
+
 @dataclass(frozen=True)
 class RunPlan:
     """What one run needs from the grid: where it stops and evaluates, its learning rate, and
@@ -165,7 +170,9 @@ def plan_run(cfg: DictConfig, flops_scale: float = 1.0) -> RunPlan:
 
 def _plan_run(cfg, n: int, B_p: int, flops_scale: float = 1.0, shapes: _Shapes | None = None,
               checkpoints: list[float] | None = None) -> RunPlan:
-    """plan_run for `n`, `B_p` on `cfg` (a DictConfig or a `_Plain` view of one)."""
+    """plan_run for `n`, `B_p` on `cfg` (a DictConfig or a `_Plain` view of one). Values derived
+    here are checked like the config's own (a learning rate, FLOPs that overflow): every run of a
+    plan can start."""
     g = cfg.grid
     shapes = shapes or _Shapes.of(cfg)
     batch = B_p * n
@@ -183,13 +190,20 @@ def _plan_run(cfg, n: int, B_p: int, flops_scale: float = 1.0, shapes: _Shapes |
     M = int(c_max // cost)
     if M < g.min_steps:
         raise ConfigError(f"budget {c_max:g} {BudgetUnit(g.budget.unit).value} allows M = {M} steps of {what}, below grid.min_steps = {g.min_steps}")
+    if not M * per_step.total <= MAX_RUN_FLOPS:
+        raise ConfigError(f"budget {c_max:g} {BudgetUnit(g.budget.unit).value} is M = {M:.3g} steps of ~{per_step.total:.3g} FLOPs, "
+                          f"{M * per_step.total:.3g} FLOPs a run: above {MAX_RUN_FLOPS:.0e}; lower grid.budgets")
+    lr = learning_rate(cfg.algo, batch)
+    if not (math.isfinite(lr) and lr > 0):
+        raise ConfigError(f"algo.base_lr={cfg.algo.base_lr:g} scaled by algo.lr_scaling={LrScaling(cfg.algo.lr_scaling).value} to B = {batch} "
+                          f"(algo.ref_batch={cfg.algo.ref_batch}) is a learning rate of {lr:g}: it must be a finite number > 0")
     shared = eval_budgets(g) if checkpoints is None else checkpoints
     checkpoints = shared if by_flops else [c for c in shared if c >= cost]
     steps = {0, M} | {int(c // cost) for c in checkpoints if c >= cost}
     gpu_memory = memory.predict(shapes.policy, cfg, n, B_p, shapes.prompt)
     memory.check(gpu_memory, cfg)
     return RunPlan(
-        batch=batch, M=M, eval_steps=tuple(sorted(steps)), lr=learning_rate(cfg.algo, batch),
+        batch=batch, M=M, eval_steps=tuple(sorted(steps)), lr=lr,
         column=budget_column(g),
         limit=float(c_max) if by_flops else float(M * batch),
         eval_at=tuple(sorted({0.0, *checkpoints})) if by_flops else tuple(float(s * batch) for s in sorted(steps)),

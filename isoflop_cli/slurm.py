@@ -17,6 +17,7 @@ SLURM and for tests; local jobs do not outlive the CLI's knowledge of them.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -52,10 +53,13 @@ def run_command(entrypoint: str, env: dict[str, str]) -> int:
 
 @contextlib.contextmanager
 def _refused() -> Iterator[None]:
+    """sbatch's refusal as one SlurmRefused line. submitit also prints sbatch's stderr before it
+    raises: that goes into the message only (it holds the same lines), not onto the terminal."""
     from submitit.core.utils import FailedJobError
 
     try:
-        yield
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
     except FailedJobError as e:
         why = " ".join(str(e).split())
         raise SlurmRefused(f"SLURM refused the runs' jobs: {why} (see cluster.cpus_per_run, cluster.gpus_per_run, cluster.slurm.*)") from None

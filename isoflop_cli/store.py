@@ -203,13 +203,7 @@ class RunFiles:
         error = self.status().get("error")
         if error:
             return str(error)
-        if not self.log.exists():
-            return None
-        lines = [line.strip() for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
-        for line in reversed(lines):
-            if _EXCEPTION.match(line):
-                return line.removeprefix("error: ")
-        return None
+        return last_exception(self.log.read_text(errors="replace")) if self.log.exists() else None
 
     def reset_metrics(self) -> None:
         """A run that starts over starts its metrics (and per-problem records) over: no duplicated rows."""
@@ -269,6 +263,15 @@ def _jsonl(rows: list[dict]) -> str:
 _EXCEPTION = re.compile(r"^(error: |([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|Killed)\b)")
 
 
+def last_exception(log: str) -> str | None:
+    """The last exception line of a log (an `error:` line of isoflop's, a traceback's last line),
+    not the traceback's last frame; None where there is none."""
+    for line in reversed(log.splitlines()):
+        if _EXCEPTION.match(line.strip()):
+            return line.strip().removeprefix("error: ")
+    return None
+
+
 # The manifest: what a sweep dir holds (its cells) and where each cell's job stands. `SweepDir`
 # reads and writes it, here and nowhere else; every other module works on these objects.
 
@@ -326,6 +329,8 @@ class CellState:
         cell = cls(**values)
         if cell.state not in CELL_STATES:
             raise Malformed(f"state '{cell.state}' is none of {', '.join(CELL_STATES)}")
+        if cell.state == RETRYING and not cell.failures:  # the dispatcher writes the failure it retries after with the state
+            raise Malformed(f"state {RETRYING} without the failure it retries after")
         return cell
 
     def to_json(self) -> dict:

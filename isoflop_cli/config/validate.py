@@ -41,6 +41,10 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
 
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", cfg.name):
         raise ConfigError(f"name '{cfg.name}' must be a plain directory name (letters, digits, '.', '_', '-')")
+    for key in ("name", "model.name"):  # a directory's name (OUT/<name>, the embedded model's cache entry <model.name>-<digest>)
+        if len(OmegaConf.select(cfg, key)) > MAX_NAME:
+            raise ConfigError(f"{key} is {len(OmegaConf.select(cfg, key))} characters long: at most {MAX_NAME} (it names a directory)")
+    _check_seeds(cfg)
 
     g = cfg.grid
     positive("grid.n", g.n)
@@ -89,8 +93,9 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
         raise ConfigError(f"algo.epochs must be whole passes (1, 2, ...) or a share of each group's completions below 1, got {cfg.algo.epochs}")
     positive("algo.minibatches", cfg.algo.minibatches)
     positive("algo.base_lr", cfg.algo.base_lr)
-    if not (0 < cfg.algo.temperature and math.isfinite(cfg.algo.temperature)):
-        raise ConfigError(f"algo.temperature must be > 0, got {cfg.algo.temperature}")
+    if not (MIN_TEMPERATURE <= cfg.algo.temperature and math.isfinite(cfg.algo.temperature)):
+        raise ConfigError(f"algo.temperature must be a finite number >= {MIN_TEMPERATURE} (below it logits / temperature "
+                          f"overflow and the loss's gradients scale by 1 / temperature), got {cfg.algo.temperature}")
     if not 0 < cfg.algo.top_p <= 1:
         raise ConfigError(f"algo.top_p must be in (0, 1], got {cfg.algo.top_p}")
     check_choice("algo.name", cfg.algo.name, tuple(ALGORITHMS))
@@ -158,7 +163,21 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
 
 
 MAX_EVAL_PROBLEMS = 100_000
+MAX_NAME = 100  # characters of a name that is a directory's (a file name is at most 255 bytes, with a digest and prefixes added)
+MIN_TEMPERATURE = 0.01  # below it sampling is greedy in all but name; far below, logits / temperature overflow
+# Seeds are fed to torch.manual_seed (< 2**64) and random.seed, also as seed * 1_000_003 + step
+# (evaluation, calibration): below 2**32 (numpy's seed range) every one of them stays in range.
+SEED_LIMIT = 2**32
 EMBEDDED_MAX_POSITIONS = 64  # the embedded models' context (recipe.checkpoint.qwen2_config)
+
+
+def _check_seeds(cfg: DictConfig) -> None:
+    """Every seed a run feeds its generators is a whole number in [0, SEED_LIMIT)."""
+    seeds = {"seed": [cfg.seed], "grid.seed": cfg.grid.seed, "model.build.seed": [cfg.model.build.seed], "reward.build.seed": [cfg.reward.build.seed]}
+    for key, values in seeds.items():
+        for value in values:
+            if not 0 <= value < SEED_LIMIT:
+                raise ConfigError(f"{key} must be a whole number in [0, 2**32), got {value}")
 
 
 def _show(value: Any) -> str:
@@ -252,11 +271,11 @@ def _check_eval_sets(cfg: DictConfig) -> None:
                 raise ConfigError(f"eval.{part} name '{name}' must be letters, digits, '_' or '-' (it names a metrics column)")
     for name, path in cfg.eval.sets.items():
         try:
-            held = held_out(cfg.task, path)
+            held = held_out(cfg.task, path, f"eval.sets.{name}")
             if cfg.model.path is None:
                 held.check_alphabet(ALPHABET, "the embedded model")
         except tasks.TaskError as e:
-            raise ConfigError(f"eval.sets.{name}: {e}") from None
+            raise ConfigError(str(e)) from None
     for name, path in cfg.eval.judges.items():
         _check_checkpoint(f"eval.judges.{name}", Path(path))
 

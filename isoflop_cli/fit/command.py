@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from rich.table import Table
 from isoflop_cli.config import check_writable
 from isoflop_cli.config.schema import TrackingConfig
 from isoflop_cli.fit import data, methods, outputs, report
-from isoflop_cli.fit.data import FitSpec, FitWarning
+from isoflop_cli.fit.data import FitSpec
 from isoflop_cli.fit.interference import load_problems
 from isoflop_cli.tracking import log_fit, sweep_tracker_root
 
@@ -38,12 +37,10 @@ def fit(paths: list[Path], spec: FitSpec, asked: list[str], out: Path | None) ->
     if spec.compute in df.columns:
         data.numeric_column(df, spec.compute, ", ".join(map(str, paths)))
     out = check_writable(out or default_out(paths[0]))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", FitWarning)
+    with data.notes() as notes:
         problems = load_problems(paths) if any(methods.METHODS[m].reads_problems for m in asked) else None
         results = methods.run(df, spec, asked or methods.defaults(df, spec), explicit=bool(asked), problems=problems)
         written, front = outputs.write(df, info, spec, results, out)
-    notes = list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, FitWarning)))
     _track(paths[0], out, written)
     return Fitted(tables(results, spec, front), written, notes)
 

@@ -6,11 +6,12 @@ as `FitWarning` when a fit goes ahead on less than it was given.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pandas as pd
@@ -27,6 +28,18 @@ class FitWarning(UserWarning):
 
 def warn(message: str) -> None:
     warnings.warn(message, FitWarning, stacklevel=2)
+
+
+@contextlib.contextmanager
+def notes() -> Iterator[list[str]]:
+    """The FitWarnings raised inside, each once, as messages the CLI prints one a line (not
+    Python's `file:line: FitWarning:` form); the libraries' own warnings (numpy's on a degenerate
+    fit) are left out: what they mean for the user is a FitWarning's to say."""
+    found: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FitWarning)
+        yield found
+    found.extend(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, FitWarning)))
 
 
 @dataclass
@@ -62,6 +75,8 @@ def read(path: Path) -> pd.DataFrame:
         raise ConfigError(f"no such file or directory: {path}")
     if path.is_dir() and not (path / RESULTS).exists():
         raise ConfigError(f"{path} has no {RESULTS} (is it a sweep directory with finished runs?)")
+    if input_file(path).is_dir():
+        raise ConfigError(f"{input_file(path)} is a directory, not a results file (a parquet or CSV)")
     try:
         return load_results(path)
     except (OSError, ValueError) as e:
@@ -112,14 +127,25 @@ def usable(df: pd.DataFrame, columns: list[str], method: str) -> pd.DataFrame:
     return df.loc[keep].assign(**{c: numeric.loc[keep, c] for c in columns})
 
 
-def numeric_column(df: pd.DataFrame, column: str, where: Path | str) -> pd.Series:
-    """`column` as numbers: a value that is not one is an error naming its row; no positive value
-    at all (nothing was spent) is an error too, since no compute axis can be drawn from it."""
+def numbers(df: pd.DataFrame, column: str, where: Path | str) -> pd.Series:
+    """`column` as numbers, missing values as NaN: a column that is not there, and a value that is
+    not a number or is infinite, are errors naming the column (and the row)."""
+    if column not in df.columns:
+        raise ConfigError(f"{where}: no column {column} (have: {', '.join(str(c) for c in df.columns if c != RUN)})")
     values = pd.to_numeric(df[column], errors="coerce")
-    bad = values.isna() & df[column].notna()
-    if bad.any():
-        row = bad.to_numpy().nonzero()[0][0]
-        raise ConfigError(f"{where}: {column} in row {row} is not a number ({df[column].iloc[row]!r})")
+    for bad, what in ((values.isna() & df[column].notna(), "not a number"), (np.isinf(values.to_numpy(float)), "not finite")):
+        if bad.any():
+            row = np.asarray(bad).nonzero()[0][0]
+            value = df[column].iloc[row]
+            raise ConfigError(f"{where}: {column} in row {row} is {what} ({value!r})" if isinstance(value, str) else
+                              f"{where}: {column} in row {row} is {what} ({value})")
+    return values
+
+
+def numeric_column(df: pd.DataFrame, column: str, where: Path | str) -> pd.Series:
+    """`column` as numbers (`numbers`); no positive value at all (nothing was spent) is an error
+    too, since no compute axis can be drawn from it."""
+    values = numbers(df, column, where)
     if not (values > 0).any():
         raise ConfigError(f"{where}: no row has a positive {column}, so there is no compute axis to fit on")
     return values

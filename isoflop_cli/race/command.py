@@ -69,7 +69,8 @@ def read_results(path: Path) -> pd.DataFrame:
     missing = [c for c in ("run_id", "flops_total") if c not in df.columns]
     if missing:
         raise ConfigError(f"{path}: no column {', '.join(missing)} (RACE reads isoflop results: run_id, reward, rho, flops_total, the target)")
-    return df.assign(flops_total=fit_data.numeric_column(df, "flops_total", path))
+    rho = {"rho": fit_data.numbers(df, "rho", path)} if "rho" in df.columns else {}  # its absence is said with the target's
+    return df.assign(flops_total=fit_data.numeric_column(df, "flops_total", path), **rho)
 
 
 def pilot_flops(df: pd.DataFrame) -> float:

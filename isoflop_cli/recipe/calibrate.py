@@ -48,7 +48,7 @@ def _calibrate(cfg: DictConfig, start: int, stop: int) -> pd.DataFrame:
     # GPU when there is one; a vLLM engine reads the weights itself (the HF model: its structure only).
     own_engine = SAMPLERS[cfg.sampler.name].own_engine
     tokenizer, model = checkpoint.load(cfg.model, cfg.task, sampler_dtype(cfg), meta=own_engine)
-    task = held_out(cfg.task, cfg.task.train)  # every row of the file
+    task = held_out(cfg.task, cfg.task.train, "task.train")  # every row of the file
     task.prepare(tokenizer)  # chat template; prompts over task.max_prompt_tokens are left out
     problems = [p for p in task.problems("val") if start <= int(p.id) < stop]
     texts = {r.index: r.text() for r in task.rows_of["val"]}

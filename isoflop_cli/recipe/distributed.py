@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.processes import die_with_parent
 
 
@@ -67,7 +68,16 @@ def launch(fn: Callable[..., None], world_size: int, *args: Any, timeout_s: floa
     with socket.socket() as s:  # a free port on loopback for the rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_rank_main, args=(world_size, port, timeout_s, fn, args), nprocs=world_size, start_method="spawn")
+    try:
+        mp.start_processes(_rank_main, args=(world_size, port, timeout_s, fn, args), nprocs=world_size, start_method="spawn")
+    except mp.ProcessRaisedException as e:  # a rank's traceback, as text
+        last = str(e).strip().splitlines()[-1]
+        if last.startswith(_USER_ERROR):  # a user error (a reward function's scores) stays one: one line, exit 2, not retried
+            raise ConfigError(last.removeprefix(_USER_ERROR)) from None
+        raise
+
+
+_USER_ERROR = f"{ConfigError.__module__}.{ConfigError.__qualname__}: "  # how a rank's traceback ends on a ConfigError
 
 
 def _rank_main(rank: int, world_size: int, port: int, timeout_s: float, fn: Callable[..., None], args: tuple) -> None:

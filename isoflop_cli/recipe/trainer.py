@@ -31,6 +31,7 @@ from isoflop_cli import flops, tasks
 from isoflop_cli.algorithms import passes, spec
 from isoflop_cli.config.identity import fingerprints
 from isoflop_cli.config.schema import sharded
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.recipe import checkpoint, distributed, resume
 from isoflop_cli.recipe.distributed import Group
 from isoflop_cli.recipe.evaluate import Evaluator, Judge
@@ -107,7 +108,7 @@ def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str, pause
     except BaseException as e:
         files.check_lease(cause=e)  # taken over (a rank's LeaseLost arrives wrapped, a save fails as its dir is cleared): stand down
         with contextlib.suppress(OSError):  # a full disk may refuse even this; the run's error is what is raised
-            files.set_status(FAILED, error=disk_full_message(e) if is_disk_full(e) else f"{type(e).__name__}: {e}", M=budget.M)
+            files.set_status(FAILED, error=_error_line(e), M=budget.M)
         raise
     rows = files.read_metrics()
     if rows[-1][budget.column] < budget.limit:  # paused short of its budget (finished runs reach it)
@@ -118,6 +119,14 @@ def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str, pause
         files.check_lease()
         resume.remove(files.checkpoint)  # the run is sealed: its results are in metrics.jsonl and status.json
     return rows
+
+
+def _error_line(e: BaseException) -> str:
+    """A failed run's reason, as `isoflop status` and the sweep show it: a user error (a reward
+    function's scores) its own line, a full disk as one, anything else with its type."""
+    if is_disk_full(e):
+        return disk_full_message(e)
+    return str(e) if isinstance(e, ConfigError) else f"{type(e).__name__}: {e}"
 
 
 def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunFiles, pause_at: float | None = None) -> None:
@@ -522,7 +531,7 @@ def _evaluator(cfg: DictConfig, task, tokenizer, reward, shape) -> Evaluator:
 
     sets = {}
     for name, path in cfg.eval.sets.items():
-        held = held_out(cfg.task, path)
+        held = held_out(cfg.task, path, f"eval.sets.{name}")
         held.prepare(tokenizer)
         sets[name] = (held, held.validation_set(cfg.eval.problems))
     judges = {name: Judge(path) for name, path in cfg.eval.judges.items()}

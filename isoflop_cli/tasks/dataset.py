@@ -6,8 +6,10 @@ messages, the answer is `reward_model.ground_truth`; other layouts name their co
 Validation problems come from `task.val`, or, without it, from the train file: a stable hash of
 each prompt puts `task.val_fraction` of them aside (the same split whatever the row order).
 
-Every row is checked when the config is (before any compute): a missing key, an empty answer or a
-prompt of the wrong type is one error naming the file and the row (0-based, as pandas counts).
+Every row is checked when the config is (before any compute): a missing key, an empty, null, NaN
+or infinite answer or a prompt of the wrong type is one error naming the file and the row
+(0-based, as pandas counts). Numeric answers are written as the number is (12, not the 12.0 a
+float column of whole numbers gives), since verifiers compare text.
 Prompts are made with the run's tokenizer (`prepare`): its chat template when it has one and
 `task.chat_template=auto`, plain text otherwise, with the optional system prompt and instruction.
 A prompt longer than `task.max_prompt_tokens` is dropped and counted (`dropped`), never cut.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +61,7 @@ class DatasetTask(Task):
     system_prompt: str | None = None
     instruction: str | None = None
     verifier: str = "math"
+    key: str | None = None  # the config key naming a held-out set's file (eval.sets.NAME); None: task.train / task.val
     dropped: dict[str, int] = field(default_factory=dict)  # per split: prompts over max_prompt_tokens (after `prepare`)
 
     @classmethod
@@ -77,9 +81,11 @@ class DatasetTask(Task):
                    system_prompt=task.system_prompt, instruction=task.instruction, verifier=task.verifier)
 
     def __post_init__(self) -> None:
-        train = read_rows(self.train, "task.train", self.prompt_key, self.answer_key)
+        train = read_rows(self.train, self.key or "task.train", self.prompt_key, self.answer_key)
         self.rows_of: dict[str, tuple[Row, ...]]  # each split's rows as read, before prompts are made
-        if self.val:
+        if self.key:  # a held-out set: the whole file is validation
+            self.rows_of = {"train": train, "val": train}
+        elif self.val:
             self.rows_of = {"train": train, "val": read_rows(self.val, "task.val", self.prompt_key, self.answer_key)}
         else:
             held = [in_validation(row.text(), self.val_fraction) for row in train]
@@ -99,6 +105,8 @@ class DatasetTask(Task):
         return sum(measured) / len(measured) if measured and None not in measured else None
 
     def where(self, split: str) -> str:
+        if self.key:
+            return f"{self.key} {self.train}"
         if split == "val" and self.val:
             return f"task.val {self.val}"
         return f"task.train {self.train}" + (" (its validation share, task.val_fraction)" if split == "val" else "")
@@ -181,10 +189,11 @@ class DatasetTask(Task):
             self._verify.close()
 
 
-def held_out(task_cfg, path: str) -> DatasetTask:
-    """A held-out evaluation set (`eval.sets`): the whole file is validation, its prompts made and
-    its answers checked as the task config's dataset keys say (columns, template, verifier)."""
-    return DatasetTask(train=path, val=path, prompt_key=task_cfg.prompt_key, answer_key=task_cfg.answer_key,
+def held_out(task_cfg, path: str, key: str) -> DatasetTask:
+    """A held-out evaluation set (`eval.sets`, or task.train for calibration): the whole file is
+    validation, its prompts made and its answers checked as the task config's dataset keys say
+    (columns, template, verifier); `key` is the config key that names the file, which errors name."""
+    return DatasetTask(train=path, key=key, prompt_key=task_cfg.prompt_key, answer_key=task_cfg.answer_key,
                        prompt_limit=task_cfg.max_prompt_tokens, chat_template=task_cfg.chat_template,
                        system_prompt=task_cfg.system_prompt, instruction=task_cfg.instruction, verifier=task_cfg.verifier)
 
@@ -227,6 +236,7 @@ def records(path: Path, what: str) -> list[dict]:
             return pd.read_parquet(path).to_dict("records")
         if path.suffix in (".jsonl", ".json"):
             rows = []
+            _check_not_a_json_array(path, what)
             with path.open() as f:
                 for line_no, line in enumerate(f, 1):
                     if line.strip():
@@ -240,6 +250,16 @@ def records(path: Path, what: str) -> list[dict]:
     except Exception as e:  # an unreadable file, whatever the library raises for it
         raise TaskError(f"{what} {path} cannot be read: {type(e).__name__}: {' '.join(str(e).split())[:300]}") from None
     raise TaskError(f"{what} {path}: give a .parquet file, a .jsonl file or a directory saved by datasets' save_to_disk")
+
+
+def _check_not_a_json_array(path: Path, what: str) -> None:
+    """A .json file holding one array of rows (not JSON Lines) is said as that, not as a row that
+    is not an object (its first line '[' alone, or the whole array on one line)."""
+    with path.open() as f:
+        head = f.read(4096).lstrip()
+    if head.startswith("["):
+        raise TaskError(f"{what} {path} is a JSON array: give JSON Lines (one object per line, as .jsonl), a .parquet file "
+                        "or a save_to_disk directory")
 
 
 _MISSING = object()
@@ -263,7 +283,7 @@ def _row(index: int, record: Any, where: str, prompt_key: str, answer_key: str) 
     prompt, answer = _get(record, prompt_key), _get(record, answer_key)
     if prompt is _MISSING or prompt is None:
         raise TaskError(f"{where}: no '{prompt_key}' (set task.prompt_key to the prompt's column)")
-    if answer is _MISSING or answer is None:
+    if answer is _MISSING:
         raise TaskError(f"{where}: no '{answer_key}' (set task.answer_key to the answer's column, dotted for nested ones)")
     measured = record.get(CALIBRATED)
     tokens = float(measured) if isinstance(measured, (int, float)) and not isinstance(measured, bool) and measured > 0 else None
@@ -290,10 +310,19 @@ def _prompt(value: Any, where: str, key: str) -> str | Messages:
 
 
 def _answer(value: Any, where: str, key: str) -> str:
+    """The reference answer as text a verifier compares: a whole number as one (a float column
+    holds 12 as 12.0, which an exact check would never match); null, NaN and infinity refused
+    (they would be the text 'nan' or 'inf', an answer no completion gives)."""
     if hasattr(value, "tolist") and not isinstance(value, str):
         value = value.tolist()
+    if value is None:
+        raise TaskError(f"{where}: '{key}' is null (every row needs an answer)")
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise TaskError(f"{where}: '{key}' must be a string or a number, got {_short(value)}")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise TaskError(f"{where}: '{key}' is {value}: every row needs a finite answer (NaN is a numeric column's missing value)")
+        value = int(value) if value.is_integer() else value
     text = str(value).strip()
     if not text:
         raise TaskError(f"{where}: '{key}' is empty")

@@ -1,0 +1,256 @@
+"""Values that pass the schema but are nonsense, and messages that must be one line (issue 29,
+"Nothing lost, round 2"): each mechanism tested on the case that failed and one variant. No Ray;
+one test trains (marked slow)."""
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from isoflop_cli.cli import app
+from isoflop_cli.tasks.dataset import read_rows
+
+runner = CliRunner()
+DATASET = ["plan", "task=dataset", "task.answer_key=answer", "task.max_new_tokens=6", "task.max_prompt_tokens=8",
+           "task.val_fraction=0.5", "eval.problems=1"]
+
+
+def one_error(result, needle: str) -> str:
+    """The output is one line, `error: ...` holding `needle`, and the exit code is 2."""
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), result.output
+    assert needle in lines[0], result.output
+    return lines[0]
+
+
+# --- data files: answers by type; NaN, infinity and null refused naming the file and the row ----
+
+
+def test_answers_are_normalised_by_type_and_nan_infinity_null_refused(tmp_path):
+    # A float column of whole numbers (pandas' way to hold ints beside a missing value) gave "12.0".
+    pd.DataFrame({"prompt": ["1+2=", "2+2=", "6+6=", "1+1="], "answer": [3.0, 4.0, 12.0, 2.5]}).to_parquet(tmp_path / "f.parquet")
+    assert [r.answer for r in read_rows(str(tmp_path / "f.parquet"), "task.train", "prompt", "answer")] == ["3", "4", "12", "2.5"]
+    # The case that failed: NaN in a float column read as the answer "nan" (then "'a' is not a character ...").
+    pd.DataFrame({"prompt": ["1+2=", "2+2=", "3+3="], "answer": [3.0, float("nan"), 6.0]}).to_parquet(tmp_path / "nan.parquet")
+    one_error(runner.invoke(app, [*DATASET, f"task.train={tmp_path / 'nan.parquet'}"]), "nan.parquet row 1: 'answer' is nan")
+    # Variants: JSON's Infinity and null.
+    for name, value, needle in (("inf", "Infinity", "'answer' is inf"), ("null", "null", "'answer' is null")):
+        (tmp_path / f"{name}.jsonl").write_text('{"prompt": "1+2=", "answer": 3}\n' f'{{"prompt": "1+3=", "answer": {value}}}\n')
+        one_error(runner.invoke(app, [*DATASET, f"task.train={tmp_path / name}.jsonl"]), f"{name}.jsonl row 1: {needle}")
+
+
+def test_a_json_array_file_is_told_to_be_json_lines(tmp_path):
+    rows = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "2+2=", "answer": "4"}]
+    for indent in (None, 1):  # the whole array on one line (read as row 0, a list), and one object per several lines
+        (tmp_path / "rows.json").write_text(json.dumps(rows, indent=indent))
+        one_error(runner.invoke(app, [*DATASET, f"task.train={tmp_path / 'rows.json'}"]), "rows.json is a JSON array: give JSON Lines")
+
+
+def test_held_out_set_errors_name_their_eval_sets_key(tmp_path):
+    pd.DataFrame({"prompt": ["1+2=", "2+2="], "answer": ["3", "4"]}).to_parquet(tmp_path / "train.parquet")
+    pd.DataFrame({"prompt": ["1+2=", "2+2="], "answer": ["3", None]}).to_parquet(tmp_path / "held.parquet")
+    base = [*DATASET, f"task.train={tmp_path / 'train.parquet'}"]
+    line = one_error(runner.invoke(app, [*base, f"+eval.sets={{held:{tmp_path / 'held.parquet'}}}"]), "eval.sets.held ")
+    assert "task.train" not in line and "held.parquet row 1: 'answer' is " in line
+    one_error(runner.invoke(app, [*base, f"+eval.sets={{other:{tmp_path / 'nope.parquet'}}}"]), "eval.sets.other ")
+
+
+# --- derived values: checked like the config's own before any run --------------------------------
+
+DERIVED = {  # each mechanism's case that failed (passed `plan`, then failed in every run), then a variant
+    "seed above the generators' range": (["plan", "grid.seed=[100000000000000000000000]"], "grid.seed must be a whole number in [0, 2**32)"),
+    "negative seed of one run": (["run", "seed=-1"], "seed must be a whole number in [0, 2**32), got -1"),
+    "temperature that overflows the logits": (["plan", "algo.temperature=1e-300"], "algo.temperature must be a finite number >= 0.01"),
+    "temperature on an axis": (["plan", "+grid.axes={algo.temperature:[0.6,0.001]}"], "algo.temperature must be a finite number >= 0.01"),
+    "infinite learning rate": (["plan", "grid.n=[64]", "grid.B_p=[4]", "algo.base_lr=1e308", "algo.lr_scaling=linear"], "is a learning rate of inf"),
+    "infinite learning rate of one run": (["run", "n=64", "B_p=4", "algo.base_lr=1e308", "algo.lr_scaling=linear"], "is a learning rate of inf"),
+    "model name too long for a directory": (["plan", "model.name=" + "m" * 300], "model.name is 300 characters long: at most 100"),
+    "sweep name too long for a directory": (["plan", "name=" + "s" * 101], "name is 101 characters long: at most 100"),
+    "FLOPs that overflow (plan --json printed Infinity)": (["plan", "--json", "grid.budgets=[1.7e308]"], "FLOPs a run: above 1e+30"),
+    "FLOPs that overflow at one budget": (["plan", "grid.budgets=[512,1e300]"], "FLOPs a run: above 1e+30"),
+}
+
+
+@pytest.mark.parametrize("name", list(DERIVED))
+def test_derived_values_are_checked_before_any_run(name, tmp_path):
+    args, needle = DERIVED[name]
+    one_error(runner.invoke(app, [*args, *(["--out", str(tmp_path / "r")] if args[0] == "run" else [])]), needle)
+    assert not (tmp_path / "r").exists()
+
+
+# --- results read by fit, replay and race-pilot: columns named, numbers finite ---------------------
+
+
+def _results(tmp_path, name: str, **columns) -> str:
+    path = tmp_path / name
+    pd.DataFrame(columns).to_parquet(path) if name.endswith(".parquet") else pd.DataFrame(columns).to_csv(path, index=False)
+    return str(path)
+
+
+def test_results_columns_are_present_finite_numbers_named_by_column_and_row(tmp_path):
+    # The case that failed: replay without its compute column was a KeyError traceback.
+    path = _results(tmp_path, "r.csv", run_id=["a", "b"], n=[2, 4], **{"val_avg@k": [0.1, 0.2]})
+    one_error(runner.invoke(app, ["replay", path]), "r.csv: no column rollouts (have: run_id, n, val_avg@k)")
+    # race-pilot: all-infinite flops_total still named a regime; a non-numeric rho read as "no run reaches the budgets".
+    race = {"run_id": ["a", "a"], "reward": ["sparse"] * 2, "val_native": [0.1, 0.2]}
+    path = _results(tmp_path, "inf.parquet", **race, rho=[0.2, 0.3], flops_total=[float("inf")] * 2)
+    one_error(runner.invoke(app, ["race-pilot", "--from-results", path]), "inf.parquet: flops_total in row 0 is not finite (inf)")
+    path = _results(tmp_path, "rho.parquet", **race, rho=["0.2", "high"], flops_total=[1e9, 2e9])
+    one_error(runner.invoke(app, ["race-pilot", "--from-results", path]), "rho.parquet: rho in row 1 is not a number ('high')")
+
+
+def test_a_results_file_that_is_a_directory_is_named(tmp_path):
+    (tmp_path / "sweep" / "results.parquet").mkdir(parents=True)
+    for command in ("fit", "replay"):  # a sweep dir whose results.parquet is a directory was an IsADirectoryError traceback
+        one_error(runner.invoke(app, [command, str(tmp_path / "sweep")]), "sweep/results.parquet is a directory, not a results file")
+
+
+@pytest.mark.parametrize("share", [-3, 1.5])
+def test_a_replayed_share_outside_0_1_is_refused(tmp_path, share):
+    (tmp_path / "replay.json").write_text(json.dumps({"compute_share": share}))  # -3 was printed as "-300%"
+    one_error(runner.invoke(app, ["plan", "--replay", str(tmp_path / "replay.json")]), f"compute_share must be in (0, 1] (a share of the full grid's compute), got {share}")
+
+
+def test_replay_warnings_are_lines_of_their_own_not_python_warnings(tmp_path):
+    rows = [("a", 2, c, v) for c, v in ((0, 0.1), (2, 0.15), (4, 0.2), (8, 0.3))] + [("b", 4, c, v) for c, v in ((0, 0.1), (2, 0.1), (4, None), (8, 0.4))]
+    path = _results(tmp_path, "r.csv", **dict(zip(["run_id", "n", "rollouts", "val_avg@k"], map(list, zip(*rows)))))
+    result = runner.invoke(app, ["replay", path, "--budgets", "2,4,8"])
+    assert result.exit_code == 0, result.output
+    assert "warning: replay: dropped 1 of 8 rows with NaN" in result.output and "FitWarning" not in result.output and ".py:" not in result.output
+
+
+# --- a user's reward function: every call checked, one line naming it, a failure for good ----------
+
+USER_REWARDS = '''
+import math
+
+def nan_for_wrong(problems, completions):
+    return [1.0 if c == p.answer else math.nan for p, c in zip(problems, completions)]
+
+def one_short(problems, completions):
+    return [0.5] * (len(completions) - 1)
+
+def words(problems, completions):
+    return ["good" for _ in completions]
+
+def raises(problems, completions):
+    raise ValueError("no such field\\n  while scoring 'answer'")
+
+def good(problems, completions):
+    return [c == p.answer for p, c in zip(problems, completions)]
+'''
+
+
+@pytest.fixture
+def user_rewards(tmp_path, monkeypatch):
+    (tmp_path / "user_rewards.py").write_text(USER_REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+@pytest.mark.parametrize("fn, needle", [
+    ("nan_for_wrong", "returned nan for completion 1: each score must be a finite number"),  # the sampler's "inf/nan" steps later
+    ("one_short", "returned 1 scores for 2 completions: it must return one per completion"),
+    ("words", "returned 'good' for completion 0"),
+    ("raises", "raised ValueError: while scoring 'answer'"),  # the exception's last line, not a traceback
+])
+def test_a_user_reward_function_is_checked_on_every_call(user_rewards, fn, needle):
+    from omegaconf import OmegaConf
+
+    from isoflop_cli.errors import ConfigError
+    from isoflop_cli.recipe.rewards import make_reward
+    from isoflop_cli.tasks.arith import ArithTask
+
+    task = ArithTask()
+    problem = task.problem([4, 3], ["+"])
+    reward = make_reward(OmegaConf.create({"name": "custom", "fn": "user_rewards:good"}), task)
+    assert reward([problem] * 2, [problem.answer, "9"])[0] == [1.0, 0.0]  # bools are numbers
+    reward = make_reward(OmegaConf.create({"name": "custom", "fn": f"user_rewards:{fn}"}), task)
+    with pytest.raises(ConfigError) as e:
+        reward([problem] * 2, [problem.answer, "9"])
+    assert str(e.value).startswith(f"reward.fn 'user_rewards:{fn}' ") and needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.slow  # trains (builds the embedded model on first use)
+def test_a_run_whose_reward_returns_nan_fails_for_good_with_its_line(user_rewards, tmp_path):
+    from isoflop_cli.store import RunFiles
+
+    result = runner.invoke(app, ["run", "--out", str(tmp_path / "r"), "n=4", "B_p=2", "grid.budgets=[16]", "grid.eval_points=2",
+                                 "eval.problems=4", "eval.samples=4", "reward=custom", "reward.fn=user_rewards:nan_for_wrong"])
+    assert result.exit_code == 2, result.output  # the dispatcher's USER_ERROR: not retried
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "reward.fn 'user_rewards:nan_for_wrong' returned nan" in errors[0] and "Traceback" not in result.output
+    assert RunFiles(tmp_path / "r").failure_reason() == errors[0].removeprefix("error: ")
+
+
+# --- manifests: what the readers of a cell take for granted is part of its schema -----------------
+
+
+@pytest.mark.parametrize("command", ["status", "logs"])
+def test_a_retrying_cell_without_its_failure_is_a_malformed_manifest(tmp_path, command):
+    # `status` read the failure a retrying cell retries after: an IndexError traceback.
+    (tmp_path / "manifest.json").write_text('{"version": 1, "cells": {"a": {"M": 4, "state": "retrying", "attempts": 1}}}')
+    args = [command, str(tmp_path), *(["a"] if command == "logs" else [])]
+    one_error(runner.invoke(app, args), "cell 'a' is malformed (state retrying without the failure it retries after)")
+
+
+# --- a failed job's reason: one line, whatever Ray appends ---------------------------------------
+
+
+def test_a_killed_jobs_reason_is_one_line_with_its_exception_and_its_logs_path(tmp_path):
+    from isoflop_cli.dispatch import job_message
+
+    log = tmp_path / "runs" / "a" / "log.txt"
+    # The case that failed: Ray's message carries the log's last 20,000 characters into the reason.
+    tail = "step 3\n" * 2500 + "Traceback (most recent call last):\n  File \"x.py\", line 1\nMemoryError: out of memory\nstep 4\n"
+    message = f"Job entrypoint command failed with exit code -9, last available logs (truncated to 20,000 chars):\n{tail}"
+    assert job_message(message, log) == f"Job entrypoint command failed with exit code -9; MemoryError: out of memory (log: {log})"
+    # Variants: a tail without an exception line, and Ray's message without a tail (as it is).
+    assert job_message(message.replace("MemoryError: out of memory", "bye"), log) == f"Job entrypoint command failed with exit code -9 (log: {log})"
+    assert job_message("Job entrypoint command failed with exit code 1. No logs available.", log).endswith("No logs available.")
+
+
+# --- SLURM: sbatch's refusal is the one message, not raw lines before it ------------------------
+
+
+def test_sbatchs_refusal_is_one_message_not_its_raw_lines_first(tmp_path, monkeypatch, capfd):
+    pytest.importorskip("submitit")
+    from omegaconf import OmegaConf
+
+    from isoflop_cli.config.schema import ClusterConfig
+    from isoflop_cli.errors import SlurmRefused
+    from isoflop_cli.slurm import SlurmClient
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")  # submitit takes SLURM to be there when srun is
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid partition name specified' >&2\nexit 1\n")
+    for tool in ("srun", "sbatch"):
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    cluster = OmegaConf.structured(ClusterConfig)
+    cluster.slurm.executor, cluster.slurm.partition = "slurm", "nope"
+    client = SlurmClient(cluster, tmp_path / "slurm")
+    with pytest.raises(SlurmRefused, match="SLURM refused the runs' jobs: .*Invalid partition name specified"):
+        client.submit_job("true", "isoflop-a-1")  # one job
+    with pytest.raises(SlurmRefused, match="Invalid partition name specified"), client.batch():
+        client.submit_job("true", "isoflop-b-1")  # an array job, submitted as the batch ends
+    assert "sbatch" not in capfd.readouterr().err
+
+
+def _score_nan(group) -> None:
+    from isoflop_cli.errors import ConfigError
+
+    if group.is_main:  # rank 0 scores the batch
+        raise ConfigError("reward.fn 'user_rewards:nan_for_wrong' returned nan for completion 1: each score must be a finite number")
+    group.broadcast(None)
+
+
+@pytest.mark.slow  # two spawned torch processes
+def test_a_ranks_user_error_stays_one_line_in_a_sharded_run():
+    from isoflop_cli.errors import ConfigError
+    from isoflop_cli.recipe import distributed
+
+    with pytest.raises(ConfigError) as e:  # not torch's ProcessRaisedException with the rank's traceback
+        distributed.launch(_score_nan, 2, timeout_s=30)
+    assert str(e.value) == "reward.fn 'user_rewards:nan_for_wrong' returned nan for completion 1: each score must be a finite number"
