@@ -1,0 +1,59 @@
+"""Torch's CPU threads waiting by spinning (OpenMP's default) or by sleeping (OMP_WAIT_POLICY=PASSIVE,
+what `isoflop run` sets unless told otherwise), alone on the machine and beside one busy process.
+
+The same `isoflop run` (the embedded default to 128 rollouts, all threads torch chooses) in each of
+four settings, each a fresh process: prints the run's own wall time (its last eval point's wall_s:
+training and evaluation, not interpreter start) and the ratio to the default policy alone. Run it
+alone on the machine: the "busy" settings start their own competitor (one Python loop).
+
+    .venv/bin/python scripts/bench_threads.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+RUN = ["n=4", "B_p=2", "eval.problems=8", "eval.samples=4", "grid.budgets=[128]", "grid.eval_points=4"]
+
+
+def run_wall_s(policy: str | None, busy: bool) -> float:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    if policy:
+        env["OMP_WAIT_POLICY"] = policy
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            subprocess.run([sys.executable, "-m", "isoflop_cli", "run", *RUN, "--out", out], env=env, check=True, capture_output=True)
+            rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+            return float(rows[-1]["wall_s"])
+    finally:
+        if spinner:
+            spinner.kill()
+            spinner.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    run_wall_s("PASSIVE", False)  # builds the embedded model once, outside the timings
+    settings = [("default (spin)", None, False), ("PASSIVE", "PASSIVE", False), ("default (spin), busy", None, True),
+                ("PASSIVE, busy", "PASSIVE", True)]
+    medians = {}
+    for label, policy, busy in settings:
+        medians[label] = statistics.median(run_wall_s(policy, busy) for _ in range(args.repeats))
+    reference = medians["default (spin)"]
+    print(f"{'setting':<24} {'run wall_s':>10} {'vs spin alone':>14}   ({os.cpu_count()} CPUs, median of {args.repeats})")
+    for label, wall in medians.items():
+        print(f"{label:<24} {wall:>10.2f} {wall / reference:>13.2f}x")
+
+
+if __name__ == "__main__":
+    main()
