@@ -160,4 +160,4 @@ def _histogram(df: pd.DataFrame, summary: dict, stem: Path) -> None:
 
 
 def finished_slices(dest: SweepDir) -> int:
-    return sum(dest.run(rid).status().get("state") == FINISHED for rid in dest.manifest().cells)
+    return sum(dest.run(rid).status().state == FINISHED for rid in dest.manifest().cells)

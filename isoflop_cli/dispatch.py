@@ -219,7 +219,7 @@ class Dispatcher:
         if files.finished():
             return True
         status = files.status()
-        return pause_at is not None and status.get("state") == PAUSED and (status.get("paused_at") or 0) >= pause_at
+        return pause_at is not None and status.state == PAUSED and (status.paused_at or 0) >= pause_at
 
     def _drive(self, manifest: Manifest, pause_at: float | None) -> None:
         """Run every cell still in the race to `pause_at` (None: to its budget), as many at once as
@@ -252,7 +252,7 @@ class Dispatcher:
                     cell = cells[rid]
                     if self._reached(rid, pause_at):
                         cell.state = FINISHED if self.sweep.run(rid).finished() else PAUSED
-                    elif job_state == "SUCCEEDED" and self.sweep.run(rid).status().get("state") == PAUSED:
+                    elif job_state == "SUCCEEDED" and self.sweep.run(rid).status().state == PAUSED:
                         queue.append(rid)  # a reattached job that paused at an earlier budget
                     else:
                         reason = self._failure(rid, sid, job_state)
