@@ -1,0 +1,89 @@
+"""Files read back are checked, not trusted by their shape: a run's status and lease, the sweep
+dir's lock, the local head's record and temp dir, a checkpoint, and the data files a run reads.
+Each test is the case that once lost or rewrote work, and one variant."""
+
+import json
+import re
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from isoflop_cli import report, store
+from isoflop_cli.cli import app
+from isoflop_cli.errors import ConfigError
+from isoflop_cli.store import FINISHED, KILLED, RUNNING, CellState, RunFiles, SweepDir, write_json
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_guarantees import ROWS, one_error_line, sealed_sweep  # noqa: E402
+
+runner = CliRunner()
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"state": "finished", "rows": []}', "sealed rows [] are not eval points"),  # once: emptied the intact metrics
+    ("[1, 2]", "not a JSON object"),  # once: a traceback in status and sweep
+    ('{"state": "finished", "rows": [{"step": 0}]}', "contradicts"),  # sealed rows the metrics file disagrees with
+    ('{"version": 9, "state": "finished"}', "newer isoflop"),
+])
+def test_a_status_file_that_does_not_fit_is_refused_and_nothing_changes(tmp_path, text, why):
+    sweep = sealed_sweep(tmp_path)
+    files = sweep.run("a")
+    files.status_file.write_text(text)
+    before = snapshot(tmp_path)
+    one_error_line(runner.invoke(app, ["status", str(tmp_path)]), "status.json")
+    with pytest.raises(ConfigError, match=re.escape(why)):
+        sweep.collect()
+    assert snapshot(tmp_path) == before
+
+
+def test_a_status_file_of_an_older_isoflop_still_reads(tmp_path):
+    """No version, no pid start time: read as it was written."""
+    sweep = sealed_sweep(tmp_path)
+    files = sweep.run("a")
+    status = json.loads(files.status_file.read_text())
+    assert status.pop("version") == store.STATUS_VERSION
+    files.status_file.write_text(json.dumps(status))
+    assert files.finished_rows() == ROWS and files.status().M == 4
+
+
+def test_a_run_whose_pid_another_process_took_is_killed_not_running(tmp_path):
+    sweep = SweepDir(tmp_path)
+    cell = CellState(columns={"n": 2, "B_p": 2}, M=4)
+    files = sweep.run("r")
+    files.dir.mkdir(parents=True)
+    files.set_status(RUNNING, step=1, pid=os.getpid())  # a live pid, its start time recorded as it is
+    assert report.run_state(sweep, "r", cell)[0] == RUNNING
+    status = json.loads(files.status_file.read_text())
+    write_json(files.status_file, {**status, "pid_started": status["pid_started"] + 1})  # the run's process started at another time
+    assert files.process_gone() and report.run_state(sweep, "r", cell)[0] == KILLED
+
+
+def test_a_lease_that_does_not_fit_stops_the_attempt_naming_the_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(store.time, "sleep", lambda s: None)
+    files = RunFiles(tmp_path / "run").take_lease()
+    files.lease.write_text("[1, 2]")  # once: an AttributeError traceback at the run's next write
+    with pytest.raises(store.LeaseLost, match="lease.json is not a readable lease"):
+        files.append_metrics({"step": 1})
+    write_json(files.lease, {"holder": files.holder, "since": 1.0})  # a lease of an older isoflop (no version)
+    files.append_metrics({"step": 1})
+    assert files.read_metrics() == [{"step": 1}]
+
+
+@pytest.mark.parametrize("sealed", [True, False])
+def test_isoflop_run_on_a_finished_run_dir_leaves_it_as_it_is(tmp_path, sealed):
+    """Once: `isoflop run --out` a finished run's dir took the lease, marked it running and emptied
+    its metrics. Variant: a run finished by an older isoflop (no sealed copy)."""
+    files = sealed_sweep(tmp_path).run("a")
+    if not sealed:
+        files.set_status(FINISHED, step=4, M=4)
+    before = snapshot(files.dir)
+    result = runner.invoke(app, ["run", "n=4", "B_p=2", "--out", str(files.dir)])
+    assert result.exit_code == 0 and "holds a finished run: nothing to do" in result.output, result.output
+    assert snapshot(files.dir) == before and not files.lease.exists()
