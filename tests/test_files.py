@@ -87,3 +87,22 @@ def test_isoflop_run_on_a_finished_run_dir_leaves_it_as_it_is(tmp_path, sealed):
     result = runner.invoke(app, ["run", "n=4", "B_p=2", "--out", str(files.dir)])
     assert result.exit_code == 0 and "holds a finished run: nothing to do" in result.output, result.output
     assert snapshot(files.dir) == before and not files.lease.exists()
+
+
+@pytest.mark.parametrize("kind", ["symlink", "directory"])
+def test_a_lock_path_that_is_not_a_regular_file_is_refused_and_nothing_changes(tmp_path, kind):
+    """Once: a `.lock` link had the file it points to emptied; a `.lock` directory was a traceback."""
+    from test_head import TINY
+
+    sweep_dir, target = tmp_path / "default", tmp_path / "precious.txt"
+    sweep_dir.mkdir()
+    target.write_text("precious\n")
+    if kind == "symlink":
+        (sweep_dir / ".lock").symlink_to(target)
+    else:
+        (sweep_dir / ".lock").mkdir()
+    result = runner.invoke(app, ["sweep", "--out", str(tmp_path), *TINY, "grid.budgets=[16]"])
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]  # after the plan on stdout
+    assert result.exit_code == 2 and errors == [result.output.strip().splitlines()[-1]], result.output
+    assert f".lock is a {'symbolic link' if kind == 'symlink' else 'directory'} where the sweep dir's lock file belongs" in errors[0]
+    assert target.read_text() == "precious\n" and sorted(p.name for p in sweep_dir.iterdir()) == [".lock"]
