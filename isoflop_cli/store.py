@@ -388,10 +388,10 @@ class CellState:
             raise Malformed("it needs rows [start, stop]")
         if kind == SWEEP and not _is(data.get("M"), "int"):
             raise Malformed("it needs an integer M")
-        values = _fields(data, {"axes": "object", "columns": "object", "M": "int", "eval_steps": "ints", "step_flops": "numbers",
+        values = schema_fields(data, {"axes": "object", "columns": "object", "M": "int", "eval_steps": "ints", "step_flops": "numbers",
                                 "rows": "ints", "state": "str", "submission_id": "str", "attempts": "int", "failures": "list",
                                 "error": "str", "continues": "str", "stopped_at": "number", "why": "str"})
-        values["failures"] = [Failure(**_fields(_object("failures", f), {"attempt": "int", "reason": "str", "at": "number"}, required=True))
+        values["failures"] = [Failure(**schema_fields(_object("failures", f), {"attempt": "int", "reason": "str", "at": "number"}, required=True))
                               for f in values.get("failures", [])]
         cell = cls(**values)
         if cell.state not in CELL_STATES:
@@ -416,7 +416,7 @@ class SweepSchedule:
 
     @classmethod
     def from_json(cls, data: dict) -> SweepSchedule:
-        schedule = cls(**_fields(data, {"name": "str", "budgets": "numbers", "margin": "number", "column": "str", "metric": "str"}))
+        schedule = cls(**schema_fields(data, {"name": "str", "budgets": "numbers", "margin": "number", "column": "str", "metric": "str"}))
         if schedule.name != "full" and None in (schedule.budgets, schedule.margin, schedule.column, schedule.metric):
             raise Malformed(f"schedule {schedule.name} needs budgets, margin, column and metric")
         return schedule
@@ -447,7 +447,7 @@ class Manifest:
         `version`, and `kind` only on a calibration's); keys it does not know are left out."""
         if not isinstance(data, dict):
             raise Malformed("not a JSON object")
-        top = _fields(data, {"version": "int", "name": "str", "kind": "str", "cells": "object", "schedule": "object", "infeasible": "list"})
+        top = schema_fields(data, {"version": "int", "name": "str", "kind": "str", "cells": "object", "schedule": "object", "infeasible": "list"})
         if "cells" not in top:
             raise Malformed("no cells object")
         if top.get("version", 0) > MANIFEST_VERSION:
@@ -461,7 +461,7 @@ class Manifest:
                 cells[run_id] = CellState.from_json(cell, kind)
             except Malformed as e:
                 raise Malformed(f"cell '{run_id}' is malformed ({e})") from None
-        infeasible = [Infeasible(**_fields(_object("infeasible", i), {"axes": "object", "reason": "str"}, required=True))
+        infeasible = [Infeasible(**schema_fields(_object("infeasible", i), {"axes": "object", "reason": "str"}, required=True))
                       for i in top.get("infeasible", [])]
         return cls(name=top.get("name", ""), kind=kind, schedule=SweepSchedule.from_json(top.get("schedule", {})), cells=cells,
                    infeasible=infeasible)
@@ -488,7 +488,7 @@ def _is(value: Any, kind: str) -> bool:
     return _CHECKS[kind](value)
 
 
-def _fields(data: dict, schema: dict[str, str], required: bool = False) -> dict[str, Any]:
+def schema_fields(data: dict, schema: dict[str, str], required: bool = False) -> dict[str, Any]:
     """The keys of `schema` that `data` has (all of them, if `required`), each checked as its kind;
     numbers as floats."""
     out = {}
@@ -548,7 +548,7 @@ class RunStatus:
         data = {k: v for k, v in data.items() if v is not None}
         schema = {"version": "int", "state": "str", "updated": "number", "host": "str", "pid": "int", "pid_started": "int", "started": "number",
                   "step": "int", "M": "int", "error": "str", "paused_at": "number", "rows": "list"}
-        values = _fields(data, schema)
+        values = schema_fields(data, schema)
         if "state" not in values:
             raise Malformed("no state")
         if values.pop("version", 0) > STATUS_VERSION:
@@ -576,7 +576,7 @@ class Lease:
     def from_json(cls, data: Any) -> Lease:
         if not isinstance(data, dict):
             raise Malformed("not a JSON object")
-        lease = cls(**_fields(data, {"holder": "str", "since": "number"}, required=True), version=_fields(data, {"version": "int"}).get("version", 0))
+        lease = cls(**schema_fields(data, {"holder": "str", "since": "number"}, required=True), version=schema_fields(data, {"version": "int"}).get("version", 0))
         if lease.version > LEASE_VERSION:
             raise Malformed(f"version {lease.version}, written by a newer isoflop: this one reads up to version {LEASE_VERSION}")
         return lease

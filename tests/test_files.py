@@ -4,6 +4,8 @@ Each test is the case that once lost or rewrote work, and one variant."""
 
 import json
 import re
+import shutil
+import subprocess
 import os
 import sys
 from pathlib import Path
@@ -106,3 +108,38 @@ def test_a_lock_path_that_is_not_a_regular_file_is_refused_and_nothing_changes(t
     assert result.exit_code == 2 and errors == [result.output.strip().splitlines()[-1]], result.output
     assert f".lock is a {'symbolic link' if kind == 'symlink' else 'directory'} where the sweep dir's lock file belongs" in errors[0]
     assert target.read_text() == "precious\n" and sorted(p.name for p in sweep_dir.iterdir()) == [".lock"]
+
+
+def test_a_copied_head_record_leaves_the_original_heads_temp_dir_and_process_alone(tmp_path):
+    """Once: `cp -r` of a sweep dir while its head ran, and a sweep on the copy removed the running
+    head's temp dir. Variant: the dir's own head, dead, has its temp dir removed."""
+    import tempfile
+
+    from isoflop_cli import head
+
+    original, copy = tmp_path / "a", tmp_path / "b"
+    original.mkdir()
+    temp_dir = tempfile.mkdtemp(prefix="isoflop-ray-", dir=tmp_path)
+    info = original.absolute() / head.HEAD_FILE
+    write_json(Path(temp_dir) / head.TEMP_MARKER, {"info": str(info), "nonce": "n1"})
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # stands for the original's head (not ours to stop)
+    try:
+        write_json(info, {"address": "http://127.0.0.1:1", "pid": live.pid, "temp_dir": temp_dir, "nonce": "n1", "version": 1})
+        shutil.copytree(original, copy)
+        assert head._attach(copy.absolute() / head.HEAD_FILE) is None
+        assert Path(temp_dir, head.TEMP_MARKER).exists() and live.poll() is None
+    finally:
+        live.kill()
+        live.wait()
+    assert head._attach(info) is None and not Path(temp_dir).exists()  # its own head is gone: its temp dir with it
+
+
+def test_a_head_record_that_does_not_fit_is_refused_naming_the_file(tmp_path):
+    from isoflop_cli import head
+
+    info = tmp_path / head.HEAD_FILE
+    for text in ("[1, 2]", '{"pid": "12", "address": "http://127.0.0.1:1"}'):
+        info.write_text(text)
+        with pytest.raises(ConfigError, match="ray-head.json is not a readable Ray head record"):
+            head._attach(info)
+        assert info.read_text() == text
