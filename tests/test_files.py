@@ -143,3 +143,49 @@ def test_a_head_record_that_does_not_fit_is_refused_naming_the_file(tmp_path):
         with pytest.raises(ConfigError, match="ray-head.json is not a readable Ray head record"):
             head._attach(info)
         assert info.read_text() == text
+
+
+def write_sums(path: Path, shift: int) -> None:
+    """300 problems 'a+b=' (the embedded model's alphabet); `shift` changes every answer, not the row count."""
+    import pandas as pd
+
+    pd.DataFrame([{"prompt": [{"role": "user", "content": f"{a}+{b}="}], "reward_model": {"ground_truth": str(a + b + shift)[::-1]}}
+                  for a in range(10) for b in range(30)]).to_parquet(path)
+
+
+DATASET = ["task=dataset", "task.max_new_tokens=6", "task.max_prompt_tokens=8", "eval.problems=4", "grid.n=[2]", "grid.B_p=[2]",
+           "grid.budgets=[16]"]
+
+
+def test_a_data_file_changed_in_place_is_a_new_run_and_a_new_calibration(tmp_path):
+    """Once: a file rewritten with other content (same rows) kept its run ids, so a resumed run went
+    on with the new data, and `calibrate` kept the old pass rates and cut the new file's rows by them.
+    Variant: the same bytes rewritten (a new mtime) keep every id."""
+    from isoflop_cli import calibrate, config, grid
+    from isoflop_cli.config import identity
+
+    data, held_out = tmp_path / "sums.parquet", tmp_path / "held_out.parquet"
+    write_sums(data, 0)
+    write_sums(held_out, 0)
+    overrides = [*DATASET, f"task.train={data}", f"+eval.sets={{other:{held_out}}}", "calibrate.shard=100"]
+
+    def ids():
+        cfg = config.load(None, overrides)
+        return [c.run_id for c in grid.expand(cfg)], identity.trajectory(cfg, "rollouts", 1e-3)
+
+    dest = SweepDir(tmp_path / "cal")
+    before = ids()
+    slices = calibrate.prepare(config.load(None, overrides), dest).cells
+    first = next(iter(slices))
+    dest.run(first).finish([{"step": 0, "problems": 100}])
+    write_sums(data, 0)  # the same bytes again
+    assert ids() == before and list(calibrate.prepare(config.load(None, overrides), dest).cells) == list(slices)
+    assert dest.run(first).finished()
+    for path in (data, held_out):
+        write_sums(path, 1)  # the same rows, other answers
+        after = ids()
+        assert after[0] != before[0] and after[1] != before[1]
+        before = after
+    now = calibrate.prepare(config.load(None, overrides), dest).cells
+    assert [c.rows for c in now.values()] == [c.rows for c in slices.values()] and not set(now) & set(slices)
+    assert calibrate.finished_slices(dest) == 0
