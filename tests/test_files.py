@@ -189,3 +189,36 @@ def test_a_data_file_changed_in_place_is_a_new_run_and_a_new_calibration(tmp_pat
     now = calibrate.prepare(config.load(None, overrides), dest).cells
     assert [c.rows for c in now.values()] == [c.rows for c in slices.values()] and not set(now) & set(slices)
     assert calibrate.finished_slices(dest) == 0
+
+
+@pytest.mark.parametrize("copy_before", [False, True])
+def test_a_checkpoint_missing_a_shard_is_set_aside_and_the_run_starts_over(tmp_path, capsys, copy_before):
+    """Once: every attempt failed in dcp.load with a torch traceback, never starting afresh. Variant:
+    the whole copy before it (`.old`) is loaded instead."""
+    torch = pytest.importorskip("torch")
+    from isoflop_cli.recipe import resume
+    from isoflop_cli.recipe.distributed import Group
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    files = RunFiles(tmp_path / "run")
+    resume.save(files.checkpoint, Group(), "run", model, optimizer, scheduler, {"step": 1})
+    first = {k: v.clone() for k, v in model.state_dict().items()}
+    shutil.copytree(files.checkpoint, tmp_path / "first")
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    resume.save(files.checkpoint, Group(), "run", model, optimizer, scheduler, {"step": 2})
+    if copy_before:
+        shutil.copytree(tmp_path / "first", files.checkpoint.with_name("checkpoint.old"))
+    shard = next(files.checkpoint.glob("*.distcp"))
+    shard.unlink()
+    assert files.has_checkpoint() == copy_before
+    got = resume.load(files.checkpoint, ("run",), model, optimizer, scheduler, files=files)
+    assert got == ({"step": 1} if copy_before else None)
+    line = capsys.readouterr().out.strip()
+    assert line == f"checkpoint {files.checkpoint} is incomplete ({shard.name} is gone): set aside as checkpoint.incomplete-0"
+    assert not files.checkpoint.exists() and (files.dir / "checkpoint.incomplete-0" / resume.STATE).exists()  # renamed, not deleted
+    if copy_before:
+        assert all(torch.equal(model.state_dict()[k], v) for k, v in first.items())
