@@ -252,7 +252,8 @@ def run(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default: isoflop-runs/single/<run_id>)."),
     pause_at: Optional[float] = typer.Option(None, "--pause-at", help="Stop at the first step whose ledger reaches this budget, keeping a checkpoint; a later run continues (adaptive sweeps)."),
 ) -> None:
-    """One GRPO run in this process: what each Ray job executes, and how to debug a single cell (n=..., B_p=...)."""
+    """One GRPO run in this process: what each Ray job executes, and how to debug a single cell (n=..., B_p=...).
+    A run dir that holds a finished run is left as it is (exit 0)."""
     with user_errors():
         cfg = config_mod.load(config, list(overrides or []))
         config_mod.check_runnable([cfg])
