@@ -310,7 +310,8 @@ def _first_difference(kept: list[dict], sealed: list[dict]) -> int:
 
 
 def _append(path: Path, row: dict) -> None:
-    with open(path, "a") as f:
+    """One line at the end of `path`, never through a link (it would append to another file)."""
+    with open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "a") as f:
         f.write(json.dumps(row) + "\n")
         f.flush()
         os.fsync(f.fileno())
