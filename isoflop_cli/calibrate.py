@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 from isoflop_cli import config as config_mod
 from isoflop_cli import grid as grid_mod
 from isoflop_cli import sweep
+from isoflop_cli.config import identity
 from isoflop_cli.dispatch import sweep_lock
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.store import CALIBRATION, FINISHED, CellState, Manifest, SweepDir, atomic_write, write_json
@@ -63,13 +64,16 @@ def slices(rows: int, size: int) -> list[tuple[int, int]]:
 
 def prepare(cfg: DictConfig, dest: SweepDir) -> Manifest:
     """The manifest: one cell per slice of rows, its config with `calibrate.rows` set; finished
-    slices of an earlier call are kept as they are."""
+    slices of an earlier call are kept as they are. A slice is named by its rows and the digest of
+    the file's content: a task.train changed in place (same rows or not) is calibrated anew, never
+    merged from the pass rates of its old content."""
     old = dest.manifest().cells
     rows = len(read_rows(cfg.task.train, "task.train", cfg.task.prompt_key, cfg.task.answer_key))
+    digest = identity.data_digest(cfg.task.train, "task.train")[:8]
     atomic_write(dest.config_file, config_mod.to_yaml(cfg))
     manifest = Manifest(name=cfg.name, kind=CALIBRATION)
     for start, stop in slices(rows, cfg.calibrate.shard):
-        rid = f"rows-{start:07d}-{stop:07d}"
+        rid = f"rows-{start:07d}-{stop:07d}_{digest}"
         part = cfg.copy()
         part.calibrate.rows = [start, stop]
         atomic_write(dest.run(rid).config, config_mod.to_yaml(part))
@@ -160,4 +164,4 @@ def _histogram(df: pd.DataFrame, summary: dict, stem: Path) -> None:
 
 
 def finished_slices(dest: SweepDir) -> int:
-    return sum(dest.run(rid).status().get("state") == FINISHED for rid in dest.manifest().cells)
+    return sum(dest.run(rid).status().state == FINISHED for rid in dest.manifest().cells)

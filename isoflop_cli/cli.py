@@ -257,19 +257,23 @@ def run(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default: isoflop-runs/single/<run_id>)."),
     pause_at: Optional[float] = typer.Option(None, "--pause-at", help="Stop at the first step whose ledger reaches this budget, keeping a checkpoint; a later run continues (adaptive sweeps)."),
 ) -> None:
-    """One GRPO run in this process: what each Ray job executes, and how to debug a single cell (n=..., B_p=...)."""
+    """One GRPO run in this process: what each Ray job executes, and how to debug a single cell (n=..., B_p=...).
+    A run dir that holds a finished run is left as it is (exit 0)."""
     with user_errors():
         cfg = config_mod.load(config, list(overrides or []))
         config_mod.check_runnable([cfg])
         plan = grid_mod.plan_run(cfg)
         axes = {"n": cfg.n, "B_p": cfg.B_p, "seed": cfg.seed}
         run_dir = config_mod.check_writable(out or DEFAULT_OUT / "single" / identity.run_id(axes, cfg, plan.key))
+        # A sealed run stays as it is: a stale job (a requeue that came late), or a user rerunning it.
+        finished = RunFiles(run_dir).finished_rows()
+    if finished:
+        console.print(f"{run_dir} holds a finished run: nothing to do (give another --out to run it again)", soft_wrap=True)
+        console.print(report.metrics_table(finished))
+        return
     console.print(f"run: n={cfg.n} B_p={cfg.B_p} seed={cfg.seed} M={plan.M} lr={plan.lr:.3g}, to {plan.limit:.4g} {plan.column} -> {run_dir}")
     if os.environ.get(EXIT_WITH_PARENT):
         _exit_with_parent()
-        if RunFiles(run_dir).finished():  # a stale job (a requeue that came late): the sealed run stays as it is
-            console.print(f"{run_dir.name} is finished already: nothing to do")
-            return
     _before_torch()
     from isoflop_cli.recipe.trainer import Budget, train
 
@@ -361,7 +365,8 @@ def status(path: Path = typer.Argument(..., help="A sweep directory (OUT/<name>)
     """The cells of a sweep: status, step/M, rollouts so far, latest validation metric."""
     with user_errors():
         sweep_dir = sweep_mod.existing(path)
-    console.print(report.sweep_table(sweep_dir))
+        table = report.sweep_table(sweep_dir)  # a run's status file that cannot be read is one line
+    console.print(table)
 
 
 DONE_WITH = (FINISHED, FAILED, STOPPED, PAUSED)  # a cell in these states gets no more log from the sweep

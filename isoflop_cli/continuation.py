@@ -82,8 +82,8 @@ def take_over(sweep_dir: SweepDir, manifest: Manifest) -> None:
         if new.dir.exists() or not old.dir.exists():
             continue
         status = old.status()
-        if status.get("state") == FINISHED:  # finished at the smaller budget: paused short of this one
+        if status.state == FINISHED:  # finished at the smaller budget: paused short of this one
             rows = old.read_metrics()
             column = grid.budget_column(OmegaConf.load(old.config).grid)
-            old.set_status(PAUSED, step=rows[-1]["step"], M=status.get("M"), paused_at=rows[-1][column], **{column: rows[-1][column]})
+            old.set_status(PAUSED, step=rows[-1]["step"], M=status.M, paused_at=rows[-1][column], **{column: rows[-1][column]})
         old.dir.rename(new.dir)

@@ -11,6 +11,7 @@ its own (the run pauses at the budget, keeping a checkpoint), so `attempts` coun
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import hashlib
@@ -18,6 +19,7 @@ import json
 import os
 import shlex
 import socket
+import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -53,7 +55,7 @@ def sweep_lock(path: Path) -> Iterator[None]:
     command, start time) for the one-line refusal that a second sweep on the same dir gets."""
     path.mkdir(parents=True, exist_ok=True)
     lock = path / LOCK_FILE
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited: a head we spawn never holds it
+    fd = _open_lock(lock, os.O_RDWR | os.O_CREAT)  # not inherited: a head we spawn never holds it
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -74,11 +76,28 @@ def sweep_lock(path: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+def _open_lock(lock: Path, flags: int) -> int:
+    """The lock file, opened without following a link (a sweep writes its holder into it: through a
+    link it would overwrite another file); one that is not a regular file is refused in one line."""
+    try:
+        fd = os.open(lock, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.EISDIR):
+            raise ConfigError(f"cannot open the sweep dir's lock {lock}: {e.strerror}") from None
+        fd = None
+    if fd is None or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd is not None:
+            os.close(fd)
+        kind = "a symbolic link" if lock.is_symlink() else "a directory" if lock.is_dir() else "a special file"
+        raise ConfigError(f"{lock} is {kind} where the sweep dir's lock file belongs: nothing was changed; remove it and rerun")
+    return fd
+
+
 def watched(path: Path) -> bool:
     """Whether an isoflop process holds the sweep dir (a sweep watching its jobs)."""
     try:
-        fd = os.open(path / LOCK_FILE, os.O_RDONLY)
-    except OSError:
+        fd = _open_lock(path / LOCK_FILE, os.O_RDONLY)
+    except ConfigError:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -219,7 +238,7 @@ class Dispatcher:
         if files.finished():
             return True
         status = files.status()
-        return pause_at is not None and status.get("state") == PAUSED and (status.get("paused_at") or 0) >= pause_at
+        return pause_at is not None and status.state == PAUSED and (status.paused_at or 0) >= pause_at
 
     def _drive(self, manifest: Manifest, pause_at: float | None) -> None:
         """Run every cell still in the race to `pause_at` (None: to its budget), as many at once as
@@ -252,7 +271,7 @@ class Dispatcher:
                     cell = cells[rid]
                     if self._reached(rid, pause_at):
                         cell.state = FINISHED if self.sweep.run(rid).finished() else PAUSED
-                    elif job_state == "SUCCEEDED" and self.sweep.run(rid).status().get("state") == PAUSED:
+                    elif job_state == "SUCCEEDED" and self.sweep.run(rid).status().state == PAUSED:
                         queue.append(rid)  # a reattached job that paused at an earlier budget
                     else:
                         reason = self._failure(rid, sid, job_state)

@@ -4,6 +4,11 @@ authentication, usage stats off; stopped by its pid, never by name.
 
 Run as `python -m isoflop_cli.head` by `ray_cluster`; that process runs `ray start --head --block`
 as its child and records its address in the sweep dir's `ray-head.json` once jobs can be submitted.
+
+A head is stopped, and its temp dir removed, only where they provably are this dir's: each start
+draws a nonce, written into `ray-head.json`, onto the head's command line, and into a marker in its
+temp dir with the path of the `ray-head.json` it belongs to. A record copied with its sweep dir (or
+left stale) names another dir's head and temp dir: those are left alone.
 """
 
 from __future__ import annotations
@@ -25,16 +30,57 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from omegaconf import DictConfig
 
 from isoflop_cli.errors import ConfigError, HeadError
 from isoflop_cli.processes import die_with_parent
-from isoflop_cli.store import read_json, write_json
+from isoflop_cli.store import Malformed, read_json, schema_fields, write_json
 
 HEAD_FILE = "ray-head.json"
+HEAD_VERSION = 1  # 0: a record written before it had a version (no nonce)
+TEMP_MARKER = "isoflop-head.json"  # in a head's temp dir: the record it belongs to and its nonce
+
+
+@dataclass
+class HeadRecord:
+    """A sweep dir's `ray-head.json`: the local head's address, pid and temp dir, and the nonce that
+    proves the pid and the temp dir are this record's head (None in a record of an older isoflop)."""
+
+    address: str
+    pid: int
+    temp_dir: str | None = None
+    gcs_address: str | None = None
+    nonce: str | None = None
+    version: int = HEAD_VERSION
+
+    @classmethod
+    def from_json(cls, data: Any) -> HeadRecord:
+        if not isinstance(data, dict):
+            raise Malformed("not a JSON object")
+        values = {**schema_fields(data, {"address": "str", "pid": "int"}, required=True),
+                  **schema_fields(data, {"temp_dir": "str", "gcs_address": "str", "nonce": "str", "version": "int"})}
+        record = cls(**{"version": 0, **values})
+        if record.version > HEAD_VERSION:
+            raise Malformed(f"version {record.version}, written by a newer isoflop: this one reads up to version {HEAD_VERSION}")
+        return record
+
+
+def read_head(info_file: Path) -> HeadRecord | None:
+    """The head recorded in `info_file`, None where there is none. One that cannot be read is refused
+    (ConfigError naming the file): which head and temp dir it named is unknown, so nothing of them
+    may be stopped or removed, and a new head would write over it."""
+    try:
+        return HeadRecord.from_json(json.loads(info_file.read_text()))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        why = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+        raise ConfigError(f"{info_file} is not a readable Ray head record ({why}): nothing was changed; "
+                          "if no isoflop head of this sweep dir runs, move it aside") from None
 
 
 @contextlib.contextmanager
@@ -55,68 +101,79 @@ def ray_cluster(cluster: DictConfig, state_dir: Path) -> Iterator[str]:
     info_file = state_dir.absolute() / HEAD_FILE
     head = _attach(info_file) or _start_head(cluster, info_file)
     try:
-        yield head["address"]
+        yield head.address
     finally:
-        _stop_head(head["pid"], info_file)
-        _remove_temp_dir(head.get("temp_dir"))
+        _stop_head(head.pid, info_file, head.nonce)
+        _remove_temp_dir(head.temp_dir, info_file, head.nonce)
         info_file.unlink(missing_ok=True)
 
 
-def _attach(info_file: Path) -> dict | None:
-    """The head recorded in `info_file` if it still runs (a killed CLI left it), else None."""
-    head = read_json(info_file)
-    if not isinstance(head, dict) or not isinstance(head.get("pid"), int):
+def _attach(info_file: Path) -> HeadRecord | None:
+    """The head recorded in `info_file` if it still runs (a killed CLI left it), else None; what a
+    dead head of this dir left (its process group, its temp dir) is cleared on the way."""
+    head = read_head(info_file)
+    if head is None:
         return None
-    if _is_head(head["pid"], info_file) and isinstance(head.get("address"), str):
+    if _is_head(head.pid, info_file, head.nonce):
         return head
-    _stop_head(head["pid"], info_file, grace_s=0)  # what a dead head left
-    _remove_temp_dir(head.get("temp_dir"))
+    if _owns(head.temp_dir, info_file, head.nonce):  # else a copied or stale record: another dir's head and temp dir
+        _stop_head(head.pid, info_file, head.nonce, grace_s=0)
+        _remove_temp_dir(head.temp_dir, info_file, head.nonce)
     return None
 
 
-def _is_head(pid, info_file: Path) -> bool:
-    """`pid` is the head process started for this `info_file` (not a reused pid, not another dir's head)."""
+def _is_head(pid, info_file: Path, nonce: str | None = None) -> bool:
+    """`pid` is the head process started for this `info_file` with this `nonce` (not a reused pid,
+    not another dir's head)."""
     try:
         args = Path(f"/proc/{int(pid)}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except (OSError, TypeError, ValueError):
         return False
-    return "isoflop_cli.head" in args and str(info_file) in args
+    return "isoflop_cli.head" in args and str(info_file) in args and (nonce is None or nonce in args)
 
 
-def _start_head(cluster: DictConfig, info_file: Path, timeout_s: float = 180) -> dict:
+def _owns(temp_dir: str | None, info_file: Path, nonce: str | None) -> bool:
+    """`temp_dir` was made for the head of this `info_file` with this `nonce` (its marker says so)."""
+    return nonce is not None and temp_dir is not None and read_json(Path(temp_dir) / TEMP_MARKER) == {"info": str(info_file), "nonce": nonce}
+
+
+def _start_head(cluster: DictConfig, info_file: Path, timeout_s: float = 180) -> HeadRecord:
     info_file.unlink(missing_ok=True)
     cpus = cluster.local_cpus or os.cpu_count() or 1
     log_file = info_file.with_suffix(".log")
+    nonce = secrets.token_hex(8)
     temp_dir = tempfile.mkdtemp(prefix="isoflop-ray-")  # short: Ray's unix sockets live under it
+    write_json(Path(temp_dir) / TEMP_MARKER, {"info": str(info_file), "nonce": nonce})
     with open(log_file, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "isoflop_cli.head", "--cpus", str(cpus), "--info", str(info_file), "--temp-dir", temp_dir],
+            [sys.executable, "-m", "isoflop_cli.head", "--cpus", str(cpus), "--info", str(info_file), "--temp-dir", temp_dir, "--nonce", nonce],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
     try:
         deadline = time.time() + timeout_s
         while time.time() < deadline:
-            head = read_json(info_file)
-            if isinstance(head, dict) and head.get("pid") == proc.pid:
+            head = read_head(info_file)
+            if head is not None and head.pid == proc.pid:
                 return head
             if proc.poll() is not None:
                 raise HeadError(f"the local Ray head exited ({proc.returncode}) before it was ready; see {log_file}")
             time.sleep(0.2)
         raise HeadError(f"the local Ray head did not start in {timeout_s:.0f}s; see {log_file}")
     except BaseException:  # an error, or Ctrl-C while it starts: no head is left behind
-        _stop_head(proc.pid, info_file)
-        _remove_temp_dir(temp_dir)
+        _stop_head(proc.pid, info_file, nonce)
+        _remove_temp_dir(temp_dir, info_file, nonce)
         info_file.unlink(missing_ok=True)
         raise
 
 
-def _stop_head(pid: int, info_file: Path, grace_s: float = 60) -> None:
+def _stop_head(pid: int, info_file: Path, nonce: str | None, grace_s: float = 60) -> None:
     """SIGTERM (the head stops Ray cleanly), then SIGKILL to its process group, and wait until the
     group is gone. A live pid that is not this dir's head is left alone: the pid was reused, so the
-    head and its group are long gone."""
+    head and its group are long gone. (A dead head's group is this dir's to stop only where its temp
+    dir proves it: `_attach`.)"""
     if not isinstance(pid, int) or pid <= 1 or pid in (os.getpid(), os.getpgrp()):
         return
-    if _alive(pid) and not _is_head(pid, info_file):
+    if _alive(pid) and not _is_head(pid, info_file, nonce):
         return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
@@ -142,8 +199,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _remove_temp_dir(path) -> None:
-    if isinstance(path, str) and Path(path).name.startswith("isoflop-ray-"):
+def _remove_temp_dir(path: str | None, info_file: Path, nonce: str | None) -> None:
+    """The head's temp dir, where its marker proves it this head's (`_owns`)."""
+    if _owns(path, info_file, nonce) and Path(path).name.startswith("isoflop-ray-"):
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -154,7 +212,7 @@ RAY_PORT_FLAGS = ("port", "dashboard-port", "dashboard-agent-listen-port", "dash
 RAY_PORT_ENV = ("AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT")
 
 
-def serve_head(cpus: int, info_file: Path, temp_dir: Path) -> None:
+def serve_head(cpus: int, info_file: Path, temp_dir: Path, nonce: str) -> None:
     """The local head process: `ray start --head --block` as its child, every socket on 127.0.0.1,
     every port its own, token auth, usage stats off; until SIGTERM or SIGINT (then it stops Ray) or
     until Ray exits. Records its address in `info_file` once jobs can be submitted."""
@@ -187,7 +245,8 @@ def serve_head(cpus: int, info_file: Path, temp_dir: Path) -> None:
         print(f"isoflop: the Ray head did not come up (try {attempt + 1} of 3)", flush=True)
     else:
         raise SystemExit(1)
-    write_json(info_file, {"address": address, "pid": os.getpid(), "gcs_address": f"127.0.0.1:{flags['port']}", "temp_dir": str(temp_dir)})
+    write_json(info_file, asdict(HeadRecord(address=address, pid=os.getpid(), temp_dir=str(temp_dir), gcs_address=f"127.0.0.1:{flags['port']}",
+                                            nonce=nonce)))
     while not stop.is_set() and ray.poll() is None:
         stop.wait(1)
     _end(ray)
@@ -299,8 +358,9 @@ if __name__ == "__main__":
     parser.add_argument("--cpus", type=int, required=True)
     parser.add_argument("--info", type=Path, required=True)
     parser.add_argument("--temp-dir", type=Path, required=True)
+    parser.add_argument("--nonce", required=True)
     args = parser.parse_args()
-    serve_head(args.cpus, args.info, args.temp_dir)
+    serve_head(args.cpus, args.info, args.temp_dir, args.nonce)
 
 
 class RayLauncher:

@@ -132,7 +132,7 @@ def run_state(sweep: SweepDir, run_id: str, cell: CellState) -> tuple[str, str]:
     if files.finished():
         return FINISHED, ""
     status = files.status()
-    own, known = status.get("state", PENDING), cell.state
+    own, known = status.state, cell.state
     if known in (FAILED, STOPPED):
         return known, cell.error or files.failure_reason() or ""
     if known == RETRYING:
@@ -140,12 +140,12 @@ def run_state(sweep: SweepDir, run_id: str, cell: CellState) -> tuple[str, str]:
     if cell.stopped_at is not None:
         return PAUSED, cell.why or ""
     if own == PAUSED:
-        return PAUSED, f"at {_compact(status.get('paused_at') or 0)}, waiting for the others to reach that budget"
+        return PAUSED, f"at {_compact(status.paused_at or 0)}, waiting for the others to reach that budget"
     if own == FAILED:
         return FAILED, files.failure_reason() or ""
     if own == RUNNING:
         if files.process_gone():
-            return KILLED, f"process {status.get('pid')} is gone; rerun the sweep to resume from its last checkpoint"
+            return KILLED, f"process {status.pid} is gone; rerun the sweep to resume from its last checkpoint"
         return RUNNING, ""
     if own == FINISHED:  # marked finished, records not whole: the sweep redoes it
         return known if known != FINISHED else PENDING, "its metrics are torn; the next sweep resumes it"
@@ -169,24 +169,24 @@ def sweep_table(sweep: SweepDir) -> Group:
         states[state] = states.get(state, 0) + 1
         done += state == FINISHED
         if state not in (FINISHED, FAILED, STOPPED) and cell.stopped_at is None:
-            left += cell.M * cell.columns.get("n", 0) * cell.columns.get("B_p", 0) - status.get("rollouts", 0)
-        if state == RUNNING and status.get("started") and status.get("updated", 0) > status["started"]:
-            rate += status.get("rollouts", 0) / (status["updated"] - status["started"])
+            left += cell.M * cell.columns.get("n", 0) * cell.columns.get("B_p", 0) - status.ledger.get("rollouts", 0)
+        if state == RUNNING and status.started and (status.updated or 0) > status.started:
+            rate += status.ledger.get("rollouts", 0) / (status.updated - status.started)
         if why and state != FINISHED:
-            where = f" on {status['host']}" if state in (FAILED, KILLED) and status.get("host") else ""
+            where = f" on {status.host}" if state in (FAILED, KILLED) and status.host else ""
             reasons.append(Text(f"{state} {run_id}{where}: {why}", style=STATE_STYLE.get(state, "white")))
         elif state == FINISHED and cell.failures:
             earlier = "; ".join(f"attempt {f.attempt}: {f.reason}" for f in cell.failures)
             reasons.append(Text(f"finished {run_id} after {len(cell.failures)} failed attempt(s): {earlier}", style="dim"))
         rows = files.read_metrics() if state != PENDING else []
         last = rows[-1] if rows else {}
-        step = cell.M if state == FINISHED else status.get("step", 0)
+        step = cell.M if state == FINISHED else status.step or 0
         table.add_row(
             run_id,
             f"[{STATE_STYLE.get(state, 'white')}]{state}[/]",
             str(cell.attempts),
             f"{step}/{cell.M}",
-            _fmt(status.get("rollouts", last.get("rollouts", 0))) if state != PENDING else "-",
+            _fmt(status.ledger.get("rollouts", last.get("rollouts", 0))) if state != PENDING else "-",
             _fmt(last.get("val_avg@k")),
             _fmt(last.get("wall_s")),
         )

@@ -47,7 +47,8 @@ from isoflop_cli.errors import ConfigError
 RESULTS = "results.parquet"
 PROBLEMS = "problems.parquet"
 MANIFEST = "manifest.json"
-CHECKPOINT_STATE = "run_state.pt"  # the file a whole checkpoint ends with (recipe/resume.py writes it)
+CHECKPOINT_STATE = "run_state.pt"  # a checkpoint's progress, scheduler and RNG states (recipe/resume.py writes it)
+CHECKPOINT_FILES = "files.json"  # the file a whole checkpoint ends with: each of its files and its size
 
 # Run states, as status.json and the manifest spell them.
 PENDING, SUBMITTED, RUNNING, FINISHED, FAILED, STOPPED = "pending", "submitted", "running", "finished", "failed", "stopped"
@@ -125,9 +126,9 @@ class RunFiles:
         dead), the new holder waits LEASE_GRACE_S after taking over: a write the old one began
         before it could see the new lease ends before this one reads or rewrites anything."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        maybe_alive = self.lease.exists() and self.status().get("state") == RUNNING and not self.process_gone()
+        maybe_alive = self.lease.exists() and self.status().state == RUNNING and not self.process_gone()
         holder = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        write_json(self.lease, {"holder": holder, "since": time.time()})
+        write_json(self.lease, asdict(Lease(holder=holder, since=time.time())))
         if maybe_alive:
             time.sleep(LEASE_GRACE_S)
         return RunFiles(self.dir, holder)
@@ -135,23 +136,42 @@ class RunFiles:
     def check_lease(self, cause: BaseException | None = None) -> None:
         """Raise LeaseLost (from `cause`, an error that may be the takeover's doing) where another
         attempt took the run dir over; no check without a holder. A lease that cannot be read is
-        read again (a transient error on a network filesystem is not a takeover)."""
+        read again (a transient error on a network filesystem is not a takeover); one that still
+        does not fit its schema stops this attempt too, naming the file (no write is safe then)."""
         if self.holder is None:
             return
         for wait in (0.1, 0.5, 2.0, None):
-            now = read_json(self.lease, default={}).get("holder")
-            if now is not None or wait is None:
+            try:
+                now = Lease.from_json(json.loads(self.lease.read_text())).holder
                 break
-            time.sleep(wait)
+            except (OSError, ValueError) as e:
+                why = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+                if wait is None:
+                    raise LeaseLost(f"{self.lease} is not a readable lease ({why}): this attempt ({self.holder}) stops without writing more") from cause
+                time.sleep(wait)
         if now != self.holder:
             raise LeaseLost(f"another attempt ({now}) took over {self.dir}: this one ({self.holder}) stops without writing more") from cause
 
-    def status(self) -> dict:
-        return read_json(self.status_file, default={"state": PENDING})
+    def status(self) -> RunStatus:
+        """The run's status.json (pending where there is none). One that cannot be read or does not
+        fit its schema is refused (ConfigError naming the file), never taken for pending or for
+        finished: either would rewrite or drop the run's records on a guess."""
+        try:
+            return RunStatus.from_json(json.loads(self.status_file.read_text()))
+        except (FileNotFoundError, NotADirectoryError):
+            return RunStatus()
+        except (OSError, ValueError) as e:
+            why = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+            raise ConfigError(f"{self.status_file} is not a readable run status ({why}): nothing was changed; "
+                              "fix it or move it aside (the run is then redone)") from None
 
     def set_status(self, state: str, *, durable: bool = True, **fields: Any) -> None:
+        """With `pid`, its process's start time too: `process_gone` tells a reused pid from the run's."""
         self.check_lease()
-        write_json(self.status_file, {"state": state, "updated": time.time(), "host": socket.gethostname(), **fields}, durable)
+        if "pid" in fields:
+            fields["pid_started"] = process_start(fields["pid"])
+        write_json(self.status_file, {"version": STATUS_VERSION, "state": state, "updated": time.time(), "host": socket.gethostname(),
+                                      **fields}, durable)
 
     def finish(self, rows: list[dict], **fields: Any) -> None:
         """Seal a finished run: its rows written whole, and a copy in status.json to repair from."""
@@ -162,18 +182,24 @@ class RunFiles:
     def finished_rows(self) -> list[dict] | None:
         """The eval points of a finished run, or None while it is not finished.
 
-        A sealed run whose metrics file no longer holds exactly its sealed rows (a torn or cut
-        tail, a lost line) is repaired from the copy in status.json. A run marked finished without
-        that copy (written by an older isoflop) counts when its file has no torn line."""
+        A sealed run whose metrics file holds a prefix of its sealed rows (a torn or cut tail, an
+        emptied or deleted file) is repaired from the copy in status.json; one whose file holds other
+        rows is refused (ConfigError naming both files): which of the two is right is not for isoflop
+        to guess. A run marked finished without that copy (written by an older isoflop) counts when
+        its file has no torn line."""
         status = self.status()
-        if status.get("state") != FINISHED:
+        if status.state != FINISHED:
             return None
         text = self.metrics.read_text() if self.metrics.exists() else ""
-        sealed = status.get("rows")
+        sealed = status.rows
         if sealed is None:
             rows = self.read_metrics()
             return rows if rows and _jsonl(rows) == text else None
         if text != _jsonl(sealed):
+            kept = self.read_metrics()
+            if kept != sealed[: len(kept)]:
+                raise ConfigError(f"{self.status_file} seals {len(sealed)} rows that {self.metrics} contradicts (its row {_first_difference(kept, sealed)}): "
+                                  "nothing was changed; move the one that is wrong aside")
             atomic_write(self.metrics, _jsonl(sealed))
         return sealed
 
@@ -182,25 +208,27 @@ class RunFiles:
 
     def has_checkpoint(self) -> bool:
         """A whole checkpoint is here (or its `.old` copy, where a kill fell between a save's renames)."""
-        return any((d / CHECKPOINT_STATE).is_file() for d in (self.checkpoint, self.checkpoint.with_name(self.checkpoint.name + ".old")))
+        return any(d.is_dir() and checkpoint_gap(d) is None for d in (self.checkpoint, self.checkpoint.with_name(self.checkpoint.name + ".old")))
 
     def process_gone(self) -> bool:
         """A run marked running whose process, on this host, no longer exists (killed)."""
         status = self.status()
-        if status.get("state") != RUNNING or status.get("host") != socket.gethostname() or "pid" not in status:
+        if status.state != RUNNING or status.host != socket.gethostname() or status.pid is None:
             return False
         try:
-            os.kill(int(status["pid"]), 0)
+            os.kill(status.pid, 0)
         except ProcessLookupError:
             return True
-        except (PermissionError, ValueError, OverflowError):
+        except (PermissionError, OverflowError):
             return False
-        return False
+        # A live pid that started at another time than the run's process is another process now
+        # (status files of an older isoflop have no start time: the pid is all there is).
+        return status.pid_started is not None and process_start(status.pid) != status.pid_started
 
     def failure_reason(self) -> str | None:
         """Why the run failed, as the run or its log says it: the error the run recorded, else the
         last exception line of its log (not the traceback's last frame)."""
-        error = self.status().get("error")
+        error = self.status().error
         if error:
             return str(error)
         return last_exception(self.log.read_text(errors="replace")) if self.log.exists() else None
@@ -234,8 +262,50 @@ class RunFiles:
         return _read_jsonl(self.metrics)
 
 
+def checkpoint_gap(directory: Path) -> str | None:
+    """What the checkpoint in `directory` lacks (None: it is whole): a file its list names that is
+    gone or shorter than it was written. A checkpoint of an isoflop before the list is whole when it
+    has its state file, the last file it wrote."""
+    try:
+        listed = json.loads((directory / CHECKPOINT_FILES).read_text())
+    except FileNotFoundError:
+        return None if (directory / CHECKPOINT_STATE).is_file() else f"it has no {CHECKPOINT_STATE}"
+    except (OSError, ValueError):
+        return f"its {CHECKPOINT_FILES} cannot be read"
+    if not isinstance(listed, dict) or not _is(listed.get("files"), "object"):
+        return f"its {CHECKPOINT_FILES} lists no files"
+    for name, size in listed["files"].items():
+        try:
+            have = (directory / name).stat().st_size
+        except OSError:
+            return f"{name} is gone"
+        if have != size:
+            return f"{name} has {have} of its {size} bytes"
+    return None
+
+
+def checkpoint_files(directory: Path) -> dict[str, Any]:
+    """The list `checkpoint_gap` checks, of the files in `directory` as they are now."""
+    return {"version": 1, "files": {str(f.relative_to(directory)): f.stat().st_size for f in sorted(directory.rglob("*")) if f.is_file()}}
+
+
+def process_start(pid: int) -> int | None:
+    """When process `pid` started (clock ticks after boot, /proc/<pid>/stat), None where it cannot be
+    read: with the pid, it names one process, not whoever gets the pid next."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22; the name before ')' may hold spaces
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _first_difference(kept: list[dict], sealed: list[dict]) -> int:
+    return next((i for i, (a, b) in enumerate(zip(kept, sealed)) if a != b), min(len(kept), len(sealed)))
+
+
 def _append(path: Path, row: dict) -> None:
-    with open(path, "a") as f:
+    """One line at the end of `path`, never through a link (it would append to another file)."""
+    with open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "a") as f:
         f.write(json.dumps(row) + "\n")
         f.flush()
         os.fsync(f.fileno())
@@ -281,7 +351,8 @@ CELL_STATES = (PENDING, SUBMITTED, RUNNING, FINISHED, FAILED, STOPPED, PAUSED, R
 
 
 class Malformed(ValueError):
-    """What in a manifest does not fit its schema (said in the refusal that names the file)."""
+    """What in a file read back (a manifest, a run's status or lease) does not fit its schema (said
+    in the refusal that names the file)."""
 
 
 @dataclass
@@ -321,10 +392,10 @@ class CellState:
             raise Malformed("it needs rows [start, stop]")
         if kind == SWEEP and not _is(data.get("M"), "int"):
             raise Malformed("it needs an integer M")
-        values = _fields(data, {"axes": "object", "columns": "object", "M": "int", "eval_steps": "ints", "step_flops": "numbers",
+        values = schema_fields(data, {"axes": "object", "columns": "object", "M": "int", "eval_steps": "ints", "step_flops": "numbers",
                                 "rows": "ints", "state": "str", "submission_id": "str", "attempts": "int", "failures": "list",
                                 "error": "str", "continues": "str", "stopped_at": "number", "why": "str"})
-        values["failures"] = [Failure(**_fields(_object("failures", f), {"attempt": "int", "reason": "str", "at": "number"}, required=True))
+        values["failures"] = [Failure(**schema_fields(_object("failures", f), {"attempt": "int", "reason": "str", "at": "number"}, required=True))
                               for f in values.get("failures", [])]
         cell = cls(**values)
         if cell.state not in CELL_STATES:
@@ -351,7 +422,7 @@ class SweepSchedule:
 
     @classmethod
     def from_json(cls, data: dict) -> SweepSchedule:
-        schedule = cls(**_fields(data, {"name": "str", "budgets": "numbers", "margin": "number", "column": "str", "metric": "str"}))
+        schedule = cls(**schema_fields(data, {"name": "str", "budgets": "numbers", "margin": "number", "column": "str", "metric": "str"}))
         if schedule.name != "full" and None in (schedule.budgets, schedule.margin, schedule.column, schedule.metric):
             raise Malformed(f"schedule {schedule.name} needs budgets, margin, column and metric")
         return schedule
@@ -382,7 +453,7 @@ class Manifest:
         `version`, and `kind` only on a calibration's); keys it does not know are left out."""
         if not isinstance(data, dict):
             raise Malformed("not a JSON object")
-        top = _fields(data, {"version": "int", "name": "str", "kind": "str", "cells": "object", "schedule": "object", "infeasible": "list"})
+        top = schema_fields(data, {"version": "int", "name": "str", "kind": "str", "cells": "object", "schedule": "object", "infeasible": "list"})
         if "cells" not in top:
             raise Malformed("no cells object")
         if top.get("version", 0) > MANIFEST_VERSION:
@@ -396,7 +467,7 @@ class Manifest:
                 cells[run_id] = CellState.from_json(cell, kind)
             except Malformed as e:
                 raise Malformed(f"cell '{run_id}' is malformed ({e})") from None
-        infeasible = [Infeasible(**_fields(_object("infeasible", i), {"axes": "object", "reason": "str"}, required=True))
+        infeasible = [Infeasible(**schema_fields(_object("infeasible", i), {"axes": "object", "reason": "str"}, required=True))
                       for i in top.get("infeasible", [])]
         return cls(name=top.get("name", ""), kind=kind, schedule=SweepSchedule.from_json(top.get("schedule", {})), cells=cells,
                    infeasible=infeasible)
@@ -423,7 +494,7 @@ def _is(value: Any, kind: str) -> bool:
     return _CHECKS[kind](value)
 
 
-def _fields(data: dict, schema: dict[str, str], required: bool = False) -> dict[str, Any]:
+def schema_fields(data: dict, schema: dict[str, str], required: bool = False) -> dict[str, Any]:
     """The keys of `schema` that `data` has (all of them, if `required`), each checked as its kind;
     numbers as floats."""
     out = {}
@@ -448,6 +519,73 @@ def _object(key: str, value: Any) -> dict:
 
 def _refuse(key: str, value: Any) -> NoReturn:
     raise Malformed(f"{key} is {json.dumps(value)[:40]}")
+
+
+# A run's own files read back: status.json and lease.json, each checked against its schema.
+
+STATUS_VERSION = 1  # 0: a status written before it had a version (the same keys, no pid start time)
+RUN_STATES = (PENDING, RUNNING, FINISHED, FAILED, STOPPED, PAUSED)
+
+
+@dataclass
+class RunStatus:
+    """A run's status.json: its state as the run last wrote it, where and by which process, and, once
+    finished, its sealed rows. Read by `RunFiles.status`; written by `RunFiles.set_status`."""
+
+    state: str = PENDING
+    updated: float | None = None
+    host: str | None = None
+    pid: int | None = None
+    pid_started: int | None = None  # the pid's start time (`process_start`): a reused pid is another process
+    started: float | None = None  # when the run's training began (rollouts/s in `status`)
+    step: int | None = None
+    M: int | None = None
+    error: str | None = None
+    paused_at: float | None = None
+    rows: list | None = None  # finished: the sealed eval points; a calibration slice running: its [start, stop]
+    ledger: dict[str, float] = field(default_factory=dict)  # the ledger's values at `step` (rollouts, flops_total ...)
+
+    @classmethod
+    def from_json(cls, data: Any) -> RunStatus:
+        """A status of this version or an earlier one; nulls read as absent, keys it does not know as
+        the ledger's numbers (others are left out)."""
+        if not isinstance(data, dict):
+            raise Malformed("not a JSON object")
+        data = {k: v for k, v in data.items() if v is not None}
+        schema = {"version": "int", "state": "str", "updated": "number", "host": "str", "pid": "int", "pid_started": "int", "started": "number",
+                  "step": "int", "M": "int", "error": "str", "paused_at": "number", "rows": "list"}
+        values = schema_fields(data, schema)
+        if "state" not in values:
+            raise Malformed("no state")
+        if values.pop("version", 0) > STATUS_VERSION:
+            raise Malformed(f"version {data['version']}, written by a newer isoflop: this one reads up to version {STATUS_VERSION}")
+        status = cls(**values, ledger={k: float(v) for k, v in data.items() if k not in schema and _is(v, "number")})
+        if status.state not in RUN_STATES:
+            raise Malformed(f"state '{status.state}' is none of {', '.join(RUN_STATES)}")
+        if status.state == FINISHED and status.rows is not None and not (status.rows and all(isinstance(r, dict) and _is(r.get("step"), "int") for r in status.rows)):
+            raise Malformed(f"its sealed rows {json.dumps(status.rows)[:40]} are not eval points (a non-empty list of objects with a step)")
+        return status
+
+
+LEASE_VERSION = 1  # 0: a lease written before it had a version (the same keys)
+
+
+@dataclass
+class Lease:
+    """A run dir's lease.json: the attempt that writes the run dir now (`RunFiles.take_lease`)."""
+
+    holder: str
+    since: float
+    version: int = LEASE_VERSION
+
+    @classmethod
+    def from_json(cls, data: Any) -> Lease:
+        if not isinstance(data, dict):
+            raise Malformed("not a JSON object")
+        lease = cls(**schema_fields(data, {"holder": "str", "since": "number"}, required=True), version=schema_fields(data, {"version": "int"}).get("version", 0))
+        if lease.version > LEASE_VERSION:
+            raise Malformed(f"version {lease.version}, written by a newer isoflop: this one reads up to version {LEASE_VERSION}")
+        return lease
 
 
 class SweepDir:
@@ -493,7 +631,7 @@ class SweepDir:
         frames = []
         for run_id, cell in self.manifest().cells.items():
             files = self.run(run_id)
-            rows = files.finished_rows() or (files.read_metrics() if files.status().get("state") == PAUSED else None)
+            rows = files.finished_rows() or (files.read_metrics() if files.status().state == PAUSED else None)
             if rows:
                 meta = pd.DataFrame([{"run_id": run_id, **cell.columns}] * len(rows))
                 frames.append(pd.concat([meta, pd.DataFrame(rows).drop(columns=meta.columns, errors="ignore")], axis=1))

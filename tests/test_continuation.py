@@ -74,7 +74,7 @@ def test_runs_left_with_a_checkpoint_continue_to_a_larger_budget(tmp_path):
         files = sweep.run(new.run_id)
         assert not sweep.run(old.run_id).dir.exists() and files.has_checkpoint()
         assert files.read_metrics() == rows[old.run_id]  # its eval points so far, kept
-        assert files.status()["state"] == PAUSED and files.status()["paused_at"] == rows[old.run_id][-1]["rollouts"]
+        assert files.status().state == PAUSED and files.status().paused_at == rows[old.run_id][-1]["rollouts"]
         assert OmegaConf.load(files.config).grid.budgets == [64, 128, 256]  # the new plan
     assert set(sweep.collect()["run_id"]) == {c.run_id for c in new_cells}  # paused points are results, under the new ids
     assert continuation.find(sweep, new_cells) == []  # a rerun finds nothing more to take over
@@ -93,14 +93,14 @@ def test_a_takeover_cut_short_is_finished_by_the_rerun(tmp_path):
     with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
         patch.setattr(continuation, "take_over", killed)  # killed after the manifest named the takeovers, before any rename
         prepare(sweep, new_cfg, new_cells, found)
-    assert all(sweep.run(c.run_id).status()["state"] == FINISHED for c in cells)
+    assert all(sweep.run(c.run_id).status().state == FINISHED for c in cells)
     found = continuation.find(sweep, new_cells)  # the rerun: the manifest already holds the new cells
     assert found == []
     check_same_grid(sweep, new_cells, extend=False, continued=found)
     prepare(sweep, new_cfg, new_cells, found)
     for old, new in zip(cells, new_cells):
         assert not sweep.run(old.run_id).dir.exists()
-        assert sweep.run(new.run_id).status()["state"] == PAUSED and sweep.run(new.run_id).has_checkpoint()
+        assert sweep.run(new.run_id).status().state == PAUSED and sweep.run(new.run_id).has_checkpoint()
 
 
 def test_what_cannot_continue_is_said(tmp_path):
@@ -131,7 +131,7 @@ def test_a_run_kept_at_its_end_continues_to_a_larger_flop_budget(tmp_path):
     assert first.exit_code == 0, first.output
     files = RunFiles(tmp_path)
     rows = files.read_metrics()
-    assert files.status()["state"] == FINISHED and files.has_checkpoint() and rows[-1]["flops_total"] >= 3e9
+    assert files.status().state == FINISHED and files.has_checkpoint() and rows[-1]["flops_total"] >= 3e9
     second = runner.invoke(app, ["run", *args, "grid.budgets=[6e9]"])
     assert second.exit_code == 0, second.output
     assert f"resumed from the checkpoint at step {rows[-1]['step']}" in second.output

@@ -118,7 +118,7 @@ def test_one_attempt_writes_a_run_dir_and_waits_only_where_the_last_may_still_ru
                   lambda f: f.keep_metrics(0), lambda f: f.reset_metrics(), lambda f: f.append_problems(1, [])):
         with pytest.raises(store.LeaseLost, match="another attempt"):
             write(first)
-    assert not files.metrics.exists() and files.status()["state"] == RUNNING
+    assert not files.metrics.exists() and files.status().state == RUNNING
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     second.set_status(RUNNING, pid=gone.pid)  # killed: its process is gone from this host

@@ -3,13 +3,20 @@ content, same run: a rerun finds its finished work); a trajectory groups the run
 same points up to a smaller budget (`continuation`); a checkpoint's fingerprint says whether a saved
 state is this run's. Every such hash is made here, and each is pinned by tests: a change that moves
 one orphans every existing sweep's finished runs.
+
+A run's data files (a task's `FILE_KEYS`, `eval.sets`) enter by their content, not their path: a file
+changed in place is a new run (and a new calibration slice), never a resumed one on other data.
+Configs without data files (the embedded arithmetic task) hash as they did before.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
 import re
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,6 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from isoflop_cli import tasks
 from isoflop_cli.algorithms import ALGORITHMS, spec
+from isoflop_cli.errors import ConfigError
+from isoflop_cli.store import atomic_write, read_json
 
 
 SWEEP_ONLY = ("grid", "cluster", "name", "calibrate", "tracking")  # config parts that do not change what a run computes
@@ -36,7 +45,8 @@ def applicable(content: dict[str, Any]) -> dict[str, Any]:
     """A plain config without the keys that do not apply to its run (other tasks' keys, an unset
     custom reward, no held-out sets or judges, vLLM's engine knobs left at null, no stray digits in
     the warm start) or do not change what it computes (whether its last checkpoint is kept): options
-    added later leave earlier run ids as they were. A new copy where it drops any."""
+    added later leave earlier run ids as they were. A new copy where it drops any; with `data`, the
+    digests of the data files it reads, where it reads any (`data_files`)."""
     task = {k: v for k, v in content["task"].items() if k in tasks.config_keys(content["task"]["name"])}
     reward = {k: v for k, v in content["reward"].items() if not (k == "fn" and v is None)}
     evaluation = {k: v for k, v in content["eval"].items() if not (k in ("sets", "judges") and not v)}
@@ -55,8 +65,59 @@ def applicable(content: dict[str, Any]) -> dict[str, Any]:
     # micro-batch only when set, the logit chunk and the collective timeout never.
     learner = {k: v for k, v in content["learner"].items()
                if k not in ("logit_chunk_tokens", "collective_timeout_s") and not (k == "max_tokens_per_micro_batch" and v == 0)}
+    data = data_files(task, evaluation)
     return {**content, "task": task, "reward": reward, "eval": evaluation, "algo": algo, "sampler": sampler,
-            "model": {**content["model"], "build": build}, "checkpoint": kept, "learner": learner}
+            "model": {**content["model"], "build": build}, "checkpoint": kept, "learner": learner, **({"data": data} if data else {})}
+
+
+def data_files(task: dict[str, Any], evaluation: dict[str, Any]) -> dict[str, str]:
+    """The digest of each data file a run reads, by the key that names it (task.train, eval.sets.X)."""
+    paths = {f"task.{key}": task[key] for key in tasks.task_class(task["name"]).FILE_KEYS if task.get(key)}
+    paths.update({f"eval.sets.{name}": path for name, path in (evaluation.get("sets") or {}).items()})
+    return {key: data_digest(path, key) for key, path in paths.items()}
+
+
+DIGESTS = "data-digests.json"  # in ISOFLOP_CACHE: path -> size, mtime and digest of each data file hashed
+DIGESTS_KEPT = 1000
+
+
+def data_digest(path: str, key: str = "data file") -> str:
+    """sha1 of a data file's bytes; of a directory (a `save_to_disk` data set), of its files' names
+    and digests. Each file is read once per version (path, size, mtime_ns), as the cache keeps it."""
+    root = Path(path).expanduser()
+    try:
+        if not root.is_dir():
+            return _file_digest(root)
+        files = sorted(f for f in root.rglob("*") if f.is_file())
+        return hashlib.sha1("".join(f"{f.relative_to(root)} {_file_digest(f)}\n" for f in files).encode()).hexdigest()
+    except OSError as e:
+        raise ConfigError(f"{key} {path} cannot be read: {e.strerror}") from None
+
+
+def _file_digest(path: Path) -> str:
+    stat = path.stat()
+    return _digest_of(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _digest_of(path: str, size: int, mtime_ns: int) -> str:
+    cache = Path(os.environ.get("ISOFLOP_CACHE", Path.home() / ".cache" / "isoflop")).expanduser() / DIGESTS
+    entries = read_json(cache, default={})
+    entries = entries if isinstance(entries, dict) else {}
+    entry = entries.get(path)
+    if isinstance(entry, dict) and entry.get("size") == size and entry.get("mtime_ns") == mtime_ns and isinstance(entry.get("sha1"), str):
+        return entry["sha1"]
+    sha = hashlib.sha1()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    entries.pop(path, None)
+    entries[path] = {"size": size, "mtime_ns": mtime_ns, "sha1": sha.hexdigest()}
+    try:  # a cache that cannot be written (a read-only home on a node) costs a re-read, nothing else
+        atomic_write(cache, json.dumps(dict(list(entries.items())[-DIGESTS_KEPT:])), durable=False)
+    except OSError:
+        pass
+    return sha.hexdigest()
 
 
 def _digest(content: dict[str, Any]) -> str:

@@ -4,12 +4,15 @@ The state is everything the next step depends on: the trained weights (for LoRA 
 adapter), optimizer and scheduler, RNG states, the data position and the ledger so far (in
 `progress`). Weights and optimizer go through torch.distributed.checkpoint, which writes each
 rank's shards of an FSDP model (and one file without FSDP). A save is written beside the last one
-and swapped in by renames, so a kill during a save leaves the previous one whole.
+and swapped in by renames, so a kill during a save leaves the previous one whole. Its last file
+lists every file of it and its size (`store.checkpoint_files`): a checkpoint missing one later (a
+shard deleted, a file cut) is set aside before a load could fail on it, never loaded in part.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
 import shutil
@@ -22,8 +25,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from isoflop_cli.recipe.distributed import Group
+from isoflop_cli.store import CHECKPOINT_FILES, LeaseLost, RunFiles, atomic_write, checkpoint_files, checkpoint_gap
 from isoflop_cli.store import CHECKPOINT_STATE as STATE
-from isoflop_cli.store import LeaseLost, RunFiles
 
 OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)
 
@@ -50,6 +53,7 @@ def save(directory: Path, group: Group, fingerprint: str, model, optimizer, sche
             if torch.cuda.is_available():
                 rng["cuda"] = torch.cuda.get_rng_state()
             torch.save({"fingerprint": fingerprint, "scheduler": scheduler.state_dict(), "rng": rng, "progress": progress}, tmp / STATE)
+            atomic_write(tmp / CHECKPOINT_FILES, json.dumps(checkpoint_files(tmp)))  # last: the checkpoint is whole
     except BaseException as e:  # dcp's CheckpointException is a BaseException
         shutil.rmtree(tmp, ignore_errors=True)  # a partial save must not keep the disk full
         # torch's writers report a full disk as a wrapped "unexpected pos" error, without errno:
@@ -74,13 +78,37 @@ def save(directory: Path, group: Group, fingerprint: str, model, optimizer, sche
     _barrier(group)
 
 
-def load(directory: Path, fingerprints: tuple[str, ...], model, optimizer, scheduler) -> dict[str, Any] | None:
-    """The saved progress after restoring everything else in place; None if there is no checkpoint
-    of this very run (one of its `fingerprints`: same config and learning rate)."""
-    if not (directory / STATE).is_file() and (directory.with_name(directory.name + ".old") / STATE).is_file():
-        directory = directory.with_name(directory.name + ".old")  # killed between the two renames
-    if not (directory / STATE).is_file():
-        return None
+def load(directory: Path, fingerprints: tuple[str, ...], model, optimizer, scheduler, group: Group | None = None,
+         files: RunFiles | None = None) -> dict[str, Any] | None:
+    """The saved progress after restoring everything else in place; None if there is no whole
+    checkpoint of this very run (one of its `fingerprints`: same config and learning rate).
+
+    The checkpoint, or its `.old` copy where a kill fell between a save's renames. One that is not
+    whole is set aside by the main rank (renamed `<name>.incomplete-<i>`, kept for a look; one line
+    in the run's log), and the `.old` copy, when whole, or a fresh start takes its place."""
+    for candidate in (directory, directory.with_name(directory.name + ".old")):
+        if not candidate.is_dir():
+            continue
+        gap = checkpoint_gap(candidate)
+        if gap is None:
+            return _restore(candidate, fingerprints, model, optimizer, scheduler)
+        if group is None or group.is_main:
+            if files is not None:
+                files.check_lease()  # the run dir may be another attempt's now
+            aside = _set_aside(candidate)
+            print(f"checkpoint {candidate} is incomplete ({gap}): set aside as {aside.name}", flush=True)
+    return None
+
+
+def _set_aside(directory: Path) -> Path:
+    i = 0
+    while (aside := directory.with_name(f"{directory.name}.incomplete-{i}")).exists():
+        i += 1
+    directory.rename(aside)
+    return aside
+
+
+def _restore(directory: Path, fingerprints: tuple[str, ...], model, optimizer, scheduler) -> dict[str, Any] | None:
     saved = torch.load(directory / STATE, weights_only=False)
     if saved["fingerprint"] not in fingerprints:
         return None

@@ -232,7 +232,7 @@ class Trainer:
         cfg = self.cfg
         names = fingerprints(cfg, self.budget.column, self.lr, self.budget)
         self.fingerprint = names[0]
-        saved = resume.load(self.files.checkpoint, names, self.actor, self.optimizer, self.scheduler)
+        saved = resume.load(self.files.checkpoint, names, self.actor, self.optimizer, self.scheduler, self.group, self.files)
         self.progress = Progress(**saved) if saved else Progress(eval_at=list(self.budget.eval_at))
         self.progress.eval_at = [c for c in self.budget.eval_at if c > self.spent()]
         if self.group.is_main:

@@ -51,6 +51,7 @@ class Task(ABC):
     """A source of problems with a way to check answers. See the module docstring for who calls what."""
 
     CONFIG_KEYS: tuple[str, ...] = ()  # the task.* keys it reads besides name and max_new_tokens
+    FILE_KEYS: tuple[str, ...] = ()  # those of them that name data files: their content is part of a run's identity
     has_steps: bool = False  # step_credit works (prm_proxy, prm)
     has_partial_credit: bool = False  # partial_credit works (dense)
     dropped: dict[str, int] = {}  # per split, problems `prepare` left out (prompts over the token limit)

@@ -51,6 +51,7 @@ class DatasetTask(Task):
     CONFIG_KEYS = ("train", "val", "val_fraction", "prompt_key", "answer_key", "max_prompt_tokens", "chat_template",
                    "system_prompt", "instruction", "verifier")
     PROMPT_KNOBS = "a lower task.max_prompt_tokens"
+    FILE_KEYS = ("train", "val")
     train: str
     val: str | None = None
     val_fraction: float = 0.2
