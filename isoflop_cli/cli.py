@@ -274,7 +274,6 @@ def run(
     console.print(f"run: n={cfg.n} B_p={cfg.B_p} seed={cfg.seed} M={plan.M} lr={plan.lr:.3g}, to {plan.limit:.4g} {plan.column} -> {run_dir}")
     if os.environ.get(EXIT_WITH_PARENT):
         _exit_with_parent()
-    _before_torch()
     from isoflop_cli.recipe.trainer import Budget, train
 
     try:
@@ -353,7 +352,6 @@ def calibrate_shard(
             raise ConfigError("calibrate-shard needs calibrate.rows=[start,stop] (isoflop calibrate sets it per job)")
     if os.environ.get(EXIT_WITH_PARENT):
         _exit_with_parent()
-    _before_torch()
     from isoflop_cli.recipe.calibrate import calibrate as calibrate_rows
 
     df = calibrate_rows(cfg, out)
@@ -542,14 +540,6 @@ def race_pilot(
                                        str(out) if out else None, bootstrap, seed, full_results)
     console.print(summary(result))
     console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
-
-
-def _before_torch() -> None:
-    """Torch's CPU threads sleep while they wait instead of spinning, unless the environment says
-    otherwise (OpenMP reads OMP_WAIT_POLICY once, when torch loads). Spinning threads win little
-    alone and lose badly beside any other busy process: a run's own wall time was 25x longer beside
-    one busy process on 2 cores (scripts/bench_threads.py)."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def main() -> None:

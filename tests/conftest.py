@@ -26,7 +26,8 @@ if "ISOFLOP_CACHE" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["ISOFLOP_CACHE"], ignore_errors=True)
 # Torch's threads sleep while they wait instead of spinning: beside any other busy process, a
 # spinning pair on 2 cores ran the embedded warm start 6-11x slower (200 steps: 118-202 s, against
-# 18 s on one thread and 19 s on two that sleep). Set before torch is imported, which reads it once.
+# 18 s on one thread and 19 s on two that sleep; scripts/bench_threads.py). Set before torch is
+# imported, which reads it once.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ.pop("RAY_ADDRESS", None)
