@@ -265,9 +265,11 @@ def run(
         plan = grid_mod.plan_run(cfg)
         axes = {"n": cfg.n, "B_p": cfg.B_p, "seed": cfg.seed}
         run_dir = config_mod.check_writable(out or DEFAULT_OUT / "single" / identity.run_id(axes, cfg, plan.key))
-        # A sealed run stays as it is: a stale job (a requeue that came late), or a user rerunning it.
-        finished = RunFiles(run_dir).finished_rows()
-    if finished:
+        # A sealed run stays as it is (a stale job, a requeue that came late, a user rerunning it),
+        # unless it kept its state at its end (checkpoint.keep_final) and this plan goes further.
+        files = RunFiles(run_dir)
+        finished = files.finished_rows()
+    if finished and (plan.reached_by(finished) or not files.has_checkpoint()):
         console.print(f"{run_dir} holds a finished run: nothing to do (give another --out to run it again)", soft_wrap=True)
         console.print(report.metrics_table(finished))
         return

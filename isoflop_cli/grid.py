@@ -59,6 +59,13 @@ class RunPlan:
     def rollouts(self) -> int:
         return self.batch * self.M
 
+    def reached_by(self, rows: list[dict]) -> bool:
+        """Whether a finished run's eval points already reach this plan's end: its FLOP budget (the
+        first step past it ends a run) or its steps (exact for rollout budgets, which a step may not
+        fill). A run kept at its end and planned further (checkpoint.keep_final) has not."""
+        last = rows[-1]
+        return last.get(self.column, 0) >= self.limit or last.get("step", 0) >= self.M
+
     @property
     def predicted_flops(self) -> dict[str, float]:
         return flops.Ledger().add(self.step_flops, self.M).columns()

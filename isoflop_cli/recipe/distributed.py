@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
@@ -68,19 +70,20 @@ def launch(fn: Callable[..., None], world_size: int, *args: Any, timeout_s: floa
     with socket.socket() as s:  # a free port on loopback for the rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    try:
-        mp.start_processes(_rank_main, args=(world_size, port, timeout_s, fn, args), nprocs=world_size, start_method="spawn")
-    except mp.ProcessRaisedException as e:  # a rank's traceback, as text
-        last = str(e).strip().splitlines()[-1]
-        if last.startswith(_USER_ERROR):  # a user error (a reward function's scores) stays one: one line, exit 2, not retried
-            raise ConfigError(last.removeprefix(_USER_ERROR)) from None
-        raise
+    with tempfile.TemporaryDirectory(prefix="isoflop-ranks-") as user_errors:
+        try:
+            mp.start_processes(_rank_main, args=(world_size, port, timeout_s, user_errors, fn, args), nprocs=world_size, start_method="spawn")
+        except (mp.ProcessRaisedException, mp.ProcessExitedException):
+            # A user error (a reward function's scores) on any rank stays one line, exit 2, not
+            # retried; torch reports whichever rank failed first, often a peer whose collective
+            # broke when the failing rank exited, so each rank's user error is read from its file.
+            said = sorted(Path(user_errors).glob("*"))
+            if said:
+                raise ConfigError(said[0].read_text()) from None
+            raise
 
 
-_USER_ERROR = f"{ConfigError.__module__}.{ConfigError.__qualname__}: "  # how a rank's traceback ends on a ConfigError
-
-
-def _rank_main(rank: int, world_size: int, port: int, timeout_s: float, fn: Callable[..., None], args: tuple) -> None:
+def _rank_main(rank: int, world_size: int, port: int, timeout_s: float, user_errors: str, fn: Callable[..., None], args: tuple) -> None:
     die_with_parent(signal.SIGKILL)  # a rank must not outlive its run (a killed run would leave ranks waiting forever)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
     cuda = torch.cuda.is_available()
@@ -96,6 +99,9 @@ def _rank_main(rank: int, world_size: int, port: int, timeout_s: float, fn: Call
         # Every rank done before any tears down: rank 0 hosts the rendezvous store, and a rank still
         # talking to it while rank 0 exits aborted (SIGABRT in gloo, seen in 1 of ~20 two-rank runs).
         dist.barrier()
+    except ConfigError as e:  # said before this rank exits, so before any peer fails for want of it
+        Path(user_errors, str(rank)).write_text(str(e))
+        raise
     except RuntimeError as e:
         if "Timed out" in str(e):  # gloo's timeout, a plain RuntimeError: said with the knob that sets it
             raise TimeoutError(f"rank {rank} waited longer than learner.collective_timeout_s={timeout_s:g} s in a collective "
