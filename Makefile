@@ -47,14 +47,17 @@ sweep: setup
 	$(BIN)/isoflop sweep --out $(OUT)
 	$(BIN)/isoflop fit $(OUT)/default
 
-# Both environments, sharing one embedded-model cache: the suite in the main one, the vLLM tests
-# (pytest -m vllm) in vLLM's. The vLLM tests run even when the main suite fails, so one failure
-# does not hide another; either failing fails the target.
+# Three sessions sharing one embedded-model cache, each run even when one before it failed (one
+# failure does not hide another; any failing fails the target): units and slow tests on two
+# workers (their processes start, import and wait as much as they compute); the end-to-end tests
+# one at a time (their Ray jobs take the CPUs, and kills must land mid-run); the vLLM tests in
+# vLLM's environment.
 test: setup setup-vllm slurm
 	export ISOFLOP_CACHE=$$(mktemp -d -t isoflop-test-cache-XXXXXX); \
-	$(BIN)/python -m pytest -q --durations=25 -m "not vllm"; main=$$?; \
+	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist worksteal -m "not e2e and not vllm"; units=$$?; \
+	$(BIN)/python -m pytest -q --durations=15 -m "e2e and not vllm"; e2e=$$?; \
 	$(VBIN)/python -m pytest -q --durations=5 -m vllm; vllm=$$?; \
-	rm -rf "$$ISOFLOP_CACHE"; [ $$main -eq 0 ] && [ $$vllm -eq 0 ]
+	rm -rf "$$ISOFLOP_CACHE"; [ $$units -eq 0 ] && [ $$e2e -eq 0 ] && [ $$vllm -eq 0 ]
 
 # The unit tests alone: no Ray head, no model built or trained (tests/conftest.py names the tiers).
 test-fast: setup
