@@ -353,16 +353,6 @@ def _end(proc: subprocess.Popen, grace_s: float = 45) -> None:
             proc.wait()
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="A local Ray head for isoflop (started by `isoflop sweep`).")
-    parser.add_argument("--cpus", type=int, required=True)
-    parser.add_argument("--info", type=Path, required=True)
-    parser.add_argument("--temp-dir", type=Path, required=True)
-    parser.add_argument("--nonce", required=True)
-    args = parser.parse_args()
-    serve_head(args.cpus, args.info, args.temp_dir, args.nonce)
-
-
 class RayLauncher:
     """`cluster.launcher=ray` (launchers.py): each run a Ray job on cluster.address, $RAY_ADDRESS,
     or a local head this sweep starts (`ray_cluster`)."""
@@ -423,3 +413,13 @@ class RayLauncher:
         from isoflop_cli.preflight import unplaceable
 
         return unplaceable(nodes, cpus, gpus)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="A local Ray head for isoflop (started by `isoflop sweep`).")
+    parser.add_argument("--cpus", type=int, required=True)
+    parser.add_argument("--info", type=Path, required=True)
+    parser.add_argument("--temp-dir", type=Path, required=True)
+    parser.add_argument("--nonce", required=True)
+    args = parser.parse_args()
+    serve_head(args.cpus, args.info, args.temp_dir, args.nonce)

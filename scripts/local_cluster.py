@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -49,7 +50,8 @@ def start(path: Path, workers: list[tuple[float, float]], timeout_s: float = 240
     info.unlink(missing_ok=True)
     temp_dir = tempfile.mkdtemp(prefix="isoflop-ray-")  # short: Ray's unix sockets live under it
     with open(path / "head.log", "w") as log:
-        head = subprocess.Popen([sys.executable, "-m", "isoflop_cli.head", "--cpus", "0", "--info", str(info), "--temp-dir", temp_dir],
+        head = subprocess.Popen([sys.executable, "-m", "isoflop_cli.head", "--cpus", "0", "--info", str(info), "--temp-dir", temp_dir,
+                                 "--nonce", secrets.token_hex(8)],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     state = {"head_pid": head.pid, "temp_dir": temp_dir, "workers": []}
     _write(path, state)
