@@ -38,6 +38,7 @@ from scipy import optimize
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import bootstrap, holdout
 from isoflop_cli.fit.curves import _at_bound
+from isoflop_cli.fit.evidence import TIE_SD
 from isoflop_cli.fit.data import RUN, FitSpec, MethodResult, plain, warn
 from isoflop_cli.fit.frontier import compute_grid
 
@@ -83,8 +84,12 @@ def model(theta: np.ndarray, z: np.ndarray, u: np.ndarray, z_ref: float) -> np.n
 def optimum(params: dict[str, float], axes: list[str], z: np.ndarray, z_ref: float) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Per axis its optimum 2^s(C) on log10 C = z, and the value there (C_eff = C)."""
     stars = {a: np.exp2(params[f"b0_{a}"] + params[f"b1_{a}"] * (z - z_ref)) for a in axes}
-    value = params["upper"] - (params["upper"] - params["lower"]) * np.exp(-np.power(10.0, np.clip(params["a"] * (z - params["log10_C0"]), -30, 30)))
-    return stars, value
+    return stars, _value_at(params, z)
+
+
+def _value_at(params: dict[str, float], z_eff: np.ndarray) -> np.ndarray:
+    """The metric at effective compute log10 C_eff = z_eff."""
+    return params["upper"] - (params["upper"] - params["lower"]) * np.exp(-np.power(10.0, np.clip(params["a"] * (z_eff - params["log10_C0"]), -30, 30)))
 
 
 def bounds(d: Data) -> tuple[np.ndarray, np.ndarray]:
@@ -150,10 +155,11 @@ def surface_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
             stars, value = optimum(refit.params, d.axes, grid, d.z_ref)
             curves.append(np.vstack([*stars.values(), value]))
     median, interval = bootstrap.summarise(draws, names(d.axes))
-    rows = _optimum_rows(best, d, grid, np.array(curves), df)
+    sigma = float(np.sqrt(best.sse / max(1, d.y.size - x.size)))
+    rows = _optimum_rows(best, d, grid, np.array(curves), df, sigma)
     determined = _determined(best, rows, d, spec)
     entry = {"params": best.params, "median": median, "interval90": interval, "converged": best.converged, "at_bound": best.at_bound,
-             "sse": best.sse, "points": int(d.y.size), "runs": int(runs.size), "axes": d.axes, "log10_C_ref": d.z_ref,
+             "sse": best.sse, "noise_sd": sigma, "tie_within": TIE_SD * sigma, "points": int(d.y.size), "runs": int(runs.size), "axes": d.axes, "log10_C_ref": d.z_ref,
              "axis_star_determined": determined, "optimum": rows,
              "bootstrap": {"resamples": spec.bootstrap, "converged": len(draws),
                            "at_bound_share": {k: sum(k in dr["_at_bound"] for dr in draws) / len(draws) for k in names(d.axes)} if draws else {}}}
@@ -181,9 +187,12 @@ def surface_holdout(df: pd.DataFrame, spec: FitSpec, runs: pd.Index) -> dict:
     return out
 
 
-def _optimum_rows(best: SurfaceFit, d: Data, grid: np.ndarray, curves: np.ndarray, df: pd.DataFrame) -> list[dict]:
+def _optimum_rows(best: SurfaceFit, d: Data, grid: np.ndarray, curves: np.ndarray, df: pd.DataFrame, sigma: float) -> list[dict]:
     """Per budget of the grid: each axis's optimum and the value there, with bootstrap median and
-    5%-95% (`<axis>_star_low` ...), and whether the optimum lies within the values run."""
+    5%-95% (`<axis>_star_low` ...), whether the optimum lies within the values run, and
+    `<axis>_star_set`: the values run whose surface value (the other axes at their optimum) is
+    within TIE_SD sd of the fit's residual noise of the optimum's, the frontier's rule for a tie:
+    the data do not tell them apart."""
     stars, value = optimum(best.params, d.axes, grid, d.z_ref)
     cols = [*(f"{a}_star" for a in d.axes), "value"]
     estimates = np.vstack([*stars.values(), value])
@@ -195,20 +204,28 @@ def _optimum_rows(best: SurfaceFit, d: Data, grid: np.ndarray, curves: np.ndarra
             row[col] = float(estimates[j, i])
             if band is not None:
                 row.update({f"{col}_median": float(band[0, j, i]), f"{col}_low": float(band[1, j, i]), f"{col}_high": float(band[2, j, i])})
-        for a in d.axes:
+        for j, a in enumerate(d.axes):
             row[f"{a}_star_within_grid"] = bool(df[a].min() <= row[f"{a}_star"] <= df[a].max())
+            run = np.unique(d.u[:, j])
+            off = np.log2(stars[a][i]) - run
+            y = _value_at(best.params, z - best.params[f"k_{a}"] * off**2)
+            row[f"{a}_star_set"] = [plain(v) for v in np.exp2(run[y >= value[i] - TIE_SD * sigma])]
         rows.append(row)
     return rows
 
 
 def _determined(best: SurfaceFit, rows: list[dict], d: Data, spec: FitSpec) -> bool:
     """Whether the data place axis*: not when its penalty k is pinned at 0 (the axis does not
-    matter to the fit), nor when axis*'s 90% interval at the largest budget spans every value run."""
+    matter to the fit), nor when every value run is tied with the optimum at the largest budget, nor when axis*'s 90% interval at the largest budget spans every value run."""
     axis = spec.axis
     if f"k_{axis}" in best.at_bound and best.params[f"k_{axis}"] < K_MAX / 2:
         warn(f"surface: k_{axis} is pinned at 0: {axis} does not matter to the fit, so {axis}*(C) is not determined")
         return False
     top = rows[-1]
+    if len(top[f"{axis}_star_set"]) == np.unique(d.u[:, 0]).size:
+        warn(f"surface: at the largest budget every {axis} run is within {TIE_SD:g} sd of the noise of the optimum: "
+             f"{axis} does not matter there as far as the data tell, so {axis}*(C) is not determined")
+        return False
     lo, hi = top.get(f"{axis}_star_low"), top.get(f"{axis}_star_high")
     values = np.exp2(d.u[:, 0])
     if lo is not None and lo <= values.min() and hi >= values.max():
