@@ -41,8 +41,8 @@ from scipy import optimize
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import bootstrap, holdout
 from isoflop_cli.fit.curves import at_bound
-from isoflop_cli.fit.evidence import TIE_SD
 from isoflop_cli.fit.data import RUN, FitSpec, MethodResult, plain, warn
+from isoflop_cli.fit.evidence import TIE_SD
 from isoflop_cli.fit.frontier import compute_grid
 
 MIN_POINTS = 20
@@ -80,22 +80,26 @@ def model(theta: np.ndarray, z: np.ndarray, u: np.ndarray, z_ref: float) -> np.n
     lower, upper, m, a = theta[:4]
     k, b0, b1 = theta[4::3], theta[5::3], theta[6::3]
     star = b0 + b1 * (z[:, None] - z_ref)
-    z_eff = z - ((u - star) ** 2 * k).sum(1)
-    return upper - (upper - lower) * np.exp(-np.power(10.0, np.clip(a * (z_eff - m), -30, 30)))
+    return rise(z - ((u - star) ** 2 * k).sum(1), lower, upper, m, a)
+
+
+def rise(z_eff: np.ndarray, lower: float, upper: float, log10_C0: float, a: float) -> np.ndarray:
+    """The metric at effective compute log10 C_eff = z_eff: U - (U - L) exp(-(C_eff / C0)^a)."""
+    return upper - (upper - lower) * np.exp(-np.power(10.0, np.clip(a * (z_eff - log10_C0), -30, 30)))
 
 
 def optimum(params: dict[str, float], axes: list[str], z: np.ndarray, z_ref: float) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Per axis its optimum 2^s(C) on log10 C = z, and the value there (C_eff = C)."""
     stars = {a: np.exp2(params[f"b0_{a}"] + params[f"b1_{a}"] * (z - z_ref)) for a in axes}
-    return stars, _value_at(params, z)
-
-
-def _value_at(params: dict[str, float], z_eff: np.ndarray) -> np.ndarray:
-    """The metric at effective compute log10 C_eff = z_eff."""
-    return params["upper"] - (params["upper"] - params["lower"]) * np.exp(-np.power(10.0, np.clip(params["a"] * (z_eff - params["log10_C0"]), -30, 30)))
+    return stars, rise(z, *(params[k] for k in ("lower", "upper", "log10_C0", "a")))
 
 
 def bounds(d: Data) -> tuple[np.ndarray, np.ndarray]:
+    """The box the fit may search, each edge a statement the data cannot overrule (so a parameter
+    at one is reported, not believed): plateaus within [0, 1]; C0 within 3 decades of the budgets
+    run; a rise no flatter than a = 0.05 nor steeper than 5; a penalty k from none to K_MAX; an
+    optimum within 3 doublings of the values run at log10 C_ref, moving at most SLOPE_MAX doublings
+    per decade."""
     lo, hi = [0.0, 0.0, d.z.min() - 3, 0.05], [1.0, 1.0, d.z.max() + 3, 5.0]
     for j in range(len(d.axes)):
         lo += [0.0, d.u[:, j].min() - 3, -SLOPE_MAX]
@@ -216,7 +220,7 @@ def _optimum_rows(best: SurfaceFit, d: Data, grid: np.ndarray, curves: np.ndarra
             row[f"{a}_star_within_grid"] = bool(df[a].min() <= row[f"{a}_star"] <= df[a].max())
             run = np.unique(d.u[:, j])
             off = np.log2(stars[a][i]) - run
-            y = _value_at(best.params, z - best.params[f"k_{a}"] * off**2)
+            y = rise(z - best.params[f"k_{a}"] * off**2, *(best.params[k] for k in ("lower", "upper", "log10_C0", "a")))
             row[f"{a}_star_set"] = [plain(v) for v in np.exp2(run[y >= value[i] - TIE_SD * sigma])]
         rows.append(row)
     return rows
