@@ -171,8 +171,8 @@ def surface_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     rows = _optimum_rows(best, d, grid, np.array(curves), df, sigma)
     determined = _determined(best, rows, d, spec)
     entry = {"params": best.params, "median": median, "interval90": interval, "converged": best.converged, "at_bound": best.at_bound,
-             "sse": best.sse, "noise_sd": sigma, "tie_within": TIE_SD * sigma, "points": int(d.y.size), "runs": int(runs.size), "axes": d.axes, "log10_C_ref": d.z_ref,
-             "axis_star_determined": determined, "optimum": rows,
+             "sse": best.sse, "noise_sd": sigma, "tie_within": TIE_SD * sigma, "points": int(d.y.size), "runs": int(runs.size),
+             "axes": d.axes, "log10_C_ref": d.z_ref, "axis_star_determined": determined, "optimum": rows,
              "bootstrap": {"resamples": spec.bootstrap, "converged": len(draws),
                            "at_bound_share": {k: sum(k in dr["_at_bound"] for dr in draws) / len(draws) for k in names(d.axes)} if draws else {}}}
     if not best.converged:
@@ -228,7 +228,8 @@ def _optimum_rows(best: SurfaceFit, d: Data, grid: np.ndarray, curves: np.ndarra
 
 def _determined(best: SurfaceFit, rows: list[dict], d: Data, spec: FitSpec) -> bool:
     """Whether the data place axis*: not when its penalty k is pinned at 0 (the axis does not
-    matter to the fit), nor when every value run is tied with the optimum at the largest budget, nor when axis*'s 90% interval at the largest budget spans every value run."""
+    matter to the fit), nor when every value run is tied with the optimum at the largest budget,
+    nor when axis*'s 90% interval at the largest budget spans every value run."""
     axis = spec.axis
     if f"k_{axis}" in best.at_bound and best.params[f"k_{axis}"] < K_MAX / 2:
         warn(f"surface: k_{axis} is pinned at 0: {axis} does not matter to the fit, so {axis}*(C) is not determined")
