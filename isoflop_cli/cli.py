@@ -406,7 +406,7 @@ def logs(
 @app.command()
 def fit(
     paths: list[Path] = typer.Argument(..., help="Sweep directories, results parquets or CSVs with the same columns (concatenated)."),
-    method: Optional[list[str]] = typer.Option(None, "--method", "-m", help="frontier, fixed-batch, scalerl, isoflop-slices or parametric; repeat for several (default: what the data supports)."),
+    method: Optional[list[str]] = typer.Option(None, "--method", "-m", help="frontier, fixed-batch, scalerl, isoflop-slices, surface, parametric or interference; repeat for several (default: what the data supports)."),
     metric: str = typer.Option("val_avg@k", help="Metric column (the loss column for parametric)."),
     axis: str = typer.Option("n", help="Grid axis whose compute-optimal value is fitted (n, B_p, model size, rho ...)."),
     compute: str = typer.Option("rollouts", help="Compute column: rollouts or flops_total."),
@@ -414,6 +414,7 @@ def fit(
     size_col: Optional[str] = typer.Option(None, help="parametric: the parameter-count column N."),
     tokens_col: Optional[str] = typer.Option(None, help="parametric: the training-token column D."),
     compute_col: Optional[str] = typer.Option(None, help="parametric: a FLOPs column C, with D = C / (6 N)."),
+    holdout: int = typer.Option(0, help="frontier, surface, scalerl: fit on all but the K largest budgets (distinct compute values of the eval points) and report the error of axis* and of the value predicted at them."),
     holdout_frac: float = typer.Option(0.0, help="scalerl: hold out this top share of the log-compute range and report the extrapolation error."),
     drop_early: float = typer.Option(0.0, help="scalerl: leave out eval points below this fraction of the largest compute."),
     bootstrap: int = typer.Option(200, help="Bootstrap resamples over runs for the 90% intervals (0: none)."),
@@ -424,7 +425,7 @@ def fit(
     from isoflop_cli.fit.data import FitSpec
 
     spec = FitSpec(metric=metric, axis=axis, compute=compute, size_col=size_col, tokens_col=tokens_col, compute_col=compute_col,
-                   holdout_frac=holdout_frac, drop_early=drop_early, bootstrap=bootstrap, seed=seed)
+                   holdout=holdout, holdout_frac=holdout_frac, drop_early=drop_early, bootstrap=bootstrap, seed=seed)
     with user_errors():
         fitted = run_fit(paths, spec, list(method or []), out)
     for table in fitted.tables:

@@ -13,13 +13,13 @@ the budgets where one value wins beyond the noise, whose upper plateau is where 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
 from isoflop_cli.errors import ConfigError
-from isoflop_cli.fit import bootstrap, evidence
+from isoflop_cli.fit import bootstrap, evidence, holdout
 from isoflop_cli.fit.curves import CurveFit, fit_sigmoid, sigmoid
 from isoflop_cli.fit.data import RUN, FitSpec, MethodResult, plain, warn
 from isoflop_cli.fit.frontier import compute_grid
@@ -178,9 +178,33 @@ def frontier_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     entry = _law_entry(a, spec.axis, "frontier")
     entry["curves"] = _curve_entries(a, spec.axis)
     entry["axis_star"] = _axis_star_rows(a)
+    if spec.holdout:
+        entry["holdout"] = frontier_holdout(df, spec, a["sigma"])
     frames = {"frontier": _frontier_frame(a, df[spec.axis]), "curves": _curve_frame(a), "rows": df,
               "running_best": a["best"], "axis_star": pd.DataFrame(entry["axis_star"])}
     return MethodResult(entry, frames)
+
+
+def frontier_holdout(df: pd.DataFrame, spec: FitSpec, sigma: float) -> dict:
+    """`--holdout K` (holdout.py): the frontier fitted below the K largest budgets, without
+    bootstrap. At a held-out budget axis* is the law's (2^sigmoid of log10 C) where one was
+    fitted, else the axis* of the largest budget fitted; the value is the upper envelope of the
+    per-axis sigmoids carried past their last eval point, as a law is. They are fitted to running
+    bests, so the value predicted is a running best's, read against a cell mean."""
+    train, held = holdout.split(df, spec, spec.holdout, "frontier")
+    a = analyse(train, replace(spec, bootstrap=0), "frontier holdout", sigma)
+    if a is None:
+        raise ConfigError(f"frontier: --holdout {spec.holdout} leaves no {spec.axis} value with a fitted sigmoid")
+    last = a["star"][np.isfinite(a["star"])][-1]
+
+    def predict(computes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x = np.log10(computes)
+        star = np.exp2(sigmoid(x, **a["law"].params)) if a["law"] is not None else np.full(x.size, last)
+        return star, np.max([sigmoid(x, **f.params) for f in a["fits"]], axis=0)
+
+    out = holdout.entry(spec.holdout, train, spec, holdout.score(df, spec, held, predict))
+    out["law"] = a["law"].params if a["law"] is not None else None
+    return out
 
 
 def fixed_batch_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:

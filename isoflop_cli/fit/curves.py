@@ -79,7 +79,7 @@ def fit_sigmoid(
     lower, upper, mid, k = natural(best.x)
     params = {"lower": float(lower), "upper": float(upper), "midpoint": float(mid), "slope": float(k)}
     edges = {"lower": (lo, hi), "upper": (lo, hi), "midpoint": (mid_lo, mid_hi), "slope": (0.0, SLOPE_MAX)}
-    return CurveFit(params, bool(best.success), float(2 * best.cost), _at_bound(params, edges))
+    return CurveFit(params, bool(best.success), float(2 * best.cost), at_bound(params, edges))
 
 
 def _sigmoid_starts(x: np.ndarray, y: np.ndarray, levels: tuple[float, float], increasing: bool, start: dict | None) -> list[np.ndarray]:
@@ -101,7 +101,7 @@ def _sigmoid_starts(x: np.ndarray, y: np.ndarray, levels: tuple[float, float], i
     return out
 
 
-def _at_bound(params: dict[str, float], edges: dict[str, tuple[float, float]]) -> list[str]:
+def at_bound(params: dict[str, float], edges: dict[str, tuple[float, float]]) -> list[str]:
     """Parameters pinned to an edge of their box: a plateau at 0 or 1, a flat or step-like slope."""
     tol = {name: 1e-6 * max(1.0, abs(b - a)) for name, (a, b) in edges.items()}
     return [name for name, (a, b) in edges.items() if min(abs(params[name] - a), abs(params[name] - b)) < tol[name]]
@@ -135,7 +135,7 @@ def fit_scalerl(c: np.ndarray, y: np.ndarray, w: np.ndarray, R0: float, start: d
     res = optimize.least_squares(residuals, p0, bounds=bounds, method="trf", x_scale="jac")
     params = {"R0": float(R0), "A": float(res.x[0]), "C_mid": float(np.exp(res.x[1])), "B": float(res.x[2])}
     edges = {"A": (R0, top), "C_mid": (np.exp(lc_lo), np.exp(lc_hi)), "B": (1e-3, 20.0)}
-    return CurveFit(params, bool(res.success), float(2 * res.cost), _at_bound(params, edges))
+    return CurveFit(params, bool(res.success), float(2 * res.cost), at_bound(params, edges))
 
 
 def _scalerl_grid(c, y, w, R0: float, top: float, lc_lo: float, lc_hi: float) -> tuple[float, float, float]:

@@ -51,6 +51,7 @@ class FitSpec:
     tokens_col: str | None = None
     compute_col: str | None = None
     holdout_frac: float = 0.0
+    holdout: int = 0  # largest budgets held out of a law's fit and predicted (holdout.py)
     drop_early: float = 0.0
     bootstrap: int = 200
     seed: int = 0

@@ -16,6 +16,7 @@ from isoflop_cli.fit.interference import interference_method
 from isoflop_cli.fit.parametric import parametric_method
 from isoflop_cli.fit.scalerl import scalerl_method
 from isoflop_cli.fit.slices import slices_method
+from isoflop_cli.fit.surface import surface_method
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,12 @@ METHODS: dict[str, Method] = {
     "fixed-batch": Method(fixed_batch_method, lambda spec: [spec.metric, spec.compute, "n", "B_p"]),
     "scalerl": Method(scalerl_method, _curves),
     "isoflop-slices": Method(slices_method, _curves),
+    "surface": Method(surface_method, _curves),
     "parametric": Method(parametric_method, lambda spec: [spec.size_col, spec.tokens_col or spec.compute_col, spec.metric]),
     "interference": Method(interference_method, lambda spec: ["step", spec.axis, spec.compute], reads_problems=True),
 }
+
+HOLDOUT = {"frontier", "surface", "scalerl"}  # the methods that make a law to carry to a budget not yet run
 
 
 def check(spec: FitSpec, methods: list[str]) -> None:
@@ -51,6 +55,10 @@ def check(spec: FitSpec, methods: list[str]) -> None:
         raise ConfigError("give --tokens-col or --compute-col, not both")
     if "parametric" in methods and not (spec.size_col and (spec.tokens_col or spec.compute_col)):
         raise ConfigError("parametric needs --size-col (parameters N) and --tokens-col or --compute-col (D = C / (6 N))")
+    if spec.holdout < 0:
+        raise ConfigError("--holdout must be >= 0")
+    if spec.holdout and methods and not set(methods) & HOLDOUT:
+        raise ConfigError(f"--holdout predicts from a law: give --method {' or '.join(sorted(HOLDOUT))}")
     if spec.bootstrap < 0:
         raise ConfigError("--bootstrap must be >= 0")
     if len({spec.metric, spec.axis, spec.compute}) < 3:

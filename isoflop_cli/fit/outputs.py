@@ -27,6 +27,7 @@ PLOTS = {
     "isoflop-slices": lambda r, spec, out: plots.slices_plot(r, spec, out / "isoflop_slices"),
     "parametric": lambda r, spec, out: plots.parametric_plot(r, out / "parametric"),
     "frontier": lambda r, spec, out: plots.axis_star_plot(r, spec, out / "axis_star"),
+    "surface": lambda r, spec, out: plots.surface_plot(r, spec, out / "surface"),
     "interference": lambda r, spec, out: plots.interference_plot(r, spec, out / "interference"),
 }
 

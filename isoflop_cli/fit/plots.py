@@ -116,6 +116,36 @@ def axis_star_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]
     return save(fig, out)
 
 
+def surface_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
+    """Left: the eval points per axis value with the surface through them (other axes at the values
+    run, each point's own fit). Right: axis*(C) and the value at the optimum, with bootstrap 90%
+    bands, and the values tied with the optimum as a shaded range."""
+    points, rows = result.frames["surface"], pd.DataFrame(result.entry["optimum"])
+    axis = spec.axis
+    colour = palette(points[axis].unique())
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), dpi=120)
+    for value, g in points.groupby(axis):
+        left.scatter(g["compute"], g["value"], s=6, alpha=0.25, color=colour[value])
+        line = g.groupby("compute")["fit"].mean()
+        left.plot(line.index, line.to_numpy(), color=colour[value], lw=1.2, label=f"{axis}={plain(value)}")
+    left.plot(rows["compute"], rows["value"], color="black", lw=2, label="value at the optimum")
+    if "value_low" in rows:
+        left.fill_between(rows["compute"], rows["value_low"], rows["value_high"], color="black", alpha=0.15)
+    left.set(xscale="log", xlabel=spec.compute, ylabel=spec.metric, title="surface")
+    left.legend(fontsize=7, ncol=2)
+    tied = rows[f"{axis}_star_set"]
+    right.fill_between(rows["compute"], [min(t) for t in tied], [max(t) for t in tied], color="grey", alpha=0.15, step="mid", label="within the noise")
+    if f"{axis}_star_low" in rows:
+        right.fill_between(rows["compute"], rows[f"{axis}_star_low"], rows[f"{axis}_star_high"], color="tab:blue", alpha=0.25, label="bootstrap 90%")
+    right.plot(rows["compute"], rows[f"{axis}_star"], color="tab:blue", lw=2, label=f"{axis}*(C)")
+    lo, hi = points[axis].min(), points[axis].max()
+    right.set(xscale="log", yscale="log", xlabel=spec.compute, ylabel=f"{axis}*", title=f"{axis}*(C) from the surface",
+              ylim=(lo / 2, hi * 2))
+    plain_ticks(right.yaxis)
+    right.legend(fontsize=8)
+    return save(fig, out)
+
+
 def fixed_batch_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
     """The winning split per budget, one line per batch size."""
     best = result.frames["fixed_batch"]

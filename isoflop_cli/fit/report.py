@@ -17,6 +17,7 @@ FORMS = {
     "scalerl": "R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)",
     "isoflop-slices": "{axis}* = coef * C^exponent",
     "parametric": "L(N, D) = E + A / N^alpha + B / D^beta",
+    "surface": "y = upper - (upper - lower) exp(-(C_eff / C0)^a), log10 C_eff = log10 C - sum over axes k (log2 x - b0 - b1 (log10 C - log10 C_ref))^2; {axis}*(C) = 2^(b0 + b1 (log10 C - log10 C_ref))",
     "interference": "per run: shares of problems whose pass rate rose / regressed by a binomial test, at equal compute and at equal steps; slopes against log2 {axis}",
 }
 
@@ -74,6 +75,13 @@ def summary(method: str, entry: dict, spec: FitSpec) -> str:
         parts.append(f"curve of {entry['best']} (highest A)")
     if method == "isoflop-slices":
         parts.append(f"preferred law: {entry['preferred']}")
+    if method == "surface":
+        parts.append(f"{spec.axis}*(C) " + ("determined" if entry["axis_star_determined"] else "NOT determined") +
+                     f" (log10 C_ref {entry['log10_C_ref']:.3g}; residual sd {entry['noise_sd']:.3g})")
+    if entry.get("holdout"):
+        h = entry["holdout"]
+        parts.append(f"fitted below the {h['k']} largest budgets, the worst held-out error is {fmt(h['max_abs_axis_star_log2_error'])} "
+                     f"in log2 {spec.axis}* and {fmt(h['max_abs_value_error'])} in value")
     if method == "parametric":
         parts.append(f"Huber objective {entry['objective']:.6g} over {entry['rows']} rows")
     if method == "interference":
@@ -137,7 +145,7 @@ def markdown(results: dict[str, dict], spec: FitSpec, info: dict, plots: dict[st
                   "| parameter | estimate | median | 90% interval |", "| --- | ---: | ---: | ---: |"]
         lines += [f"| {' | '.join(row)} |" for row in param_rows(entry) + extra_rows(method, entry)]
         lines += [""] + [f"![{method}]({name})" for name in plots.get(method, []) if name.endswith(".png")] + [""]
-        lines += _method_details(method, entry, spec)
+        lines += _method_details(method, entry, spec) + _holdout_details(entry, spec)
         lines += [f"- warning: {w}" for w in entry.get("warnings", [])] + [""]
         lines += [f"Reliable: {'yes' if entry.get('reliable') else 'no'}.", ""]
     if front is not None:
@@ -178,8 +186,28 @@ def _method_details(method: str, entry: dict, spec: FitSpec) -> list[str]:
         out = [f"| budget | parabola vertex {spec.axis} | interior (used) | median | 90% interval |", "| ---: | ---: | --- | ---: | ---: |"]
         out += [f"| {b['compute']:.4g} | {fmt(b['optimum'])} | {b['interior']} | {fmt(b.get('median'))} | {_interval([b['low'], b['high']]) if 'low' in b else '-'} |" for b in entry["budgets"]]
         return out + [""]
+    if method == "surface":
+        cols = [f"{a}_star" for a in entry["axes"]] + ["value"]
+        out = [f"| {spec.compute} | " + " | ".join(f"{c} | {c} 90%" for c in cols) + f" | {spec.axis}* within the noise |",
+               "| ---: |" + " ---: | ---: |" * len(cols) + " ---: |"]
+        out += [f"| {r['compute']:.4g} | " + " | ".join(f"{fmt(r[c])} | {_interval([r[c + '_low'], r[c + '_high']]) if c + '_low' in r else '-'}" for c in cols)
+                + f" | {label(r[spec.axis + '_star_set'])} |" for r in entry["optimum"]]
+        return out + [""]
     if method == "scalerl":
         out = ["| curve | R0 | A | C_mid | B | holdout error |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
         out += [f"| {k} | {' | '.join(fmt(c['params'].get(p)) for p in ('R0', 'A', 'C_mid', 'B', 'holdout_error'))} |" for k, c in entry["curves"].items()]
         return out + [""]
     return []
+
+
+def _holdout_details(entry: dict, spec: FitSpec) -> list[str]:
+    """`--holdout K`: per held-out budget the law's prediction from the smaller budgets against the
+    best cell observed there (the cell with the highest mean at exactly that budget)."""
+    h = entry.get("holdout")
+    if not h:
+        return []
+    out = [f"Holdout: fitted on eval points below {h['fitted_below']:.4g} (the {h['k']} largest budgets held out), predicted at them:", "",
+           f"| {spec.compute} | {spec.axis}* predicted | observed | log2 error | value predicted | observed | error |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out += [f"| {b['compute']:.4g} | {fmt(b['axis_star_predicted'])} | {fmt(b['axis_star_observed'])} | {fmt(b['axis_star_log2_error'])} | "
+            f"{fmt(b['value_predicted'])} | {fmt(b['value_observed'])} | {fmt(b['value_error'])} |" for b in h["budgets"]]
+    return out + [""]

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from isoflop_cli.errors import ConfigError
-from isoflop_cli.fit import bootstrap
+from isoflop_cli.fit import bootstrap, holdout
 from isoflop_cli.fit.curves import CurveFit, fit_scalerl, scalerl
 from isoflop_cli.fit.data import RUN, FitSpec, MethodResult, plain, warn
 
@@ -55,8 +55,9 @@ class Series:
         return f
 
 
-def series(df: pd.DataFrame, spec: FitSpec, runs: pd.Index) -> list[Series]:
-    """One Series per axis value with enough computes; the others are dropped with a warning."""
+def series(df: pd.DataFrame, spec: FitSpec, runs: pd.Index, held: np.ndarray | None = None) -> list[Series]:
+    """One Series per axis value with enough computes; the others are dropped with a warning.
+    `held`: the budgets `--holdout K` holds out (the cut is just below the smallest)."""
     out, dropped = [], []
     for value, g in df.groupby(spec.axis):
         c = g[spec.compute].to_numpy(float)
@@ -66,8 +67,8 @@ def series(df: pd.DataFrame, spec: FitSpec, runs: pd.Index) -> list[Series]:
         g = g[(c > 0) & (c >= spec.drop_early * c.max())]
         computes, at = np.unique(g[spec.compute].to_numpy(float), return_inverse=True)
         log_c = np.log(computes) if computes.size else np.array([0.0])
-        cut = float(np.exp(log_c.max() - spec.holdout_frac * (log_c.max() - log_c.min())))
-        if (computes <= cut).sum() < MIN_COMPUTES or (spec.holdout_frac > 0 and not (computes > cut).any()):
+        cut = float(np.exp(log_c.max() - spec.holdout_frac * (log_c.max() - log_c.min()))) if held is None else held[0] * (1 - 1e-9)
+        if (computes <= cut).sum() < MIN_COMPUTES or ((spec.holdout_frac > 0 or held is not None) and not (computes > cut).any()):
             dropped.append(f"{spec.axis}={plain(value)} ({computes.size} computes)")
             continue
         out.append(Series(float(value), computes, at, g[spec.metric].to_numpy(float), runs.get_indexer(g[RUN]),
@@ -81,8 +82,11 @@ def scalerl_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     """Per axis value the ScaleRL curve; the top-level params are the axis value with the highest A."""
     if not 0 <= spec.holdout_frac < 1 or not 0 <= spec.drop_early < 1:
         raise ConfigError("scalerl: --holdout-frac and --drop-early must be in [0, 1)")
+    if spec.holdout and spec.holdout_frac:
+        raise ConfigError("scalerl: give --holdout or --holdout-frac, not both")
     runs = pd.Index(df[RUN].unique())
-    fitted = series(df, spec, runs)
+    held = holdout.split(df, spec, spec.holdout, "scalerl")[1] if spec.holdout else None
+    fitted = series(df, spec, runs, held)
     if not fitted:
         raise ConfigError(f"scalerl: no {spec.axis} value has {MIN_COMPUTES} distinct positive computes to fit")
     fits = [s.fit() for s in fitted]
@@ -104,7 +108,21 @@ def scalerl_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     best = max(curves, key=lambda k: curves[k]["params"]["A"])
     entry = {**{k: curves[best][k] for k in ("params", "interval90", "median", "converged", "at_bound")}, "best": best,
              "curves": curves, "drop_early": spec.drop_early, "holdout_frac": spec.holdout_frac}
+    if held is not None:
+        entry["holdout"] = _holdout(df, spec, held, fitted, fits)
     return MethodResult(entry, {"scalerl": _frame(fitted, fits)})
+
+
+def _holdout(df: pd.DataFrame, spec: FitSpec, held: np.ndarray, fitted: list[Series], fits: list[CurveFit]) -> dict:
+    """`--holdout K` (holdout.py): at each held-out budget the axis value whose curve, fitted below
+    it, predicts the highest metric, and that prediction."""
+
+    def predict(computes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        values = np.array([scalerl(computes, **{k: f.params[k] for k in ("R0", "A", "C_mid", "B")}) for f in fits])
+        return np.array([s.value for s in fitted])[values.argmax(0)], values.max(0)
+
+    train = df[df[spec.compute] < held[0]]
+    return holdout.entry(spec.holdout, train, spec, holdout.score(df, spec, held, predict))
 
 
 def _frame(fitted: list[Series], fits: list[CurveFit]) -> pd.DataFrame:
