@@ -146,10 +146,25 @@ class SlurmClient:
             return Status("RUNNING")
         if state in PENDING_STATES and (not job.paths.result_pickle.exists() or (state == "PENDING" and self.cluster.slurm.executor == "slurm")):
             return Status("PENDING")  # SLURM's PENDING stands: a requeued job waits to run again, whatever its first run left
+        queued = self._queued(job)
+        if queued:  # a requeue (a preemption) left its first run's end in the records: SLURM runs the job again
+            return Status(queued)
         if state in STOPPED_STATES:
             return Status("STOPPED")
         code = self._exit_code(job)
         return Status("SUCCEEDED" if code == 0 else "FAILED")
+
+    def _queued(self, job) -> str | None:
+        """SLURM's own word on a job that looks ended: RUNNING or PENDING while it is still in the
+        queue (squeue), None once it left it. A requeued job's first run ends (SIGTERM, its result
+        written) before the job shows as pending again, and the records can say FAILED meanwhile."""
+        if self.cluster.slurm.executor != "slurm":
+            return None
+        answer = subprocess.run(["squeue", "-h", "-j", str(job.job_id), "-o", "%T"], capture_output=True, text=True, timeout=60)
+        state = answer.stdout.strip().upper() if answer.returncode == 0 else ""
+        if state in RUNNING_STATES:
+            return "RUNNING"
+        return "PENDING" if state in PENDING_STATES | {"REQUEUE_HOLD", "REQUEUE_FED"} else None
 
     def get_job_logs(self, submission_id: str) -> str:
         job = self._job(submission_id)

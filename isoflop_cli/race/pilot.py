@@ -153,8 +153,9 @@ def derive(config: str | None, overrides: list[str], spec: PilotSpec, force: boo
     full = total_flops(full_cells)
     n = n_levels(list(full_cfg.grid.n))
     rewards = rewards_of(full_cfg)
-    # A first expansion at a budget every cell can afford gives the most expensive step of the pilot.
-    _, probe = expand(config, overrides + base_overrides(full_cfg, spec, n, [1e30]))
+    # A first expansion at a budget every cell can afford gives the most expensive step of the pilot
+    # (well below the cap on a run's FLOPs, which would make the largest cells infeasible).
+    _, probe = expand(config, overrides + base_overrides(full_cfg, spec, n, [grid_mod.MAX_RUN_FLOPS / 1e6]))
     feasible = [c for c in probe if c.feasible]
     step = max(c.plan.step_flops.total for c in feasible)
     cells_count = len(feasible)
