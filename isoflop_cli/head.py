@@ -23,6 +23,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -245,11 +246,27 @@ def serve_head(cpus: int, info_file: Path, temp_dir: Path, nonce: str) -> None:
         print(f"isoflop: the Ray head did not come up (try {attempt + 1} of 3)", flush=True)
     else:
         raise SystemExit(1)
+    private(temp_dir)
     write_json(info_file, asdict(HeadRecord(address=address, pid=os.getpid(), temp_dir=str(temp_dir), gcs_address=f"127.0.0.1:{flags['port']}",
                                             nonce=nonce)))
     while not stop.is_set() and ray.poll() is None:
         stop.wait(1)
     _end(ray)
+
+
+def private(temp_dir: Path) -> None:
+    """The head's temp tree made this user's alone: Ray makes its session dir, `sockets/` and `logs/`
+    mode 0777 (re-chmodding the 0700 dir isoflop made), so another local user could reach the
+    head's sockets and read its logs. Every directory there now is 0700 and every file loses its
+    group and other bits; what Ray adds later lies inside them."""
+    for root, dirs, files in os.walk(temp_dir):
+        for name in [*dirs, *files]:
+            path = os.path.join(root, name)
+            with contextlib.suppress(OSError):  # a file Ray removes meanwhile
+                mode = os.lstat(path).st_mode
+                if not stat.S_ISLNK(mode):
+                    os.chmod(path, 0o700 if stat.S_ISDIR(mode) else stat.S_IMODE(mode) & 0o700)
+    os.chmod(temp_dir, 0o700)
 
 
 def _ensure_token() -> None:

@@ -254,3 +254,31 @@ def test_a_ranks_user_error_stays_one_line_in_a_sharded_run():
     with pytest.raises(ConfigError) as e:  # not torch's ProcessRaisedException with the rank's traceback
         distributed.launch(_score_nan, 2, timeout_s=30)
     assert str(e.value) == "reward.fn 'user_rewards:nan_for_wrong' returned nan for completion 1: each score must be a finite number"
+
+
+# --- paths and sizes: every name that becomes a path stays under its root; inputs are regular files;
+# --- sizes have bounds (issue 29, section 4) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("override", ["model.name=../../x", "+grid.axes={model.name:[tiny-arith,../escaped]}"])
+def test_a_model_name_that_would_leave_the_model_cache_is_refused(override, tmp_path):
+    """`model.name=../../x` built the embedded model outside the model cache (also as a grid axis)."""
+    one_error(runner.invoke(app, ["plan", override, "--out", str(tmp_path)]), "must be a plain directory name")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_named_pipe_as_a_data_file_is_refused_not_waited_on(tmp_path):
+    """A FIFO as task.train blocked `plan` forever (reading it waits for a writer)."""
+    import os
+
+    fifo = tmp_path / "problems.jsonl"
+    os.mkfifo(fifo)
+    one_error(runner.invoke(app, [*DATASET, f"task.train={fifo}"]), "is not a regular file")
+    one_error(runner.invoke(app, [*DATASET, f"task.train={tmp_path}/missing.jsonl"]), "does not exist")
+
+
+@pytest.mark.parametrize("override, needle", [("task.digits=[50000000]", "task.digits"), ("task.digits=[400]", "task.digits"),
+                                              ("task.operands=100000000", "task.operands")])
+def test_arithmetic_sizes_beyond_any_model_are_refused_at_once(override, needle):
+    """task.digits=[50000000] or task.operands=1e8 never returned; task.digits=[400] was an OverflowError."""
+    one_error(runner.invoke(app, ["plan", override]), needle)

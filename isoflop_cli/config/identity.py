@@ -86,6 +86,8 @@ def data_digest(path: str, key: str = "data file") -> str:
     and digests. Each file is read once per version (path, size, mtime_ns), as the cache keeps it."""
     root = Path(path).expanduser()
     try:
+        if root.exists() and not (root.is_file() or root.is_dir()):  # a named pipe: reading it could wait forever
+            raise ConfigError(f"{key} {path} is not a regular file (or a data set's directory)")
         if not root.is_dir():
             return _file_digest(root)
         files = sorted(f for f in root.rglob("*") if f.is_file())

@@ -39,9 +39,9 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
             if not isinstance(v, (int, float)) or not (v > 0 and math.isfinite(v)):
                 raise ConfigError(f"{name} must be a finite number > 0, got {v}")
 
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", cfg.name):
-        raise ConfigError(f"name '{cfg.name}' must be a plain directory name (letters, digits, '.', '_', '-')")
     for key in ("name", "model.name"):  # a directory's name (OUT/<name>, the embedded model's cache entry <model.name>-<digest>)
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", OmegaConf.select(cfg, key)):  # no separator, no leading dot: it stays under its root
+            raise ConfigError(f"{key} '{OmegaConf.select(cfg, key)}' must be a plain directory name (letters, digits, '.', '_', '-')")
         if len(OmegaConf.select(cfg, key)) > MAX_NAME:
             raise ConfigError(f"{key} is {len(OmegaConf.select(cfg, key))} characters long: at most {MAX_NAME} (it names a directory)")
     _check_seeds(cfg)

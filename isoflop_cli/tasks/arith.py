@@ -49,6 +49,13 @@ class Splits:
     exact: bool
 
 
+# Bounds on a problem's size: the problem space is counted in floats (10^digits overflows past 308,
+# and a count of 10^50,000,000 is never computed), and a prompt of more than 100 operands of 100
+# digits (10,100 tokens) is beyond what any sweep of this task asks of a model.
+MAX_DIGITS = 100
+MAX_OPERANDS = 100
+
+
 @dataclass(frozen=True)
 class ArithTask(Task):
     CONFIG_KEYS = ("digits", "operands", "ops", "reverse_answer", "val_fraction", "steps")
@@ -64,10 +71,10 @@ class ArithTask(Task):
     def from_config(cls, task) -> "ArithTask":
         if len(task.digits) == 0 or len(task.ops) == 0:
             raise TaskError("task.digits and task.ops must not be empty")
-        if any(not isinstance(d, int) or d < 1 for d in task.digits):
-            raise TaskError(f"task.digits must be operand sizes >= 1, got {list(task.digits)}")
-        if task.operands < 2:
-            raise TaskError(f"task.operands must be >= 2, got {task.operands}")
+        if any(not isinstance(d, int) or not 1 <= d <= MAX_DIGITS for d in task.digits):
+            raise TaskError(f"task.digits must be operand sizes in [1, {MAX_DIGITS}], got {list(task.digits)}")
+        if not 2 <= task.operands <= MAX_OPERANDS:
+            raise TaskError(f"task.operands must be in [2, {MAX_OPERANDS}], got {task.operands}")
         if set(task.ops) - {"+", "-", "*"}:
             raise TaskError(f"task.ops '{sorted(set(task.ops) - {'+', '-', '*'})[0]}' is not one of: +, -, *")
         if task.steps and (list(task.ops) != ["+"] or not task.reverse_answer):

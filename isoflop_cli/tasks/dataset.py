@@ -205,6 +205,8 @@ def read_rows(path: str, what: str, prompt_key: str, answer_key: str) -> tuple[R
     p = Path(path).expanduser()
     if not p.exists():
         raise TaskError(f"{what} {path} does not exist")
+    if not (p.is_file() or p.is_dir()):  # a named pipe or a device: reading it could wait forever
+        raise TaskError(f"{what} {path} is not a regular file (or a data set's directory)")
     stat = p.stat()
     return _read_rows(str(p.resolve()), stat.st_mtime_ns, stat.st_size, what, prompt_key, answer_key)
 
