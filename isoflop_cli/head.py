@@ -23,7 +23,6 @@ import secrets
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,10 @@ from isoflop_cli.processes import die_with_parent
 from isoflop_cli.store import Malformed, read_json, schema_fields, write_json
 
 HEAD_FILE = "ray-head.json"
+# Ray's own tree, inside the head's temp dir: Ray makes its temp dir, session dir, sockets/ and logs/
+# mode 0777 (again whenever a process joins), so another local user could reach the head's sockets
+# and read its logs; the temp dir around it is this user's alone (0700), and Ray never touches it.
+RAY_DIR = "ray"
 HEAD_VERSION = 1  # 0: a record written before it had a version (no nonce)
 TEMP_MARKER = "isoflop-head.json"  # in a head's temp dir: the record it belongs to and its nonce
 
@@ -233,7 +236,7 @@ def serve_head(cpus: int, info_file: Path, temp_dir: Path, nonce: str) -> None:
         ray = subprocess.Popen(
             [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--node-ip-address=127.0.0.1",
              "--dashboard-host=127.0.0.1", "--include-dashboard=true", f"--num-cpus={cpus}", "--num-gpus=0",
-             "--disable-usage-stats", f"--temp-dir={temp_dir}", "--min-worker-port=0", "--max-worker-port=0",
+             "--disable-usage-stats", f"--temp-dir={temp_dir / RAY_DIR}", "--min-worker-port=0", "--max-worker-port=0",
              *(f"--{flag}={port}" for flag, port in flags.items())],
             env=env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
         )
@@ -246,27 +249,11 @@ def serve_head(cpus: int, info_file: Path, temp_dir: Path, nonce: str) -> None:
         print(f"isoflop: the Ray head did not come up (try {attempt + 1} of 3)", flush=True)
     else:
         raise SystemExit(1)
-    private(temp_dir)
     write_json(info_file, asdict(HeadRecord(address=address, pid=os.getpid(), temp_dir=str(temp_dir), gcs_address=f"127.0.0.1:{flags['port']}",
                                             nonce=nonce)))
     while not stop.is_set() and ray.poll() is None:
         stop.wait(1)
     _end(ray)
-
-
-def private(temp_dir: Path) -> None:
-    """The head's temp tree made this user's alone: Ray makes its session dir, `sockets/` and `logs/`
-    mode 0777 (re-chmodding the 0700 dir isoflop made), so another local user could reach the
-    head's sockets and read its logs. Every directory there now is 0700 and every file loses its
-    group and other bits; what Ray adds later lies inside them."""
-    for root, dirs, files in os.walk(temp_dir):
-        for name in [*dirs, *files]:
-            path = os.path.join(root, name)
-            with contextlib.suppress(OSError):  # a file Ray removes meanwhile
-                mode = os.lstat(path).st_mode
-                if not stat.S_ISLNK(mode):
-                    os.chmod(path, 0o700 if stat.S_ISDIR(mode) else stat.S_IMODE(mode) & 0o700)
-    os.chmod(temp_dir, 0o700)
 
 
 def _ensure_token() -> None:

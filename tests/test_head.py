@@ -284,10 +284,10 @@ def test_two_sweeps_at_once_run_their_own_heads_on_loopback(tmp_path):
                     seen.update((p.pid, p) for p in procs)
                     assert not non_loopback_listeners(procs), non_loopback_listeners(procs)
                     assert listeners(procs) >= 8  # the check saw Ray's servers (gcs, raylet, dashboard, agents)
-                    # The head's temp tree is this user's alone: Ray made its session dir, sockets/ and logs/ 0777.
-                    session = (Path(head["temp_dir"]) / "session_latest").resolve()
-                    for path in (Path(head["temp_dir"]), session, session / "sockets", session / "logs"):
-                        assert path.stat().st_mode & 0o077 == 0, f"{path} is {oct(path.stat().st_mode)}"
+                    # The head's temp tree is this user's alone: Ray makes its own dirs 0777, inside a 0700 one.
+                    temp = Path(head["temp_dir"])
+                    assert temp.stat().st_mode & 0o077 == 0, f"{temp} is {oct(temp.stat().st_mode)}"
+                    assert (temp / "ray" / "session_latest" / "sockets").is_dir()  # Ray's sockets and logs lie inside
                     checked[i] = True
             time.sleep(0.2)
         assert all(checked), [(c.poll(), log.read_text()[-2000:]) for c, log in zip(clis, logs)]
