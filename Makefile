@@ -65,7 +65,7 @@ test-fast: setup
 
 # The unit tier, for your own loop: no Ray head, no model built or trained (tests/conftest.py).
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not e2e and not slow and not vllm"
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not e2e and not slow and not vllm"
 
 clean:
 	rm -rf $(VENV) $(VVENV) $(OUT)
