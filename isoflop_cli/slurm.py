@@ -70,6 +70,7 @@ class SlurmClient:
         self.cluster, self.folder = cluster, folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self.jobs: dict = {}  # submission id -> submitit job
+        self.stopped: set[str] = set()  # submissions this client stopped: STOPPED once they end, as Ray says of a stopped job
         self._array: tuple | None = None  # inside batch(): (its executor, its folder, [(submission id, job)])
 
     @contextlib.contextmanager
@@ -149,7 +150,9 @@ class SlurmClient:
         queued = self._queued(job)
         if queued:  # a requeue (a preemption) left its first run's end in the records: SLURM runs the job again
             return Status(queued)
-        if state in STOPPED_STATES:
+        if state in STOPPED_STATES or submission_id in self.stopped:
+            # submitit's local executor cancels with SIGINT, and a job that ends meanwhile ends with
+            # its own code; a stopped job reads STOPPED however it ended.
             return Status("STOPPED")
         code = self._exit_code(job)
         return Status("SUCCEEDED" if code == 0 else "FAILED")
@@ -172,6 +175,7 @@ class SlurmClient:
 
     def stop_job(self, submission_id: str) -> bool:
         self._job(submission_id).cancel(check=False)
+        self.stopped.add(submission_id)
         return True
 
     def get_job_info(self, submission_id: str) -> Info:
