@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -105,10 +106,13 @@ def finished_runs(sweep_dir: Path) -> dict[str, tuple[float, str]]:
     return out
 
 
-def running_run(sweep_dir: Path, past_step: int = 1) -> str | None:
+def running_run(sweep_dir: Path, past_step: int = 1, steps_left: int = 0) -> str | None:
+    """A run whose process runs now (not a status a killed run left), past `past_step`, with at
+    least `steps_left` steps to go."""
     for path in (sweep_dir / "runs").glob("*/status.json"):
         status = json.loads(path.read_text())
-        if status["state"] == "running" and status.get("step", 0) >= past_step:
+        if status["state"] == "running" and status.get("step", 0) >= past_step and status.get("M", 0) - status.get("step", 0) >= steps_left \
+                and psutil.pid_exists(status.get("pid", -1)):
             return path.parent.name
     return None
 
@@ -151,12 +155,15 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     os.killpg(head["pid"], signal.SIGKILL)  # the machine loses the head and every job on it
     second = finished_runs(sweep_dir)
 
-    cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "interrupted.log"
+    cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("w"))
     seen = {}
-    wait_for(lambda: seen.setdefault("run", running_run(sweep_dir, past_step=5)) or seen.clear(), 300, "a run past its first checkpoint")
+    # A run of this CLI's (its process alive: the head's kill left runs marked running), far from its end.
+    wait_for(lambda: seen.setdefault("run", running_run(sweep_dir, past_step=5, steps_left=16)) or seen.clear(), 300,
+             "a run past its first checkpoint")
     interrupted = seen["run"]
     cli.send_signal(signal.SIGINT)
-    assert cli.wait(timeout=120) == 130
+    assert cli.wait(timeout=120) == 130, log.read_text()[-3000:]
     assert_head_stopped(sweep_dir)
     assert not subprocess.run(["pgrep", "-f", f"isoflop_cli run .*{sweep_dir}"], capture_output=True).stdout
     states = [c["state"] for c in json.loads((sweep_dir / "manifest.json").read_text())["cells"].values()]
