@@ -3,9 +3,9 @@ submitted with submitit.
 
 `SlurmLauncher` is the `launchers.Launcher` entry; its `SlurmClient` answers the `launchers.Jobs`
 calls (Ray's `JobSubmissionClient`'s: submit, status, logs, stop, info), so the sweep's dispatch,
-resume, retries, status and run dir layout are the same on SLURM as on Ray. A job runs the run's command (the entrypoint the dispatcher builds)
-in a shell on its node; its exit code is the job's result, so a user error (exit 2) is not
-retried. SLURM requeues a preempted job (`cluster.slurm.requeue`) and the run resumes from its
+resume, retries, status and run dir layout are the same on SLURM as on Ray. A job runs the run's
+command (the entrypoint the dispatcher builds) in a shell on its node; its exit code is the job's
+result, so a user error (exit 2) is not retried. SLURM requeues a preempted job (`cluster.slurm.requeue`) and the run resumes from its
 checkpoint, as after any other interruption.
 
 Each submission's SLURM job id is kept in `<sweep>/slurm/<submission id>.json`, so a new CLI
@@ -147,27 +147,12 @@ class SlurmClient:
             return Status("RUNNING")
         if state in PENDING_STATES and (not job.paths.result_pickle.exists() or (state == "PENDING" and self.cluster.slurm.executor == "slurm")):
             return Status("PENDING")  # SLURM's PENDING stands: a requeued job waits to run again, whatever its first run left
-        queued = self._queued(job)
-        if queued:  # a requeue (a preemption) left its first run's end in the records: SLURM runs the job again
-            return Status(queued)
         if state in STOPPED_STATES or submission_id in self.stopped:
             # submitit's local executor cancels with SIGINT, and a job that ends meanwhile ends with
             # its own code; a stopped job reads STOPPED however it ended.
             return Status("STOPPED")
         code = self._exit_code(job)
         return Status("SUCCEEDED" if code == 0 else "FAILED")
-
-    def _queued(self, job) -> str | None:
-        """SLURM's own word on a job that looks ended: RUNNING or PENDING while it is still in the
-        queue (squeue), None once it left it. A requeued job's first run ends (SIGTERM, its result
-        written) before the job shows as pending again, and the records can say FAILED meanwhile."""
-        if self.cluster.slurm.executor != "slurm":
-            return None
-        answer = subprocess.run(["squeue", "-h", "-j", str(job.job_id), "-o", "%T"], capture_output=True, text=True, timeout=60)
-        state = answer.stdout.strip().upper() if answer.returncode == 0 else ""
-        if state in RUNNING_STATES:
-            return "RUNNING"
-        return "PENDING" if state in PENDING_STATES | {"REQUEUE_HOLD", "REQUEUE_FED"} else None
 
     def get_job_logs(self, submission_id: str) -> str:
         job = self._job(submission_id)
