@@ -212,8 +212,12 @@ def _remove_temp_dir(path: str | None, info_file: Path, nonce: str | None) -> No
 # `ray start` flags that take a port: all are given one, so no two heads meet on Ray's defaults.
 RAY_PORT_FLAGS = ("port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
                   "metrics-export-port", "ray-client-server-port", "node-manager-port", "object-manager-port")
-# Fixed ports (44217, 44227) that Ray takes from the environment only.
-RAY_PORT_ENV = ("AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT")
+# Prometheus metrics are served without the token to anyone on the machine, so none are served:
+# RAY_enable_metrics_collection=0 keeps the dashboard agent's exporter (metrics-export-port) shut,
+# and the autoscaler's and dashboard's own servers, which Ray 2.60 starts without a switch on fixed
+# ports taken from the environment (44217, 44227), are given a port no socket can bind: each start
+# fails, which Ray logs and goes on from. tests/test_head.py asks every listener without the token.
+RAY_METRICS_OFF = {"RAY_enable_metrics_collection": "0", "AUTOSCALER_METRIC_PORT": "65536", "DASHBOARD_METRIC_PORT": "65536"}
 
 
 def serve_head(cpus: int, info_file: Path, temp_dir: Path, nonce: str) -> None:
@@ -227,12 +231,10 @@ def serve_head(cpus: int, info_file: Path, temp_dir: Path, nonce: str) -> None:
     # machine's address (services.resolve_ip_for_localhost), and gcs_server, raylet, the dashboard
     # agent, the runtime-env agent, the client server and every worker then listen on it or on all
     # interfaces; with it they take 127.0.0.1 (Ray then also refuses other nodes joining).
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", **RAY_METRICS_OFF)
     _ensure_token()
     for attempt in range(3):
-        ports = free_ports(len(RAY_PORT_FLAGS) + len(RAY_PORT_ENV))
-        flags = dict(zip(RAY_PORT_FLAGS, ports))
-        env.update(zip(RAY_PORT_ENV, map(str, ports[len(RAY_PORT_FLAGS):])))
+        flags = dict(zip(RAY_PORT_FLAGS, free_ports(len(RAY_PORT_FLAGS))))
         ray = subprocess.Popen(
             [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--node-ip-address=127.0.0.1",
              "--dashboard-host=127.0.0.1", "--include-dashboard=true", f"--num-cpus={cpus}", "--num-gpus=0",

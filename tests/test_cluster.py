@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import pytest
+from test_head import tokenless_answers
 
 pytestmark = pytest.mark.e2e
 
@@ -41,9 +42,10 @@ def cluster(tmp_path_factory):
     state = {"dir": path}
     try:
         state.update(start_cluster(path))
-        listening = {c.laddr.ip for p in _tree([state["head_pid"], *(w["pid"] for w in state["workers"])])
-                     for c in _connections(p) if c.status == psutil.CONN_LISTEN}
+        procs = _tree([state["head_pid"], *(w["pid"] for w in state["workers"])])
+        listening = {c.laddr.ip for p in procs for c in _connections(p) if c.status == psutil.CONN_LISTEN}
         assert listening and all(_loopback(ip) for ip in listening), f"a cluster process listens beyond loopback: {listening}"
+        assert not tokenless_answers(procs), tokenless_answers(procs)  # the workers' agents export no metrics either
         yield state
     finally:
         started = [state["head_pid"], *(w["pid"] for w in state["workers"])] if "head_pid" in state else []

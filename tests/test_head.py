@@ -2,7 +2,9 @@
 own ports, every socket on loopback, a lost head said as one line, and no process left behind."""
 
 import contextlib
+import http.client
 import ipaddress
+import itertools
 import json
 import os
 import signal
@@ -10,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -78,6 +81,25 @@ def non_loopback_listeners(procs: list[psutil.Process]) -> list[str]:
             ip = getattr(ip, "ipv4_mapped", None) or ip
             if not ip.is_loopback:
                 bad.append(f"{name} (pid {p.pid}) listens on {c.laddr.ip}:{c.laddr.port}")
+    return bad
+
+
+def tokenless_answers(procs: list[psutil.Process]) -> list[str]:
+    """'name (pid N) port P serves PATH' for every TCP listener that answers an HTTP GET of /metrics
+    or of the jobs API without the token: a Prometheus exporter, an open dashboard. (The dashboard's
+    / is its static page; gRPC servers answer HTTP/1 with nothing and ask for the token themselves.)"""
+    bad = []
+    for p in procs:
+        try:
+            ports, name = [c.laddr.port for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN], p.name()
+        except psutil.Error:
+            continue
+        for port, path in itertools.product(ports, ("/metrics", "/api/jobs/")):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                    bad.append(f"{name} (pid {p.pid}) port {port} serves {path} ({r.status})")
+            except (OSError, http.client.HTTPException):  # 401, 404, a refused or empty answer
+                pass
     return bad
 
 
@@ -284,6 +306,7 @@ def test_two_sweeps_at_once_run_their_own_heads_on_loopback(tmp_path):
                     seen.update((p.pid, p) for p in procs)
                     assert not non_loopback_listeners(procs), non_loopback_listeners(procs)
                     assert listeners(procs) >= 8  # the check saw Ray's servers (gcs, raylet, dashboard, agents)
+                    assert not tokenless_answers(procs), tokenless_answers(procs)  # no metrics exporter, no open endpoint
                     # The head's temp tree is this user's alone: Ray makes its own dirs 0777, inside a 0700 one.
                     temp = Path(head["temp_dir"])
                     assert temp.stat().st_mode & 0o077 == 0, f"{temp} is {oct(temp.stat().st_mode)}"
