@@ -12,7 +12,7 @@ from rich.table import Table
 
 from isoflop_cli.config import check_writable
 from isoflop_cli.config.schema import TrackingConfig
-from isoflop_cli.fit import data, methods, outputs, report
+from isoflop_cli.fit import coverage, data, methods, outputs, report
 from isoflop_cli.fit.data import FitSpec
 from isoflop_cli.fit.interference import load_problems
 from isoflop_cli.tracking import log_fit, sweep_tracker_root
@@ -40,9 +40,10 @@ def fit(paths: list[Path], spec: FitSpec, asked: list[str], out: Path | None) ->
     with data.notes() as notes:
         problems = load_problems(paths) if any(methods.METHODS[m].reads_problems for m in asked) else None
         results = methods.run(df, spec, asked or methods.defaults(df, spec), explicit=bool(asked), problems=problems)
-        written, front = outputs.write(df, info, spec, results, out)
+        cover = coverage.coverage(df, spec)
+        written, front = outputs.write(df, info, spec, results, out, cover)
     _track(paths[0], out, written)
-    return Fitted(tables(results, spec, front), written, notes)
+    return Fitted(tables(results, spec, front, cover), written, notes)
 
 
 def _track(path: Path, out: Path, written: list[Path]) -> None:
@@ -58,9 +59,11 @@ def _track(path: Path, out: Path, written: list[Path]) -> None:
         log_fit(tracking, swept.get("name", path.name), summary, written, sweep_tracker_root(tracking, path))
 
 
-def tables(results: dict, spec: FitSpec, front: pd.DataFrame | None) -> list[Table]:
+def tables(results: dict, spec: FitSpec, front: pd.DataFrame | None, cover: pd.DataFrame | None) -> list[Table]:
     out = [report.method_table(m, r.entry, spec) for m, r in results.items()]
     if front is not None:
         fitted = results.get("frontier")
         out.append(report.frontier_table(front, spec, fitted.entry["axis_star"] if fitted else None))
+    if cover is not None:
+        out.append(coverage.rich_table(cover, spec))
     return out

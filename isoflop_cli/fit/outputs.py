@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from isoflop_cli.fit import plots
+from isoflop_cli.fit import coverage, plots
 from isoflop_cli.fit.data import FitSpec, MethodResult, usable
 from isoflop_cli.fit.frontier import frontier as empirical_frontier
 from isoflop_cli.fit.report import markdown
@@ -42,8 +42,10 @@ def frontier_frame(df: pd.DataFrame, spec: FitSpec, results: dict[str, MethodRes
     return rows, empirical_frontier(rows, spec.metric, spec.axis, spec.compute, spec.points)
 
 
-def write(df: pd.DataFrame, info: dict, spec: FitSpec, results: dict[str, MethodResult], out: Path) -> tuple[list[Path], pd.DataFrame | None]:
-    """Every output file of a fit; returns the paths written and the frontier table."""
+def write(df: pd.DataFrame, info: dict, spec: FitSpec, results: dict[str, MethodResult], out: Path,
+          cover: pd.DataFrame | None = None) -> tuple[list[Path], pd.DataFrame | None]:
+    """Every output file of a fit (with `cover`, the coverage table: coverage.csv, its plot and its
+    report section); returns the paths written and the frontier table."""
     written: list[Path] = []
     names: dict[str, list[str]] = {}
     rows, front = frontier_frame(df, spec, results) or (None, None)
@@ -59,8 +61,15 @@ def write(df: pd.DataFrame, info: dict, spec: FitSpec, results: dict[str, Method
     entries = {m: {**r.entry, "input": info} for m, r in results.items()}
     if "frontier" in entries:
         entries["frontier"]["frontier_csv"] = "fitted envelope"
-    atomic_write(out / "fit.json", json.dumps(jsonable(entries), indent=1) + "\n")
-    atomic_write(out / "report.md", markdown(entries, spec, info, names, front))
+    document, section = dict(entries), []
+    if cover is not None:
+        atomic_write(out / "coverage.csv", cover.to_csv(index=False))
+        paths = plots.coverage_plot(cover, spec, out / "coverage")
+        written += [out / "coverage.csv", *paths]
+        document["coverage"] = coverage.entry(cover, spec)
+        section = coverage.markdown(cover, spec, [p.name for p in paths])
+    atomic_write(out / "fit.json", json.dumps(jsonable(document), indent=1) + "\n")
+    atomic_write(out / "report.md", markdown(entries, spec, info, names, front, section))
     return [out / "fit.json", *written, out / "report.md"], front
 
 

@@ -261,3 +261,20 @@ def interference_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Pa
     plain_ticks(ax.xaxis)
     ax.legend(fontsize=7)
     return save(fig, out)
+
+
+def coverage_plot(table: pd.DataFrame, spec: FitSpec, out: Path) -> list[Path]:
+    """Per axis value against compute: zero_var_frac (left), validation best@k (solid) and worst@k
+    (dashed) (right): coverage is the solid lines rising, sharpening the dashed ones."""
+    axis, compute = spec.axis, spec.compute
+    colour = palette(table[axis].unique())
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
+    for value, c in colour.items():
+        rows = table[(table[axis] == value) & (table[compute] > 0)].sort_values(compute)
+        left.plot(rows[compute], rows["zero_var_frac"], marker="o", ms=3, color=c, label=f"{axis}={value:g}")
+        right.plot(rows[compute], rows["val_best@k"], marker="o", ms=3, color=c, label=f"{axis}={value:g} best@k")
+        right.plot(rows[compute], rows["val_worst@k"], marker="o", ms=3, color=c, ls="--", label=f"{axis}={value:g} worst@k")
+    left.set(xscale="log", xlabel=compute, ylabel="zero_var_frac (groups with no signal)", ylim=(-0.02, 1.02))
+    right.set(xscale="log", xlabel=compute, ylabel="validation best@k (solid), worst@k (dashed)", ylim=(-0.02, 1.02))
+    left.legend(fontsize=7)
+    return save(fig, out)

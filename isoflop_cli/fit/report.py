@@ -136,8 +136,10 @@ def frontier_table(front: pd.DataFrame, spec: FitSpec, axis_star: list[dict] | N
     return table
 
 
-def markdown(results: dict[str, dict], spec: FitSpec, info: dict, plots: dict[str, list[str]], front: pd.DataFrame | None) -> str:
-    """report.md: inputs, then per method its form, table, plots and notes, then frontier.csv."""
+def markdown(results: dict[str, dict], spec: FitSpec, info: dict, plots: dict[str, list[str]], front: pd.DataFrame | None,
+             readings: list[str] = ()) -> str:
+    """report.md: inputs, then per method its form, table, plots and notes, then the readings that
+    are no fit (coverage), then frontier.csv."""
     lines = ["# isoflop fit", "", f"Inputs: {', '.join(f'`{p}`' for p in info['paths'])} ({info['rows']} rows, {info['runs']} runs; sha256 `{info['sha256'][:16]}`).",
              f"Metric `{spec.metric}`, axis `{spec.axis}`, compute `{spec.compute}`. Bootstrap over runs: {spec.bootstrap} resamples, seed {spec.seed}; intervals are 5%-95%.", ""]
     for method, entry in results.items():
@@ -148,6 +150,7 @@ def markdown(results: dict[str, dict], spec: FitSpec, info: dict, plots: dict[st
         lines += _method_details(method, entry, spec) + _holdout_details(entry, spec)
         lines += [f"- warning: {w}" for w in entry.get("warnings", [])] + [""]
         lines += [f"Reliable: {'yes' if entry.get('reliable') else 'no'}.", ""]
+    lines += list(readings)
     if front is not None:
         fitted = "frontier" in results
         source = ("fitted envelope of the per-axis sigmoids; `measured`: the best eval point up to the first at or after C; dashed and "
