@@ -23,18 +23,18 @@ SCORING_DTYPE = torch.bfloat16 if torch.cuda.is_available() else torch.float32
 
 
 def test_evaluation_leaves_the_training_draws_as_they_were(tmp_path):
-    """An eval point samples from its own seed; the draws training makes after it, on the run's
-    device (its GPU's generator when there is one), are those it would have made without it."""
+    """An eval point samples from its problems' own streams; the draws training makes after it, on
+    the run's device (its GPU's generator when there is one), are those it would have made without it."""
     cfg = config.load(None, ["n=4", "B_p=2", "eval.problems=4", "eval.samples=4"])
     trainer = Trainer(Group(), cfg, Budget("rollouts", 16, (16,), 2), 1e-4, RunFiles(tmp_path), None)
     torch.manual_seed(7)
     without = torch.rand(4, device=device())
     torch.manual_seed(7)
-    first = trainer.evaluator(trainer.sampler, seed=3)
+    first = trainer.evaluator(trainer.sampler)
     after = torch.rand(4, device=device())
     assert torch.equal(after, without)
     torch.manual_seed(8)  # another training state: the eval point draws the same
-    assert trainer.evaluator(trainer.sampler, seed=3).per_problem == first.per_problem
+    assert trainer.evaluator(trainer.sampler).per_problem == first.per_problem
 
 
 def test_the_prm_and_a_judge_score_on_the_runs_device(tmp_path):

@@ -7,7 +7,9 @@ further; the upper envelope across axis values is the frontier, and the axis val
 axis*(C). What the eval points do not support is said beside it (evidence.py): a frontier value
 above everything measured by more than the noise is extrapolated, and axis values within the noise
 of the top are tied (axis*(C) is then a set). log2 axis*(C) is fitted by a sigmoid of log10 C at
-the budgets where one value wins beyond the noise, whose upper plateau is where it saturates.
+the budgets where one value wins beyond the noise, whose upper plateau is where it saturates. The
+noise, and what the bootstrap behind the intervals varies, come from the variance model (noise.py):
+seed replicates where the sweep has them, the evaluation's own binomial noise where it has not.
 `fixed-batch` runs the same analysis within each batch size B = B_p * n: which split wins.
 """
 
@@ -23,6 +25,7 @@ from isoflop_cli.fit import bootstrap, evidence, holdout
 from isoflop_cli.fit.curves import CurveFit, fit_sigmoid, sigmoid
 from isoflop_cli.fit.data import RUN, FitSpec, MethodResult, plain, warn
 from isoflop_cli.fit.frontier import compute_grid
+from isoflop_cli.fit.noise import Noise, Resampling, estimate, resampling
 
 MIN_POINTS = 5  # eval points an axis value needs for its 4-parameter sigmoid
 LAW = ["lower", "upper", "midpoint", "slope"]
@@ -54,10 +57,12 @@ class AxisCurve:
     y: np.ndarray
     run: np.ndarray
     span: tuple[float, float]  # log10 compute range of all its eval points: the curve is not extrapolated
+    rows: pd.Index  # its points' labels in the running bests: where a replicate's redrawn values are read
 
-    def fit(self, counts: np.ndarray | None = None, start: dict | None = None) -> CurveFit:
+    def fit(self, counts: np.ndarray | None = None, start: dict | None = None, y: np.ndarray | None = None) -> CurveFit:
+        """The sigmoid through its points (`y`: other values at them, a replicate's), runs weighted by `counts`."""
         w = None if counts is None else counts[self.run]
-        return fit_sigmoid(self.x, self.y, w, levels=(0.0, 1.0), increasing=True, start=start)
+        return fit_sigmoid(self.x, self.y if y is None else y, w, levels=(0.0, 1.0), increasing=True, start=start)
 
     def measured(self, grid: np.ndarray) -> np.ndarray:
         """At each log10 C of grid, the best its runs measured up to their next eval point."""
@@ -76,7 +81,7 @@ def fit_axis_curves(best: pd.DataFrame, spec: FitSpec, runs: pd.Index, method: s
         if len(g) < MIN_POINTS or np.unique(x).size < 3:
             dropped.append(f"{spec.axis}={plain(value)} ({len(g)} points)")
             continue
-        out.append(AxisCurve(float(value), x, g[spec.metric].to_numpy(float), runs.get_indexer(g[RUN]), (x.min(), x.max())))
+        out.append(AxisCurve(float(value), x, g[spec.metric].to_numpy(float), runs.get_indexer(g[RUN]), (x.min(), x.max()), g.index))
     if dropped:
         warn(f"{method}: too few eval points (need {MIN_POINTS} at 3 computes) for {', '.join(dropped)}; left out of the frontier")
     return out
@@ -116,14 +121,17 @@ def saturation(law: CurveFit, grid: np.ndarray) -> dict:
     return {"compute": float(10**log_c), "axis_star": float(2 ** p["upper"]), "within_data": bool(grid.size and log_c <= grid.max())}
 
 
-def analyse(df: pd.DataFrame, spec: FitSpec, method: str, sigma: float) -> dict | None:
+def analyse(df: pd.DataFrame, spec: FitSpec, method: str, sigma: float, noise: Noise) -> dict | None:
     """Curves, envelope, axis*(C) and its law on one subset of runs, with bootstrap intervals, and
-    what the eval points say of them at noise `sigma` (evidence.py).
+    what the eval points say of them at noise `sigma` (evidence.py). Each bootstrap replicate
+    varies the data as `noise` says (`noise.resampling`): runs resampled within strata, eval
+    points redrawn from their evaluation variance.
 
     A tie is no switch: the law is fitted only when different axis values win beyond the noise at
     some budgets (`resolved`), and only from the first such budget to the last. Ties between them
     are where the winner changes (two curves cross), and the bootstrap reads that uncertainty; ties
     before the first or after the last place nothing, so the law does not reach into them."""
+    df = df.reset_index(drop=True)  # unique labels: a replicate's running bests are read by them
     runs = pd.Index(df[RUN].unique())
     best = running_best(df, spec.metric, spec.compute)
     curves = fit_axis_curves(best, spec, runs, method)
@@ -144,10 +152,12 @@ def analyse(df: pd.DataFrame, spec: FitSpec, method: str, sigma: float) -> dict 
     between = _between(resolved) & np.isfinite(star)
     levels = (np.log2(min(c.value for c in curves)), np.log2(max(c.value for c in curves)))
     law = fit_law(grid[between], star[between], levels) if np.unique(star[resolved]).size > 1 else None
-    strata = df.drop_duplicates(RUN).set_index(RUN).loc[runs, spec.axis].to_numpy()
+    plan = resampling(df, runs, spec.axis, spec.metric, noise)
+    rng = np.random.default_rng([spec.seed, 1])  # the redraws' own stream: run_counts draws from spec.seed
     draws, stars = [], []
-    for counts in bootstrap.run_counts(spec.bootstrap, strata, spec.seed):
-        refits = [c.fit(counts, f.params) for c, f in zip(curves, fits)]
+    for counts in bootstrap.run_counts(spec.bootstrap, plan.strata, spec.seed):
+        ys = _redrawn(df, spec, plan, rng, curves) if plan.redraw_sd.any() else [None] * len(curves)
+        refits = [c.fit(counts, f.params, y) for c, f, y in zip(curves, fits, ys)]
         _, s = envelope(curves, refits, grid)
         stars.append(s)
         draw = {f"{c.value}/{k}": v for c, f in zip(curves, refits) if f.converged for k, v in f.params.items()}
@@ -157,8 +167,14 @@ def analyse(df: pd.DataFrame, spec: FitSpec, method: str, sigma: float) -> dict 
         draws.append(draw)
     seen = evidence.measured(best[spec.compute].to_numpy(float), best[spec.metric].to_numpy(float), 10**grid)
     return {"curves": curves, "fits": fits, "grid": grid, "value": value, "star": star, "law": law, "draws": draws,
-            "star_band": bootstrap.band(np.array(stars), discrete=True) if stars else None, "best": best, "sigma": sigma,
+            "star_band": bootstrap.band(np.array(stars), discrete=True) if stars else None, "best": best, "sigma": sigma, "noise": noise,
             "measured": seen, "extrapolated": evidence.extrapolated(value, seen, sigma), "tied": ties, "resolved": resolved, "between": between}
+
+
+def _redrawn(df: pd.DataFrame, spec: FitSpec, plan: Resampling, rng: np.random.Generator, curves: list[AxisCurve]) -> list[np.ndarray]:
+    """Each curve's running bests in one replicate: of the eval points redrawn with their evaluation noise."""
+    best = running_best(df.assign(**{spec.metric: plan.redraw(df[spec.metric].to_numpy(float), rng)}), spec.metric, spec.compute)
+    return [best.loc[c.rows, spec.metric].to_numpy(float) for c in curves]
 
 
 def _between(mask: np.ndarray) -> np.ndarray:
@@ -172,27 +188,28 @@ def _between(mask: np.ndarray) -> np.ndarray:
 
 def frontier_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     """Method `frontier`: the law of log2 axis*(C) and its saturation, per-axis curves, axis*(C) band."""
-    a = analyse(df, spec, "frontier", evidence.metric_noise(df, spec, "frontier"))
+    noise = estimate(df, spec.metric, spec.compute)
+    a = analyse(df, spec, "frontier", evidence.metric_noise(df, spec, "frontier", noise), noise)
     if a is None:
         raise ConfigError(f"frontier: no {spec.axis} value has a fitted sigmoid ({MIN_POINTS} eval points at 3 computes, and a converged fit)")
     entry = _law_entry(a, spec.axis, "frontier")
     entry["curves"] = _curve_entries(a, spec.axis)
     entry["axis_star"] = _axis_star_rows(a)
     if spec.holdout:
-        entry["holdout"] = frontier_holdout(df, spec, a["sigma"])
+        entry["holdout"] = frontier_holdout(df, spec, a["sigma"], noise)
     frames = {"frontier": _frontier_frame(a, df[spec.axis]), "curves": _curve_frame(a), "rows": df,
               "running_best": a["best"], "axis_star": pd.DataFrame(entry["axis_star"])}
     return MethodResult(entry, frames)
 
 
-def frontier_holdout(df: pd.DataFrame, spec: FitSpec, sigma: float) -> dict:
+def frontier_holdout(df: pd.DataFrame, spec: FitSpec, sigma: float, noise: Noise) -> dict:
     """`--holdout K` (holdout.py): the frontier fitted below the K largest budgets, without
     bootstrap. At a held-out budget axis* is the law's (2^sigmoid of log10 C) where one was
     fitted, else the axis* of the largest budget fitted; the value is the upper envelope of the
     per-axis sigmoids carried past their last eval point, as a law is. They are fitted to running
     bests, so the value predicted is a running best's, read against a cell mean."""
     train, held = holdout.split(df, spec, spec.holdout, "frontier")
-    a = analyse(train, replace(spec, bootstrap=0), "frontier holdout", sigma)
+    a = analyse(train, replace(spec, bootstrap=0), "frontier holdout", sigma, noise)
     if a is None:
         raise ConfigError(f"frontier: --holdout {spec.holdout} leaves no {spec.axis} value with a fitted sigmoid")
     last = a["star"][np.isfinite(a["star"])][-1]
@@ -218,10 +235,11 @@ def fixed_batch_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     if batches.empty:
         raise ConfigError("fixed-batch: no batch size B = B_p * n is run with two or more splits")
     params, interval, median, per_batch, converged, rows = {}, {}, {}, {}, True, []
-    sigma = evidence.metric_noise(df, spec, "fixed-batch")
+    noise = estimate(df, spec.metric, spec.compute)
+    sigma = evidence.metric_noise(df, spec, "fixed-batch", noise)
     for B in batches:
         label = f"fixed-batch B={plain(B)}"
-        a = analyse(df[batch == B], spec, label, sigma)
+        a = analyse(df[batch == B], spec, label, sigma, noise)
         if a is None:
             continue
         e = _law_entry(a, spec.axis, label)
@@ -235,7 +253,7 @@ def fixed_batch_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
         per_batch[str(plain(B))] = {**e, "best": best}
     if not per_batch:
         raise ConfigError(f"fixed-batch: no batch size has two splits with {MIN_POINTS} eval points each")
-    entry = {"params": params, "interval90": interval, "median": median, "converged": converged, "batches": per_batch}
+    entry = {"params": params, "interval90": interval, "median": median, "converged": converged, "batches": per_batch, "noise": noise.entry()}
     return MethodResult(entry, {"fixed_batch": pd.DataFrame(rows)})
 
 
@@ -244,7 +262,8 @@ def _law_entry(a: dict, axis: str, method: str) -> dict:
     median, interval = bootstrap.summarise(a["draws"], LAW)
     on_grid = np.isfinite(a["star"])
     honest = {"noise_sd": a["sigma"], "tie_within": evidence.TIE_SD * a["sigma"], "budgets": int(on_grid.sum()),
-              "budgets_tied": int((on_grid & ~a["resolved"]).sum()), "budgets_extrapolated": int(a["extrapolated"].sum())}
+              "budgets_tied": int((on_grid & ~a["resolved"]).sum()), "budgets_extrapolated": int(a["extrapolated"].sum()),
+              "noise": a["noise"].entry()}
     if law is None:
         only = np.unique(a["star"][a["resolved"]])
         where = "at every budget" + (f" where one {axis} wins beyond the noise (tied at {honest['budgets_tied']})" if honest["budgets_tied"] else "")
@@ -285,7 +304,9 @@ def _curve_entries(a: dict, axis: str) -> dict:
 
 def _axis_star_rows(a: dict) -> list[dict]:
     """Per budget: axis* (the top curve's value), the frontier value, the best measured by then, whether
-    the value is extrapolated, and `axis_star_set`: every axis value tied with the top (one when resolved)."""
+    the value is extrapolated, and `axis_star_set`: every axis value tied with the top (one when
+    resolved); the bootstrap's 90% interval (low, high) widened to the tie set where that is wider: a
+    value within the noise of the top is not one the data exclude, whichever value the resamples favour."""
     band = a["star_band"]
     values = np.array([c.value for c in a["curves"]])
     rows = []
@@ -294,7 +315,8 @@ def _axis_star_rows(a: dict) -> list[dict]:
             row = {"compute": float(10**x), "axis_star": float(s), "axis_star_set": [plain(v) for v in sorted(values[a["tied"][:, i]])],
                    "value": float(a["value"][i]), "measured": float(a["measured"][i]), "extrapolated": bool(a["extrapolated"][i])}
             if band is not None:
-                row.update(median=float(band[0, i]), low=float(band[1, i]), high=float(band[2, i]))
+                tie = row["axis_star_set"]
+                row.update(median=float(band[0, i]), low=float(min(band[1, i], tie[0])), high=float(max(band[2, i], tie[-1])))
             rows.append(row)
     return rows
 

@@ -14,26 +14,29 @@ import pandas as pd
 
 from isoflop_cli.fit.data import RUN, FitSpec, warn
 from isoflop_cli.fit.frontier import best_at
+from isoflop_cli.fit.noise import Noise
 from isoflop_cli.fit.schedule import noise
 
 NOISE_RUNS = 64  # runs the noise is read from (evenly spread): its pooled residual is settled long before, and each costs ~0.15 s
 TIE_SD = 2.0  # curves within this many sd of one eval point's noise of the top are tied: two evaluations of one model differ by more only ~16% of the time (sd sqrt(2))
 
 
-def metric_noise(df: pd.DataFrame, spec: FitSpec, method: str) -> float:
-    """One sd of an eval point's noise: the pooled residual of each run's best monotone sigmoid
-    through its raw eval points (`schedule.noise`, the adaptive rule's and `isoflop replay`'s noise),
-    from up to NOISE_RUNS runs. It holds the evaluation's sampling noise (eval.problems x
-    eval.samples completions: results do not record how many, so no binomial error can be read
-    from them) and the run's own wobble between eval points. 0 with a warning when too few points
-    to read it (then any excess is an extrapolation and only exact equality a tie)."""
+def metric_noise(df: pd.DataFrame, spec: FitSpec, method: str, model: Noise) -> float:
+    """One sd of an eval point's noise: the larger of the pooled residual of each run's best
+    monotone sigmoid through its raw eval points (`schedule.noise`, the adaptive rule's and
+    `isoflop replay`'s noise, from up to NOISE_RUNS runs) and the variance model's sd (`model.sd`:
+    between seeds, else the evaluation's binomial). The residual holds a run's wobble between eval
+    points and the evaluation noise that differs between them; it misses what all of a run's points
+    share (its seed's luck; the evaluation streams, which are the same at every eval point), which
+    the model holds. 0 with a warning when neither can be read (then any excess is an
+    extrapolation and only exact equality a tie)."""
     runs = df[RUN].unique()
     pick = runs[np.unique(np.linspace(0, runs.size - 1, min(runs.size, NOISE_RUNS)).round().astype(int))] if runs.size else runs
-    sigma = noise(df[df[RUN].isin(pick)], spec.metric, spec.compute, RUN)
-    if sigma is None:
-        warn(f"{method}: too few eval points to read the metric's noise; extrapolation and ties are judged with zero noise")
+    sigmas = [s for s in (noise(df[df[RUN].isin(pick)], spec.metric, spec.compute, RUN), model.sd) if s is not None]
+    if not sigmas:
+        warn(f"{method}: too few eval points to read the metric's noise, and no variance recorded; extrapolation and ties are judged with zero noise")
         return 0.0
-    return sigma
+    return max(sigmas)
 
 
 def measured(compute: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:

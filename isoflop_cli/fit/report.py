@@ -71,6 +71,8 @@ def summary(method: str, entry: dict, spec: FitSpec) -> str:
         parts.append(where)
     if method == "frontier":
         parts.append(evidence_line(entry, spec))
+    if entry.get("noise"):
+        parts.append(f"noise model: {entry['noise']['summary']}")
     if method == "scalerl":
         parts.append(f"curve of {entry['best']} (highest A)")
     if method == "isoflop-slices":

@@ -1,8 +1,18 @@
 """Evaluation at a run's eval points: avg@k, best@k (unbiased pass@k) and worst@k from m >= k
-samples per problem, the native reward, held-out sets and judges."""
+samples per problem, the variance of avg@k from its per-problem binomials, the native reward,
+held-out sets and judges.
+
+Evaluation is paired across runs: each problem's m completions are drawn from a random stream of
+its own, seeded by the problem alone (`stream_seeds`), so every run of a sweep (every cell, every
+seed, every eval point) meets each problem with the same random numbers. Two runs then differ at
+an eval point by what their policies do, not by which samples they happened to draw: the
+difference between cells carries only the part of the evaluation noise their policies do not
+share (common random numbers), and the base evaluation (step 0) is the same in every run.
+"""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from math import comb
 
@@ -22,14 +32,35 @@ def worst_at_k(m: int, c: int, k: int) -> float:
     return comb(c, k) / comb(m, k)
 
 
+def mean_variance(correct: list[int], m: int) -> float:
+    """The variance of avg@k (the mean pass rate over P problems, m samples each) that sampling
+    adds, the problems held fixed: sum_i p_i (1 - p_i) / m / P^2, with each p_i (1 - p_i) estimated
+    without bias by c_i (m - c_i) / (m (m - 1)). With m = 1 a problem's p_i cannot be told from the
+    mean's, and p (1 - p) / P of the mean p is used: an upper bound (sum p_i (1 - p_i) <= P p (1 - p))."""
+    count = len(correct)
+    if m == 1:
+        p = sum(correct) / count
+        return p * (1 - p) / count
+    return sum(c * (m - c) for c in correct) / (m * m * (m - 1)) / count**2
+
+
 def summarize(correct: list[int], m: int, k: int) -> dict[str, float]:
-    """Mean over problems of avg, best@k and worst@k, given each problem's count of correct of m."""
+    """Mean over problems of avg, best@k and worst@k, given each problem's count of correct of m,
+    and avg@k's sampling variance (`mean_variance`), which `fit` reads as the evaluation's noise."""
     count = len(correct)
     return {
         "val_avg@k": sum(correct) / (m * count),
+        "val_avg@k_var": mean_variance(correct, m),
         "val_best@k": sum(best_at_k(m, c, k) for c in correct) / count,
         "val_worst@k": sum(worst_at_k(m, c, k) for c in correct) / count,
     }
+
+
+def stream_seeds(problems, salt: str = "") -> list[int]:
+    """One seed per problem, from its key (and `salt`: a held-out set's name) and nothing of the
+    run: the seed of the problem's own sampling stream in every run and at every eval point. 62
+    bits: vLLM gives the i-th of a request's n samples seed + i."""
+    return [int.from_bytes(hashlib.blake2b(f"{salt}\0{p.key}".encode(), digest_size=8).digest(), "big") >> 2 for p in problems]
 
 
 @dataclass
@@ -72,18 +103,20 @@ class Judge:
 class Evaluator:
     """What a run measures at each eval point, in one place: the validation set by the task's
     verifier (avg@k, best@k, worst@k), the same completions scored by the training reward
-    (`val_native`), each held-out set of `eval.sets`, and each judge of `eval.judges`. Sampling uses
-    a private RNG stream, so evaluation never changes what training draws."""
+    (`val_native`), each held-out set of `eval.sets`, and each judge of `eval.judges`. Each problem
+    is sampled from its own stream (`stream_seeds`: paired across runs), and the run's generators
+    are forked around it, so evaluation never changes what training draws."""
 
     def __init__(self, task, problems, reward, sets: dict, judges: dict[str, Judge], shape, m: int, k: int,
                  temperature: float, top_p: float, max_new_tokens: int):
         self.task, self.problems, self.reward, self.sets, self.judges = task, problems, reward, sets, judges
         self.shape, self.m, self.k = shape, m, k
         self.sampling = (temperature, top_p, max_new_tokens)
+        self.seeds = {"": stream_seeds(problems)} | {name: stream_seeds(p, name) for name, (_, p) in sets.items()}
 
-    def __call__(self, sampler, seed: int) -> Evaluation:
+    def __call__(self, sampler) -> Evaluation:
         m, k = self.m, self.k
-        rollouts = self._sample(sampler, self.problems, seed)
+        rollouts = self._sample(sampler, self.problems, self.seeds[""])
         spent = self._flops(rollouts)
         expanded = [p for p in self.problems for _ in range(m)]
         correct = _correct(self.task, expanded, rollouts.texts, m)
@@ -94,20 +127,19 @@ class Evaluator:
         for name, judge in self.judges.items():
             metrics[f"judge_{name}"], judge_flops = judge([p.prompt for p in expanded], rollouts.texts)
             spent += judge_flops
-        for i, (name, (task, problems)) in enumerate(self.sets.items(), 1):
-            held = self._sample(sampler, problems, seed + i)
+        for name, (task, problems) in self.sets.items():
+            held = self._sample(sampler, problems, self.seeds[name])
             spent += self._flops(held)
             scores = summarize(_correct(task, [p for p in problems for _ in range(m)], held.texts, m), m, k)
             metrics[f"downstream_{name}_pass@1"] = scores["val_avg@k"]
             metrics[f"downstream_{name}_best@k"] = scores["val_best@k"]
         return Evaluation(metrics, spent, [(p.key, c, m) for p, c in zip(self.problems, correct)])
 
-    def _sample(self, sampler, problems, seed: int):
-        # The run's GPU generator is forked too: sampling there draws from it, and manual_seed reseeds it.
+    def _sample(self, sampler, problems, seeds: list[int]):
+        # The run's GPU generator is forked too: a sampler may draw from it (vLLM draws its request's seed).
         here = device()
         with torch.random.fork_rng(devices=[here] if here.type == "cuda" else []):
-            torch.manual_seed(seed)
-            return sampler.sample([p.prompt for p in problems], self.m, *self.sampling)
+            return sampler.sample([p.prompt for p in problems], self.m, *self.sampling, seeds=seeds)
 
     def _flops(self, rollouts) -> float:
         return flops.generate(self.shape, len(rollouts.texts), rollouts.prompt_width, rollouts.generated_width, rollouts.prefill_rows,

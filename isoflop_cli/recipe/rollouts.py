@@ -57,8 +57,11 @@ class Sampler(Protocol):
     @classmethod
     def from_config(cls, cfg, policy, tokenizer, max_prompt_tokens: int, own_copy: bool, group: Group) -> "Sampler": ...
 
-    def sample(self, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
-        """n completions of each prompt, each prompt's n together."""
+    def sample(self, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int,
+               seeds: list[int] | None = None) -> Rollouts:
+        """n completions of each prompt, each prompt's n together. With `seeds` (one per prompt, as
+        evaluation gives) each prompt's completions are drawn from a random stream of its own seed,
+        whatever else is in the batch; without, from the run's generators."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """The learner's new weights (LoRA: the adapter's), one tensor at a time."""

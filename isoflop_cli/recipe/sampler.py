@@ -4,6 +4,11 @@ sampling, without its per-step machinery).
 
 At n > 1 each distinct prompt is prefilled once and its KV cache and next-token logits repeated
 across its group (`shared_prefill`); the loop then runs only the decode steps.
+Given a seed per prompt (evaluation's paired streams) each row draws its tokens by the inverse of
+its distribution's CDF at uniforms of its own stream, not by `torch.multinomial` over the batch:
+a row's tokens then depend on its prompt's seed and its own distributions alone (not on the other
+rows, nor on when they finish), and two policies that put similar probabilities on the next token
+draw the same one (common random numbers).
 The sampler also records the log-prob of every sampled token under its own forward passes (the
 temperature-scaled distribution, as the learner defines it), which truncated importance sampling
 compares with the learner's.
@@ -55,18 +60,21 @@ class HFSampler:
             for name, tensor in weights:
                 own[name].copy_(tensor)
 
-    def sample(self, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
+    def sample(self, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int,
+               seeds: list[int] | None = None) -> Rollouts:
         training = self.model.training  # the learner's own model samples in eval mode, then goes back
         self.model.eval()
+        uniforms = None if seeds is None else streams(seeds, n, max_new_tokens).to(self.model.device)
         try:
             with torch.inference_mode():  # less per-op bookkeeping than no_grad: sampling -6 to -8% on the tiny model
-                out = self._sample(prompts, n, temperature, top_p, max_new_tokens)
+                out = self._sample(prompts, n, temperature, top_p, max_new_tokens, uniforms)
         finally:
             self.model.train(training)
         # Inference tensors cannot enter autograd (the learner indexes with them): ordinary copies.
         return replace(out, **{k: getattr(out, k).clone() for k in ("sequences", "attention_mask", "completion_mask", "logprobs")})
 
-    def _sample(self, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
+    def _sample(self, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int,
+                uniforms: torch.Tensor | None) -> Rollouts:
         tok = self.tokenizer
         enc = tok(prompts, padding=True, return_tensors="pt").to(self.model.device)
         width = enc.input_ids.shape[1]
@@ -79,7 +87,7 @@ class HFSampler:
             cache.batch_repeat_interleave(n)
         else:
             logits, cache = self._prompt(input_ids, prompt_mask)
-        completion, chosen = self._decode(logits, prompt_mask, cache, temperature, top_p, max_new_tokens)
+        completion, chosen = self._decode(logits, prompt_mask, cache, temperature, top_p, max_new_tokens, uniforms)
         is_eos = (completion == tok.eos_token_id).long()
         keep = (is_eos.cumsum(-1) - is_eos) == 0  # up to and including the first eos
         logprobs = torch.zeros(completion.shape[0], width + completion.shape[1] - 1, device=completion.device)
@@ -104,7 +112,7 @@ class HFSampler:
         return logits, cache
 
     def _decode(self, logits: torch.Tensor, attention_mask: torch.Tensor, cache: DynamicCache, temperature: float, top_p: float,
-                max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+                max_new_tokens: int, uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample up to max_new_tokens per row from softmax(logits / T) (within the top-p nucleus),
         starting from the prefill's `logits` [R, V] and its `cache`. A row that says eos leaves the
         batch (its KV cache rows dropped; it takes padding from there), so each decode step runs
@@ -112,7 +120,8 @@ class HFSampler:
         [R, T]: the distribution the learner computes, with nothing else in between (a
         checkpoint's generation_config, which `generate` would apply, has no say). Until the first
         row finishes it draws exactly what `generate` draws (do_sample, top_k=0); after, from the
-        same distribution with fewer rows."""
+        same distribution with fewer rows. With `uniforms` [R, max_new_tokens] row r's t-th token is
+        `inverse_cdf` at uniforms[r, t] instead."""
         R = logits.shape[0]
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         mask = attention_mask
@@ -128,7 +137,8 @@ class HFSampler:
                 outside = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
                 outside[:, -1] = False
                 logits = logits.masked_fill(outside.scatter(1, order, outside), float("-inf"))
-            token = torch.multinomial(logits.softmax(dim=-1), 1).squeeze(1)
+            probs = logits.softmax(dim=-1)
+            token = torch.multinomial(probs, 1).squeeze(1) if uniforms is None else inverse_cdf(probs, uniforms[running, t])
             tokens[running, t] = token
             chosen[running, t] = logp.gather(-1, token[:, None]).squeeze(-1)
             going = token != eos
@@ -143,3 +153,17 @@ class HFSampler:
                                     logits_to_keep=1).logits[:, -1]
                 positions = positions + 1
         return tokens, chosen
+
+
+def streams(seeds: list[int], n: int, steps: int) -> torch.Tensor:
+    """[len(seeds) * n, steps] uniforms: prompt i's n rows from a generator seeded with seeds[i]."""
+    return torch.cat([torch.rand(n, steps, generator=torch.Generator().manual_seed(seed)) for seed in seeds])
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row of probs [R, V], the token at which its CDF first exceeds u [R] (of the row's total):
+    a draw from the row's distribution. Where rounding puts u * total at the total, the search can
+    land past the last token with any probability: that row takes its most likely token instead."""
+    cdf = probs.cumsum(dim=-1)
+    token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
+    return torch.where(probs.gather(-1, token[:, None]).squeeze(1) > 0, token, probs.argmax(dim=-1))

@@ -495,7 +495,7 @@ class Trainer:
         per-problem results beside it."""
         step, ledger, since_eval, cfg = self.progress.step, self.progress.ledger, self.progress.since_eval, self.cfg
         with self.meter.count("eval"):
-            evaluation = self.lead(lambda: self.evaluator(self.sampler, seed=cfg.seed * 1_000_003 + step))
+            evaluation = self.lead(lambda: self.evaluator(self.sampler))
         if not self.group.is_main:
             return
         ledger["flops_eval"] += evaluation.flops

@@ -21,7 +21,11 @@ How each part is done, and why:
   and vLLM keeps its batched sampler (a per-request `seed` would send every row through its
   one-generator-per-row loop). The draws then depend on the engine's schedule, so the prefix cache
   is dropped before each request: a request's tokens depend on it and its seed alone, not on what
-  the engine ran before (a resumed run's engine is a fresh one).
+  the engine ran before (a resumed run's engine is a fresh one). Evaluation gives a seed per prompt
+  (`evaluate.stream_seeds`, paired across runs): each prompt then gets its own `SamplingParams`
+  with that seed (vLLM gives its i-th sample seed + i), so its completions depend on the prompt's
+  seed alone, not on the engine or the batch; vLLM's per-row generator loop is slower, and only
+  evaluation takes it.
 - Log-probs are vLLM's `processed_logprobs`: log softmax(logits / T) of the sampled token, what the
   learner computes. With top_p < 1 they are renormalised over the nucleus (the distribution the
   tokens were really drawn from); the HF sampler's are not.
@@ -68,7 +72,8 @@ CPU_KV_CACHE_GIB = 1.0  # the CPU build's KV cache when sampler.kv_cache_gib is 
 
 @dataclass(frozen=True)
 class Request:
-    """What rank 0 asks every engine to sample: n completions of each prompt, from `seed`."""
+    """What rank 0 asks every engine to sample: n completions of each prompt, from `seed`, or from
+    each prompt's own of `seeds`."""
 
     prompts: list[str]
     n: int
@@ -76,6 +81,7 @@ class Request:
     top_p: float
     max_new_tokens: int
     seed: int
+    seeds: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -144,9 +150,10 @@ class VllmSampler:
 
     # Sampling: rank 0 asks, every engine samples its share.
 
-    def sample(self, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
+    def sample(self, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int,
+               seeds: list[int] | None = None) -> Rollouts:
         """n completions of each prompt (rank 0, while the other ranks `serve`)."""
-        request = Request(list(prompts), n, temperature, top_p, max_new_tokens, seed=int(torch.randint(2**31 - 1, ())))
+        request = Request(list(prompts), n, temperature, top_p, max_new_tokens, seed=int(torch.randint(2**31 - 1, ())), seeds=seeds)
         shares = self._take(self.group.broadcast(request))
         ids, completions, logprobs = ([x for share in shares for x in getattr(share, f)] for f in ("prompt_ids", "completions", "logprobs"))
         return pack(ids, completions, logprobs, n, self.tokenizer)
@@ -169,8 +176,9 @@ class VllmSampler:
         prompt_ids = [self.tokenizer.encode(request.prompts[i]) for i in mine]
         completions, logprobs = [], []
         if prompt_ids:
-            params = SamplingParams(n=request.n, temperature=request.temperature, top_p=request.top_p, max_tokens=request.max_new_tokens,
-                                    logprobs=0, stop_token_ids=[self.tokenizer.eos_token_id])
+            common = dict(n=request.n, temperature=request.temperature, top_p=request.top_p, max_tokens=request.max_new_tokens,
+                          logprobs=0, stop_token_ids=[self.tokenizer.eos_token_id])
+            params = SamplingParams(**common) if request.seeds is None else [SamplingParams(**common, seed=request.seeds[i]) for i in mine]
             if self.weights_lost:
                 raise RuntimeError("the engine slept at level 2, dropping its weights, and no push has replaced them")
             self._wake()
