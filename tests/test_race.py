@@ -357,8 +357,9 @@ def test_an_asymmetric_peak_is_found_in_rho_without_reward_and_in_the_levers_uni
     assert units["rho_no_reward"]["value"] == pytest.approx(entry["optimum_rho"], abs=1e-9)  # a rule-based reward spends no reward FLOPs
     assert 2 ** 1.5 / 1.4 <= units["algo.epochs"]["value"] <= 2 ** 1.5 * 1.4
     assert units["n"]["value"] * units["algo.epochs"]["value"] == pytest.approx(16)  # the pilot's pairs hold n x updates
-    low, high = units["algo.epochs"]["interval90"]
-    assert 1 < low <= units["algo.epochs"]["value"] <= high < 8
+    for unit, (lowest, highest) in (("algo.epochs", (1, 8)), ("n", (2, 16))):
+        low, high = units[unit]["interval90"]
+        assert lowest < low <= units[unit]["value"] <= high < highest
 
 
 def test_the_optimum_without_reward_flops_undoes_the_reward_share():

@@ -316,7 +316,7 @@ def optimum_units(pts: pd.DataFrame, x: float | None, band: list[float] | None) 
         if unit in table and table[unit].notna().all():
             def at(v: float, column=table[unit].to_numpy(float), back=back) -> float:
                 return float(back(np.interp(v, table["x"].to_numpy(float), column)))
-            units[unit] = {"value": at(x), "interval90": [at(v) for v in band] if band else None}
+            units[unit] = {"value": at(x), "interval90": sorted(at(v) for v in band) if band else None}  # n falls as x rises
     return units
 
 

@@ -52,6 +52,8 @@ def plot(report: dict, data: Data, out: Path) -> list[Path]:
                 ax.axvspan(*entry["optimum_interval90"], color="0.85", zorder=0, label="optimum, 90%")
             ax.axvline(entry["optimum_rho"], color="k", ls="--", lw=1, label=f"optimum rho {entry['optimum_rho']:.2f}")
         ax.set(xscale="logit", xlabel="rho = C_learning / C_total (log-odds scale, as fitted)", title=f"{entry['reward']}: {entry['regime']} ({entry['curve']})")
+        for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
+            axis(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.2f}"))
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel(data.metric)
     fig.suptitle("RACE pilot: a regime, not a guaranteed held-out gain", fontsize=9)
