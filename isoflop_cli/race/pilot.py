@@ -34,7 +34,6 @@ from isoflop_cli.errors import ConfigError
 
 MIN_STEPS = 8  # steps the most expensive pilot cell takes by the smallest budget: 4x the default warm-up (algo.warmup_steps = 2)
 SEEDS = 2  # runs per level and reward system: the sweep's first seed and a replicate
-FIXED = ("n", "B_p", "seed")
 
 
 @dataclass(frozen=True)
