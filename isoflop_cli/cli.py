@@ -480,7 +480,7 @@ def race_pilot(
     validate_with: Optional[Path] = typer.Option(None, "--validate-with", help="Full-scale results (a sweep dir or results file): same_regime_rate compares the pilot's call with the call on them."),
     force: bool = typer.Option(False, "--force", help="Run a pilot that costs more than --cap of the full sweep."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the pilot plan and its cost, and stop."),
-    epochs: str = typer.Option("0.25,0.5,1,2,4", help="Allocation levels, algo.epochs values: below 1, one pass over that share of each group's completions (rho down); from 1, whole epochs (rho up)."),
+    updates: str = typer.Option("1,2,4,8", help="Allocation levels: updates per rollout batch (algo.epochs, whole), each paired with n = N / updates rollouts per prompt (N: the sweep's largest n, at least 2x the largest count), so every level learns from N completions a prompt and more updates buy fewer fresh rollouts: rho rises with updates at the same FLOPs."),
     budgets: int = typer.Option(3, help="At most this many FLOP budgets (1-3), read off the same runs."),
     share: float = typer.Option(0.10, help="Target pilot cost as a share of the full sweep's predicted FLOPs."),
     cap: float = typer.Option(0.25, help="Refuse a pilot above this share of the full sweep (unless --force)."),
@@ -488,12 +488,15 @@ def race_pilot(
     seed: int = typer.Option(0, help="Bootstrap seed."),
 ) -> None:
     """RACE: diagnose the allocation regime (search-, update- or reward-heavy) from a cheap pilot grid
-    before the full sweep. Derives the pilot from the sweep's config, runs it like `isoflop sweep`
-    (resumable), fits the target against rho per reward system, and recommends what to run at full
-    scale. The pilot identifies a regime; it does not guarantee a held-out gain."""
+    before the full sweep. Derives the pilot from the sweep's config: levels that trade search
+    against learning at the same FLOPs, each n rollouts per prompt learned from `updates` times per
+    batch with n x updates fixed (--updates 1,2,4,8 at N = 16: n 16, 8, 4, 2). Runs it like
+    `isoflop sweep` (resumable), fits the target against the log-odds of rho per reward system, and
+    recommends what to run at full scale. The pilot identifies a regime; it does not guarantee a
+    held-out gain."""
     from isoflop_cli.race import command as race
     from isoflop_cli.race.outputs import summary
-    from isoflop_cli.race.pilot import PilotSpec, derive, level
+    from isoflop_cli.race.pilot import SEEDS, PilotSpec, derive
 
     overrides = list(overrides or [])
     with user_errors():
@@ -513,7 +516,7 @@ def race_pilot(
             return
         if target not in race.TARGETS:
             raise ConfigError(f"--target '{target}' is not one of: {', '.join(race.TARGETS)}")
-        spec = PilotSpec(epochs=_number_list("--epochs", epochs), budgets=budgets, share=share, cap=cap)
+        spec = PilotSpec(updates=_number_list("--updates", updates), budgets=budgets, share=share, cap=cap)
         pilot = derive(config, overrides, spec, force)
         column = race.target_metric(target, metric, race.recorded_columns(pilot.cfg), "pilot runs record")
         race.check_full(full_results, column, validate_with)
@@ -521,8 +524,9 @@ def race_pilot(
             sweep_dir = sweep_mod.check(out or DEFAULT_OUT, pilot.cfg, pilot.cells)
             sweep_mod.check_same_grid(sweep_dir, pilot.cells, extend=False, hint="")
     console.print(report.plan_table(pilot.cfg, pilot.cells))
-    console.print(f"pilot: {len(pilot.rewards)} reward system(s) {pilot.rewards} x algo.epochs {[level(e) for e in spec.epochs]} x n {pilot.n_levels}, "
-                  f"budgets {', '.join(f'{b:.3g}' for b in pilot.budgets)} FLOPs: {pilot.flops:.3g} FLOPs predicted, "
+    console.print(f"pilot: {len(pilot.rewards)} reward system(s) {pilot.rewards} x levels (n x updates per batch) {', '.join(map(str, pilot.levels))} "
+                  f"x {SEEDS} seeds, budgets {', '.join(f'{b:.3g}' for b in pilot.budgets)} FLOPs "
+                  f"({'; '.join('{}-{}'.format(*pilot.steps(b)) for b in pilot.budgets)} steps a cell at the plan's bound): {pilot.flops:.3g} FLOPs predicted, "
                   f"{pilot.share:.1%} of the full sweep's {pilot.full_flops:.3g} (target {spec.share:.0%}, cap {spec.cap:.0%})"
                   + ("; the full sweep's FLOPs are per-step upper bounds, so the share measured after the pilot is higher" if pilot.full_by_bound else ""),
                   soft_wrap=True)

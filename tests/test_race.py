@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from isoflop_cli.cli import app
 from isoflop_cli.race import analysis
-from isoflop_cli.race.pilot import PilotSpec, derive
+from isoflop_cli.errors import ConfigError
+from isoflop_cli.race.pilot import MIN_STEPS, Level, PilotSpec, derive, expand_levels, levels
 
 runner = CliRunner()
 RHO = {1: 0.77, 2: 0.885, 4: 0.935}  # rho of algo.epochs 1, 2, 4 on the embedded model, roughly
@@ -158,7 +159,8 @@ def test_bad_input_before_any_compute(tmp_path):
     one_error_line(runner.invoke(app, ["race-pilot", "--from-results", str(tmp_path / "nope.parquet")]), "nope.parquet")
     one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--target", "judge"]), "eval.judges")
     one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--metric", "judge_score"]), "judge_score")
-    one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--epochs", "1"]), "--epochs")
+    one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--updates", "1"]), "--updates")
+    one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--updates", "0.5,1"]), "--updates")
     assert not any(tmp_path.iterdir())
     path = tmp_path / "r.parquet"
     results("flat").drop(columns=["rho"]).to_parquet(path)
@@ -176,23 +178,27 @@ def test_pilot_above_the_cap_is_refused_with_exit_2(tmp_path):
     assert forced.exit_code == 0, forced.output
 
 
-@pytest.mark.slow  # plans two 20-cell pilots: ~10 s
+@pytest.mark.slow  # plans two 16-cell pilots: ~10 s
 def test_pilot_derivation_on_the_embedded_default():
     pilot = derive(None, ["task=arith-steps", "+grid.axes={reward:[sparse,prm]}"], PilotSpec())
     feasible = [c for c in pilot.cells if c.feasible]
-    assert len(feasible) == 20 and pilot.rewards == ["sparse", "prm"]
-    assert {c.axes["algo.epochs"] for c in feasible} == {0.25, 0.5, 1, 2, 4} and {c.axes["n"] for c in feasible} == set(pilot.n_levels)
+    assert pilot.levels == [Level(16, 1), Level(8, 2), Level(4, 4), Level(2, 8)] and pilot.rewards == ["sparse", "prm"]
+    assert len(feasible) == len(pilot.cells) == 16 and len({c.run_id for c in feasible}) == 16  # 4 levels x 2 seeds x 2 rewards
+    assert {(c.axes["n"], c.axes["algo.epochs"]) for c in feasible} == {(lv.n, lv.updates) for lv in pilot.levels}
     assert all(c.plan.column == "flops_total" and c.plan.limit == max(pilot.budgets) for c in feasible)
     assert 0 < pilot.share <= 0.25 and len(pilot.budgets) in (1, 2, 3)
-    assert pilot.share <= 0.101 or any("above the 10% target" in note for note in pilot.notes)  # 4 steps a cell can cost more: said
+    assert pilot.steps(min(pilot.budgets))[0] >= MIN_STEPS  # every cell's slope past the warm-up, at the plan's bound
+    assert pilot.share <= 0.101 or any("above the 10% target" in note for note in pilot.notes)
     assert pilot.cfg.name == "default-pilot"
-    rho = {e: np.mean([c.plan.predicted_flops["rho"] for c in feasible if c.axes["algo.epochs"] == e]) for e in (0.25, 0.5, 1, 2, 4)}
-    assert rho[0.25] < rho[0.5] < rho[1] < rho[2] < rho[4]  # the levels move rho, below and above one epoch's
+    for reward in pilot.rewards:
+        rho = [np.mean([c.plan.predicted_flops["rho"] for c in feasible if c.axes["algo.epochs"] == lv.updates and c.axes["reward"] == reward])
+               for lv in pilot.levels]
+        assert rho == sorted(rho)  # more updates per batch, fewer rollouts: rho rises
     again = derive(None, ["task=arith-steps", "+grid.axes={reward:[sparse,prm]}"], PilotSpec())
     assert [c.run_id for c in again.cells] == [c.run_id for c in pilot.cells]  # same command, same pilot: it resumes
-    # The default sweep's pilot meets its 10% target (a probe budget at the cap on a run's FLOPs once
-    # made its largest cells infeasible, and the pilot 14.3%).
-    assert 0.09 <= derive(None, [], PilotSpec()).share <= 0.101
+    # The default sweep's pilot meets its 10% target, two budgets of 12-15 and 25-30 steps a cell at the plan's bound.
+    default = derive(None, [], PilotSpec())
+    assert 0.09 <= default.share <= 0.101 and default.steps(min(default.budgets))[0] >= MIN_STEPS
 
 
 def test_several_models_are_validated_leave_one_model_out():
@@ -225,7 +231,9 @@ INTERIOR_RHO = [0.2, 0.3, 0.45, 0.6, 0.72, 0.85, 0.95]  # allocation levels span
 
 def interior_results(optima: dict[str, float], seed: int = 0, noise: float = 0.005, reps: int = 2) -> pd.DataFrame:
     """The second seed study's finding: the target peaks inside the rho range, at 0.72 for a
-    rule-based reward and 0.45 for a PRM (whose peak is lower, so it is not reward-heavy)."""
+    rule-based reward and 0.45 for a PRM (whose peak is lower, so it is not reward-heavy). Quadratic
+    in log2 rho, not in the log-odds the analysis fits in. Shaped as an earlier pilot's results:
+    algo.epochs levels 1/8 to 8, n a replicate."""
     rng = np.random.default_rng(seed)
     rows = []
     for reward, best in optima.items():
@@ -235,7 +243,7 @@ def interior_results(optima: dict[str, float], seed: int = 0, noise: float = 0.0
                     growth = np.log2(c / (BUDGET / 8)) / 3 if c else 0.0
                     peak = 0.5 if reward == "sparse" else 0.4
                     y = 0.3 + (peak - 0.3 - 0.2 * (np.log2(rho) - np.log2(best)) ** 2) * growth + (rng.normal(0, noise) if c else 0.0)
-                    rows.append({"run_id": f"{reward}_l{level}_r{rep}", "reward": reward, "algo.epochs": level, "n": 8, "step": step,
+                    rows.append({"run_id": f"{reward}_l{level}_r{rep}", "reward": reward, "algo.epochs": 2.0 ** (level - 4), "n": 4 * (rep + 1), "step": step,
                                  "rho": rho if c else np.nan, "flops_total": c * (1 + 0.03 * rng.random()),
                                  "flops_reward": 0.1 * c if reward == "prm" else 0.0, "val_native": y, "val_avg@k": y})
     return pd.DataFrame(rows)
@@ -247,11 +255,12 @@ def test_interior_optima_are_read_as_interior(tmp_path):
     for reward, best in (("sparse", 0.72), ("prm", 0.45)):
         entry = by_reward[reward]
         assert entry["regime"] == "interior" and entry["curve"] == "quadratic", entry["why"]
-        assert abs(entry["optimum_rho"] - best) < 0.05
+        assert abs(analysis.log_odds(entry["optimum_rho"]) - analysis.log_odds(best)) <= 0.45  # half a level: 0.76 and 0.49 here
         low, high = entry["optimum_interval90"]
         assert INTERIOR_RHO[0] < low <= entry["optimum_rho"] <= high < INTERIOR_RHO[-1]
+        assert "algo.epochs" in entry["optimum_units"] and "n" not in entry["optimum_units"]  # earlier pilots' n was a replicate, not a lever
     rec = report["recommendation"]
-    assert rec["reward"] == "sparse" and rec["regime"] == "interior" and abs(rec["optimum_rho"] - 0.72) < 0.05
+    assert rec["reward"] == "sparse" and rec["regime"] == "interior" and rec["optimum_rho"] == by_reward["sparse"]["optimum_rho"]
     assert min(rec["rho_range"]) <= rec["optimum_rho"] <= max(rec["rho_range"]) and len(rec["algo.epochs"]) <= 3
     assert "interior" in result.output and "optimum" in (tmp_path / "race" / "race.md").read_text()
 
@@ -273,3 +282,115 @@ def test_validate_with_full_scale_results(tmp_path):
     assert disagree["same_regime_rate"] == 0.0 and "against full-scale results: 0%" in (tmp_path / "disagree" / "race" / "race.md").read_text()
     bad = runner.invoke(app, ["race-pilot", "--from-results", str(full), "--validate-with", str(tmp_path / "nope.parquet")])
     assert bad.exit_code == 2 and "nope.parquet" in bad.output
+
+
+# ---------------------------------------------------------------------------------------------
+# The pilot's levels: (n, updates per batch) pairs, n x updates fixed
+
+
+def test_levels_pair_n_with_updates_at_fixed_completions_learned():
+    assert levels([1, 2, 4, 8], [2, 4, 8, 16]) == [Level(16, 1), Level(8, 2), Level(4, 4), Level(2, 8)]
+    assert levels([1, 2, 4, 8], [2]) == levels([1, 2, 4, 8], [16])  # N at least 2 x the largest count: every group keeps two completions
+    assert levels([1, 3], [4]) == [Level(6, 1), Level(2, 3)]  # N a multiple of every count
+    for bad in ([0.25, 0.5, 1], [1, 1], [2]):
+        with pytest.raises(ConfigError, match="--updates"):
+            PilotSpec(updates=bad).check()
+
+
+def test_levels_at_n_2_are_distinct_runs_with_distinct_rho():
+    """Once `algo.epochs` 0.25 and 0.5 at n = 2 were one run (each trained on one completion of
+    two). Now a sweep of n = 2 alone still gets four levels, each a run of its own n and updates,
+    learning from the same 16 completions a prompt, with rho rising with the updates."""
+    lv = levels([1, 2, 4, 8], [2])
+    _, cells = expand_levels(None, ["grid.n=[16,8,4,2]", "grid.B_p=[2]", "grid.budget.unit=flops", "grid.budgets=[1e11]",
+                                    "+grid.axes={algo.epochs:[1,2,4,8]}"], lv)
+    assert [(c.axes["n"], c.axes["algo.epochs"]) for c in cells] == [(16, 1), (8, 2), (4, 4), (2, 8)]
+    assert len({c.run_id for c in cells}) == 4
+    rho = [c.plan.predicted_flops["rho"] for c in cells]
+    assert rho == sorted(rho) and len(set(np.round(rho, 3))) == 4
+    gaps = np.diff([analysis.log_odds(r) for r in rho])
+    assert gaps.max() / gaps.min() < 1.5  # evenly spread where the analysis fits (log2 rho: gaps 0.30 to 0.08 once)
+
+
+# The default pilot's levels: (n, updates, rho) from its plan on the embedded model.
+PILOT_LEVELS = [(16, 1, 0.781), (8, 2, 0.892), (4, 4, 0.938), (2, 8, 0.966)]
+
+
+def asymmetric(x: np.ndarray, best: float, tau: float = 1.0) -> np.ndarray:
+    """A peak at `best` that is not quadratic in x: a gain saturating with x less a linear cost,
+    steep below the peak and shallow above it."""
+    return -tau * np.exp(-(x - best) / tau) - (x - best) + tau
+
+
+def pilot_results(truth, seed: int = 0, noise: float = 0.005, rewards=("sparse",), reward_share: float = 0.0) -> pd.DataFrame:
+    """Results shaped as the default pilot's: its four levels x two seeds per reward, eval points at
+    0, B/4, B/2 and B. The target moves by `truth(x)` x its growth with compute, x the log-odds of
+    rho; a `prm` spends `reward_share` of its FLOPs on rewards (its rho is that much lower)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for reward in rewards:
+        share = reward_share if reward == "prm" else 0.0
+        for n, updates, rho_nr in PILOT_LEVELS:
+            rho = rho_nr * (1 - share)
+            for rep in range(2):
+                run_effect = rng.normal(0, noise / 2)
+                for step, c in enumerate([0.0, BUDGET / 4, BUDGET / 2, BUDGET]):
+                    growth = np.log2(c / (BUDGET / 8)) / 3 if c else 0.0
+                    y = 0.3 + 0.05 * growth + truth(analysis.log_odds(rho)) * growth + ((run_effect + rng.normal(0, noise)) if c else 0.0)
+                    rows.append({"run_id": f"{reward}_n{n}_u{updates}_s{rep}", "reward": reward, "algo.epochs": updates, "n": n, "seed": rep,
+                                 "step": step, "rho": rho if c else np.nan, "flops_total": c * (1 + 0.03 * rng.random()),
+                                 "flops_reward": share * c, "val_avg@k": y, "val_native": y})
+    return pd.DataFrame(rows)
+
+
+def test_an_asymmetric_peak_is_found_in_rho_without_reward_and_in_the_levers_units():
+    """Known truth not quadratic in the fitted coordinate: a peak halfway between the levels of 2 and
+    4 updates per batch (x = 3.49: rho 0.918, updates 2.83, n 5.66). Tolerance: half a level's
+    spacing in x (0.45 here), a factor 1.4 in updates and n."""
+    x = [analysis.log_odds(r) for _, _, r in PILOT_LEVELS]
+    best = (x[1] + x[2]) / 2
+    data = analysis.collect(pilot_results(lambda v: 0.05 * asymmetric(v, best)), "val_native", None)
+    [entry] = analysis.decide(data, "native", 200)
+    assert entry["regime"] == "interior", entry["why"]
+    assert abs(analysis.log_odds(entry["optimum_rho"]) - best) <= 0.45
+    units = entry["optimum_units"]
+    assert units["rho_no_reward"]["value"] == pytest.approx(entry["optimum_rho"], abs=1e-9)  # a rule-based reward spends no reward FLOPs
+    assert 2 ** 1.5 / 1.4 <= units["algo.epochs"]["value"] <= 2 ** 1.5 * 1.4
+    assert units["n"]["value"] * units["algo.epochs"]["value"] == pytest.approx(16)  # the pilot's pairs hold n x updates
+    for unit, (lowest, highest) in (("algo.epochs", (1, 8)), ("n", (2, 16))):
+        low, high = units[unit]["interval90"]
+        assert lowest < low <= units[unit]["value"] <= high < highest
+
+
+def test_the_optimum_without_reward_flops_undoes_the_reward_share():
+    """A PRM spending 20% of its FLOPs on rewards: the same peak in rho without them, lower in rho."""
+    x_nr = [analysis.log_odds(r) for _, _, r in PILOT_LEVELS]
+    best_nr = (x_nr[1] + x_nr[2]) / 2
+    to_nr = lambda v: analysis.log_odds(analysis.rho_of(v) / 0.8)  # noqa: E731
+    data = analysis.collect(pilot_results(lambda v: 0.05 * asymmetric(np.vectorize(to_nr)(v), best_nr), rewards=("prm",), reward_share=0.2),
+                            "val_native", None)
+    [entry] = analysis.decide(data, "native", 200)
+    assert entry["regime"] == "interior", entry["why"]
+    rho_nr = entry["optimum_units"]["rho_no_reward"]["value"]
+    assert rho_nr == pytest.approx(entry["optimum_rho"] / 0.8, rel=0.01)
+    assert abs(analysis.log_odds(rho_nr) - best_nr) <= 0.45
+
+
+def test_a_flat_truth_on_the_pilots_levels_claims_no_optimum():
+    """Null: over 30 noise draws on the pilot's levels with no effect of rho, no interior optimum,
+    and a regime named at most twice."""
+    entries = [analysis.decide(analysis.collect(pilot_results(lambda v: 0.0 * v, seed=s), "val_native", None), "native", 100, s)[0]
+               for s in range(30)]
+    assert not any(e["regime"] == "interior" for e in entries)
+    assert sum(e["regime"] != "undetermined" for e in entries) <= 2
+
+
+def test_undetermined_on_both_sides_is_not_agreement(tmp_path):
+    assert analysis.agreement([("undetermined", "undetermined")]) == (None, 1)
+    assert analysis.agreement([("update-heavy", "update-heavy"), ("undetermined", "undetermined"), ("undetermined", "search-heavy")]) == (0.5, 1)
+    full = tmp_path / "full.parquet"
+    results("flat", seed=7).to_parquet(full)
+    report, _ = race(results("flat"), tmp_path / "flat", "--validate-with", str(full))
+    assert report["regimes"][0]["regime"] == "undetermined" and report["validation"]["full_scale"]["full_regimes"] == {"sparse": "undetermined"}
+    assert report["same_regime_rate"] is None and report["loo_same_regime_rate"] is None  # was 100% for both
+    assert "no regime to agree on" in (tmp_path / "flat" / "race" / "race.md").read_text()

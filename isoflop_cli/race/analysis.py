@@ -1,7 +1,11 @@
 """RACE analysis: the regime a pilot grid shows, and how much to trust it.
 
 Each run is read at a few FLOP budgets (linear in log compute between its eval points), giving one
-point (x = log2 rho, y = target) per run, budget and model (a *slice*). Per reward system, three
+point (x, y = target) per run, budget and model (a *slice*). x is the log-odds of rho, log2(rho /
+(1 - rho)) = log2(C_learning / (C_search + C_reward)): one more update per batch's worth of
+learning moves it by about the same step wherever it starts (doubling the pilot's updates adds
+about 1), where log2 rho crowds the high-rho levels together (0.30, 0.23, 0.19, 0.08 apart for
+epochs 0.25 to 4). Per reward system, three
 local response curves of y against x are fitted in every slice (constant, log-linear, quadratic),
 and the curve is chosen by pooled leave-one-out error with the one-standard-error rule: a richer
 curve is kept only when it beats the simpler one by more than the noise of the LOO errors. The
@@ -13,7 +17,9 @@ so: the constant curve is beaten and the interval excludes 0. Otherwise it is `u
 is the optimum rho, and each bootstrap replicate gives one (a replicate whose curve peaks at an end
 of the range counts as that end). When the 90% interval of the optimum lies strictly inside the
 pilot's rho range, the target peaks there: the regime is `interior`, with `optimum_rho` and its
-interval. A monotone target has no optimum (null).
+interval, and the same optimum in rho without reward FLOPs and in the lever's own units (updates
+per batch and n), read off the levels between which it falls. A monotone target has no optimum
+(null).
 
 Reward-heavy is the same test between reward systems: at equal compute (the same slice), does a
 model-based reward (one that spends reward FLOPs: a learned PRM) beat the best rule-based one?
@@ -31,18 +37,19 @@ from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import bootstrap
 from isoflop_cli.rewards import REWARDS
 
-CURVES = {"constant": 0, "log-linear": 1, "quadratic": 2}  # polynomial degree in x = log2 rho
+CURVES = {"constant": 0, "log-linear": 1, "quadratic": 2}  # polynomial degree in x = log2(rho / (1 - rho))
 SEARCH, UPDATE, REWARD, UNDETERMINED = "search-heavy", "update-heavy", "reward-heavy", "undetermined"
 INTERIOR = "interior"  # the target peaks inside the pilot's rho range (the second seed study's finding)
-LEVEL_COLUMNS = ("algo.epochs", "algo.minibatches")  # the pilot's allocation levels, where results name them
 REACH = 1.5  # a run is read at a budget up to this factor beyond its first or last eval point
+BANDWIDTH = 0.75  # the optimum's local quadratic weighs points by a normal kernel of this sd in x (about 3/4 of a level)
+LOCAL_STEPS = 3  # ... re-centred on its own vertex this many times
 
 
 @dataclass
 class Data:
     """The points of the analysis and what they came from."""
 
-    points: pd.DataFrame  # run, reward, model, budget, slice, level, epochs, rho, x, y
+    points: pd.DataFrame  # run, reward, model, budget, slice, n, epochs, rho, x, x_no_reward, y
     metric: str
     budgets: list[float]
     model_based: list[str]  # reward systems that spend reward FLOPs
@@ -60,9 +67,20 @@ def infer_budgets(df: pd.DataFrame, count: int) -> list[float]:
     return sorted(top / 2**j for j in range(count))
 
 
-def read_at(run: pd.DataFrame, budget: float, metric: str) -> tuple[float, float] | None:
-    """(target, rho) of one run at `budget` FLOPs: linear in log compute between the eval points that
-    bracket it, or the nearest eval point within a factor REACH; None when the run does not get there."""
+def log_odds(rho: float) -> float:
+    """The fitting coordinate of a rho: log2(rho / (1 - rho)), NaN where rho is or is outside (0, 1)."""
+    return float(np.log2(rho) - np.log2(1 - rho)) if 0 < rho < 1 else float("nan")
+
+
+def rho_of(x: float) -> float:
+    """The rho of a fitting coordinate (the inverse of `log_odds`)."""
+    return float(1 / (1 + 2.0**-x))
+
+
+def read_at(run: pd.DataFrame, budget: float, metric: str) -> tuple[float, float, float] | None:
+    """(target, rho, rho without reward FLOPs) of one run at `budget` FLOPs: linear in log compute
+    between the eval points that bracket it, or the nearest eval point within a factor REACH; None
+    when the run does not get there. The third is NaN where the run has no `_rho_no_reward`."""
     rows = run[(run["flops_total"] > 0)].dropna(subset=[metric, "rho"]).sort_values("flops_total")
     if rows.empty:
         return None
@@ -70,9 +88,16 @@ def read_at(run: pd.DataFrame, budget: float, metric: str) -> tuple[float, float
     target = np.log(budget)
     if not log_c[0] - np.log(REACH) <= target <= log_c[-1] + np.log(REACH):
         return None
-    y = float(np.interp(target, log_c, rows[metric].to_numpy(float)))
-    rho = float(np.interp(target, log_c, rows["rho"].to_numpy(float)))
-    return y, rho
+    at = lambda col: float(np.interp(target, log_c, rows[col].to_numpy(float))) if col in rows else float("nan")  # noqa: E731
+    return at(metric), at("rho"), at("_rho_no_reward")
+
+
+def rho_no_reward(df: pd.DataFrame) -> pd.Series:
+    """Per row, C_learning / (C_search + C_learning): rho with the reward FLOPs taken out of the
+    total, as a reward system that spends none would count it (NaN without a flops_reward column)."""
+    if "flops_reward" not in df.columns:
+        return pd.Series(np.nan, index=df.index)
+    return df["rho"] * df["flops_total"] / (df["flops_total"] - pd.to_numeric(df["flops_reward"], errors="coerce"))
 
 
 def model_based_rewards(df: pd.DataFrame) -> list[str]:
@@ -82,14 +107,6 @@ def model_based_rewards(df: pd.DataFrame) -> list[str]:
         spent = df.groupby("reward")["flops_reward"].max()
         return sorted(str(r) for r, f in spent.items() if f > 0)
     return sorted(str(r) for r in df["reward"].unique() if str(r) in REWARDS and REWARDS[str(r)].model_based)
-
-
-def level_of(df: pd.DataFrame) -> pd.Series:
-    """A label per row of its allocation level, from the level columns the results have (else none)."""
-    cols = [c for c in LEVEL_COLUMNS if c in df.columns]
-    if not cols:
-        return pd.Series("", index=df.index)
-    return df[cols].astype(str).agg("x".join, axis=1)
 
 
 def collect(df: pd.DataFrame, metric: str, budgets: list[float] | None, count: int = 3) -> Data:
@@ -103,21 +120,21 @@ def collect(df: pd.DataFrame, metric: str, budgets: list[float] | None, count: i
         raise ConfigError(f"results column {metric} has no numeric values")
     budgets = sorted(budgets) if budgets else infer_budgets(df, count)
     models = df["model"].astype(str) if "model" in df.columns else pd.Series("", index=df.index)
-    epochs = pd.to_numeric(df["algo.epochs"], errors="coerce") if "algo.epochs" in df.columns else pd.Series(np.nan, index=df.index)
-    df = df.assign(_model=models, _level=level_of(df), _epochs=epochs)
+    number = lambda col: pd.to_numeric(df[col], errors="coerce") if col in df.columns else pd.Series(np.nan, index=df.index)  # noqa: E731
+    df = df.assign(_model=models, _n=number("n"), _epochs=number("algo.epochs"), _rho_no_reward=rho_no_reward(df))
     several_models = df["_model"].nunique() > 1
     rows = []
     for run_id, run in df.groupby("run_id", sort=True):
         first = run.iloc[0]
         for budget in budgets:
             got = read_at(run, budget, metric)
-            if got is None or not got[1] > 0:
+            if got is None or not 0 < got[1] < 1:
                 continue
-            y, rho = got
+            y, rho, rho_nr = got
             label = f"{budget:.3g}" + (f" {first['_model']}" if several_models else "")
-            rows.append({"run": str(run_id), "reward": str(first["reward"]), "model": first["_model"], "budget": budget,
-                         "slice": label, "level": first["_level"], "epochs": first["_epochs"], "rho": rho, "x": float(np.log2(rho)), "y": y})
-    points = pd.DataFrame(rows, columns=["run", "reward", "model", "budget", "slice", "level", "epochs", "rho", "x", "y"])
+            rows.append({"run": str(run_id), "reward": str(first["reward"]), "model": first["_model"], "budget": budget, "slice": label,
+                         "n": first["_n"], "epochs": first["_epochs"], "rho": rho, "x": log_odds(rho), "x_no_reward": log_odds(rho_nr), "y": y})
+    points = pd.DataFrame(rows, columns=["run", "reward", "model", "budget", "slice", "n", "epochs", "rho", "x", "x_no_reward", "y"])
     if points.empty:
         raise ConfigError(f"no run reaches the budgets {', '.join(f'{b:.3g}' for b in budgets)} FLOPs with a value of {metric}")
     read = [b for b in budgets if (points["budget"] == b).any()]
@@ -215,35 +232,36 @@ def trend(s: Slices, counts: np.ndarray) -> dict:
     regime = UNDETERMINED
     if curve != "constant" and band is not None:
         regime = UPDATE if band[0] > 0 else SEARCH if band[1] < 0 else UNDETERMINED
-    optimum, optimum_band = (optimum_rho(s, counts) if degree == 2 else (None, None))
+    optimum, optimum_band = (optimum_x(s, counts) if degree == 2 else (None, None))
     if optimum_band is not None and optimum_band[0] > min(x.min() for x in s.x) and optimum_band[1] < max(x.max() for x in s.x):
         regime = INTERIOR
     params = {}
     for name, x, y, run in zip(s.names, s.x, s.y, s.run):
         coef = fit_weighted(x, y, np.ones((1, x.size)), degree)[0]
-        params[name] = {"coef": [float(c) for c in coef], "rho_range": [float(2 ** x.min()), float(2 ** x.max())], "points": int(x.size)}
+        params[name] = {"coef": [float(c) for c in coef], "rho_range": [rho_of(x.min()), rho_of(x.max())], "points": int(x.size)}
         if degree == 2 and coef[2] < 0 and x.min() < -coef[1] / (2 * coef[2]) < x.max():
-            params[name]["optimum_rho"] = float(2 ** (-coef[1] / (2 * coef[2])))
+            params[name]["optimum_rho"] = rho_of(-coef[1] / (2 * coef[2]))
     why = {UNDETERMINED: "the constant curve is not beaten by more than the noise" if curve == "constant"
            else "the effect's 90% interval covers 0" if band is not None else "too few runs for a bootstrap interval",
            UPDATE: "the target rises toward higher rho", SEARCH: "the target rises toward lower rho (more rollouts)",
            INTERIOR: "the target peaks inside the rho range (the optimum's 90% interval excludes both ends)"}[regime]
-    rho = lambda v: float(2**v)  # noqa: E731
     return {"regime": regime, "curve": curve, "effect": effect, "interval90": band, "loo": loo, "params": params, "why": why,
-            "optimum_rho": rho(optimum) if optimum is not None else None,
-            "optimum_interval90": [rho(v) for v in optimum_band] if optimum is not None and optimum_band is not None else None}
+            "optimum_x": optimum, "optimum_x_interval90": optimum_band if optimum is not None else None}
 
 
-def optimum_rho(s: Slices, counts: np.ndarray) -> tuple[float | None, list[float] | None]:
-    """log2 of the rho where the slice-averaged quadratic peaks, on the data (None where it does not
-    peak inside the range every slice covers) and its 90% bootstrap interval (a replicate peaking at
+def optimum_x(s: Slices, counts: np.ndarray) -> tuple[float | None, list[float] | None]:
+    """The x (log-odds of rho) where the slice-averaged quadratic peaks (`local`), on the data (None where
+    it does not peak inside the range every slice covers) and its 90% bootstrap interval (a replicate peaking at
     or beyond an end counts as that end; None with too few replicates)."""
     low, high = max(x.min() for x in s.x), min(x.max() for x in s.x)
     if not low < high:
         return None, None
 
-    def vertices(weights: np.ndarray) -> np.ndarray:
-        coef = np.mean([fit_weighted(x, y, weights[:, run].astype(float), 2) for x, y, run in zip(s.x, s.y, s.run)], axis=0)  # (B, 3)
+    def vertices(weights: np.ndarray, centre: np.ndarray | None) -> np.ndarray:
+        """Per replicate, where the slice-averaged quadratic peaks in the range, its points weighted
+        by a kernel around `centre` (none: all alike)."""
+        near = (lambda x: np.exp(-0.5 * ((x[None, :] - centre[:, None]) / BANDWIDTH) ** 2)) if centre is not None else (lambda x: 1.0)  # noqa: E731
+        coef = np.mean([fit_weighted(x, y, weights[:, run] * near(x), 2) for x, y, run in zip(s.x, s.y, s.run)], axis=0)  # (B, 3)
         with np.errstate(divide="ignore", invalid="ignore"):
             vertex = -coef[:, 1] / (2 * coef[:, 2])
         peak_inside = (coef[:, 2] < 0) & (vertex > low) & (vertex < high)
@@ -252,10 +270,54 @@ def optimum_rho(s: Slices, counts: np.ndarray) -> tuple[float | None, list[float
         at_end = np.where(value(high) >= value(low), high, low)
         return np.where(np.isnan(coef[:, 2]), np.nan, np.where(peak_inside, vertex, at_end))
 
-    data = vertices(np.ones((1, counts.shape[1])))[0]
+    def local(weights: np.ndarray) -> np.ndarray:
+        """The global vertex, refined LOCAL_STEPS times by a quadratic weighted around the last one:
+        a truth that is not quadratic in x (an asymmetric peak) pulls a quadratic over the whole
+        range off its peak, by up to a level's spacing on seven levels; the local one stays within
+        about half of it."""
+        vertex = vertices(weights.astype(float), None)
+        for _ in range(LOCAL_STEPS):
+            vertex = np.where(np.isnan(vertex), np.nan, vertices(weights.astype(float), np.nan_to_num(vertex)))
+        return vertex
+
+    data = local(np.ones((1, counts.shape[1])))[0]
     inside = low < data < high
-    band = interval(vertices(counts))
+    band = interval(local(counts))
     return (float(data) if inside else None), band
+
+
+UNITS = {"rho_no_reward": rho_of, "algo.epochs": np.exp2, "n": np.exp2}  # each unit's column in `level_table`, and back from it
+
+
+def level_table(pts: pd.DataFrame) -> pd.DataFrame:
+    """Per allocation level of one reward system, sorted by x: the medians of x and of the units an
+    optimum is read in (x without reward FLOPs; log2 algo.epochs; log2 n, where each level has one n:
+    the pilot's pairs, not earlier pilots' levels, whose n was a replicate). A level is the runs of
+    one algo.epochs, or each run where results do not name it (then x without reward FLOPs only)."""
+    key = "epochs" if pts["epochs"].notna().all() else "run"
+    levels = pts.groupby(key)
+    table = pd.DataFrame({"x": levels["x"].median(), "rho_no_reward": levels["x_no_reward"].median()})
+    if key == "epochs":
+        table["algo.epochs"] = np.log2(levels["epochs"].median())
+        if (levels["n"].nunique() == 1).all():
+            table["n"] = np.log2(levels["n"].median())
+    return table.sort_values("x")
+
+
+def optimum_units(pts: pd.DataFrame, x: float | None, band: list[float] | None) -> dict | None:
+    """An optimum at `x` (and its 90% interval) in rho without reward FLOPs and in the lever's own
+    units (updates per batch, n), each linear in x between the levels that bracket it (an end level's
+    value beyond them); the units `level_table` has. None without an optimum."""
+    if x is None:
+        return None
+    table = level_table(pts)
+    units = {}
+    for unit, back in UNITS.items():
+        if unit in table and table[unit].notna().all():
+            def at(v: float, column=table[unit].to_numpy(float), back=back) -> float:
+                return float(back(np.interp(v, table["x"].to_numpy(float), column)))
+            units[unit] = {"value": at(x), "interval90": sorted(at(v) for v in band) if band else None}  # n falls as x rises
+    return units
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,9 +395,10 @@ def decide(data: Data, target: str, n_boot: int = 200, seed: int = 0) -> list[di
     for reward, pts in data.points.groupby("reward", sort=True):
         t = trend(Slices.of(pts, data.runs), boot)
         gap = reward_gap(data, reward, counts) if reward in data.model_based else None
+        x, band = t.get("optimum_x"), t.get("optimum_x_interval90")
         entry = {"reward": reward, "target": target, "metric": data.metric,
-                 **{k: t[k] for k in ("regime", "curve", "effect", "interval90")}, "optimum_rho": t.get("optimum_rho"),
-                 "optimum_interval90": t.get("optimum_interval90"),
+                 **{k: t[k] for k in ("regime", "curve", "effect", "interval90")}, "optimum_rho": rho_of(x) if x is not None else None,
+                 "optimum_interval90": [rho_of(v) for v in band] if band else None, "optimum_units": optimum_units(pts, x, band),
                  "basis": "rho", "why": t["why"], "rho_regime": t["regime"], "loo": t.get("loo"), "params": t.get("params"),
                  "model_based": reward in data.model_based, "runs": int(pts["run"].nunique())}
         if gap is not None:
@@ -347,34 +410,45 @@ def decide(data: Data, target: str, n_boot: int = 200, seed: int = 0) -> list[di
     return entries
 
 
+def agreement(pairs: list[tuple[str, str]]) -> tuple[float | None, int]:
+    """The share of paired calls (the pilot's, another's) that name the same regime, and how many
+    pairs were left out of it: those `undetermined` on both sides, which is no regime found twice,
+    not a regime confirmed. None where every pair is such (or there are none)."""
+    named = [(a, b) for a, b in pairs if not a == b == UNDETERMINED]
+    return (sum(a == b for a, b in named) / len(named) if named else None), len(pairs) - len(named)
+
+
 def validate(data: Data, target: str, entries: list[dict], n_boot: int = 100, seed: int = 0) -> dict:
     """The same decision from subsets: leave one budget out (and one model out, with several models).
 
-    Returns the leave-one-out same-regime rate over every (subset, reward system) pair, and each
-    subset's regimes: how stable the pilot's call is within the pilot, not whether it holds at full
-    scale (that is `same_regime` against full-scale results).
+    Returns the leave-one-out same-regime rate over the (subset, reward system) pairs (`agreement`),
+    and each subset's regimes: how stable the pilot's call is within the pilot, not whether it holds
+    at full scale (that is `same_regime` against full-scale results).
     """
     full = {e["reward"]: e["regime"] for e in entries}
     subsets = [("budget", b, data.points["budget"] != b) for b in data.budgets] if len(data.budgets) > 1 else []
     if data.points["model"].nunique() > 1:
         subsets += [("model", m, data.points["model"] != m) for m in sorted(data.points["model"].unique())]
-    checks = []
+    checks, pairs = [], []
     for kind, left_out, keep in subsets:
         pts = data.points[keep]
         sub = Data(pts, data.metric, [b for b in data.budgets if kind != "budget" or b != left_out], data.model_based, sorted(pts["run"].unique()))
         regimes = {e["reward"]: e["regime"] for e in decide(sub, target, n_boot, seed)}
-        checks.append({"left_out": {kind: left_out}, "regimes": regimes, "same": sum(regimes.get(r) == g for r, g in full.items())})
-    total = len(checks) * len(full)
-    rate = sum(c["same"] for c in checks) / total if total else None
-    why = None if checks else "one budget and one model: no subset to leave out"
-    return {"loo_same_regime_rate": rate, "subsets": checks, "why": why}
+        these = [(g, regimes.get(r, UNDETERMINED)) for r, g in full.items()]
+        pairs += these
+        checks.append({"left_out": {kind: left_out}, "regimes": regimes, "same": sum(a == b != UNDETERMINED for a, b in these)})
+    rate, both_undetermined = agreement(pairs)
+    why = (None if rate is not None else "one budget and one model: no subset to leave out" if not checks
+           else "undetermined with and without every subset: no regime to agree on")
+    return {"loo_same_regime_rate": rate, "subsets": checks, "both_undetermined": both_undetermined, "why": why}
 
 
 def same_regime(entries: list[dict], full: Data, target: str, n_boot: int = 100, seed: int = 0) -> dict:
     """The second seed study's same-regime rate: the pilot's call per reward system against the call
-    the same analysis makes on full-scale results (`--validate-with`)."""
+    the same analysis makes on full-scale results (`--validate-with`), as `agreement` counts it."""
     calls = {e["reward"]: e["regime"] for e in decide(full, target, n_boot, seed)}
     shared = [e["reward"] for e in entries if e["reward"] in calls]
-    rate = sum(calls[r] == next(e["regime"] for e in entries if e["reward"] == r) for r in shared) / len(shared) if shared else None
-    return {"same_regime_rate": rate, "full_regimes": calls, "rewards_compared": shared,
-            "why": None if shared else "the full-scale results share no reward system with the pilot"}
+    rate, both_undetermined = agreement([(e["regime"], calls[e["reward"]]) for e in entries if e["reward"] in calls])
+    why = (None if rate is not None else "the full-scale results share no reward system with the pilot" if not shared
+           else "undetermined in the pilot and at full scale for every reward system: no regime to agree on")
+    return {"same_regime_rate": rate, "full_regimes": calls, "rewards_compared": shared, "both_undetermined": both_undetermined, "why": why}

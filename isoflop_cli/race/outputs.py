@@ -18,7 +18,7 @@ from rich.text import Text  # noqa: E402
 from isoflop_cli.fit.outputs import jsonable  # noqa: E402
 from isoflop_cli.fit.plots import palette, save  # noqa: E402
 from isoflop_cli.fit.report import fmt  # noqa: E402
-from isoflop_cli.race.analysis import CURVES, Data, predict  # noqa: E402
+from isoflop_cli.race.analysis import CURVES, Data, predict, rho_of  # noqa: E402
 from isoflop_cli.store import atomic_write, write_json  # noqa: E402
 
 CAVEAT = ("The pilot identifies a regime; it does not guarantee a held-out gain. It reads small budgets of a few runs: "
@@ -46,13 +46,14 @@ def plot(report: dict, data: Data, out: Path) -> list[Path]:
             params = (entry.get("params") or {}).get(name)
             if params:
                 x = np.linspace(g["x"].min(), g["x"].max(), 50)
-                ax.plot(2**x, predict(np.array(params["coef"]), x), color=colour[name], lw=1.4)
+                ax.plot([rho_of(v) for v in x], predict(np.array(params["coef"]), x), color=colour[name], lw=1.4)
         if entry.get("optimum_rho") is not None:
             if entry.get("optimum_interval90"):
                 ax.axvspan(*entry["optimum_interval90"], color="0.85", zorder=0, label="optimum, 90%")
             ax.axvline(entry["optimum_rho"], color="k", ls="--", lw=1, label=f"optimum rho {entry['optimum_rho']:.2f}")
-        ax.set(xscale="log", xlabel="rho = C_learning / C_total", title=f"{entry['reward']}: {entry['regime']} ({entry['curve']})")
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.2f}"))
+        ax.set(xscale="logit", xlabel="rho = C_learning / C_total (log-odds scale, as fitted)", title=f"{entry['reward']}: {entry['regime']} ({entry['curve']})")
+        for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
+            axis(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.2f}"))
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel(data.metric)
     fig.suptitle("RACE pilot: a regime, not a guaranteed held-out gain", fontsize=9)
@@ -63,16 +64,18 @@ def markdown(report: dict, plots: list[str]) -> str:
     rec = report["recommendation"]
     lines = ["# RACE pilot", "", f"**{CAVEAT}**", "",
              f"Target `{report['target']}` (column `{report['metric']}`), read at budgets {', '.join(f'{b:.3g}' for b in report['budgets'])} FLOPs "
-             f"from {report['runs']} runs. Curves of the target against log2 rho per reward system and budget "
+             f"from {report['runs']} runs. Curves of the target against x = log2(rho / (1 - rho)) per reward system and budget "
              f"({', '.join(CURVES)}), chosen by leave-one-out error with the one-standard-error rule; effects with 90% intervals "
              f"from {report['bootstrap']} bootstrap resamples over runs. A regime is named only when the constant curve is beaten "
              "by more than the noise and the interval excludes 0; `interior` when the quadratic is chosen and the 90% interval of its "
-             "peak (the optimum rho) lies strictly inside the pilot's rho range.", "",
-             "| reward | regime | basis | curve | effect | 90% interval | optimum rho | 90% interval | rho regime | runs | why |",
-             "| --- | --- | --- | --- | ---: | --- | ---: | --- | --- | ---: | --- |"]
+             "peak (the optimum rho) lies strictly inside the pilot's rho range; the optimum also in rho without reward FLOPs and in the "
+             "lever's units (algo.epochs: updates per rollout batch; n), read off the pilot's levels around it.", "",
+             "| reward | regime | basis | curve | effect | 90% interval | optimum rho | 90% interval | optimum in other units [90%] | rho regime | runs | why |",
+             "| --- | --- | --- | --- | ---: | --- | ---: | --- | --- | --- | ---: | --- |"]
     for e in report["regimes"]:
         lines.append(f"| {e['reward']} | **{e['regime']}** | {e['basis']} | {e['curve']} | {fmt(e['effect'])} | {_interval(e['interval90'])} "
-                     f"| {fmt(e.get('optimum_rho'))} | {_interval(e.get('optimum_interval90'))} | {e['rho_regime']} | {e['runs']} | {e['why']} |")
+                     f"| {fmt(e.get('optimum_rho'))} | {_interval(e.get('optimum_interval90'))} | {_units(e.get('optimum_units'))} "
+                     f"| {e['rho_regime']} | {e['runs']} | {e['why']} |")
     if any(e["reward"] == "prm_proxy" for e in report["regimes"]):
         lines += ["", "`prm_proxy` checks solution steps by rule (no model FLOPs): it is not the second seed study's proxy PRM, "
                   "which is a model; that is `prm` with a small scorer."]
@@ -96,9 +99,13 @@ def markdown(report: dict, plots: list[str]) -> str:
     full = v.get("full_scale")
     lines += ["", "## Validation", "",
               f"Same-regime rate against full-scale results: {_rate(report['same_regime_rate'])}"
-              + (f" (full-scale calls: {', '.join(f'{r} {g}' for r, g in full['full_regimes'].items())})" if full else " (no full-scale results: `--validate-with PATH`)"),
+              + (f" (full-scale calls: {', '.join(f'{r} {g}' for r, g in full['full_regimes'].items())}"
+                 + (f"; {full['why']}" if full.get("why") else "") + ")" if full else " (no full-scale results: `--validate-with PATH`)"),
               "", f"Leave-one-out same-regime rate: {_rate(report['loo_same_regime_rate'])}" + (f" ({v['why']})" if v.get("why") else "")
-              + " — the decision repeated with each budget (and each model, where there are several) left out: stability within the pilot.", ""]
+              + " — the decision repeated with each budget (and each model, where there are several) left out: stability within the pilot.",
+              "", "Both rates count a pair of calls only where at least one side names a regime: `undetermined` twice is no regime "
+              f"found, not one confirmed (left out: {v['both_undetermined']} leave-one-out pairs"
+              + (f", {full['both_undetermined']} full-scale" if full else "") + ").", ""]
     for s in v["subsets"]:
         lines.append(f"- without {', '.join(f'{k} {fmt(x)}' for k, x in s['left_out'].items())}: "
                      + ", ".join(f"{r} {g}" for r, g in s["regimes"].items()))
@@ -123,7 +130,8 @@ def summary(report: dict) -> Group:
     short = lambda v: f"{v:.2g}" if v is not None else "-"  # noqa: E731
     span = lambda lo_hi: f" [{short(lo_hi[0])}, {short(lo_hi[1])}]" if lo_hi else ""  # noqa: E731
     for e in report["regimes"]:
-        optimum = f"{short(e['optimum_rho'])}{span(e['optimum_interval90'])}" if e.get("optimum_rho") is not None else "-"
+        units = ", ".join(f"{unit} {short(u['value'])}" for unit, u in (e.get("optimum_units") or {}).items())
+        optimum = f"{short(e['optimum_rho'])}{span(e['optimum_interval90'])} ({units})" if e.get("optimum_rho") is not None else "-"
         table.add_row(e["reward"], f"[{style.get(e['regime'], 'bold green')}]{e['regime']}[/]",
                       f"{short(e['effect'])}{span(e['interval90'])}", optimum, str(e["runs"]))
     rec = report["recommendation"]
@@ -136,6 +144,11 @@ def summary(report: dict) -> Group:
     if rec.get("command"):
         lines.append(Text(f"  {rec['command']}  # {rec['predicted_flops']:.3g} FLOPs predicted", style="cyan"))
     return Group(table, *lines)
+
+
+def _units(units: dict | None) -> str:
+    """An optimum's other units as `unit value [low, high]`, one after another."""
+    return "; ".join(f"{unit} {fmt(u['value'])} {_interval(u['interval90'])}" for unit, u in (units or {}).items()) or "-"
 
 
 def _interval(lo_hi: list[float] | None) -> str:

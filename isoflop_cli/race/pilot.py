@@ -1,12 +1,22 @@
 """The RACE pilot: a small iso-FLOP grid derived from the sweep the user would run at full scale.
 
-The pilot moves rho through updates per rollout batch (`algo.epochs` levels: a fraction below one
-learns from that share of each group's completions, lowering rho; each further epoch adds a
-forward and backward over the same rollouts while search stays put) at two of the sweep's n values
-(rho barely depends on n; the second n is a replicate that also samples the n axis), crosses them
-with every reward system of the sweep, and runs them to one to three small FLOP budgets read off
-the same runs. Its cost and the full sweep's both come from the grid's own predictions
-(`grid.expand` plans), so the share compares like with like.
+Each allocation level is a pair (n, updates): n rollouts per prompt, and `updates` passes over them
+per rollout batch (`algo.epochs`, whole), with n x updates = N the same at every level. Every level
+therefore learns from N completions per prompt per batch; what it trades is where they come from:
+fresh rollouts (large n, one update: search) or the same rollouts learned from again (small n, many
+updates: learning). At a FLOP budget every level spends the same compute, and the level with more
+updates per batch spends more of it learning: rho = C_learning / C_total rises with updates (its
+log-odds by about one per doubling, so doubling levels are evenly spread where the analysis fits).
+N is the sweep's largest n, raised to twice the largest update count (every group keeps two
+completions for its advantage) and to a multiple of every count. No level trains on fewer
+completions than it sampled, so rho does not go below one update per batch's: the low-rho end is
+the most search per update the recipe runs without discarding rollouts.
+
+The levels are crossed with every reward system of the sweep and two seeds (the second a
+replicate), and run to one to three FLOP budgets read off the same runs, each budget giving every
+cell at least MIN_STEPS steps (its slope past the warm-up is measured). The pilot's cost and the
+full sweep's both come from the grid's own predictions (`grid.expand` plans), so the share compares
+like with like.
 """
 
 from __future__ import annotations
@@ -22,21 +32,39 @@ from isoflop_cli import config as config_mod
 from isoflop_cli import grid as grid_mod
 from isoflop_cli.errors import ConfigError
 
-MIN_STEPS = 4  # steps the most expensive pilot cell gets at the largest budget
-MIN_STEPS_SMALLEST = 2  # ... and at the smallest budget
-FIXED = ("n", "B_p", "seed")
+MIN_STEPS = 8  # steps the most expensive pilot cell takes by the smallest budget: 4x the default warm-up (algo.warmup_steps = 2)
+SEEDS = 2  # runs per level and reward system: the sweep's first seed and a replicate
+
+
+@dataclass(frozen=True)
+class Level:
+    """One allocation level: n rollouts per prompt, learned from `updates` times per rollout batch."""
+
+    n: int
+    updates: int  # algo.epochs
+
+    def __str__(self) -> str:
+        return f"n={self.n} x {self.updates}"
+
+
+def levels(updates: list[int], sweep_n: list[int]) -> list[Level]:
+    """The levels for these update counts: n = N / updates, N = the sweep's largest n, at least twice
+    the largest count (two completions a group) and a multiple of every count (whole n)."""
+    step = math.lcm(*updates)
+    N = step * math.ceil(max(*sweep_n, 2 * max(updates)) / step)
+    return [Level(N // u, u) for u in sorted(set(updates))]
 
 
 @dataclass
 class PilotSpec:
-    epochs: list[float] = field(default_factory=lambda: [0.25, 0.5, 1, 2, 4])  # allocation levels: algo.epochs values, both sides of one epoch
+    updates: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # allocation levels: updates per rollout batch, each paired with n = N / updates
     budgets: int = 3  # FLOP budgets read off the pilot's runs (1 to 3)
     share: float = 0.10  # target: pilot FLOPs / full sweep FLOPs
     cap: float = 0.25  # refuse above this share unless forced
 
     def check(self) -> None:
-        if len(set(self.epochs)) < 2 or any(not e > 0 or (e > 1 and not float(e).is_integer()) for e in self.epochs):
-            raise ConfigError(f"--epochs needs two or more distinct levels: shares of each group below 1, whole epochs from 1, got {self.epochs}")
+        if len(set(self.updates)) < 2 or any(not (u >= 1 and float(u).is_integer()) for u in self.updates):
+            raise ConfigError(f"--updates needs two or more distinct whole numbers of updates per rollout batch (1, 2, 4 ...), got {self.updates}")
         if not 1 <= self.budgets <= 3:
             raise ConfigError(f"--budgets must be 1, 2 or 3, got {self.budgets}")
         if not 0 < self.cap <= 1:
@@ -50,13 +78,13 @@ class Pilot:
     """The pilot's config and cells, how it was derived and what it costs next to the full sweep."""
 
     cfg: DictConfig
-    cells: list[grid_mod.Cell]
+    cells: list[grid_mod.Cell]  # the levels' cells of the grid cfg describes (it crosses every n with every update count)
     overrides: list[str]  # the pilot's own overrides, after the user's
     budgets: list[float]
     full_flops: float  # the full sweep's predicted FLOPs
     flops: float  # the pilot's predicted FLOPs
     rewards: list[str]
-    n_levels: list[int]
+    levels: list[Level]
     notes: list[str]
     full_by_bound: bool = False  # the full sweep's FLOPs come from per-step upper bounds (rollout budgets)
 
@@ -64,12 +92,26 @@ class Pilot:
     def share(self) -> float:
         return self.flops / self.full_flops
 
+    def steps(self, budget: float) -> tuple[int, int]:
+        """The fewest and most steps a cell takes by `budget` FLOPs, at the plan's per-step bound
+        (runs take more: their completions are shorter than the bound)."""
+        steps = [int(budget // c.plan.step_flops.total) for c in self.cells if c.feasible]
+        return min(steps), max(steps)
+
 
 def expand(config: str | None, overrides: list[str], flops_scale: dict[str, float] | None = None) -> tuple[DictConfig, list[grid_mod.Cell]]:
     """A sweep's config and cells, composed as `isoflop sweep` composes them."""
     cfg = config_mod.load(config, overrides)
     recompose: Callable[[list[str]], DictConfig] = lambda extra: config_mod.load(config, overrides + extra)  # noqa: E731
     return cfg, grid_mod.expand(cfg, recompose=recompose, flops_scale=flops_scale)
+
+
+def expand_levels(config: str | None, overrides: list[str], levels: list[Level]) -> tuple[DictConfig, list[grid_mod.Cell]]:
+    """The pilot's config and the cells of its levels: the grid crosses every level's n with every
+    update count, and only the pairs of a level are the pilot's (a grid has no paired axes)."""
+    cfg, cells = expand(config, overrides)
+    pairs = {(lv.n, lv.updates) for lv in levels}
+    return cfg, [c for c in cells if (c.axes["n"], c.axes["algo.epochs"]) in pairs]
 
 
 def cell_flops(cell: grid_mod.Cell) -> float:
@@ -87,53 +129,44 @@ def rewards_of(cfg: DictConfig) -> list[str]:
     return [str(r) for r in cfg.grid.axes.get("reward", [cfg.reward.name])]
 
 
-def n_levels(values: list[int]) -> list[int]:
-    """Two of the sweep's n values, at a third and two thirds of its sorted range (both if it has two)."""
-    values = sorted(set(values))
-    if len(values) <= 2:
-        return values
-    last = len(values) - 1
-    return sorted({values[round(last / 3)], values[round(2 * last / 3)]})
-
-
 def level(value: float) -> int | float:
     """An epoch level as written: whole epochs as integers (their run ids and labels stay as they were)."""
     return int(value) if float(value).is_integer() else float(value)
 
 
-def axes_override(cfg: DictConfig, rewards: list[str], epochs: list[float]) -> str:
-    """`++grid.axes={...}`: every reward, the epoch levels, and every other axis at its first value."""
+def axes_override(cfg: DictConfig, rewards: list[str], levels: list[Level]) -> str:
+    """`++grid.axes={...}`: every reward, the levels' update counts, and every other axis at its first value."""
     axes = {k: [v[0]] for k, v in cfg.grid.axes.items() if k not in ("reward", "algo.epochs")}
-    axes.update({"reward": rewards, "algo.epochs": [level(e) for e in epochs]})
+    axes.update({"reward": rewards, "algo.epochs": [lv.updates for lv in levels]})
     return "++grid.axes={" + ",".join(f"{k}:[{','.join(str(v) for v in vals)}]" for k, vals in axes.items()) + "}"
 
 
-def base_overrides(cfg: DictConfig, spec: PilotSpec, n: list[int], budgets: list[float]) -> list[str]:
+def base_overrides(cfg: DictConfig, levels: list[Level], budgets: list[float]) -> list[str]:
     g = cfg.grid
     return [
         f"name={cfg.name}-pilot",
-        f"grid.n=[{','.join(map(str, n))}]",
+        f"grid.n=[{','.join(str(lv.n) for lv in levels)}]",
         f"grid.B_p=[{min(g.B_p)}]",
-        f"grid.seed=[{g.seed[0]}]",
+        f"grid.seed=[{','.join(str(g.seed[0] + i) for i in range(SEEDS))}]",
         "grid.budget.unit=flops",
         f"grid.budgets=[{','.join(f'{b:.6g}' for b in budgets)}]",
         f"grid.eval_points={len(budgets)}",
         "grid.min_steps=1",
-        axes_override(cfg, rewards_of(cfg), spec.epochs),
+        axes_override(cfg, rewards_of(cfg), levels),
     ]
 
 
 def budget_plan(target: float, step: float, wanted: int) -> tuple[float, int, str | None]:
-    """The largest budget and how many budgets it carries: as many as `wanted` that still leave the
-    most expensive cell MIN_STEPS_SMALLEST steps at the smallest budget and MIN_STEPS at the largest;
-    raised to that minimum when the target share is too small for it (with a note)."""
+    """The largest budget and how many budgets it carries, each half the next: as many as `wanted`
+    that still give the most expensive cell MIN_STEPS steps by the smallest; raised to that minimum
+    at two budgets when the target share is too small for one (with a note)."""
     for count in range(wanted, 0, -1):
-        need = max(MIN_STEPS, MIN_STEPS_SMALLEST * 2 ** (count - 1)) * step
+        need = MIN_STEPS * 2 ** (count - 1) * step
         if target >= need:
             return target, count, None
     count = min(2, wanted)
-    need = max(MIN_STEPS, MIN_STEPS_SMALLEST * 2 ** (count - 1)) * step
-    return need, count, f"raised the pilot budget to {need:.3g} FLOPs, the least that gives every cell {MIN_STEPS} steps"
+    need = MIN_STEPS * 2 ** (count - 1) * step
+    return need, count, f"raised the pilot budget to {need:.3g} FLOPs, the least that gives every cell {MIN_STEPS} steps by the smallest budget"
 
 
 def round_up(x: float, digits: int = 3) -> float:
@@ -151,15 +184,16 @@ def derive(config: str | None, overrides: list[str], spec: PilotSpec, force: boo
     spec.check()
     full_cfg, full_cells = expand(config, overrides)
     full = total_flops(full_cells)
-    n = n_levels(list(full_cfg.grid.n))
+    lvls = levels([int(u) for u in spec.updates], list(full_cfg.grid.n))
     rewards = rewards_of(full_cfg)
     # A first expansion at a budget every cell can afford gives the most expensive step of the pilot
     # (well below the cap on a run's FLOPs, which would make the largest cells infeasible).
-    _, probe = expand(config, overrides + base_overrides(full_cfg, spec, n, [grid_mod.MAX_RUN_FLOPS / 1e6]))
+    _, probe = expand_levels(config, overrides + base_overrides(full_cfg, lvls, [grid_mod.MAX_RUN_FLOPS / 1e6]), lvls)
     feasible = [c for c in probe if c.feasible]
+    if not feasible:
+        raise ConfigError(f"no pilot level can run: {probe[0].reason if probe else 'no cell'}")
     step = max(c.plan.step_flops.total for c in feasible)
-    cells_count = len(feasible)
-    target = spec.share * full / cells_count
+    target = spec.share * full / len(feasible)
     largest_run = statistics.median(cell_flops(c) for c in full_cells if c.feasible)
     notes = []
     if target > largest_run:
@@ -169,15 +203,15 @@ def derive(config: str | None, overrides: list[str], spec: PilotSpec, force: boo
     notes += [note] if note else []
     top = round_up(top)
     budgets = [top / 2**j for j in reversed(range(count))]
-    pilot_overrides = base_overrides(full_cfg, spec, n, budgets)
-    cfg, cells = expand(config, overrides + pilot_overrides)
+    pilot_overrides = base_overrides(full_cfg, lvls, budgets)
+    cfg, cells = expand_levels(config, overrides + pilot_overrides, lvls)
     by_bound = any(c.plan.column != "flops_total" for c in full_cells if c.feasible)
-    pilot = Pilot(cfg, cells, pilot_overrides, budgets, full, total_flops(cells), rewards, n, notes, by_bound)
+    pilot = Pilot(cfg, cells, pilot_overrides, budgets, full, total_flops(cells), rewards, lvls, notes, by_bound)
     if pilot.share > spec.cap and not force:
         raise ConfigError(
             f"the pilot would cost {pilot.share:.0%} of the full sweep's predicted FLOPs ({pilot.flops:.3g} of {full:.3g}), "
-            f"above the cap of {spec.cap:.0%}: its {len(feasible)} cells need {MIN_STEPS} steps each; "
-            "use a larger sweep, fewer --epochs levels, a higher --cap, or --force")
+            f"above the cap of {spec.cap:.0%}: its {len(feasible)} cells need {MIN_STEPS} steps each by the smallest budget; "
+            "use a larger sweep, fewer --updates levels, a higher --cap, or --force")
     if pilot.share > spec.share * 1.01:
         notes.append(f"the pilot costs {pilot.share:.1%} of the full sweep, above the {spec.share:.0%} target (cap {spec.cap:.0%})")
     return pilot

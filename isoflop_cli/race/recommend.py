@@ -2,10 +2,12 @@
 
 The reward system: a reward-heavy one if the pilot found one, else the rule-based reward with the
 highest mean target at the largest budget (rule-based rewards are not tested against each other).
-The allocation levels follow that reward's rho regime: the low end of the pilot's epoch levels when
-search-heavy, the high end and one doubling beyond when update-heavy, the levels whose rho brackets
-the fitted optimum when interior, and the sweep's own allocation when undetermined (no evidence to
-move compute).
+The allocation levels follow that reward's rho regime: the fewest of the pilot's updates per
+rollout batch (algo.epochs) when search-heavy, the most and one doubling beyond when update-heavy,
+the levels whose rho brackets the fitted optimum when interior, and the sweep's own allocation when
+undetermined (no evidence to move compute). At full scale n stays the sweep's own axis: the pilot
+paired it with the updates to hold the completions learned from per batch, the full sweep measures
+it.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def recommend(entries: list[dict], data: Data, config: str | None, overrides: li
     rho = chosen["rho"] if not chosen.empty else pts["rho"]
     rec = {"reward": reward, "reward_why": reward_why, "regime": regime, "algo.epochs": epochs,
            "rho_range": [float(np.min(rho)), float(np.max(rho))],
-           "optimum_rho": entry.get("optimum_rho"), "optimum_interval90": entry.get("optimum_interval90"),
+           "optimum_rho": entry.get("optimum_rho"), "optimum_interval90": entry.get("optimum_interval90"), "optimum_units": entry.get("optimum_units"),
            "allocation": {SEARCH: "the low-rho end: fewer updates per rollout batch, more rollouts",
                           UPDATE: "the high-rho end: more updates per rollout batch (and one doubling beyond the pilot)",
                           INTERIOR: f"around the optimum rho {entry.get('optimum_rho') or 0:.2f}: the levels just below and above it"}
