@@ -28,7 +28,7 @@ from isoflop_cli import grid as grid_mod
 from isoflop_cli import launchers, report
 from isoflop_cli import sweep as sweep_mod
 from isoflop_cli.config import identity
-from isoflop_cli.config.schema import DEFAULT_MARGIN, Schedule
+from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, DEFAULT_MARGIN, Schedule
 from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, watched
 from isoflop_cli.errors import ConfigError, LauncherError
 from isoflop_cli.processes import die_with_parent
@@ -440,6 +440,7 @@ def replay(
     path: Path = typer.Argument(..., help="A recorded full grid: a sweep directory, results parquet or CSV."),
     schedule: str = typer.Option("adaptive", help="The schedule to simulate: adaptive or full."),
     margin: float = typer.Option(DEFAULT_MARGIN, help="adaptive: how far a cell may trail the frontier, in sd of the metric's noise (grid.margin)."),
+    indifference: float = typer.Option(DEFAULT_INDIFFERENCE, help="adaptive: a cell that could beat the frontier by no more than this stops, in the metric's units (grid.indifference)."),
     budgets: Optional[str] = typer.Option(None, help="Stage budgets, comma-separated (default: the largest compute halved down to every run's first point)."),
     metric: str = typer.Option("val_avg@k", help="Metric column."),
     axis: str = typer.Option("n", help="Grid axis whose compute-optimal value is compared."),
@@ -456,11 +457,13 @@ def replay(
             raise ConfigError(f"--schedule must be one of: {', '.join(s.value for s in Schedule)}, got {schedule}")
         if not (margin >= 0 and math.isfinite(margin)):
             raise ConfigError(f"--margin must be a finite number >= 0, got {margin}")
+        if not (indifference >= 0 and math.isfinite(indifference)):
+            raise ConfigError(f"--indifference must be a finite number >= 0, got {indifference}")
         stages = _float_list("--budgets", budgets) if budgets else None
         df, info = data.load([path])
         data.numeric_column(df, compute, path)
         with data.notes() as notes:
-            result = replay_mod.replay(df, metric, axis, compute, Schedule(schedule), margin, stages)
+            result = replay_mod.replay(df, metric, axis, compute, Schedule(schedule), margin, stages, indifference)
             dest = config_mod.check_writable(out or (path if path.is_dir() else path.parent) / "replay")
             written = replay_mod.write(result, info, axis, compute, dest)
     for note in notes:

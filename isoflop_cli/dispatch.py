@@ -32,7 +32,7 @@ from omegaconf import DictConfig
 from isoflop_cli import launchers, preflight
 from isoflop_cli.config.schema import Schedule
 from isoflop_cli.errors import ConfigError, HeadLost
-from isoflop_cli.fit.schedule import decide
+from isoflop_cli.fit.schedule import SIGNAL, decide
 from isoflop_cli.store import FAILED, FINISHED, PAUSED, RETRYING, STOPPED, SUBMITTED, CellState, Failure, Manifest, RunFiles, SweepDir, SweepSchedule, atomic_write, last_exception
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -296,15 +296,17 @@ class Dispatcher:
         cells = manifest.cells
         racing = [rid for rid, c in cells.items() if c.stopped_at is None and rid not in self.failed]
         column, metric = schedule.column, schedule.metric
-        frames = [pd.DataFrame(self.sweep.run(rid).read_metrics(), columns=[column, metric]).assign(run_id=rid) for rid in racing]
-        points = pd.concat(frames, ignore_index=True).dropna() if frames else pd.DataFrame()
+        frames = [pd.DataFrame(self.sweep.run(rid).read_metrics(), columns=[column, metric, SIGNAL]).assign(run_id=rid) for rid in racing]
+        points = pd.concat(frames, ignore_index=True).dropna(subset=[column, metric]) if frames else pd.DataFrame()
         if points.empty:
             return
-        for d in decide(points, budget, schedule.budgets, schedule.margin, metric, column):
+        for d in decide(points, budget, schedule.budgets, schedule.margin, schedule.indifference, metric, column):
             if not d.go:
                 cell = cells[d.run]
                 cell.state, cell.stopped_at = PAUSED, budget
-                cell.why = f"stopped at {budget:g}: best {d.best:.3f}; at {d.at:g} it could reach {d.reach:.3f}, below the frontier's {d.frontier:.3f} there"
+                cell.why = (f"stopped at {budget:g}: best {d.best:.3f}; at {d.at:g} it could reach {d.reach:.3f}"
+                            f"{'' if d.learns else ' (no group with unequal rewards yet: it has not learned)'}, "
+                            f"not above the frontier's {d.frontier:.3f} there by more than {schedule.indifference:g}")
         self.sweep.write_manifest(manifest)
 
     def _submit(self, run_id: str, cell: CellState, pause_at: float | None = None) -> str:

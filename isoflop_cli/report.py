@@ -112,7 +112,7 @@ def schedule_line(cfg, cells: list[Cell], share: float | None, replayed) -> Text
     if cfg.grid.schedule != "adaptive":
         line = f"schedule full: {total}"
         return Text(line + (f"; grid.schedule=adaptive spent {share:.0%} of the full grid in the replay {replayed}" if share is not None else ""))
-    line = f"schedule adaptive (margin {cfg.grid.margin:g}): at most {total} (every cell survives every budget)"
+    line = f"schedule adaptive (margin {cfg.grid.margin:g}, indifference {cfg.grid.indifference:g}): at most {total} (every cell survives every budget)"
     if share is not None:
         line += f"; the replay {replayed} spent {share:.0%} of its full grid: ~{_compact(rollouts * share)} rollouts, {_compact(flops * share)} FLOPs"
     return Text(line)
@@ -295,7 +295,7 @@ def _fmt(v: Any) -> str:
 
 def replay_table(result, axis: str) -> Group:
     """Per stage budget: both frontiers, both axis*, and how many cells were still running."""
-    table = Table(title=f"replay: {result.schedule.value} schedule (margin {result.margin:g}) against the full grid")
+    table = Table(title=f"replay: {result.schedule.value} schedule (margin {result.margin:g}, indifference {result.indifference:g}) against the full grid")
     for col in ("C", "cells", "full", result.schedule.value, "gap", f"{axis}* full", f"{axis}* {result.schedule.value}"):
         table.add_column(col, justify="right")
     for r in result.per_budget.itertuples():

@@ -42,6 +42,7 @@ from typing import Any, Callable, NoReturn
 
 import pandas as pd
 
+from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE
 from isoflop_cli.errors import ConfigError
 
 RESULTS = "results.parquet"
@@ -412,19 +413,24 @@ class CellState:
 @dataclass
 class SweepSchedule:
     """The schedule the dispatcher drives the cells by (`schedule.Schedule`): full, or adaptive
-    with the budgets it decides at, its margin, and the ledger column and metric its rule reads."""
+    with the budgets it decides at, its margin and indifference, and the ledger column and metric
+    its rule reads (a manifest written before the indifference existed takes the default)."""
 
     name: str = "full"
     budgets: list[float] | None = None
     margin: float | None = None
     column: str | None = None
     metric: str | None = None
+    indifference: float | None = None
 
     @classmethod
     def from_json(cls, data: dict) -> SweepSchedule:
-        schedule = cls(**schema_fields(data, {"name": "str", "budgets": "numbers", "margin": "number", "column": "str", "metric": "str"}))
+        schedule = cls(**schema_fields(data, {"name": "str", "budgets": "numbers", "margin": "number", "column": "str", "metric": "str",
+                                              "indifference": "number"}))
         if schedule.name != "full" and None in (schedule.budgets, schedule.margin, schedule.column, schedule.metric):
             raise Malformed(f"schedule {schedule.name} needs budgets, margin, column and metric")
+        if schedule.name != "full" and schedule.indifference is None:
+            schedule.indifference = DEFAULT_INDIFFERENCE
         return schedule
 
 

@@ -85,12 +85,12 @@ def run_columns(cell: grid_mod.Cell) -> dict[str, Any]:
 
 def schedule_entry(cfg, cells: list[grid_mod.Cell]) -> SweepSchedule:
     """The manifest's schedule: what the dispatcher needs to run it (adaptive: the budgets it decides
-    at, the margin, the ledger column and metric the rule reads)."""
+    at, the margin and indifference, the ledger column and metric the rule reads)."""
     if cfg.grid.schedule != Schedule.adaptive:
         return SweepSchedule(name=Schedule.full.value)
     column = next(c.plan.column for c in cells if c.feasible)
     return SweepSchedule(name=Schedule.adaptive.value, budgets=sorted(float(b) for b in cfg.grid.budgets), margin=float(cfg.grid.margin),
-                         column=column, metric="val_avg@k")
+                         column=column, metric="val_avg@k", indifference=float(cfg.grid.indifference))
 
 
 def prepare(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued: list[continuation.Continuation] = ()) -> None:

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from isoflop_cli import calibrate, report
 from isoflop_cli.cli import app
+from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.store import FAILED, FINISHED, MANIFEST_VERSION, PAUSED, CellState, Failure, Infeasible, Manifest, SweepDir, SweepSchedule
 
@@ -37,8 +38,9 @@ def test_an_old_manifest_is_read_and_rewritten_with_every_key_it_had(tmp_path, n
     sweep.write_manifest(manifest)
     new = json.loads(sweep.manifest_file.read_text())
     assert new["version"] == MANIFEST_VERSION
-    left_out = {"cells", "rows"}  # rows: a calibration's row count, which its slices cover (calibrate.total_rows)
+    left_out = {"cells", "rows", "schedule"}  # rows: a calibration's row count, which its slices cover (calibrate.total_rows)
     assert {k: new[k] for k in old if k not in left_out} == {k: v for k, v in old.items() if k not in left_out}
+    assert {k: new["schedule"][k] for k in old.get("schedule", {})} == old.get("schedule", {})  # an adaptive one gains its indifference
     for run_id, cell in old["cells"].items():  # each key as it was; a key added holds its default (attempts 0)
         assert {k: new["cells"][run_id][k] for k in cell} == cell
     assert sweep.manifest() == manifest
@@ -46,7 +48,8 @@ def test_an_old_manifest_is_read_and_rewritten_with_every_key_it_had(tmp_path, n
 
 def test_what_old_manifests_say_is_read_as_they_said_it(tmp_path):
     adaptive = sweep_with(tmp_path / "a", (MANIFESTS / "v0-adaptive.json").read_text()).manifest()
-    assert adaptive.schedule == SweepSchedule(name="adaptive", budgets=[64.0, 128.0, 256.0], margin=2.5, column="rollouts", metric="val_avg@k")
+    assert adaptive.schedule == SweepSchedule(name="adaptive", budgets=[64.0, 128.0, 256.0], margin=2.5, column="rollouts", metric="val_avg@k",
+                                              indifference=DEFAULT_INDIFFERENCE)  # written before the indifference: the default
     stopped = [cell for cell in adaptive.cells.values() if cell.stopped_at is not None]
     assert stopped and all(c.state == PAUSED and c.why.startswith(f"stopped at {c.stopped_at:g}") for c in stopped)
     assert [(i.axes["n"], i.reason) for i in adaptive.infeasible] == [(256, "budget 256 rollouts allows M = 0 steps of B = 512, below grid.min_steps = 1")] * 2
@@ -89,7 +92,7 @@ def test_a_manifest_from_before_flop_budgets_reads_as_a_full_schedule_without_st
 
 
 def test_a_manifest_reads_back_as_it_was_written(tmp_path):
-    manifest = Manifest(name="x", schedule=SweepSchedule(name="adaptive", budgets=[1.0, 2.0], margin=2.0, column="rollouts", metric="val_avg@k"),
+    manifest = Manifest(name="x", schedule=SweepSchedule(name="adaptive", budgets=[1.0, 2.0], margin=2.0, column="rollouts", metric="val_avg@k", indifference=0.02),
                         cells={"a": CellState(M=3, axes={"n": 2, "algo.kl_coef": [0.0, 0.1]}, columns={"n": 2}, eval_steps=[0, 3],
                                               step_flops=[1.0, 2.0, 0.0], state=PAUSED, submission_id="s", attempts=2,
                                               failures=[Failure(attempt=1, reason="r", at=5.0)], error="e", continues="b", stopped_at=1.0, why="w"),

@@ -15,6 +15,7 @@ from isoflop_cli.flops import PROJECTIONS
 
 DEFAULT_SWEEP = "default"
 DEFAULT_MARGIN = 2.5  # adaptive: in standard deviations of the metric's noise; chosen from replays (README: Adaptive sweeps)
+DEFAULT_INDIFFERENCE = 0.01  # adaptive: in the metric's units; a cell that could beat the frontier by no more stops (README: Adaptive sweeps)
 
 
 class Schedule(str, enum.Enum):
@@ -213,6 +214,7 @@ class GridConfig:
     # then continues past each budget only while it can still reach the frontier (fit/schedule.py).
     schedule: Schedule = Schedule.full
     margin: float = DEFAULT_MARGIN  # adaptive: how wide the rule's bounds on each curve are, in sd of the metric's noise
+    indifference: float = DEFAULT_INDIFFERENCE  # adaptive: a cell whose best case beats the frontier's worst by no more than this stops
 
 
 @dataclass

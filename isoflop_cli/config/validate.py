@@ -59,6 +59,8 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
         raise ConfigError("grid.schedule=adaptive decides at each budget which cells go on: give grid.budgets two or more values")
     if g.margin < 0:
         raise ConfigError(f"grid.margin must be >= 0 (standard deviations of the metric's noise), got {g.margin}")
+    if g.indifference < 0:
+        raise ConfigError(f"grid.indifference must be >= 0 (in the metric's units), got {g.indifference}")
     positive("n", cfg.n)
     positive("B_p", cfg.B_p)
     for name in ("n", "B_p", "seed", "budgets"):

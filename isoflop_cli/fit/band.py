@@ -50,49 +50,32 @@ class SigmoidBand:
         self.g = np.stack([a @ y, b @ y], -1)  # (grid, 2)
         self.yy = float(y @ y)
         self.points = len(y)
-        self.seen = (float(x.min()), float(x.max()))  # the compute range the eval points cover (log2)
         det = self.H[:, 0, 0] * self.H[:, 1, 1] - self.H[:, 0, 1] ** 2
         self.regular = det > 1e-12 * np.maximum(self.H[:, 0, 0] * self.H[:, 1, 1], 1e-300)
         self.inverse = np.zeros_like(self.H)
         self.inverse[self.regular] = np.linalg.inv(self.H[self.regular])
         self.free = np.einsum("gij,gj->gi", self.inverse, self.g)  # unconstrained least squares per grid point
-        self.sse_by_grid, levels = self._least_squares()
+        self.sse_by_grid = self._least_squares()
         self.best = int(np.argmin(self.sse_by_grid))
-        self.lower, self.upper = (float(v) for v in levels[self.best])
 
     @property
     def sse(self) -> float:
         """The best fit's squared error."""
         return max(float(self.sse_by_grid[self.best]), 0.0)  # an exact fit's normal equations may leave -1e-17
 
-    @property
-    def rise(self) -> float:
-        """The best fit's largest gain over one doubling of compute within its points' range: over
-        the doubling centred on its midpoint, or the one nearest to it. A steep rise the fit only
-        extrapolates (points creeping up from a floor, fitted as the foot of a sigmoid beyond them)
-        is not a rise the points show."""
-        k, m = float(self.slope[self.best]), float(self.mid[self.best])
-        lo, hi = self.seen[0] + 0.5, self.seen[1] - 0.5
-        centre = np.clip(m, lo, hi) if lo <= hi else (lo + hi) / 2
-        gain = special.expit(k * (centre - m + 0.5)) - special.expit(k * (centre - m - 0.5))
-        return max(self.upper - self.lower, 0.0) * float(gain)
-
-    def _least_squares(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per grid point, the least squared error with (lower, upper) in the triangle, and where:
-        the free solution where it lies inside, else the best point of the triangle's edges."""
+    def _least_squares(self) -> np.ndarray:
+        """Per grid point, the least squared error with (lower, upper) in the triangle: the free
+        solution's where it lies inside, else the best point's of the triangle's edges."""
         H, g = self.H, self.g
         inside = self.regular & _in_polygon(self.free)
-        where = np.where(inside[:, None], self.free, 0.0)
-        best = np.where(inside, _sse(where, H, g, self.yy), np.inf)
+        best = np.where(inside, _sse(np.where(inside[:, None], self.free, 0.0), H, g, self.yy), np.inf)
         for start, d in EDGES:
             curvature = np.einsum("i,gij,j->g", d, H, d)
             slope = g @ d - np.einsum("i,gij,j->g", start, H, d)
             t = np.clip(np.divide(slope, curvature, out=np.zeros_like(slope), where=curvature > 1e-12), 0.0, 1.0)
             p = start + t[:, None] * d
-            sse = _sse(p, H, g, self.yy)
-            where = np.where((sse < best)[:, None], p, where)
-            best = np.minimum(best, sse)
-        return best, where
+            best = np.minimum(best, _sse(p, H, g, self.yy))
+        return best
 
     def extreme(self, x: np.ndarray, slack: float, upper: bool = True, rise_max: float = np.inf) -> np.ndarray:
         """The largest (upper) or smallest value at each of the computes x (log2) of a sigmoid whose

@@ -21,7 +21,7 @@ from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import plots
 from isoflop_cli.fit.data import RUN, compute_unit, plain, usable
 from isoflop_cli.fit.outputs import jsonable
-from isoflop_cli.config.schema import Schedule
+from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, Schedule
 from isoflop_cli.fit.schedule import decide, noise, stage_of
 from isoflop_cli.store import atomic_write
 
@@ -30,9 +30,10 @@ from isoflop_cli.store import atomic_write
 class Replay:
     schedule: Schedule
     margin: float
+    indifference: float
     stages: list[float]
     per_budget: pd.DataFrame  # budget, full_value, adaptive_value, value_gap, full_star, adaptive_star, star_agrees, cells_running
-    stopped: pd.DataFrame  # run, axis value, stopped at budget, best; at the later budget it came closest: reach, frontier
+    stopped: pd.DataFrame  # run, axis value, stopped at budget, best; at the later budget it came closest: reach, frontier; learns
     compute_share: float  # compute the schedule spends / the full grid's
     noise: float | None  # the metric's noise (sd) the rule reads from the full grid: the scale of a frontier gap between noisy points
 
@@ -45,7 +46,7 @@ class Replay:
         return float(self.per_budget["value_gap"].max())
 
     def summary(self) -> dict:
-        return {"schedule": self.schedule.value, "margin": self.margin, "stages": self.stages, "compute_share": self.compute_share,
+        return {"schedule": self.schedule.value, "margin": self.margin, "indifference": self.indifference, "stages": self.stages, "compute_share": self.compute_share,
                 "n_star_agreement": self.n_star_agreement, "max_value_gap": self.max_value_gap, "noise_sd": self.noise,
                 "cells": int(self.per_budget["cells_running"].iloc[0]), "stopped": len(self.stopped)}
 
@@ -63,7 +64,7 @@ def default_stages(rows: pd.DataFrame, compute: str) -> list[float]:
 
 
 def replay(df: pd.DataFrame, metric: str, axis: str, compute: str, schedule: Schedule, margin: float,
-           stages: list[float] | None = None) -> Replay:
+           stages: list[float] | None = None, indifference: float = DEFAULT_INDIFFERENCE) -> Replay:
     rows = usable(df, [metric, axis, compute], "replay")
     stages = sorted(stages) if stages else default_stages(rows, compute)
     bounded = 0 <= rows[metric].min() and rows[metric].max() <= 1
@@ -82,7 +83,7 @@ def replay(df: pd.DataFrame, metric: str, axis: str, compute: str, schedule: Sch
         alive = set(runs)
         for i in range(last):
             seen = rows[(rows["_stage"] <= i) & rows[RUN].isin(alive)]
-            for d in decide(seen, stages[i], stages, margin, metric, compute, RUN):
+            for d in decide(seen, stages[i], stages, margin, indifference, metric, compute, RUN):
                 if not d.go:
                     alive.discard(d.run)
                     stop[d.run] = i
@@ -99,8 +100,9 @@ def replay(df: pd.DataFrame, metric: str, axis: str, compute: str, schedule: Sch
                       "full_star": full[1], "adaptive_star": adaptive[1], "star_agrees": _within_2x(full[1], adaptive[1]),
                       "cells_running": int((stop >= i).sum())})
     stopped = pd.DataFrame([{"run": d.run, axis: plain(axis_of[d.run]), "stopped_at": d.budget, "best": d.best, "at": d.at, "reach": d.reach,
-                             "frontier": d.frontier} for d in decisions], columns=["run", axis, "stopped_at", "best", "at", "reach", "frontier"])
-    return Replay(schedule, margin, stages, pd.DataFrame(table), stopped, float(spend / full_spend),
+                             "frontier": d.frontier, "learns": d.learns} for d in decisions],
+                           columns=["run", axis, "stopped_at", "best", "at", "reach", "frontier", "learns"])
+    return Replay(schedule, margin, indifference, stages, pd.DataFrame(table), stopped, float(spend / full_spend),
                   noise(rows, metric, compute, RUN) if bounded else None)
 
 
@@ -124,7 +126,7 @@ def write(result: Replay, info: dict, axis: str, compute: str, out: Path) -> lis
     fig, (top, bottom) = plots.plt.subplots(2, 1, figsize=(7, 6.5), sharex=True, height_ratios=[2, 1])
     top.plot(t["budget"], t["full_value"], "o-", color="black", label="full grid")
     top.plot(t["budget"], t["adaptive_value"], "s--", color="tab:orange",
-             label=f"{result.schedule.value} (margin {result.margin:g}): {result.compute_share:.0%} of the compute")
+             label=f"{result.schedule.value} (margin {result.margin:g}, indifference {result.indifference:g}): {result.compute_share:.0%} of the compute")
     top.set_ylabel("frontier (best metric with compute <= C)")
     top.set_xscale("log")
     top.legend()

@@ -2,28 +2,47 @@
 
 A full IsoFLOP grid runs every cell to the largest budget, but after the first budgets many cells
 are far below the frontier and will stay there. With `grid.schedule=adaptive` every cell runs to
-the smallest budget; at each budget b that follows, a cell goes on only while it can still reach
+the smallest budget; at each budget b that follows, a cell goes on only while it could still beat
 the frontier at some budget still to come:
 
-    there is a later budget b' with   up_r(b') >= max over cells of low_c(b')
+    there is a later budget b' with   up_r(b') > max over cells of low_c(b') + indifference,
 
-- up_r(b') is the most the cell's curve can be at b', low_c(b') the least another cell's can:
-  profile bounds of a monotone sigmoid through each cell's eval points, at `margin` standard
-  deviations of the metric's noise (`fit/band.py`). The sigmoid is the model `fit` fits; a monotone
-  curve is how the frontier reads a run (its best so far).
-- No cell gains more per doubling of compute than RISE_FACTOR times the largest gain per doubling
-  any cell's best fit shows within its points' range (`SigmoidBand.rise`). A cell that has not
-  started to rise (large n, which the seed study finds wins at large budgets) stays in the race
-  while such a rise could still take it to the frontier, and a cell that never learns stops once
-  none could.
+or the cell is the one whose low_c(b') is that maximum at some b' (the frontier's holder).
+
+- low_c(b') is the least a cell's curve can be at b': the profile lower bound of a monotone sigmoid
+  through its eval points, at `margin` standard deviations of the metric's noise (`fit/band.py`).
+  A monotone curve is how the frontier reads a run (its best so far); the lower bound is in effect
+  the cell's level now, less the noise, whatever shape comes next.
+- up_r(b') is the most the cell's curve can be at b': the profile upper bound of the same family,
+  with no cap on how fast it rises. Past a cell's last point that allows a step to the ceiling, so
+  a cell at its base that learns (a flat start, a linear creep, a late jump) is never stopped for
+  its shape; a cell that has risen and levelled off is bounded by the plateau its points show.
+- A cell that has shown no learning signal, no group with unequal rewards in any window since its
+  base (`zero_var_frac` = 1 at every eval point: GRPO's advantages, and so its gradient, are zero),
+  has not moved and is bounded by a flat line through its points. A cell whose points rise despite
+  that (another algorithm's critic, say) contradicts the flat line and is bounded as one that learns.
+  Results without the column are taken to learn.
+- indifference (`grid.indifference`, the metric's units) is what a tie is worth: a cell whose best
+  case beats the frontier's worst by no more stops, so cells that can only tie stop costing
+  compute; the holder goes on, so a grid of ties keeps one cell.
 - sigma, the noise, is the pooled residual of the cells' sigmoid fits; until there are MIN_DOF
   degrees of freedom to read it from, no cell is stopped (early budgets cost little).
 
+Why the learning signal rather than a cap on the rise: the rule used to cap every cell's gain per
+doubling at twice the fastest any cell's fit showed, which stopped cells that never learn but also
+a winner that stays flat and then jumps, and the cap comes from other cells, not from the one it
+stops. A monotone curve can do anything past its last point; what says a cell cannot is the cell's
+own training signal, and `zero_var_frac` records it at every eval point. The sigmoid stays the
+bound's family because a sigmoid's upper bound, uncapped, is only tight once a curve has levelled
+off: the stops it makes are of cells whose plateau shows, which no later shape undoes. What this
+costs is that a cell which learns but trails is kept until its plateau shows (scripts/bench_replay.py
+measures it, on truths that are not sigmoids).
+
 Looking to every later budget, not only the next, keeps the slow starters; comparing with the
 frontier's lower end there, not only now, stops the cells that are still rising but can only
-trail (scripts/bench_replay.py measures both). A stopped cell is paused at its checkpoint, not
-deleted: a later full sweep, or one with larger budgets (`continuation`), continues it. The same
-function decides in the sweep (`dispatch.py`) and in `isoflop replay`.
+trail. A stopped cell is paused at its checkpoint, not deleted: a later full sweep, or one with
+larger budgets (`continuation`), continues it. The same function decides in the sweep
+(`dispatch.py`) and in `isoflop replay`.
 """
 
 from __future__ import annotations
@@ -34,20 +53,21 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from isoflop_cli.config.schema import DEFAULT_MARGIN
+from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, DEFAULT_MARGIN
 from isoflop_cli.fit.band import SigmoidBand
 
-RISE_FACTOR = 2.0  # no cell gains more per doubling than this many times the largest gain fitted so far
 MIN_DOF = 8  # residual degrees of freedom the noise is read from before any cell is stopped
 MIN_POINTS = 3  # eval points past the base a cell needs before it can be stopped
-TIE = 1e-9  # a cell whose bound equals the frontier's (an exact fit of flat points) goes on
+TIE = 1e-9  # rounding: an exact fit of flat points bounds a cell at the frontier to within this
 TOLERANCE = 1.1  # a FLOP-budget run stops at the first step whose ledger reaches a budget: a little above it
+SIGNAL = "zero_var_frac"  # per eval point, the share of the groups since the last one whose rewards were all equal
 
 
 @dataclass(frozen=True)
 class Decision:
     """One cell at one budget: its best so far, and at the later budget `at` where it comes closest
-    to the frontier, the most it could reach there and the least the frontier will be; whether it goes on."""
+    to the frontier, the most it could reach there and the least the frontier will be; whether it
+    has shown a learning signal (a group with unequal rewards), and whether it goes on."""
 
     run: str
     budget: float
@@ -55,33 +75,56 @@ class Decision:
     reach: float
     frontier: float
     at: float
+    learns: bool
     go: bool
 
 
 def decide(points: pd.DataFrame, budget: float, budgets: list[float], margin: float = DEFAULT_MARGIN,
-           metric: str = "val_avg@k", compute: str = "rollouts", run: str = "run_id") -> list[Decision]:
+           indifference: float = DEFAULT_INDIFFERENCE, metric: str = "val_avg@k", compute: str = "rollouts",
+           run: str = "run_id") -> list[Decision]:
     """Which runs continue past `budget` towards the later of the sweep's `budgets`; `points` holds
-    the eval points each run had when it reached `budget` (with its step-0 base evaluation)."""
+    the eval points each run had when it reached `budget` (with its step-0 base evaluation, and
+    SIGNAL where the run recorded it)."""
     later = sorted(b for b in budgets if b > budget * (1 + 1e-9))
     best = points.groupby(run, sort=False)[metric].max()
+    learns = _learns(points, compute, run)
     bands = _bands(points, math.log2(max(budgets)), metric, compute, run)
     sigma = _noise(bands.values())
     if not later or sigma is None:  # the last budget, or too few points to read the noise: no cell is stopped
-        return [Decision(str(r), float(budget), float(v), math.inf, math.nan, float(max(budgets)), True) for r, v in best.items()]
-    cap = RISE_FACTOR * max(b.rise for b in bands.values())
+        return [Decision(str(r), float(budget), float(v), math.inf, math.nan, float(max(budgets)), bool(learns[r]), True) for r, v in best.items()]
     slack = (margin * sigma) ** 2
     x = np.log2(later)
-    lows = np.array([b.extreme(x, slack, upper=False, rise_max=cap) for b in bands.values()])
-    frontier = np.max(np.where(np.isfinite(lows), lows, -np.inf), axis=0)  # a bound that failed counts for nothing
+    lows = np.array([b.extreme(x, slack, upper=False) for b in bands.values()])
+    lows = np.where(np.isfinite(lows), lows, -np.inf)  # a bound that failed counts for nothing
+    frontier = lows.max(axis=0)
+    holders = {list(bands)[i] for i in np.argmax(lows, axis=0)}  # the cells whose lower ends make the frontier's
     out = []
     for r, value in best.items():
-        reach = bands[r].extreme(x, slack, upper=True, rise_max=cap) if r in bands else np.full(len(x), np.inf)  # too few points: no bound
-        reach = np.where(np.isfinite(reach), reach, np.inf)  # a bound that failed stops nothing
+        reach = _reach(bands[r], x, slack, learns[r]) if r in bands else np.full(len(x), np.inf)  # too few points: no bound
         i = int(np.argmax(reach - frontier))
-        # Only a cell shown to fall short is stopped (a tie, or a bound that failed, goes on).
-        go = not reach[i] < frontier[i] - TIE
-        out.append(Decision(str(r), float(budget), float(value), float(reach[i]), float(frontier[i]), float(later[i]), go))
+        # A cell goes on while it holds the frontier, or could beat it by more than the indifference.
+        go = r in holders or reach[i] > frontier[i] + indifference + TIE
+        out.append(Decision(str(r), float(budget), float(value), float(reach[i]), float(frontier[i]), float(later[i]), bool(learns[r]), bool(go)))
     return out
+
+
+def _reach(band: SigmoidBand, x: np.ndarray, slack: float, learns: bool) -> np.ndarray:
+    """The most a cell can be at the computes x: any monotone sigmoid its points allow, a step
+    right past its last point included, unless it has shown no learning signal: then it stays where
+    its points are (a flat line, unless the points themselves rise)."""
+    reach = band.extreme(x, slack, upper=True, rise_max=np.inf if learns else 0.0)
+    return np.where(np.isfinite(reach), reach, np.inf)  # a bound that failed stops nothing
+
+
+def _learns(points: pd.DataFrame, compute: str, run: str) -> pd.Series:
+    """Per run, whether it can learn: not all of its groups so far had equal rewards. A run without
+    the column (or with it empty) is taken to learn."""
+    if SIGNAL not in points:
+        return pd.Series(True, index=points[run].unique())
+    later = points.loc[points[compute] > 0]
+    signal = pd.to_numeric(later[SIGNAL], errors="coerce")  # a base row's is empty
+    learned = signal.groupby(later[run], sort=False).agg(lambda s: s.isna().all() or (s < 1).any())
+    return learned.reindex(points[run].unique(), fill_value=True).astype(bool)
 
 
 def _bands(points: pd.DataFrame, x_max: float, metric: str, compute: str, run: str) -> dict[str, SigmoidBand]:
