@@ -42,7 +42,6 @@ from typing import Any, Callable, NoReturn
 
 import pandas as pd
 
-from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE
 from isoflop_cli.errors import ConfigError
 
 RESULTS = "results.parquet"
@@ -414,7 +413,7 @@ class CellState:
 class SweepSchedule:
     """The schedule the dispatcher drives the cells by (`schedule.Schedule`): full, or adaptive
     with the budgets it decides at, its margin and indifference, and the ledger column and metric
-    its rule reads (a manifest written before the indifference existed takes the default)."""
+    its rule reads (a manifest written before the indifference existed ran its rule without one: 0)."""
 
     name: str = "full"
     budgets: list[float] | None = None
@@ -430,7 +429,7 @@ class SweepSchedule:
         if schedule.name != "full" and None in (schedule.budgets, schedule.margin, schedule.column, schedule.metric):
             raise Malformed(f"schedule {schedule.name} needs budgets, margin, column and metric")
         if schedule.name != "full" and schedule.indifference is None:
-            schedule.indifference = DEFAULT_INDIFFERENCE
+            schedule.indifference = 0.0
         return schedule
 
 

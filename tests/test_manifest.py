@@ -14,7 +14,6 @@ from typer.testing import CliRunner
 
 from isoflop_cli import calibrate, report
 from isoflop_cli.cli import app
-from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.store import FAILED, FINISHED, MANIFEST_VERSION, PAUSED, CellState, Failure, Infeasible, Manifest, SweepDir, SweepSchedule
 
@@ -49,7 +48,7 @@ def test_an_old_manifest_is_read_and_rewritten_with_every_key_it_had(tmp_path, n
 def test_what_old_manifests_say_is_read_as_they_said_it(tmp_path):
     adaptive = sweep_with(tmp_path / "a", (MANIFESTS / "v0-adaptive.json").read_text()).manifest()
     assert adaptive.schedule == SweepSchedule(name="adaptive", budgets=[64.0, 128.0, 256.0], margin=2.5, column="rollouts", metric="val_avg@k",
-                                              indifference=DEFAULT_INDIFFERENCE)  # written before the indifference: the default
+                                              indifference=0.0)  # written before the indifference: its rule ran without one
     stopped = [cell for cell in adaptive.cells.values() if cell.stopped_at is not None]
     assert stopped and all(c.state == PAUSED and c.why.startswith(f"stopped at {c.stopped_at:g}") for c in stopped)
     assert [(i.axes["n"], i.reason) for i in adaptive.infeasible] == [(256, "budget 256 rollouts allows M = 0 steps of B = 512, below grid.min_steps = 1")] * 2

@@ -25,8 +25,11 @@ or the cell is the one whose low_c(b') is that maximum at some b' (the frontier'
 - indifference (`grid.indifference`, the metric's units) is what a tie is worth: a cell whose best
   case beats the frontier's worst by no more stops, so cells that can only tie stop costing
   compute; the holder goes on, so a grid of ties keeps one cell.
-- sigma, the noise, is the pooled residual of the cells' sigmoid fits; until there are MIN_DOF
-  degrees of freedom to read it from, no cell is stopped (early budgets cost little).
+- sigma, the noise, is the pooled residual of the cells' sigmoid fits, or the sweep's variance
+  model (`fit/noise.py`: between seed replicates, else the evaluation's recorded binomial variance)
+  where that is larger: a run's eval points share its seed's luck and, with paired evaluation,
+  their sampling streams, which no residual about its own curve shows. Until the residual has
+  MIN_DOF degrees of freedom no cell is stopped (early budgets cost little).
 
 Why the learning signal rather than a cap on the rise: the rule used to cap every cell's gain per
 doubling at twice the fastest any cell's fit showed, which stopped cells that never learn but also
@@ -54,6 +57,7 @@ import numpy as np
 import pandas as pd
 
 from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, DEFAULT_MARGIN
+from isoflop_cli.fit.noise import estimate as variance_model
 from isoflop_cli.fit.band import SigmoidBand
 
 MIN_DOF = 8  # residual degrees of freedom the noise is read from before any cell is stopped
@@ -90,6 +94,8 @@ def decide(points: pd.DataFrame, budget: float, budgets: list[float], margin: fl
     learns = _learns(points, compute, run)
     bands = _bands(points, math.log2(max(budgets)), metric, compute, run)
     sigma = _noise(bands.values())
+    if sigma is not None:
+        sigma = max(sigma, variance_model(points, metric, compute, run).sd or 0.0)
     if not later or sigma is None:  # the last budget, or too few points to read the noise: no cell is stopped
         return [Decision(str(r), float(budget), float(v), math.inf, math.nan, float(max(budgets)), bool(learns[r]), True) for r, v in best.items()]
     slack = (margin * sigma) ** 2
