@@ -32,6 +32,7 @@ from omegaconf import DictConfig
 from isoflop_cli import launchers, preflight
 from isoflop_cli.config.schema import Schedule
 from isoflop_cli.errors import ConfigError, HeadLost
+from isoflop_cli.fit.noise import variance_column
 from isoflop_cli.fit.schedule import SIGNAL, decide
 from isoflop_cli.store import FAILED, FINISHED, PAUSED, RETRYING, STOPPED, SUBMITTED, CellState, Failure, Manifest, RunFiles, SweepDir, SweepSchedule, atomic_write, last_exception
 
@@ -296,7 +297,10 @@ class Dispatcher:
         cells = manifest.cells
         racing = [rid for rid, c in cells.items() if c.stopped_at is None and rid not in self.failed]
         column, metric = schedule.column, schedule.metric
-        frames = [pd.DataFrame(self.sweep.run(rid).read_metrics(), columns=[column, metric, SIGNAL]).assign(run_id=rid) for rid in racing]
+        # Each run's points with what the rule reads: the learning signal, the evaluation's variance,
+        # and the cell's axes (the variance model tells seed replicates of one cell by them).
+        wanted = [column, metric, SIGNAL, variance_column(metric)]
+        frames = [pd.DataFrame(self.sweep.run(rid).read_metrics(), columns=wanted).assign(run_id=rid, **{k: str(v) for k, v in cells[rid].axes.items()}) for rid in racing]
         points = pd.concat(frames, ignore_index=True).dropna(subset=[column, metric]) if frames else pd.DataFrame()
         if points.empty:
             return

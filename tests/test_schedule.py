@@ -122,6 +122,24 @@ def test_the_rule_by_hand():
     assert all(d.go for d in decide(early, 2.0**3, [2.0**3, 2.0**9]))
 
 
+def test_the_noise_is_at_least_what_the_variance_model_measured():
+    """The rule's sigma is the larger of its curves' residual and the sweep's variance model: a
+    recorded evaluation variance of 0.03^2 (paired evaluation: a run's points share their streams,
+    so its residual about its own curve misses it) bounds the mute cell, by hand, at 2 x 0.03 / 3
+    above its level, and keeps the saturated cell, which the residual alone (sd ~0.01) stops."""
+    rng = np.random.default_rng(0)
+    x = np.arange(1, 9.0)
+    curves = {"saturated": sigmoid(x, 0.1, 0.7, 3.0, 1.0) + rng.normal(0, 0.01, x.size),
+              "leader": sigmoid(x, 0.1, 0.8, 4.0, 1.0) + rng.normal(0, 0.01, x.size), "flat": np.full(x.size, 0.1)}
+    points = pd.concat([pd.DataFrame({"run_id": r, "rollouts": [0.0, *2.0**x], "val_avg@k": [0.1, *y],
+                                      "zero_var_frac": [np.nan, *[1.0 if r == "flat" else 0.5] * x.size]}) for r, y in curves.items()])
+    budgets = [2.0**6, 2.0**8, 2.0**9]
+    quiet = {d.run: d for d in decide(points, 2.0**8, budgets, margin=2.0)}
+    loud = {d.run: d for d in decide(points.assign(**{"val_avg@k_var": 0.03**2}), 2.0**8, budgets, margin=2.0)}
+    assert loud["flat"].reach == pytest.approx(0.1 + 2 * 0.03 / 3, abs=1e-6)
+    assert not quiet["saturated"].go and loud["saturated"].go
+
+
 def flat_cells(level: float = 0.3, cells: int = 5, noise: float = 0.0, signal: float = 1.0) -> pd.DataFrame:
     """Identical cells that stay at `level` (with noise), their groups' zero_var_frac `signal`."""
     rng = np.random.default_rng(5)
