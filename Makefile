@@ -59,10 +59,6 @@ test: setup setup-vllm slurm
 	$(VBIN)/python -m pytest -q --durations=5 -m vllm; vllm=$$?; \
 	rm -rf "$$ISOFLOP_CACHE"; [ $$units -eq 0 ] && [ $$e2e -eq 0 ] && [ $$vllm -eq 0 ]
 
-# The unit tests alone: no Ray head, no model built or trained (tests/conftest.py names the tiers).
-test-fast: setup
-	$(BIN)/python -m pytest -q --durations=10 -m "not e2e and not slow and not vllm"
-
 # The unit tier, for your own loop: no Ray head, no model built or trained (tests/conftest.py).
 test-fast: setup
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not e2e and not slow and not vllm"
