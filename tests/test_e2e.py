@@ -156,7 +156,9 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     second = finished_runs(sweep_dir)
 
     log = tmp_path / "interrupted.log"
-    cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    # SIGINT as a terminal's Ctrl-C delivers it: a suite started in the background (`make test &`)
+    # ignores SIGINT, and its children would inherit that.
+    cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("w"), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = {}
     # A run of this CLI's (its process alive: the head's kill left runs marked running), far from its end.
     wait_for(lambda: seen.setdefault("run", running_run(sweep_dir, past_step=5, steps_left=16)) or seen.clear(), 300,
