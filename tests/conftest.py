@@ -3,7 +3,8 @@
 Tiers, by marker: unmarked tests are units (no Ray head, no model built or trained: `make
 test-fast`); `slow` tests train or build models in this process or its children, without Ray;
 `e2e` tests go through a real Ray head. `make test` runs all three, in that order (units fail in the
-first minutes), the tests on the shared head last (it lives only while they run).
+first minutes); within a worker's session the tests on the shared head come last (it lives only
+while they run).
 
 Shared per session: one embedded-model cache (built before the first test that trains, for every
 variant the suite's runs use) and one local Ray head for the end-to-end tests that do not test a
@@ -73,8 +74,9 @@ def _models_before_ray_jobs(request):
 
 @pytest.fixture(scope="session")
 def shared_head(tmp_path_factory):
-    """One local Ray head (isoflop's own: loopback, token auth) for the end-to-end tests that need a
-    cluster but not a head of their own: they pass `cluster.address=` to it, as a user of a running
+    """One local Ray head per session (per xdist worker: `make test` runs the end-to-end tier on two)
+    (isoflop's own: loopback, token auth) for the end-to-end tests that need a cluster but not a
+    head of their own: they pass `cluster.address=` to it, as a user of a running
     cluster does, and a head's start and stop (~8 s, more under load) is paid once. The tests of
     the head's own life (started, reattached, stopped with its sweep) start their own."""
     from omegaconf import OmegaConf
