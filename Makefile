@@ -50,8 +50,8 @@ sweep: setup
 # Three sessions sharing one embedded-model cache, each run even when one before it failed (one
 # failure does not hide another; any failing fails the target): units and slow tests, then the
 # end-to-end tests, each on two workers (their processes start, import and wait as much as they
-# compute: the end-to-end tier took 692 s on two workers against 984 s one at a time, every kill
-# still landing mid-run); the vLLM tests in vLLM's environment.
+# compute: the end-to-end tier took 692-804 s on two workers against 984 s one at a time, every
+# kill still landing mid-run); the vLLM tests in vLLM's environment.
 test: setup setup-vllm slurm
 	export ISOFLOP_CACHE=$$(mktemp -d -t isoflop-test-cache-XXXXXX); \
 	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist worksteal -m "not e2e and not vllm"; units=$$?; \
