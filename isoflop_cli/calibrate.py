@@ -17,7 +17,7 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -43,6 +43,45 @@ class Band:
 
     def holds(self, rates: pd.Series) -> pd.Series:
         return rates.between(self.low, self.high)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Whether the problems differ in difficulty beyond what sampling alone gives. With m samples a
+    problem's pass rate is binomial around its true rate, so problems of one shared rate still fill
+    every band of a histogram (at m = 16 and a rate of 0.1, a third of them land at 1/16 and a
+    fifth at 0). Easy and hard sets cut from such a spread are one set cut by chance, and both
+    evaluate at the shared rate.
+
+    `difficulty_sd` is the sd of the true per-problem rates by the method of moments (the pass
+    rates' variance less the binomial part); `dispersion` their variance over the binomial one
+    at the mean rate (1 under one shared rate); `p_value` the chi-square test of one shared rate."""
+
+    mean: float
+    difficulty_sd: float
+    dispersion: float | None  # None: every sample alike (or one problem), nothing to compare
+    p_value: float
+
+    @property
+    def shared(self) -> bool:
+        """Nothing tells the problems apart: one shared rate is not rejected at the 1% level."""
+        return self.p_value >= 0.01
+
+
+def spread(rates: pd.Series, samples: pd.Series) -> Spread:
+    """The Spread of per-problem pass rates, each from its own number of samples."""
+    from scipy import stats
+
+    m = samples.to_numpy(float)
+    right = rates.to_numpy(float) * m
+    mean = right.sum() / m.sum()
+    if len(m) < 2 or mean in (0.0, 1.0):  # one problem, or every sample alike: nothing varies
+        return Spread(mean=float(mean), difficulty_sd=0.0, dispersion=None, p_value=1.0)
+    chi2 = float((((right - m * mean) ** 2) / (m * mean * (1 - mean))).sum())
+    inv = float((1 / m).mean())
+    between = (float(rates.var(ddof=1)) - mean * (1 - mean) * inv) / (1 - inv)
+    return Spread(mean=float(mean), difficulty_sd=math.sqrt(max(0.0, between)), dispersion=chi2 / (len(m) - 1),
+                  p_value=float(stats.chi2.sf(chi2, len(m) - 1)))
 
 
 def check(cfg: DictConfig) -> None:
@@ -111,7 +150,7 @@ def merge(cfg: DictConfig, dest: SweepDir, config: str | None, overrides: list[s
     atomic_write(dest.path / RESULT, df.to_parquet(index=False))
     source = records(Path(cfg.task.train), "task.train")
     summary = {"rows": rows, "calibrated": len(df), "left_out": rows - len(df), "samples": cfg.calibrate.samples,
-               "bands": []}
+               "spread": asdict(spread(df["pass_rate"], df["samples"])) if not df.empty else None, "bands": []}
     for band in (Band("easy", *cfg.calibrate.easy), Band("hard", *cfg.calibrate.hard)):
         chosen = df[band.holds(df["pass_rate"])] if not df.empty else df
         path = dest.path / f"{band.name}.parquet"
@@ -150,6 +189,12 @@ def _histogram(df: pd.DataFrame, summary: dict, stem: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     edges = [(i - 0.5) / samples for i in range(samples + 2)]  # one bar per possible count of correct samples
     ax.hist(df["pass_rate"], bins=edges, color="#4c72b0")
+    if summary["spread"] and (df["samples"] == samples).all():
+        from scipy import stats
+
+        counts = range(samples + 1)
+        ax.plot([k / samples for k in counts], len(df) * stats.binom.pmf(counts, samples, summary["spread"]["mean"]), "k.--", lw=1,
+                label=f"one shared rate ({summary['spread']['mean']:.3f}): sampling alone")
     for band, color in zip(summary["bands"], ("#55a868", "#c44e52")):
         low, high = band["range"]
         ax.axvspan(low - 0.5 / samples, high + 0.5 / samples, color=color, alpha=0.15, label=f"{band['name']} [{low:g}, {high:g}]: {band['problems']}")

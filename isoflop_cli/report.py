@@ -326,10 +326,22 @@ def _compact(v: float) -> str:
     return f"{v:.2g}"
 
 
+def _spread_note(spread: dict) -> str:
+    """Whether the bands tell problems apart (calibrate.Spread), in one line."""
+    if spread["dispersion"] is None:
+        return f"NOT told apart: every sample scored alike (pass rate {spread['mean']:g} everywhere)"
+    figures = f"dispersion {spread['dispersion']:.2f}, p = {spread['p_value']:.2g}"
+    if spread["p_value"] >= 0.01:
+        return (f"NOT told apart: the pass rates spread as sampling alone would around one shared rate of {spread['mean']:.3f} ({figures}); "
+                "the bands are cut by chance and both sets will score that rate")
+    return f"problems differ beyond sampling: sd of their true pass rates {spread['difficulty_sd']:.3f} ({figures})"
+
+
 def calibration_table(summary: dict) -> Table:
     """Problems per pass-rate band, their response length, and what a sweep on each set would cost."""
     notes = [f"{summary['left_out']} left out (prompt over task.max_prompt_tokens, or a job that failed)"] if summary["left_out"] else []
     notes += [f"no sweep on {b['name']}: {b['why_not']}" for b in summary["bands"] if b.get("why_not")]
+    notes += [_spread_note(summary["spread"])] if summary.get("spread") else []
     table = Table(title=f"calibration: {summary['calibrated']:,} of {summary['rows']:,} problems, avg@{summary['samples']}",
                   caption="\n".join(notes) or None, caption_justify="left")
     for name in ("set", "pass rate", "problems", "resp. tokens", "sweep FLOPs", "at measured len"):

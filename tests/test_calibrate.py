@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -66,6 +67,11 @@ def test_merge_cuts_bands_from_the_files_own_rows(tmp_path, sums):
     assert scale == pytest.approx(sum(step_flops(config.load(None, [*on_easy, "task.max_new_tokens=3"]))) / sum(step_flops(config.load(None, on_easy))))
     assert 0 < scale < 1 and calibrate_scale_is_none(overrides)
     assert json.loads((tmp_path / "cal" / "summary.json").read_text())["calibrated"] == 200
+    # every count of 16 equally often: far beyond one shared rate, and the table says so
+    assert summary["spread"]["p_value"] < 1e-6 and summary["spread"]["difficulty_sd"] > 0.25
+    from isoflop_cli.report import calibration_table
+
+    assert "problems differ beyond sampling" in calibration_table(summary).caption
 
 
 def calibrate_scale_is_none(overrides) -> bool:
@@ -112,3 +118,41 @@ def test_calibrate_then_sweep_on_the_easy_set(tmp_path, sums, ray_address):
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     results = pd.read_parquet(tmp_path / "sweeps" / "default" / "results.parquet")
     assert results["run_id"].nunique() == 2 and results.groupby("run_id")["rollouts"].max().eq(32).all()
+
+
+def _rates(true: np.ndarray, samples: int, rng: np.random.Generator) -> tuple[pd.Series, pd.Series]:
+    """Pass rates of problems whose true rates are `true`, each from `samples` draws."""
+    return pd.Series(rng.binomial(samples, true) / samples), pd.Series(np.full(len(true), samples))
+
+
+def test_one_shared_rate_reads_as_sampling_noise_at_the_tests_level():
+    """Null: every problem at 0.1, 16 samples (the 1/16 and 2/16 'bands' fill by chance). Over 200
+    calibrations one shared rate is rejected at 5% about 5% of the time, and the sd of the true
+    rates reads near 0."""
+    rng = np.random.default_rng(0)
+    runs = [calibrate.spread(*_rates(np.full(500, 0.1), 16, rng)) for _ in range(200)]
+    assert sum(s.p_value < 0.05 for s in runs) / len(runs) <= 0.10
+    assert np.median([s.difficulty_sd for s in runs]) < 0.02
+    assert sum(s.shared for s in runs) >= 195
+
+
+def test_the_embedded_probes_histogram_is_one_shared_rate():
+    """The counts a 2-digit-sum probe of the embedded family gave (1024 problems, 16 samples: 187 at
+    0, 347 at 1, ...), which Binomial(16, 0.1) predicts to within a few per bin."""
+    counts = {0: 187, 1: 347, 2: 281, 3: 133, 4: 56, 5: 18, 6: 2}
+    rates = pd.Series([k / 16 for k, c in counts.items() for _ in range(c)])
+    s = calibrate.spread(rates, pd.Series(np.full(len(rates), 16)))
+    assert s.shared and s.mean == pytest.approx(0.0997, abs=1e-4) and s.difficulty_sd < 0.02
+
+
+def test_problems_of_different_difficulty_are_told_apart_and_their_spread_measured():
+    """Truth not of the method's own form: true rates from Beta(0.5, 2) (sd 0.2138) and from a
+    two-point mix (half at 0.02, half at 0.5: sd 0.24), 2,000 problems of 16 samples; and 8
+    samples of one problem never vary (nothing to test)."""
+    rng = np.random.default_rng(1)
+    beta = calibrate.spread(*_rates(rng.beta(0.5, 2.0, 2000), 16, rng))
+    assert beta.p_value < 1e-6 and not beta.shared and beta.difficulty_sd == pytest.approx(0.2138, abs=0.015)
+    mix = calibrate.spread(*_rates(np.repeat([0.02, 0.5], 1000), 16, rng))
+    assert mix.p_value < 1e-6 and mix.difficulty_sd == pytest.approx(0.24, abs=0.015)
+    flat = calibrate.spread(pd.Series([0.0] * 50), pd.Series([8] * 50))
+    assert flat.shared and flat.dispersion is None and flat.difficulty_sd == 0
