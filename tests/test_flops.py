@@ -147,6 +147,21 @@ def test_ledger_matches_flop_counter(name, lora):
     assert flops.learning(shape, *work, logits=tokens) == pytest.approx(learning, rel=1e-9)
 
 
+def test_grouped_query_attention_counts_as_its_query_heads():
+    """torch < 2.13 asserted on SDPA with fewer key/value heads than query heads (seen on a GPU with
+    torch 2.11); measure's formulas count a query head's two products whichever head it shares."""
+    from torch.utils import flop_counter
+
+    q, kv, full = (2, 14, 7, 64), (2, 2, 9, 64), (2, 14, 9, 64)
+    product = 2 * 14 * 2 * 7 * 9 * 64  # one [7 x 64] @ [64 x 9] (or [7 x 9] @ [9 x 64]) per batch row and query head
+    assert flop_counter.sdpa_flop_count(q, kv, kv) == flop_counter.sdpa_flop_count(q, full, full) == 2 * product  # QK^T, AV
+    # backward: the scores recomputed, dP and dV, dQ and dK
+    assert flop_counter.sdpa_backward_flop_count(q, q, kv, kv) == flop_counter.sdpa_backward_flop_count(q, q, full, full) == 5 * product
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.scaled_dot_product_attention(torch.randn(q), torch.randn(kv), torch.randn(kv), enable_gqa=True)
+    assert counter.get_total_flops() == 2 * product
+
+
 def test_monotone_in_n_and_kl():
     shape = flops.Shape(layers=4, hidden=128, intermediate=512, heads=4, kv_heads=2, head_dim=32, vocab=17)
     assert flops.generate(shape, 8 * 16, 6, 4) > flops.generate(shape, 8 * 8, 6, 4)

@@ -59,6 +59,17 @@ def load(model_cfg: DictConfig, task_cfg: DictConfig, dtype: torch.dtype = torch
     return tokenizer, model.eval()  # as from_pretrained leaves it
 
 
+def activation_checkpointing(model) -> None:
+    """Recompute each decoder layer's activations in backward (non-reentrant, as FSDP2 needs).
+    transformers renamed the switch within the range this project accepts: 5.16-5.19 have only
+    `gradient_checkpointing_enable` (seen on a GPU image with 5.17), later ones call that name a
+    deprecated alias of `activation_checkpointing_enable`."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def scorer(model_class, path: Path | str):
     """A model that only scores (a PRM, a judge) from its checkpoint, on the run's device: in bf16 on
     a GPU (where the learner computes in bf16 by default), in fp32 on the CPU."""

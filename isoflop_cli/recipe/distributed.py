@@ -93,7 +93,10 @@ def _rank_main(rank: int, world_size: int, port: int, timeout_s: float, user_err
         torch.set_num_threads(max(1, torch.get_num_threads() // world_size))
     # The timeout bounds every collective (gloo's wait; NCCL's watchdog, whose default of 10 minutes
     # would kill ranks that wait while rank 0 alone evaluates a large model).
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+    # device_id binds NCCL to this rank's GPU at once (without it a barrier guesses the device: torch
+    # warned so on the first H200 run).
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s),
+                            device_id=torch.device("cuda", rank) if cuda else None)
     try:
         fn(Group(rank, world_size), *args)
         # Every rank done before any tears down: rank 0 hosts the rendezvous store, and a rank still

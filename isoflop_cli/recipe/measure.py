@@ -12,9 +12,32 @@ import time
 from typing import Iterator
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils import flop_counter
+from torch.utils.flop_counter import FlopCounterMode, register_flop_formula
 
 aten = torch.ops.aten
+
+# Grouped-query attention: torch before 2.13 counts SDPA only when key and value have as many heads as
+# the query and asserts otherwise (seen on torch 2.11 with CUDA's kernels and Qwen2.5's 14/2 heads).
+# A query head's products cost the same whichever key/value head it shares, so the count is the one
+# with the key/value heads repeated; torch's own formulas look these two up by name when they count.
+_sdpa_flop_count, _sdpa_backward_flop_count = flop_counter.sdpa_flop_count, flop_counter.sdpa_backward_flop_count
+
+
+def _heads_as_query(query_shape, shape) -> tuple[int, ...]:
+    return (shape[0], query_shape[1], *shape[2:])  # [b, h_kv, s, d] -> [b, h_q, s, d]
+
+
+def sdpa_flop_count(query_shape, key_shape, value_shape) -> int:
+    return _sdpa_flop_count(query_shape, _heads_as_query(query_shape, key_shape), _heads_as_query(query_shape, value_shape))
+
+
+def sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape) -> int:
+    return _sdpa_backward_flop_count(grad_out_shape, query_shape, _heads_as_query(query_shape, key_shape),
+                                     _heads_as_query(query_shape, value_shape))
+
+
+flop_counter.sdpa_flop_count, flop_counter.sdpa_backward_flop_count = sdpa_flop_count, sdpa_backward_flop_count
 
 
 @register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu)

@@ -188,7 +188,7 @@ class Trainer:
 
                 policy = get_peft_model(policy, LoraConfig(r=self.lora, lora_alpha=cfg.lora.alpha, target_modules=list(cfg.lora.targets), lora_dropout=0.0))
             if self.learner.activation_checkpointing:
-                policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+                checkpoint.activation_checkpointing(policy)
             self.actor = Actor(policy, value_head=self.spec.value_head, logit_chunk=self.learner.logit_chunk_tokens)
             self.reference = Actor(reference, logit_chunk=self.learner.logit_chunk_tokens).eval().requires_grad_(False) if separate else None
         if not sharded(cfg):  # a sharded learner's weights reach the device as they are sharded
