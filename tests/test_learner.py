@@ -204,3 +204,37 @@ def test_groups_pack_in_order_up_to_the_budget_and_split_past_it():
     # ATTN as trees of 2 (test_tree_layout_by_hand): prompts of 2 and 3, completions [3, 2] and [2, 1].
     assert tree_pieces(ATTN, 3, 2, 0).tolist() == [1, 1] and tree_pieces(ATTN, 3, 2, 6).tolist() == [2, 1]  # 2 + 3 + 2 = 7 > 6
     assert tree_tokens(ATTN, 3, 2, tree_pieces(ATTN, 3, 2, 6)) == 2 * 2 + 3 + 8  # the first prompt twice
+
+
+@pytest.mark.vllm  # run in .venv-vllm, whose transformers (5.19) has only `gradient_checkpointing_enable`
+def test_activation_checkpointing_turns_on_under_either_transformers_name():
+    """`checkpoint.activation_checkpointing` under the transformers of vLLM's environment (the name
+    the GPU image's 5.17 has too; .venv's 5.25 takes the new name, in the engine tests): the forward
+    keeps a fraction of the bytes for backward (layers recompute theirs), and the gradients are a
+    plain backward's."""
+    from isoflop_cli.recipe import checkpoint
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(vocab_size=19, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                         num_attention_heads=4, num_key_value_heads=2, use_cache=False)).train()
+    ids = torch.randint(3, 19, (2, 8))
+
+    def backward() -> tuple[int, list[torch.Tensor]]:
+        """Bytes the forward saved for backward, and the gradients."""
+        saved = [0]
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            saved[0] += t.numel() * t.element_size()
+            return t
+
+        model.zero_grad()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return saved[0], [p.grad.clone() for p in model.parameters()]
+
+    plain_bytes, plain = backward()
+    checkpoint.activation_checkpointing(model)
+    checked_bytes, checked = backward()
+    assert checked_bytes < plain_bytes / 4  # 17.7 KB against 185 KB with transformers 5.25
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(plain, checked))
