@@ -240,8 +240,7 @@ class Check:
         after a resume, with no replicate to say whether that was the floor). A resume passes when
         every compared figure is within max(1%, 3 x the replicates' own difference) of the first
         run; one that lost or repeated a step moves rollouts and FLOPs by a quarter at least."""
-        overrides = self.overrides(sampler, 1, 1, max_new_tokens=self.args.resume_tokens) if sampler == "vllm" \
-            else self.overrides(sampler, 1, max_new_tokens=self.args.resume_tokens)
+        overrides = self.overrides(sampler, 1, max_new_tokens=self.args.resume_tokens)
         base = self.args.out / f"resume-{sampler}"
         for replicate in ("a", "b"):
             self.isoflop("run", *overrides, "--out", str(base / replicate))

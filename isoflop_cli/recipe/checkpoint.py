@@ -161,7 +161,9 @@ def qwen2_config(b: DictConfig, tokenizer, **extra) -> Qwen2Config:
 
 
 def supervised(model, b: DictConfig, task: ArithTask, batch_loss: Callable[[list], torch.Tensor], what: str, log_every: int = 100) -> None:
-    """A seeded supervised loop: AdamW, short warm-up then cosine decay, clipped gradients."""
+    """A seeded supervised loop: AdamW, short warm-up then cosine decay, clipped gradients. `task`
+    is anything whose `stream("train", seed)` gives the examples `batch_loss` takes (the lookup's
+    warm start draws key indices)."""
     opt = torch.optim.AdamW(model.parameters(), lr=b.lr, weight_decay=0.0)
     warmup = max(1, b.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(

@@ -19,9 +19,9 @@ taken from the package where it ships.
 
 from __future__ import annotations
 
-import math
 import random
 from pathlib import Path
+from typing import Iterator
 
 import pandas as pd
 import torch
@@ -60,6 +60,20 @@ def build(out: Path) -> None:
         torch.set_num_threads(threads)
 
 
+class _Exposure:
+    """The warm start's draws for `checkpoint.supervised`: key indices, key i with weight
+    1 / (i + 1)^zipf, drawn a batch at a time from a seeded generator."""
+
+    def __init__(self, keys: int, zipf: float, batch_size: int):
+        self.weights = torch.tensor([(i + 1) ** -zipf for i in range(keys)])
+        self.batch_size = batch_size
+
+    def stream(self, split: str, seed: int) -> Iterator[int]:
+        draws = torch.Generator().manual_seed(seed)
+        while True:
+            yield from torch.multinomial(self.weights, self.batch_size, replacement=True, generator=draws).tolist()
+
+
 def _build(out: Path) -> None:
     from omegaconf import OmegaConf
 
@@ -71,21 +85,11 @@ def _build(out: Path) -> None:
     ids = torch.tensor([tokenizer.encode(p) + tokenizer.encode(a) + [tokenizer.eos_token_id] for p, a in rows])  # [keys, T]
     labels = ids.clone()
     labels[:, : len(rows[0][0])] = -100  # the prompt `ddd=` is given, not learnt
-    weights = torch.tensor([(i + 1) ** -b.zipf for i in range(len(rows))])
-    draws = torch.Generator().manual_seed(b.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=b.lr, weight_decay=0.0)
-    warmup = max(1, b.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, b.steps) / b.steps)))
-    model.train()
-    for _ in range(b.steps):
-        idx = torch.multinomial(weights, b.batch_size, replacement=True, generator=draws)  # [batch]
-        loss = model(input_ids=ids[idx], labels=labels[idx]).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-    model.eval()
+
+    def batch_loss(idx: list[int]) -> torch.Tensor:
+        return model(input_ids=ids[idx], labels=labels[idx]).loss
+
+    checkpoint.supervised(model, b, _Exposure(len(rows), b.zipf, b.batch_size), batch_loss, "lookup warm start")
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out)
