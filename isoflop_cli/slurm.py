@@ -51,6 +51,26 @@ def run_command(entrypoint: str, env: dict[str, str]) -> int:
     return subprocess.run(["bash", "-c", entrypoint], env={**os.environ, **env}, check=False).returncode
 
 
+def _stop_local(pid: int, grace_s: float = 10.0) -> None:
+    """Stop a local job as Ray stops one: SIGTERM to everything it runs, SIGKILL to what outlives the
+    grace. submitit's own cancel sends SIGINT to the job's controller only, which a CLI started from
+    a background shell (`nohup isoflop sweep ... &`, CI) passes on as ignored: the run went on to its
+    end. `pid` is the controller's (submitit's local job id)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    for p in psutil.wait_procs(procs, timeout=grace_s)[1]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+
+
 @contextlib.contextmanager
 def _refused() -> Iterator[None]:
     """sbatch's refusal as one SlurmRefused line. submitit also prints sbatch's stderr before it
@@ -159,7 +179,11 @@ class SlurmClient:
         return (job.stdout() or "") + (job.stderr() or "")
 
     def stop_job(self, submission_id: str) -> bool:
-        self._job(submission_id).cancel(check=False)
+        job = self._job(submission_id)
+        if self.cluster.slurm.executor == "slurm":
+            job.cancel(check=False)
+        else:
+            _stop_local(int(job.job_id))
         self.stopped.add(submission_id)
         return True
 

@@ -7,7 +7,10 @@ by side, where problems need skills of their own (isoflop_cli/recipe/lookup.py s
 3. `isoflop sweep --config lookup` on each set (n 2-16, B_p 16, three seeds, to 16,384 rollouts;
    validation asks the set's own keys), then `isoflop fit`;
 4. one table per set: val_avg@k per n and budget (mean and sd over seeds), zero_var_frac, and
-   best@k / worst@k at the largest budget (coverage against sharpening).
+   best@k / worst@k at the largest budget (coverage against sharpening); and one figure of both sets
+   side by side (`study.png` / `.svg`: val_avg@k against rollouts per n, mean and range over seeds).
+
+`make sweep` runs it (the embedded default study):
 
     python scripts/lookup_study.py [--out isoflop-runs/lookup] [--seeds 0,1,2] [--budgets 1024,...,16384] [--n 2,4,8,16]
 
@@ -21,9 +24,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib
 import pandas as pd
 
 from isoflop_cli.recipe import lookup
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+SETS = ("easy", "hard")
 
 
 def isoflop(*args: str) -> None:
@@ -46,6 +55,27 @@ def summary(sweep_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def figure(out: Path) -> Path:
+    """Both sets side by side, as the seed's figures show them: val_avg@k against rollouts, one line
+    per n (the mean over seeds), the band between the seeds' lowest and highest."""
+    fig, axes = plt.subplots(1, len(SETS), figsize=(10, 4), sharey=True)
+    for ax, name in zip(axes, SETS):
+        df = pd.read_parquet(out / name / "results.parquet")
+        for n, rows in df.groupby("n"):
+            by = rows.groupby("rollouts")["val_avg@k"]
+            x = by.mean().index.to_numpy().clip(min=rows["rollouts"][rows["rollouts"] > 0].min() / 2)  # the base point, drawn left of the first budget
+            (line,) = ax.plot(x, by.mean(), marker="o", ms=3, label=f"n={n}")
+            ax.fill_between(x, by.min(), by.max(), color=line.get_color(), alpha=0.15, lw=0)
+        ax.set(xscale="log", xlabel="rollouts (leftmost point: the base model)", title=f"{name} set ({df['seed'].nunique()} seeds)")
+    axes[0].set_ylabel("validation avg@k")
+    axes[-1].legend()
+    fig.tight_layout()
+    for suffix in (".png", ".svg"):
+        fig.savefig(out / f"study{suffix}", dpi=120)
+    plt.close(fig)
+    return out / "study.png"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("isoflop-runs/lookup"))
@@ -59,14 +89,15 @@ def main() -> None:
     common = [f"model.path={model}"]
     isoflop("calibrate", "--config", "lookup", "--out", str(out), *common, f"task.train={out / 'pool.parquet'}",
             f"task.val={out / 'pool.parquet'}", "name=calibration", "eval.problems=8")  # calibrate plans a sweep on each set: sized by the set
-    for name in ("easy", "hard"):
+    for name in SETS:
         problems = out / "calibration" / f"{name}.parquet"
         keys = len(pd.read_parquet(problems))
         isoflop("sweep", "--config", "lookup", "--out", str(out), *common, f"task.train={problems}", f"task.val={problems}",
                 f"name={name}", f"eval.problems={keys}", f"grid.seed=[{args.seeds}]", f"grid.budgets=[{args.budgets}]", f"grid.n=[{args.n}]")
         isoflop("fit", str(out / name))
-    for name in ("easy", "hard"):
+    for name in SETS:
         print(f"\n== {name} set ==\n{summary(out / name)}")
+    print(f"\nboth sets side by side: {figure(out)}; each set's fit: {out}/<set>/fit/report.md")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ keys at different pass rates, problem by problem (what the arithmetic warm start
 every problem sat at one shared rate)."""
 
 import hashlib
+import json
+import os
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -16,6 +20,7 @@ from isoflop_cli.recipe.sampler import HFSampler
 from isoflop_cli.tasks.arith import ALPHABET
 from isoflop_cli.tasks.dataset import read_rows
 
+BASE_AVG = 0.592041015625  # step 0 of `isoflop run --config lookup` on the pool, on one and on two threads
 SHA256 = "1a47322bfec5da11dffe214bd6af30933437a43ce3d14f89ab0dac29a722df1d"  # printed by scripts/ship_embedded.py --lookup
 
 
@@ -55,3 +60,21 @@ def test_the_warm_start_leaves_keys_from_known_to_rare():
     s = spread(rates, pd.Series([16] * len(rates)))
     assert not s.shared and s.difficulty_sd > 0.15
     assert rates.between(0.3, 0.6).sum() >= 25 and rates.between(0.0625, 0.125).sum() >= 25  # calibrate cut 50 and 38
+
+
+@pytest.mark.slow
+def test_the_base_score_is_the_same_on_one_and_two_threads(tmp_path):
+    """`make sweep` on two machines with different thread counts, emulated: step 0's validation
+    avg@k of the shipped lookup model over the whole pool (512 keys, 16 samples each) is pinned."""
+    lookup.write_pool(pool := tmp_path / "pool.parquet")
+    scores = []
+    for threads in (1, 2):
+        out = tmp_path / str(threads)
+        run = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", "--config", "lookup", f"model.path={lookup.model_dir()}", f"task.train={pool}",
+                              f"task.val={pool}", "n=2", "B_p=2", "grid.budgets=[4]", "grid.eval_points=1", "--out", str(out)],
+                             env={**os.environ, "OMP_NUM_THREADS": str(threads)}, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+        assert first["step"] == 0
+        scores.append(first["val_avg@k"])
+    assert scores[0] == scores[1] == pytest.approx(BASE_AVG, abs=1e-6), scores

@@ -41,14 +41,14 @@ def test_a_jobs_state_log_exit_code_and_cancel_read_as_the_dispatcher_reads_ray_
     c = client(tmp_path)
     ok = c.submit_job("echo hello from $GREETING", "job-ok", runtime_env={"env_vars": {"GREETING": "the node"}})
     user_error = c.submit_job("echo bad config >&2; exit 2", "job-exit-2")
-    long = c.submit_job("sleep 60", "job-long")
+    long = c.submit_job("exec sleep 600", "job-long")
     assert wait(c, ok) == "SUCCEEDED" and "hello from the node" in c.get_job_logs(ok)
     assert c.get_job_info(ok).driver_exit_code == 0
     assert wait(c, user_error) == "FAILED" and "bad config" in c.get_job_logs(user_error)
     assert c.get_job_info(user_error).driver_exit_code == 2  # the dispatcher does not retry exit 2
     assert c.get_job_status(long).value == "RUNNING"
-    c.stop_job(long)
-    assert wait(c, long) in ("STOPPED", "FAILED")
+    c.stop_job(long)  # a stop ends the job's command, also where this suite runs with SIGINT ignored (a background shell)
+    assert wait(c, long, timeout=120) == "STOPPED"
     assert json.loads((tmp_path / "job-ok.json").read_text())["executor"] == "local"
 
 
