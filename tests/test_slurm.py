@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import pandas as pd
 import psutil
+import pytest
 from omegaconf import OmegaConf
 from typer.testing import CliRunner
 
