@@ -4,14 +4,11 @@ keys at different pass rates, problem by problem (what the arithmetic warm start
 every problem sat at one shared rate)."""
 
 import hashlib
-import json
-import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 import torch
+from test_embedded import base_scores
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from isoflop_cli.calibrate import spread
@@ -67,14 +64,5 @@ def test_the_base_score_is_the_same_on_one_and_two_threads(tmp_path):
     """`make sweep` on two machines with different thread counts, emulated: step 0's validation
     avg@k of the shipped lookup model over the whole pool (512 keys, 16 samples each) is pinned."""
     lookup.write_pool(pool := tmp_path / "pool.parquet")
-    scores = []
-    for threads in (1, 2):
-        out = tmp_path / str(threads)
-        run = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", "--config", "lookup", f"model.path={lookup.model_dir()}", f"task.train={pool}",
-                              f"task.val={pool}", "n=2", "B_p=2", "grid.budgets=[4]", "grid.eval_points=1", "--out", str(out)],
-                             env={**os.environ, "OMP_NUM_THREADS": str(threads)}, capture_output=True, text=True, timeout=600)
-        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-        first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
-        assert first["step"] == 0
-        scores.append(first["val_avg@k"])
+    scores = base_scores(tmp_path, "--config", "lookup", f"model.path={lookup.model_dir()}", f"task.train={pool}", f"task.val={pool}")
     assert scores[0] == scores[1] == pytest.approx(BASE_AVG, abs=1e-6), scores
