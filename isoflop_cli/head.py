@@ -376,10 +376,14 @@ class RayLauncher:
         """The cluster answers at its address; or a local head has what a job asks for (a job asking
         for more would wait forever)."""
         if self.address:
+            from ray.exceptions import AuthenticationError
             from ray.job_submission import JobSubmissionClient
 
             try:
                 JobSubmissionClient(self.address)
+            except AuthenticationError:
+                raise ConfigError(f"the Ray cluster at {self.address} asks for a token: set RAY_AUTH_MODE=token, with the cluster's "
+                                  "token in ~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH") from None
             except (ConnectionError, ValueError, RuntimeError) as e:
                 raise ConfigError(f"cannot reach the Ray cluster at {self.address}: {str(e).splitlines()[0]}") from None
             return

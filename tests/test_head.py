@@ -371,3 +371,15 @@ def test_killed_cli_frees_the_dir_rerun_reattaches_and_a_lost_head_is_one_line(t
         assert_all_gone(seen, [sweep_dir], [head["temp_dir"]])
     finally:
         cleanup(clis, seen, {head["pid"]} if head else set())
+
+
+@pytest.mark.e2e
+def test_a_cluster_asking_for_a_token_the_cli_lacks_is_one_line_before_anything_is_written(tmp_path, ray_address):
+    """The suite's head takes token auth, as every head isoflop starts does; a sweep given its
+    address without RAY_AUTH_MODE=token is refused in one line naming the fix (it was Ray's traceback)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
+    result = subprocess.run([*isoflop_cmd(tmp_path, 64), f"cluster.address={ray_address}"], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [f"error: the Ray cluster at {ray_address} asks for a token: set RAY_AUTH_MODE=token, with the "
+                                                  "cluster's token in ~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"]
+    assert not list(tmp_path.iterdir())
