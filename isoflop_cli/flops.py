@@ -54,6 +54,11 @@ class Shape:
         model_type = get("model_type")
         if model_type not in SUPPORTED:
             raise UnsupportedModel(f"the FLOP ledger does not support model_type '{model_type}' (supported: {', '.join(SUPPORTED)})")
+        needed = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+        missing = [k for k in needed if not (isinstance(get(k), int) and get(k) > 0)]
+        if missing:
+            raise UnsupportedModel(f"its config ({model_type}) lacks {', '.join(missing)} (a positive integer each): the FLOP ledger "
+                                   "counts a decoder from them")
         heads = get("num_attention_heads")
         return cls(
             layers=get("num_hidden_layers"),

@@ -74,6 +74,15 @@ def test_unsupported_architecture_is_an_error(tmp_path):
     assert result.exit_code == 2 and "gpt2" in result.output
 
 
+def test_a_supported_family_whose_config_lacks_a_size_names_what_it_lacks(tmp_path):
+    """A config.json of a supported family without its sizes (a hand-edited one, or a multimodal
+    checkpoint's outer config that nests them) is one line naming the keys, not a TypeError."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64}))
+    result = CliRunner().invoke(app, ["plan", f"model.path={tmp_path}"])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "lacks intermediate_size, num_attention_heads, vocab_size" in result.output
+
+
 def models():
     tok = char_tokenizer()
     common = dict(vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
