@@ -18,9 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from isoflop_cli.errors import ConfigError
 from isoflop_cli.dispatch import sweep_lock
-from isoflop_cli.errors import HeadLost
+from isoflop_cli.errors import ConfigError, HeadLost
 
 # One cell whose run trains for some seconds (its job is alive long enough to be looked at).
 TINY = ["grid.n=[2]", "grid.B_p=[2]", "grid.eval_points=2", "eval.problems=8", "eval.samples=4", "cluster.local_cpus=1"]
