@@ -23,7 +23,6 @@ from isoflop_cli.errors import ConfigError
 from isoflop_cli.rewards import REWARDS
 from isoflop_cli.samplers import SAMPLERS
 
-
 # FLOPs one run may be planned to spend: far beyond any cluster's, and low enough that a grid's
 # total stays a finite float (a budget of 1e300 made `plan --json` print Infinity).
 MAX_RUN_FLOPS = 1e30

@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass
 from isoflop_cli.algorithms import passes
 from isoflop_cli.config.schema import sharded
 from isoflop_cli.errors import ConfigError
-from isoflop_cli.samplers import SAMPLERS
 from isoflop_cli.flops import Shape, epoch_plan, piece_rows
+from isoflop_cli.samplers import SAMPLERS
 
 GIB = 2**30
 FP32 = 4  # bytes of the master weights, their gradients and each AdamW state

@@ -49,10 +49,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from gpu_ledger_check import QWEN25_05B
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 
-from gpu_ledger_check import QWEN25_05B
 from isoflop_cli.store import CHECKPOINT_FILES
 from isoflop_cli.tasks.arith import ALPHABET, SPECIALS
 

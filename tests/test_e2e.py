@@ -229,8 +229,8 @@ def test_adaptive_sweep_pauses_cells_behind_the_frontier_and_a_larger_full_sweep
     ones and, with checkpoint.keep_final, the finished ones), and a stopped cell, paused at each
     stage, stopped, then continued past a change of budget, records what one uninterrupted run to
     the larger budget records."""
-    from isoflop_cli.fit.data import RUN
     from isoflop_cli.config.schema import DEFAULT_MARGIN
+    from isoflop_cli.fit.data import RUN
     from isoflop_cli.fit.schedule import decide
 
     grid = ["grid.n=[2,4]", "grid.B_p=[2]", "grid.eval_points=6", "eval.problems=64", "eval.samples=4",

@@ -3,10 +3,10 @@ dir's lock, the local head's record and temp dir, a checkpoint, and the data fil
 Each test is the case that once lost or rewrote work, and one variant."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
-import os
 import sys
 from pathlib import Path
 

@@ -4,7 +4,15 @@ import pytest
 import torch
 
 from isoflop_cli.recipe.losses import (
-    cispo_pg, clipped_pg, gae, group_advantages, kl_k3, token_weights, truncated_is, value_loss, whiten,
+    cispo_pg,
+    clipped_pg,
+    gae,
+    group_advantages,
+    kl_k3,
+    token_weights,
+    truncated_is,
+    value_loss,
+    whiten,
 )
 
 

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from isoflop_cli.cli import app
-from isoflop_cli.race import analysis
 from isoflop_cli.errors import ConfigError
+from isoflop_cli.race import analysis
 from isoflop_cli.race.pilot import MIN_STEPS, Level, PilotSpec, derive, expand_levels, levels
 
 runner = CliRunner()

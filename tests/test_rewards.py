@@ -71,7 +71,8 @@ def test_step_rewards_need_a_task_that_shows_its_work():
 
 
 def test_registries_refuse_a_second_entry_of_one_name():
-    from isoflop_cli.recipe.losses import ADVANTAGES, register as register_loss
+    from isoflop_cli.recipe.losses import ADVANTAGES
+    from isoflop_cli.recipe.losses import register as register_loss
     from isoflop_cli.rewards import REWARDS, register, sparse
 
     with pytest.raises(ValueError, match="registered twice"):

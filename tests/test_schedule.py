@@ -13,11 +13,11 @@ from scipy import special
 from typer.testing import CliRunner
 
 from isoflop_cli.cli import app
-from isoflop_cli.fit.data import RUN
-from isoflop_cli.fit.replay import replay
+from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, DEFAULT_MARGIN, Schedule
 from isoflop_cli.fit.band import SLOPE_MAX as SigmoidBand_SLOPE_MAX
 from isoflop_cli.fit.band import SigmoidBand
-from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, DEFAULT_MARGIN, Schedule
+from isoflop_cli.fit.data import RUN
+from isoflop_cli.fit.replay import replay
 from isoflop_cli.fit.schedule import decide
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))

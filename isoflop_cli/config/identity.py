@@ -27,7 +27,6 @@ from isoflop_cli.algorithms import ALGORITHMS, spec
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.store import atomic_write, read_json
 
-
 SWEEP_ONLY = ("grid", "cluster", "name", "calibrate", "tracking")  # config parts that do not change what a run computes
 
 

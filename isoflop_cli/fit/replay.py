@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, Schedule
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import plots
 from isoflop_cli.fit.data import RUN, compute_unit, plain, usable
 from isoflop_cli.fit.outputs import jsonable
-from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, Schedule
 from isoflop_cli.fit.schedule import decide, noise, stage_of
 from isoflop_cli.store import atomic_write
 

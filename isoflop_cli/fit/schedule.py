@@ -57,8 +57,8 @@ import numpy as np
 import pandas as pd
 
 from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, DEFAULT_MARGIN
-from isoflop_cli.fit.noise import estimate as variance_model
 from isoflop_cli.fit.band import SigmoidBand
+from isoflop_cli.fit.noise import estimate as variance_model
 
 MIN_DOF = 8  # residual degrees of freedom the noise is read from before any cell is stopped
 MIN_POINTS = 3  # eval points past the base a cell needs before it can be stopped

@@ -28,7 +28,6 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-
 TREE_ATTENTION = "isoflop_tree"  # the attention implementation an Actor gives its policy: SDPA, or a tree's
 
 
