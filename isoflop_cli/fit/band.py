@@ -1,20 +1,29 @@
-"""How high, or how low, a run's curve can be at a later compute: profile bounds of a monotone sigmoid.
+"""How high, or how low, a run's curve can be at a later compute: profile bounds of a monotone curve.
 
 The adaptive schedule asks of each run, from its eval points (x_i = log2 C_i, y_i) and its base
-evaluation y_0 (at C = 0, the lower plateau), the largest value at x_t of any increasing sigmoid
+evaluation y_0 (at C = 0, the lower plateau), the largest value at x_t of any increasing curve
 
-    f(x) = lower + (upper - lower) * expit(k (x - m)),    0 <= lower <= upper <= 1,
-                                                          f(m + 1/2) - f(m - 1/2) <= rise_max
+    f(x) = lower + (upper - lower) * s(k (x - m)),    0 <= lower <= upper <= 1,
+                                                      f(m + 1/2) - f(m - 1/2) <= rise_max
+
+in either of two shapes, both rising from 0 to 1 with slope k/4 at their midpoint m:
+
+    sigmoid   s(z) = expit(z)
+    ramp      s(z) = clip(z / 4 + 1/2, 0, 1)   (flat, then linear in log C, then flat)
 
 whose squared error is within `slack` of the best fit's (and the smallest, for the frontier's lower
 end); rise_max caps the gain over any doubling of compute (the one centred on the midpoint gains
 most). With slack = (z sigma)^2 this is the profile-likelihood bound at z standard deviations: the
-curves the points cannot tell from the best fit. It is the monotone-sigmoid model `fit` uses (allocation.py), read the way a stopping rule needs:
-not "where is the curve" but "how far could it still go".
+curves the points cannot tell from the best fit. The sigmoid is the model `fit` uses
+(allocation.py), read the way a stopping rule needs: not "where is the curve" but "how far could it
+still go". The ramp is there because RL curves often start late and then climb steadily in log C:
+a sigmoid is symmetric about its midpoint, so through a sharp start it must bend over as sharply,
+and it read such a climb as levelling off (scripts/bench_replay.py's `linear` grids; its misfit
+also inflated the residual the schedule reads its noise from).
 
-f is linear in (lower, upper) once (m, k) are fixed, so the bound is exact in those two and searched
-on a grid over (m, k): for every grid point, the region {SSE <= threshold} is an ellipse in
-(lower, upper), the constraints a polygon, and the extreme of the linear functional
+f is linear in (lower, upper) once (m, k) and the shape are fixed, so the bound is exact in those
+two and searched on a grid over (m, k, shape): for every grid point, the region {SSE <= threshold}
+is an ellipse in (lower, upper), the constraints a polygon, and the extreme of the linear functional
 f(x_t) = (1 - s_t) lower + s_t upper over their intersection lies at the ellipse's tangent point or
 where the ellipse meets an edge of the polygon. Every grid point at once, in numpy.
 """
@@ -27,22 +36,23 @@ from scipy import special
 MID_STEP = 0.05  # grid step of the midpoint m, in doublings of compute
 SLOPES = 160  # grid points of the slope k, geometric from SLOPE_MIN to SLOPE_MAX (a bound within ~0.001 of a 4x finer grid)
 SLOPE_MIN = 0.05  # per doubling: flatter than this over a sweep's range is a constant
+SHAPES = ("sigmoid", "ramp")
 SLOPE_MAX = 30.0  # per doubling (curves.SLOPE_MAX, 100 per decade): steeper is a step
 # The triangle 0 <= lower <= upper <= 1 in (lower, upper), where the best fit lies: its edges lower = 0, upper = 1, lower = upper.
 EDGES = ((np.array([0.0, 0.0]), np.array([0.0, 1.0])), (np.array([0.0, 1.0]), np.array([1.0, 0.0])),
          (np.array([0.0, 0.0]), np.array([1.0, 1.0])))  # (start, direction): start + t * direction, t in [0, 1]
 
 
-class SigmoidBand:
-    """One run's points, prepared for bounds at any later compute: the sigmoid grid over (m, k) up to
+class CurveBand:
+    """One run's points, prepared for bounds at any later compute: the grid over (m, k, shape) up to
     `x_max` (the sweep's largest budget, log2) and, per grid point, the normal equations in (lower, upper)."""
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, base: float | None, x_max: float):
+    def __init__(self, x: np.ndarray, y: np.ndarray, base: float | None, x_max: float, shapes: tuple[str, ...] = SHAPES):
         x, y = np.asarray(x, float), np.asarray(y, float)
         mids = np.arange(x.min() - 1.0, x_max + 1.0 + 1e-9, MID_STEP)
         slopes = np.geomspace(SLOPE_MIN, SLOPE_MAX, SLOPES)
-        self.mid, self.slope = (a.ravel() for a in np.meshgrid(mids, slopes, indexing="ij"))
-        s = special.expit(self.slope[:, None] * (x[None, :] - self.mid[:, None]))  # (grid, points)
+        self.mid, self.slope, self.ramp = (a.ravel() for a in np.meshgrid(mids, slopes, np.asarray(shapes) == "ramp", indexing="ij"))
+        s = self._shape(x[None, :], slice(None))  # (grid, points)
         if base is not None:  # the base evaluation sits on the lower plateau: s = 0
             s, y = np.concatenate([np.zeros((len(s), 1)), s], axis=1), np.concatenate([[base], y])
         a, b = 1.0 - s, s  # f = a * lower + b * upper at every point
@@ -57,6 +67,10 @@ class SigmoidBand:
         self.free = np.einsum("gij,gj->gi", self.inverse, self.g)  # unconstrained least squares per grid point
         self.sse_by_grid = self._least_squares()
         self.best = int(np.argmin(self.sse_by_grid))
+
+    def _shape(self, x, rows) -> np.ndarray:
+        """s at the computes x (log2) for the grid points `rows`: (rows, len(x))."""
+        return shape(self.slope[rows][:, None] * (np.atleast_2d(x) - self.mid[rows][:, None]), self.ramp[rows][:, None])
 
     @property
     def sse(self) -> float:
@@ -78,17 +92,19 @@ class SigmoidBand:
         return best
 
     def extreme(self, x: np.ndarray, slack: float, upper: bool = True, rise_max: float = np.inf) -> np.ndarray:
-        """The largest (upper) or smallest value at each of the computes x (log2) of a sigmoid whose
+        """The largest (upper) or smallest value at each of the computes x (log2) of a curve whose
         squared error is at most the best fit's + slack, and which gains at most `rise_max` over any
-        doubling of compute, (upper - lower) (2 expit(k / 2) - 1) over the one centred on its
-        midpoint (unless no such sigmoid fits the points that well: a cap the points contradict is
+        doubling of compute, (upper - lower) (2 expit(k / 2) - 1) for a sigmoid, (upper - lower)
+        min(k / 4, 1) for a ramp, over the one centred on its midpoint (unless no such curve fits the points that well: a cap the points contradict is
         no bound)."""
         # The normal equations round at ~1e-16 of the data's scale: without that much room an exact
         # fit (or slack 0) could fail its own threshold and bound nothing.
         threshold = self.sse + slack + 1e-12 * max(self.yy, 1.0)
         keep = self.sse_by_grid <= threshold  # only these grid points have (lower, upper) within the threshold
         H, g, free, inverse, regular = self.H[keep], self.g[keep], self.free[keep], self.inverse[keep], self.regular[keep]
-        width = np.clip(rise_max / (2 * special.expit(self.slope[keep] / 2) - 1), 0.0, 1.0)  # upper - lower <= width at each grid point
+        k = self.slope[keep]
+        gain = np.where(self.ramp[keep], np.minimum(k / 4, 1.0), 2 * special.expit(k / 2) - 1)  # over the doubling centred on m, per unit of upper - lower
+        width = np.clip(rise_max / gain, 0.0, 1.0)  # upper - lower <= width at each grid point
         room = threshold - _sse(free, H, g, self.yy)
         # The polygon 0 <= lower <= upper <= 1, upper - lower <= width: its edges, start + t * direction, t in [0, 1].
         zero, w = np.zeros_like(width), width
@@ -109,12 +125,13 @@ class SigmoidBand:
         sign = 1.0 if upper else -1.0
         out = []
         for x_t in np.atleast_1d(np.asarray(x, float)):
-            s_t = special.expit(self.slope[keep] * (x_t - self.mid[keep]))
+            s_t = self._shape(x_t, keep)[:, 0]
             c = sign * np.stack([1.0 - s_t, s_t], -1)  # maximise c . (lower, upper)
             # The ellipse's tangent point in direction c: free + sqrt(room / c'H^-1c) H^-1 c.
             direction = np.einsum("gij,gj->gi", inverse, c)
             reach = np.einsum("gi,gi->g", c, direction)
-            top = free + np.sqrt(np.clip(room, 0.0, None) / np.maximum(reach, 1e-300))[:, None] * direction
+            with np.errstate(over="ignore", invalid="ignore"):  # a singular grid point (reach 0) is not `regular`: masked below
+                top = free + np.sqrt(np.clip(room, 0.0, None) / np.maximum(reach, 1e-300))[:, None] * direction
             ok = regular & (room >= 0) & _in_polygon(top, width)
             best = np.where(ok, np.einsum("gi,gi->g", c, np.where(ok[:, None], top, 0.0)), -np.inf)
             for p, feasible in crossings:  # or where it meets an edge of the polygon
@@ -124,6 +141,11 @@ class SigmoidBand:
         if not np.isfinite(out).all() and np.isfinite(rise_max):
             return self.extreme(x, slack, upper)  # the cap contradicts the points
         return out
+
+
+def shape(z: np.ndarray, ramp: np.ndarray | bool) -> np.ndarray:
+    """The rise from 0 to 1 at z = k (x - m): a ramp's or a sigmoid's."""
+    return np.where(ramp, np.clip(z / 4 + 0.5, 0.0, 1.0), special.expit(z))
 
 
 def _sse(beta: np.ndarray, H: np.ndarray, g: np.ndarray, yy: float) -> np.ndarray:

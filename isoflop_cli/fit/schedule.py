@@ -9,14 +9,18 @@ the frontier at some budget still to come:
 
 or the cell is the one whose low_c(b') is that maximum at some b' (the frontier's holder).
 
-- low_c(b') is the least a cell's curve can be at b': the profile lower bound of a monotone sigmoid
-  through its eval points, at `margin` standard deviations of the metric's noise (`fit/band.py`).
-  A monotone curve is how the frontier reads a run (its best so far); the lower bound is in effect
-  the cell's level now, less the noise, whatever shape comes next.
+- low_c(b') is the least a cell's curve can be at b': the profile lower bound of a monotone curve,
+  a sigmoid or a ramp (linear in log C between two flats), through its eval points, at `margin`
+  standard deviations of the metric's noise (`fit/band.py`). A monotone curve is how the frontier
+  reads a run (its best so far); the lower bound is in effect the cell's level now, less the noise,
+  whatever shape comes next.
 - up_r(b') is the most the cell's curve can be at b': the profile upper bound of the same family,
   with no cap on how fast it rises. Past a cell's last point that allows a step to the ceiling, so
   a cell at its base that learns (a flat start, a linear creep, a late jump) is never stopped for
-  its shape; a cell that has risen and levelled off is bounded by the plateau its points show.
+  its shape; a cell that has risen and levelled off is bounded by the plateau its points show, and
+  one climbing steadily by the ramp that carries its climb on. A cell that has left its base at
+  fewer than MIN_RISEN points has no bound yet: two points into a climb, one point's noise is
+  enough to read a levelling off that is not there (scripts/bench_replay.py's `linear` grids).
 - A cell that has shown no learning signal, no group with unequal rewards in any window since its
   base (`zero_var_frac` = 1 at every eval point: GRPO's advantages, and so its gradient, are zero),
   has not moved and is bounded by a flat line through its points. A cell whose points rise despite
@@ -57,11 +61,12 @@ import numpy as np
 import pandas as pd
 
 from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, DEFAULT_MARGIN
-from isoflop_cli.fit.band import SigmoidBand
+from isoflop_cli.fit.band import CurveBand
 from isoflop_cli.fit.noise import estimate as variance_model
 
 MIN_DOF = 8  # residual degrees of freedom the noise is read from before any cell is stopped
 MIN_POINTS = 3  # eval points past the base a cell needs before it can be stopped
+MIN_RISEN = 3  # eval points above its base (by the margin) a cell that has left its base needs before its climb is bounded
 TIE = 1e-9  # rounding: an exact fit of flat points bounds a cell at the frontier to within this
 TOLERANCE = 1.1  # a FLOP-budget run stops at the first step whose ledger reaches a budget: a little above it
 SIGNAL = "zero_var_frac"  # per eval point, the share of the groups since the last one whose rewards were all equal
@@ -104,9 +109,11 @@ def decide(points: pd.DataFrame, budget: float, budgets: list[float], margin: fl
     lows = np.where(np.isfinite(lows), lows, -np.inf)  # a bound that failed counts for nothing
     frontier = lows.max(axis=0)
     holders = {list(bands)[i] for i in np.argmax(lows, axis=0)}  # the cells whose lower ends make the frontier's
+    climbs = _climbing(points, margin * sigma, metric, compute, run)
     out = []
     for r, value in best.items():
-        reach = _reach(bands[r], x, slack, learns[r]) if r in bands else np.full(len(x), np.inf)  # too few points: no bound
+        # Too few points, or a climb seen at fewer than MIN_RISEN: no bound.
+        reach = _reach(bands[r], x, slack, learns[r]) if r in bands and not climbs[r] else np.full(len(x), np.inf)
         i = int(np.argmax(reach - frontier))
         # A cell goes on while it holds the frontier, or could beat it by more than the indifference.
         go = r in holders or reach[i] > frontier[i] + indifference + TIE
@@ -114,7 +121,19 @@ def decide(points: pd.DataFrame, budget: float, budgets: list[float], margin: fl
     return out
 
 
-def _reach(band: SigmoidBand, x: np.ndarray, slack: float, learns: bool) -> np.ndarray:
+def _climbing(points: pd.DataFrame, above: float, metric: str, compute: str, run: str) -> pd.Series:
+    """Per run, whether it has just started to climb: it stands more than `above` over its base (its
+    step-0 evaluation, else its first point) at some eval points, but at fewer than MIN_RISEN."""
+    out = {}
+    for r, g in points.groupby(run, sort=False):
+        base = g.loc[g[compute] == 0, metric]
+        floor = float(base.iloc[0]) if len(base) else float(g[metric].iloc[0])
+        risen = int((g.loc[g[compute] > 0, metric] > floor + above).sum())
+        out[r] = 0 < risen < MIN_RISEN
+    return pd.Series(out, dtype=bool)
+
+
+def _reach(band: CurveBand, x: np.ndarray, slack: float, learns: bool) -> np.ndarray:
     """The most a cell can be at the computes x: any monotone sigmoid its points allow, a step
     right past its last point included, unless it has shown no learning signal: then it stays where
     its points are (a flat line, unless the points themselves rise)."""
@@ -133,14 +152,14 @@ def _learns(points: pd.DataFrame, compute: str, run: str) -> pd.Series:
     return learned.reindex(points[run].unique(), fill_value=True).astype(bool)
 
 
-def _bands(points: pd.DataFrame, x_max: float, metric: str, compute: str, run: str) -> dict[str, SigmoidBand]:
-    """A SigmoidBand per run with MIN_POINTS eval points past its base."""
+def _bands(points: pd.DataFrame, x_max: float, metric: str, compute: str, run: str) -> dict[str, CurveBand]:
+    """A CurveBand per run with MIN_POINTS eval points past its base."""
     out = {}
     for r, g in points.groupby(run, sort=False):
         later = g[g[compute] > 0]
         if len(later) >= MIN_POINTS:
             base = g.loc[g[compute] == 0, metric]
-            out[r] = SigmoidBand(np.log2(later[compute].to_numpy(float)), later[metric].to_numpy(float),
+            out[r] = CurveBand(np.log2(later[compute].to_numpy(float)), later[metric].to_numpy(float),
                                  float(base.iloc[0]) if len(base) else None, x_max)
     return out
 
