@@ -23,16 +23,16 @@ TIE_SD = 2.0  # curves within this many sd of one eval point's noise of the top 
 
 def metric_noise(df: pd.DataFrame, spec: FitSpec, method: str, model: Noise) -> float:
     """One sd of an eval point's noise: the larger of the pooled residual of each run's best
-    monotone sigmoid through its raw eval points (`schedule.noise`, the adaptive rule's and
-    `isoflop replay`'s noise, from up to NOISE_RUNS runs) and the variance model's sd (`model.sd`:
-    between seeds, else the evaluation's binomial). The residual holds a run's wobble between eval
+    monotone sigmoid through its raw eval points (`schedule.noise` in the fit's own family; the
+    adaptive rule reads its noise about its sigmoids and ramps; from up to NOISE_RUNS runs) and the
+    variance model's sd (`model.sd`: between seeds, else the evaluation's binomial). The residual holds a run's wobble between eval
     points and the evaluation noise that differs between them; it misses what all of a run's points
     share (its seed's luck; the evaluation streams, which are the same at every eval point), which
     the model holds. 0 with a warning when neither can be read (then any excess is an
     extrapolation and only exact equality a tie)."""
     runs = df[RUN].unique()
     pick = runs[np.unique(np.linspace(0, runs.size - 1, min(runs.size, NOISE_RUNS)).round().astype(int))] if runs.size else runs
-    sigmas = [s for s in (noise(df[df[RUN].isin(pick)], spec.metric, spec.compute, RUN), model.sd) if s is not None]
+    sigmas = [s for s in (noise(df[df[RUN].isin(pick)], spec.metric, spec.compute, RUN, shapes=("sigmoid",)), model.sd) if s is not None]
     if not sigmas:
         warn(f"{method}: too few eval points to read the metric's noise, and no variance recorded; extrapolation and ties are judged with zero noise")
         return 0.0

@@ -61,7 +61,7 @@ import numpy as np
 import pandas as pd
 
 from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, DEFAULT_MARGIN
-from isoflop_cli.fit.band import CurveBand
+from isoflop_cli.fit.band import SHAPES, CurveBand
 from isoflop_cli.fit.noise import estimate as variance_model
 
 MIN_DOF = 8  # residual degrees of freedom the noise is read from before any cell is stopped
@@ -152,7 +152,7 @@ def _learns(points: pd.DataFrame, compute: str, run: str) -> pd.Series:
     return learned.reindex(points[run].unique(), fill_value=True).astype(bool)
 
 
-def _bands(points: pd.DataFrame, x_max: float, metric: str, compute: str, run: str) -> dict[str, CurveBand]:
+def _bands(points: pd.DataFrame, x_max: float, metric: str, compute: str, run: str, shapes: tuple[str, ...] = SHAPES) -> dict[str, CurveBand]:
     """A CurveBand per run with MIN_POINTS eval points past its base."""
     out = {}
     for r, g in points.groupby(run, sort=False):
@@ -160,13 +160,15 @@ def _bands(points: pd.DataFrame, x_max: float, metric: str, compute: str, run: s
         if len(later) >= MIN_POINTS:
             base = g.loc[g[compute] == 0, metric]
             out[r] = CurveBand(np.log2(later[compute].to_numpy(float)), later[metric].to_numpy(float),
-                                 float(base.iloc[0]) if len(base) else None, x_max)
+                               float(base.iloc[0]) if len(base) else None, x_max, shapes)
     return out
 
 
-def noise(points: pd.DataFrame, metric: str = "val_avg@k", compute: str = "rollouts", run: str = "run_id") -> float | None:
-    """The metric's noise (one sd) the rule reads from these eval points; None if too few."""
-    return _noise(_bands(points, math.log2(points[compute].max()), metric, compute, run).values())
+def noise(points: pd.DataFrame, metric: str = "val_avg@k", compute: str = "rollouts", run: str = "run_id",
+          shapes: tuple[str, ...] = SHAPES) -> float | None:
+    """The metric's noise (one sd): the pooled residual of each run's best curve of `shapes` (the
+    rule's own, by default); None if too few points."""
+    return _noise(_bands(points, math.log2(points[compute].max()), metric, compute, run, shapes).values())
 
 
 def _noise(bands) -> float | None:
