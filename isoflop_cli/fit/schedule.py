@@ -29,7 +29,7 @@ or the cell is the one whose low_c(b') is that maximum at some b' (the frontier'
 - indifference (`grid.indifference`, the metric's units) is what a tie is worth: a cell whose best
   case beats the frontier's worst by no more stops, so cells that can only tie stop costing
   compute; the holder goes on, so a grid of ties keeps one cell.
-- sigma, the noise, is the pooled residual of the cells' sigmoid fits, or the sweep's variance
+- sigma, the noise, is the pooled residual of the cells' best fits, or the sweep's variance
   model (`fit/noise.py`: between seed replicates, else the evaluation's recorded binomial variance)
   where that is larger: a run's eval points share its seed's luck and, with paired evaluation,
   their sampling streams, which no residual about its own curve shows. Until the residual has
@@ -39,8 +39,8 @@ Why the learning signal rather than a cap on the rise: the rule used to cap ever
 doubling at twice the fastest any cell's fit showed, which stopped cells that never learn but also
 a winner that stays flat and then jumps, and the cap comes from other cells, not from the one it
 stops. A monotone curve can do anything past its last point; what says a cell cannot is the cell's
-own training signal, and `zero_var_frac` records it at every eval point. The sigmoid stays the
-bound's family because a sigmoid's upper bound, uncapped, is only tight once a curve has levelled
+own training signal, and `zero_var_frac` records it at every eval point. Sigmoids and ramps stay
+the bound's family because their upper bound, uncapped, is only tight once a curve has levelled
 off: the stops it makes are of cells whose plateau shows, which no later shape undoes. What this
 costs is that a cell which learns but trails is kept until its plateau shows (scripts/bench_replay.py
 measures it, on truths that are not sigmoids).
@@ -134,7 +134,7 @@ def _climbing(points: pd.DataFrame, above: float, metric: str, compute: str, run
 
 
 def _reach(band: CurveBand, x: np.ndarray, slack: float, learns: bool) -> np.ndarray:
-    """The most a cell can be at the computes x: any monotone sigmoid its points allow, a step
+    """The most a cell can be at the computes x: any monotone curve its points allow, a step
     right past its last point included, unless it has shown no learning signal: then it stays where
     its points are (a flat line, unless the points themselves rise)."""
     reach = band.extreme(x, slack, upper=True, rise_max=np.inf if learns else 0.0)
@@ -172,7 +172,7 @@ def noise(points: pd.DataFrame, metric: str = "val_avg@k", compute: str = "rollo
 
 
 def _noise(bands) -> float | None:
-    """One standard deviation of the metric's noise: the pooled residual of the runs' best sigmoid
+    """One standard deviation of the metric's noise: the pooled residual of the runs' best
     fits (4 parameters each), from runs with points to spare; None below MIN_DOF degrees of freedom."""
     spare = [b for b in bands if b.points > 4]
     dof = sum(b.points - 4 for b in spare)
