@@ -16,7 +16,7 @@ Each grid records per eval point the metric (truth + noise + a random effect per
 from the training success rate). Printed per family, noise and margin: the share of the full grid's
 compute spent (the ratio at equal work: the same cells, each to where the schedule let it run), the
 share of grids whose true frontier loss (noise-free curves, every stage budget) is at most 0.01, and
-the largest loss. Then the recorded results given as arguments (a sweep dir, results.parquet or
+the largest loss; then the same over every grid of every family and noise level. Then the recorded results given as arguments (a sweep dir, results.parquet or
 CSV), where there is no truth. The README's tables are this script's output.
 
     python scripts/bench_replay.py [RESULTS ...] [--families sigmoid,late,...] [--margins 2.5] [--seeds 8]
@@ -115,6 +115,7 @@ def main() -> None:
     parser.add_argument("--compute", default="rollouts")
     args = parser.parse_args()
     margins = [float(m) for m in args.margins.split(",")]
+    pooled: dict[float, list[tuple[float, float]]] = {m: [] for m in margins}  # margin -> (share, loss) of every grid
     print(f"indifference {args.indifference:g}\n\n"
           f"| family | noise sd | margin | compute share, mean (max) | grids losing <= {LOSS:g} | true frontier lost, worst |\n"
           "| --- | --- | --- | --- | --- | --- |")
@@ -125,8 +126,13 @@ def main() -> None:
                 runs = [(replay(df, args.metric, "n", args.compute, Schedule.adaptive, margin, indifference=args.indifference), df)
                         for df in grids]
                 share, lost = [r.compute_share for r, _ in runs], [true_gap(df, r) for r, df in runs]
+                pooled[margin] += zip(share, lost)
                 print(f"| {name} | {sd:g} | {margin:g} | {np.mean(share):.2f} ({max(share):.2f}) | "
                       f"{np.mean(np.array(lost) <= LOSS):.2f} | {max(lost):.3f} |", flush=True)
+    for margin, rows in pooled.items():
+        share, lost = np.array(rows).T
+        print(f"| every grid above ({len(rows)}) | all | {margin:g} | {share.mean():.2f} ({share.max():.2f}) | "
+              f"{np.mean(lost <= LOSS):.2f} | {lost.max():.3f} |", flush=True)
     for path in args.results:
         df, _ = data.load([path])
         for margin in margins:
