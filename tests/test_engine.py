@@ -203,6 +203,8 @@ def test_a_killed_run_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path, 
     resumed = subprocess.run([*command, str(killed)], capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resumed from the checkpoint at step" in resumed.stdout
+    # No progress bar in a run's log, and (two ranks) no semaphore a rank's bar left behind.
+    assert "Loading weights" not in resumed.stdout + resumed.stderr and "leaked semaphore" not in resumed.stderr, resumed.stderr
     assert metrics(killed) == metrics(whole)
     assert not (killed / "checkpoint").exists()  # a finished run keeps no training state
     assert all(abs(r["tis"] - 1) < 1e-3 for r in metrics(whole)[1:])

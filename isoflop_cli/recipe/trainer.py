@@ -26,6 +26,7 @@ from typing import Callable, TypeVar
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from transformers.utils import logging as hf_logging
 
 from isoflop_cli import flops, tasks
 from isoflop_cli.algorithms import passes, spec
@@ -130,6 +131,10 @@ def _error_line(e: BaseException) -> str:
 
 
 def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunFiles, pause_at: float | None = None) -> None:
+    # No progress bars in a run (transformers draws one per weight load): its log is a file, where a
+    # bar is carriage returns, and on a rank of a sharded run tqdm's multiprocessing lock outlived the
+    # rank's os._exit, so every such run ended with the resource tracker's "leaked semaphore" warning.
+    hf_logging.disable_progress_bar()
     trainer = Trainer(group, cfg, budget, lr, files, pause_at)
     try:
         trainer.fit()
