@@ -406,7 +406,8 @@ def logs(
 @app.command()
 def fit(
     paths: list[Path] = typer.Argument(..., help="Sweep directories, results parquets or CSVs with the same columns (concatenated)."),
-    method: Optional[list[str]] = typer.Option(None, "--method", "-m", help="frontier, fixed-batch, scalerl, isoflop-slices, surface, parametric or interference; repeat for several (default: what the data supports)."),
+    method: Optional[list[str]] = typer.Option(None, "--method", "-m", help="frontier, fixed-batch, scalerl, isoflop-slices, surface, parametric or interference; "
+                                                       "repeat for several (default: what the data supports)."),
     metric: str = typer.Option("val_avg@k", help="Metric column (the loss column for parametric)."),
     axis: str = typer.Option("n", help="Grid axis whose compute-optimal value is fitted (n, B_p, model size, rho ...)."),
     compute: str = typer.Option("rollouts", help="Compute column: rollouts or flops_total."),
@@ -414,7 +415,8 @@ def fit(
     size_col: Optional[str] = typer.Option(None, help="parametric: the parameter-count column N."),
     tokens_col: Optional[str] = typer.Option(None, help="parametric: the training-token column D."),
     compute_col: Optional[str] = typer.Option(None, help="parametric: a FLOPs column C, with D = C / (6 N)."),
-    holdout: int = typer.Option(0, help="frontier, surface, scalerl: fit on all but the K largest budgets (distinct compute values of the eval points) and report the error of axis* and of the value predicted at them."),
+    holdout: int = typer.Option(0, help="frontier, surface, scalerl: fit on all but the K largest budgets (distinct compute values of "
+                                          "the eval points) and report the error of axis* and of the value predicted at them."),
     holdout_frac: float = typer.Option(0.0, help="scalerl: hold out this top share of the log-compute range and report the extrapolation error."),
     drop_early: float = typer.Option(0.0, help="scalerl: leave out eval points below this fraction of the largest compute."),
     bootstrap: int = typer.Option(200, help="Bootstrap resamples over runs for the 90% intervals (0: none)."),
@@ -476,14 +478,18 @@ def replay(
 def race_pilot(
     overrides: Optional[list[str]] = OVERRIDES,
     config: Optional[str] = CONFIG,
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output root; the pilot lives in OUT/<name>-pilot, its analysis in race/ there (default: isoflop-runs). With --from-results: the output dir (default: race/ beside the file)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output root; the pilot lives in OUT/<name>-pilot, its analysis in race/ there (default: "
+                                                     "isoflop-runs). With --from-results: the output dir (default: race/ beside the file)."),
     target: str = typer.Option("native", help="native (val_native: validation scored by the training reward), downstream (a held-out set's downstream_*_pass@1, else val_avg@k) or judge (judge_*)."),
     metric: Optional[str] = typer.Option(None, help="The target column itself (default: the target's column)."),
     from_results: Optional[Path] = typer.Option(None, "--from-results", help="Analyse this results file or sweep dir (steps 3-6): no compute."),
     validate_with: Optional[Path] = typer.Option(None, "--validate-with", help="Full-scale results (a sweep dir or results file): same_regime_rate compares the pilot's call with the call on them."),
     force: bool = typer.Option(False, "--force", help="Run a pilot that costs more than --cap of the full sweep."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the pilot plan and its cost, and stop."),
-    updates: str = typer.Option("1,2,4,8", help="Allocation levels: updates per rollout batch (algo.epochs, whole), each paired with n = N / updates rollouts per prompt (N: the sweep's largest n, at least 2x the largest count), so every level learns from N completions a prompt and more updates buy fewer fresh rollouts: rho rises with updates at the same FLOPs."),
+    updates: str = typer.Option("1,2,4,8", help="Allocation levels: updates per rollout batch (algo.epochs, whole), each paired with n = N / "
+                                    "updates rollouts per prompt (N: the sweep's largest n, at least 2x the largest count), so every "
+                                    "level learns from N completions a prompt and more updates buy fewer fresh rollouts: rho rises "
+                                    "with updates at the same FLOPs."),
     budgets: int = typer.Option(3, help="At most this many FLOP budgets (1-3), read off the same runs."),
     share: float = typer.Option(0.10, help="Target pilot cost as a share of the full sweep's predicted FLOPs."),
     cap: float = typer.Option(0.25, help="Refuse a pilot above this share of the full sweep (unless --force)."),

@@ -17,7 +17,8 @@ FORMS = {
     "scalerl": "R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)",
     "isoflop-slices": "{axis}* = coef * C^exponent",
     "parametric": "L(N, D) = E + A / N^alpha + B / D^beta",
-    "surface": "y = upper - (upper - lower) exp(-(C_eff / C0)^a), log10 C_eff = log10 C - sum over axes k (log2 x - b0 - b1 (log10 C - log10 C_ref))^2; {axis}*(C) = 2^(b0 + b1 (log10 C - log10 C_ref))",
+    "surface": "y = upper - (upper - lower) exp(-(C_eff / C0)^a), log10 C_eff = log10 C - sum over axes k (log2 x - b0 - b1 "
+               "(log10 C - log10 C_ref))^2; {axis}*(C) = 2^(b0 + b1 (log10 C - log10 C_ref))",
     "interference": "per run: shares of problems whose pass rate rose / regressed by a binomial test, at equal compute and at equal steps; slopes against log2 {axis}",
 }
 

@@ -110,7 +110,8 @@ def markdown(report: dict, plots: list[str]) -> str:
         lines.append(f"- without {', '.join(f'{k} {fmt(x)}' for k, x in s['left_out'].items())}: "
                      + ", ".join(f"{r} {g}" for r, g in s["regimes"].items()))
     share = report["pilot_share"]
-    lines += ["", "## Cost", "", f"Pilot FLOPs: {report['pilot_flops']:.3g}" + (f", {share:.1%} of the full sweep's predicted {report['full_flops']:.3g}" if share is not None else " (from a results file)") + ".", ""]
+    of_full = f", {share:.1%} of the full sweep's predicted {report['full_flops']:.3g}" if share is not None else " (from a results file)"
+    lines += ["", "## Cost", "", f"Pilot FLOPs: {report['pilot_flops']:.3g}{of_full}.", ""]
     lines += ["## Recommendation", "", f"- reward: `{rec['reward']}` ({rec['reward_why']})", f"- allocation: {rec['allocation']}"
               + (f": algo.epochs {rec['algo.epochs']}" if rec.get("algo.epochs") else "")
               + f" (pilot rho {rec['rho_range'][0]:.3f} to {rec['rho_range'][1]:.3f})"]
