@@ -134,10 +134,10 @@ class CurveBand:
             # The ellipse's tangent point in direction c: free + sqrt(room / c'H^-1c) H^-1 c.
             direction = inverse.times(c)
             reach = _dot(c, direction)
-            with np.errstate(over="ignore", invalid="ignore"):  # a singular grid point (reach 0) is not `regular`: masked below
+            with np.errstate(over="ignore", invalid="ignore"):  # a singular grid point (reach 0) is not `regular`: masked here
                 top = _along(free, np.sqrt(np.clip(room, 0.0, None) / np.maximum(reach, 1e-300)), direction)
-            ok = regular & (room >= 0) & _in_polygon(top, width)
-            best = np.where(ok, _dot(c, top), -np.inf)
+                ok = regular & (room >= 0) & _in_polygon(top, width)
+                best = np.where(ok, _dot(c, top), -np.inf)
             for p, feasible in crossings:  # or where it meets an edge of the polygon
                 best = np.where(feasible, np.maximum(best, _dot(c, p)), best)
             out.append(sign * best.max())
