@@ -21,7 +21,6 @@ A rerun keeps every finished run (isoflop's own resume).
 from __future__ import annotations
 
 import argparse
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +39,14 @@ SETS = ("easy", "hard")
 # shows"), so its sweep goes a doubling further.
 TOP = {"easy": 8192, "hard": 32768}
 FIRST = 1024
+
+
+def doubling(top: int) -> list[int]:
+    """FIRST, 2 FIRST, 4 FIRST, ... up to `top` (FIRST alone when top is below it)."""
+    budgets = [FIRST]
+    while budgets[-1] * 2 <= top:
+        budgets.append(budgets[-1] * 2)
+    return budgets
 
 
 def isoflop(*args: str) -> None:
@@ -100,7 +107,7 @@ def main() -> None:
     for name in SETS:
         problems = out / "calibration" / f"{name}.parquet"
         keys = len(pd.read_parquet(problems))
-        budgets = ",".join(str(FIRST * 2**k) for k in range(int(math.log2(getattr(args, f"{name}_to") / FIRST)) + 1))
+        budgets = ",".join(map(str, doubling(getattr(args, f"{name}_to"))))
         isoflop("sweep", "--config", "lookup", "--out", str(out), *common, f"task.train={problems}", f"task.val={problems}",
                 f"name={name}", f"eval.problems={keys}", f"grid.seed=[{args.seeds}]", f"grid.budgets=[{budgets}]", f"grid.n=[{args.n}]")
         isoflop("fit", str(out / name))
