@@ -218,6 +218,11 @@ RAY_PORT_FLAGS = ("port", "dashboard-port", "dashboard-agent-listen-port", "dash
 # ports taken from the environment (44217, 44227), are given a port no socket can bind: each start
 # fails, which Ray logs and goes on from. tests/test_head.py asks every listener without the token.
 RAY_METRICS_OFF = {"RAY_enable_metrics_collection": "0", "AUTOSCALER_METRIC_PORT": "65536", "DASHBOARD_METRIC_PORT": "65536"}
+# When its first driver connects, a raylet starts one idle default worker per CPU so that tasks
+# start warm. All a sweep runs on Ray are jobs, whose supervisor actors carry a runtime env no
+# default worker matches: those workers start (~0.8 CPU-s each), idle and are reaped unused. One
+# end-to-end test tier started 48 of them; the first job on a fresh head waited 1.8 s, against 1.1.
+RAY_NO_PRESTART = {"RAY_prestart_worker_first_driver": "0"}
 
 
 def serve_head(cpus: int, info_file: Path, temp_dir: Path, nonce: str) -> None:
@@ -231,7 +236,7 @@ def serve_head(cpus: int, info_file: Path, temp_dir: Path, nonce: str) -> None:
     # machine's address (services.resolve_ip_for_localhost), and gcs_server, raylet, the dashboard
     # agent, the runtime-env agent, the client server and every worker then listen on it or on all
     # interfaces; with it they take 127.0.0.1 (Ray then also refuses other nodes joining).
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", **RAY_METRICS_OFF)
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", **RAY_METRICS_OFF, **RAY_NO_PRESTART)
     _ensure_token()
     for attempt in range(3):
         flags = dict(zip(RAY_PORT_FLAGS, free_ports(len(RAY_PORT_FLAGS))))

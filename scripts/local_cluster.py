@@ -33,9 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from isoflop_cli.head import RAY_METRICS_OFF, free_ports
+from isoflop_cli.head import RAY_METRICS_OFF, RAY_NO_PRESTART, free_ports
 
-ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", **RAY_METRICS_OFF}
+ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", **RAY_METRICS_OFF, **RAY_NO_PRESTART}
 WORKER_PORT_FLAGS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
                      "runtime-env-agent-port", "metrics-export-port")
 STATE = "cluster.json"

@@ -145,6 +145,8 @@ def test_a_worker_lost_mid_run_and_a_killed_cli_cost_a_retry_from_the_checkpoint
     other = next(rid for rid in cells if rid != victim)
     assert cells[other]["attempts"] == 1, "the run on the live worker was reattached (or had finished), never submitted again"
     assert "resumed from the checkpoint at step" in (sweep_dir / "runs" / victim / "job.log").read_text()
+    shown = subprocess.run([sys.executable, "-m", "isoflop_cli", "status", str(sweep_dir)], capture_output=True, text=True).stdout
+    assert f"after {len(cells[victim]['failures'])} failed attempt(s)" in " ".join(shown.split()), shown
     df = pd.read_parquet(sweep_dir / "results.parquet")
     assert not df.duplicated(["run_id", "step"]).any()
     assert len(df) == sum(len(c["eval_steps"]) for c in cells.values())

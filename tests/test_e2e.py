@@ -5,12 +5,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 import psutil
 import pytest
+from test_head import assert_all_gone, head_tree, job_procs, read_head, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -88,15 +88,6 @@ def test_fit_and_status(sweep):
     assert status.returncode == 0 and status.stdout.count("finished") >= 4
 
 
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def finished_runs(sweep_dir: Path) -> dict[str, tuple[float, str]]:
     out = {}
     for status in (sweep_dir / "runs").glob("*/status.json"):
@@ -130,30 +121,49 @@ def log_streamed_while_running(sweep_dir: Path) -> bool:
 
 
 def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
-    """Kill the CLI (the head keeps running: reattach); kill CLI and head (jobs lost: resubmit);
-    Ctrl-C (jobs and head stopped) after a run saved a checkpoint; then a last rerun finishes the
-    sweep, that run resuming from its checkpoint. While a run goes, its job's log is in its run dir
-    (`isoflop logs` prints it), not only once the job ends."""
+    """kill -9 the CLI (its head and job run on; the rerun reattaches to that head); kill CLI and
+    head together (jobs lost: resubmit); lose the head under a running CLI (one line, exit 1, no
+    process left); Ctrl-C (jobs and head stopped) after a run saved a checkpoint; then a last rerun
+    finishes the sweep, that run resuming from its checkpoint. While a run goes, its job's log is in
+    its run dir (`isoflop logs` prints it), not only once the job ends."""
     # budgets to 1,024 rollouts: each run lasts long enough that every kill lands while one runs (at 256 a run could end
     # between the test seeing it and its kill).
     args = [sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(tmp_path), *SMALL, "grid.budgets=[64,1024]", "cluster.local_cpus=1", "checkpoint.every=4",
             "cluster.log_every_s=0.5"]
     sweep_dir = tmp_path / "default"
+    status = lambda run: json.loads((sweep_dir / "runs" / run / "status.json").read_text())  # noqa: E731
 
     cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for(lambda: (sweep_dir / "manifest.json").exists() and log_streamed_while_running(sweep_dir), 300, "a running job's log in its run dir")
     wait_for(lambda: len(finished_runs(sweep_dir)) >= 1, 300, "a first finished run")
+    job = psutil.Process(status(wait_for(lambda: running_run(sweep_dir, steps_left=32), 300, "a run with steps to go"))["pid"])
+    head = read_head(sweep_dir)
     cli.kill()
     cli.wait()
+    assert job.is_running() and psutil.pid_exists(head["pid"]), "the head and its job outlive a killed CLI"
     first = finished_runs(sweep_dir)
 
     cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for(lambda: len(finished_runs(sweep_dir)) >= len(first) + 1, 300, "another finished run")
-    head = json.loads((sweep_dir / "ray-head.json").read_text())
+    assert read_head(sweep_dir) == head, "the rerun reattached to the running head"
     cli.kill()
     cli.wait()
     os.killpg(head["pid"], signal.SIGKILL)  # the machine loses the head and every job on it
-    second = finished_runs(sweep_dir)
+
+    log = tmp_path / "lost.log"
+    cli = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.PIPE, text=True)
+    # A run on the rerun's own head (the crash left the old head's file), stopped far from its end.
+    wait_for(lambda: (read_head(sweep_dir) or head)["pid"] != head["pid"] and running_run(sweep_dir, steps_left=32), 300, "a run on a new head")
+    lost = read_head(sweep_dir)
+    procs = {p.pid: p for p in head_tree(lost["pid"]) + job_procs(sweep_dir)}
+    os.killpg(lost["pid"], signal.SIGKILL)  # the head (and every job on it) is lost under a running CLI
+    _, err = cli.communicate(timeout=120)
+    assert cli.returncode == 1 and "Traceback" not in err + log.read_text(), err + log.read_text()[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: lost the Ray head at {lost['address']}") and lines[0].endswith("rerun the same command to resume"), err
+    assert_all_gone(procs, [sweep_dir], [lost["temp_dir"]])
+    cells = json.loads((sweep_dir / "manifest.json").read_text())["cells"]
+    assert any(c["state"] == "stopped" and c["submission_id"].startswith(f"isoflop-{rid}-") for rid, c in cells.items()), cells
 
     log = tmp_path / "interrupted.log"
     # SIGINT as a terminal's Ctrl-C delivers it: a suite started in the background (`make test &`)
@@ -296,26 +306,3 @@ def read(metrics: Path) -> list[dict]:
     """A run's metrics rows without the fields that time it."""
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     return [{k: v for k, v in r.items() if k not in ("wall_s", "reward_cpu_s") and not k.startswith("time_")} for r in rows]
-
-
-def test_a_killed_run_is_retried_by_itself_and_resumes_from_its_checkpoint(tmp_path, ray_address):
-    """SIGKILL a run's process mid-run: the sweep resubmits it on its own (cluster.max_attempts),
-    the new job resumes from the checkpoint, and the sweep ends with every eval point once."""
-    args = [sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(tmp_path), f"cluster.address={ray_address}", "grid.n=[4]", "grid.B_p=[4]", "grid.budgets=[512]",
-            "grid.eval_points=4", "eval.problems=16", "eval.samples=4", "checkpoint.every=4"]
-    sweep_dir = tmp_path / "default"
-    cli = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen = {}
-    wait_for(lambda: seen.setdefault("run", running_run(sweep_dir, past_step=6)) or seen.clear(), 300, "a run past its first checkpoint")
-    status = json.loads((sweep_dir / "runs" / seen["run"] / "status.json").read_text())
-    os.kill(status["pid"], signal.SIGKILL)
-    out, err = cli.communicate(timeout=600)
-    assert cli.returncode == 0, out + err
-    cell = json.loads((sweep_dir / "manifest.json").read_text())["cells"][seen["run"]]
-    assert cell["state"] == "finished" and cell["attempts"] == 2 and len(cell["failures"]) == 1, cell
-    assert "resumed from the checkpoint at step" in (sweep_dir / "runs" / seen["run"] / "job.log").read_text()
-    df = pd.read_parquet(sweep_dir / "results.parquet")
-    assert len(df) == expected_rows(sweep_dir) and not df.duplicated(["run_id", "step"]).any()
-    shown = subprocess.run([sys.executable, "-m", "isoflop_cli", "status", str(sweep_dir)], capture_output=True, text=True).stdout
-    assert "after 1 failed attempt(s)" in " ".join(shown.split())
-
