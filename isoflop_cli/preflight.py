@@ -157,16 +157,23 @@ def probe(encoded: str) -> None:
 
     spec = Spec(**json.loads(base64.urlsafe_b64decode(encoded)))
     ray.init(logging_level="ERROR")
+    here = ray.get_runtime_context().get_node_id()
     types: dict[tuple[float, float], list[dict]] = {}
     for node in ray.nodes():
         if node["Alive"]:
             resources = node["Resources"]
             types.setdefault((resources.get("CPU", 0.0), resources.get("GPU", 0.0)), []).append(node)
+    for group in types.values():
+        group.sort(key=lambda node: node["NodeID"] != here)  # this node first among its type
     remote = ray.remote(num_cpus=0)(_check_node)
 
     def check(kind: tuple[float, float], i: int):
-        """The check on the i-th node of its type, pinned there; the type's count is the nodes left."""
+        """The check on the i-th node of its type, pinned there; the type's count is the nodes left.
+        On this job's own node it runs here: a task would start a Ray worker for it (~1 CPU-s, and
+        the whole of the check on a one-node cluster such as a local head)."""
         group = types[kind]
+        if group[i]["NodeID"] == here:
+            return _check_node(spec, *kind, len(group) - i)
         return remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(group[i]["NodeID"], soft=False)).remote(spec, *kind, len(group) - i)
 
     # A node listed alive may be gone by the time its check runs (a lost node the head has not
@@ -179,7 +186,7 @@ def probe(encoded: str) -> None:
     while refs:
         kind, ref = refs.popitem()
         try:
-            nodes.append(ray.get(ref, timeout=WAIT_S / 2))
+            nodes.append(ref if isinstance(ref, Node) else ray.get(ref, timeout=WAIT_S / 2))
         except gone:
             tried[kind] += 1
             if tried[kind] < len(types[kind]):

@@ -157,14 +157,18 @@ class ArithTask(Task):
                          f"val_fraction {self.val_fraction}) is empty or too rare: {MAX_REJECTS} draws in a row fell outside it")
 
     def validation_set(self, count: int, seed: int = 0) -> list[Problem]:
-        """`count` distinct validation problems (fewer if the split has fewer)."""
+        """`count` distinct validation problems (fewer if the split has fewer). A split counted
+        exactly stops once it has all of them: asking 1,000 of one-digit addition's 20 drew 200,000
+        of them first (6.7 s)."""
+        splits = self.splits()
+        want = min(count, int(splits.val)) if splits.exact and splits.val else count  # an empty split raises in the stream
         seen: dict[str, Problem] = {}
         stream = self.stream("val", seed)
         for _ in range(count * 200):
+            if len(seen) >= want:
+                break
             p = next(stream)
             seen.setdefault(p.prompt, p)
-            if len(seen) == count:
-                break
         return list(seen.values())
 
     def parse(self, completion: str) -> tuple[list[str], str]:
