@@ -1,9 +1,7 @@
-"""`isoflop calibrate`: easy and hard sets cut by the base model's pass rate, merged from slices;
-end to end through a real local Ray head, then a sweep on the easy set it wrote."""
+"""`isoflop calibrate`: easy and hard sets cut by the base model's pass rate, merged from slices.
+End to end (two slices as Ray jobs, a rerun, a sweep on the set it wrote): tests/test_lookup.py."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -87,37 +85,6 @@ def test_bad_calibration_input_exits_2(tmp_path, sums):
         result = CliRunner().invoke(app, ["calibrate", "--out", str(tmp_path / "out"), *args])
         assert result.exit_code == 2 and needle in result.output, result.output
     assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.e2e
-def test_calibrate_then_sweep_on_the_easy_set(tmp_path, sums, ray_address):
-    """Calibrate 300 problems in 2 Ray jobs; a rerun keeps both slices; then a two-cell sweep
-    trains on the easy set calibrate wrote."""
-    common = ["task=dataset", f"task.train={sums}", "task.max_new_tokens=6", "task.max_prompt_tokens=8", "eval.problems=16",
-              f"cluster.address={ray_address}"]
-    cmd = [sys.executable, "-m", "isoflop_cli", "calibrate", "--out", str(tmp_path), *common, "calibrate.shard=150", "calibrate.samples=8",
-           "calibrate.easy=[0.25,0.75]"]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = tmp_path / "default"
-    df = pd.read_parquet(out / "calibration.parquet")
-    assert list(df["problem_id"]) == list(range(300)) and (df["samples"] == 8).all()
-    assert set((df["pass_rate"] * 8).round(9)) <= set(range(9)) and 0 < df["pass_rate"].mean() < 1
-    assert (df["mean_response_tokens"] > 0).all() and "easy" in result.stdout
-    easy = pd.read_parquet(out / "easy.parquet")
-    assert len(easy) == ((df["pass_rate"] >= 0.25) & (df["pass_rate"] <= 0.75)).sum() > 8
-    slices = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/calibration.parquet")}
-    assert len(slices) == 2
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and {p: p.stat().st_mtime_ns for p in slices} == slices  # nothing sampled twice
-
-    sweep = subprocess.run([sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(tmp_path / "sweeps"), f"cluster.address={ray_address}", "task=dataset",
-                            f"task.train={out / 'easy.parquet'}", "task.val_fraction=0.3", "task.max_new_tokens=6", "task.max_prompt_tokens=8",
-                            "grid.n=[4]", "grid.B_p=[2,4]", "grid.budgets=[32]", "grid.eval_points=2", "eval.problems=4", "eval.samples=4"],
-                           capture_output=True, text=True, timeout=600)
-    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
-    results = pd.read_parquet(tmp_path / "sweeps" / "default" / "results.parquet")
-    assert results["run_id"].nunique() == 2 and results.groupby("run_id")["rollouts"].max().eq(32).all()
 
 
 def _rates(true: np.ndarray, samples: int, rng: np.random.Generator) -> tuple[pd.Series, pd.Series]:

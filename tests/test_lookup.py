@@ -72,24 +72,38 @@ def test_the_base_score_is_the_same_on_one_and_two_threads(tmp_path):
 @pytest.mark.e2e
 def test_on_the_calibrated_hard_set_every_seed_of_n16_ends_above_every_seed_of_n2(tmp_path, ray_address):
     """The study's hard-set claim, cut down to n = 2 and 16, seeds 0 and 1, and its largest budget:
-    `isoflop calibrate` cuts the shipped model's hard set (every key in its band, the study's 38),
-    and at 32,768 rollouts the lower seed of n = 16 scores above the higher seed of n = 2. Measured in
-    the study: 0.969 and 0.972 against 0.893 and 0.919; its n = 2 gains 0.015 over the last
-    doubling of compute, n = 16 0.027 (the README's "What it shows")."""
+    `isoflop calibrate` cuts the shipped model's hard set (a Ray job; a rerun samples nothing twice;
+    every key in its band, the study's 38), and at 32,768 rollouts on that set the lower seed of
+    n = 16 scores above the higher seed of n = 2. Measured in the study: 0.969 and 0.972 against
+    0.893 and 0.919; its n = 2 gains 0.015 over the last doubling of compute, n = 16 0.027 (the
+    README's "What it shows")."""
     from isoflop_cli import config
 
     lookup.write_pool(pool := tmp_path / "pool.parquet")
     model, on_pool = f"model.path={lookup.model_dir()}", [f"task.train={pool}", f"task.val={pool}"]
-    low, high = config.load("lookup", [model, *on_pool]).calibrate.hard  # sweeps/lookup.yaml's band: one or two successes in 16
+    cfg = config.load("lookup", [model, *on_pool])
+    low, high = cfg.calibrate.hard  # sweeps/lookup.yaml's band: one or two successes in 16
     common = ["--config", "lookup", "--out", str(tmp_path), model, f"cluster.address={ray_address}"]
-    calibrated = isoflop("calibrate", *common, *on_pool, "name=calibration", "eval.problems=8")
+    # One slice, as the study's: the slice's start seeds its sampling, so other slices cut other sets.
+    calibrate = ["calibrate", *common, *on_pool, "name=calibration", "eval.problems=8"]
+    calibrated = isoflop(*calibrate)
     assert calibrated.returncode == 0, calibrated.stdout + calibrated.stderr
-    rates = pd.read_parquet(tmp_path / "calibration" / "calibration.parquet").set_index("prompt")["pass_rate"]
-    hard = tmp_path / "calibration" / "hard.parquet"
+    out = tmp_path / "calibration"
+    df = pd.read_parquet(out / "calibration.parquet")
+    samples = cfg.calibrate.samples
+    assert list(df["problem_id"]) == list(range(lookup.TABLE["keys"])) and (df["samples"] == samples).all()
+    assert set((df["pass_rate"] * samples).round(9)) <= set(range(samples + 1)) and (df["mean_response_tokens"] > 0).all()
+    slices = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/calibration.parquet")}
+    assert len(slices) == 1
+    again = isoflop(*calibrate)
+    assert again.returncode == 0 and {p: p.stat().st_mtime_ns for p in slices} == slices, again.stdout + again.stderr  # nothing sampled twice
+    rates = df.set_index("prompt")["pass_rate"]
+    hard = out / "hard.parquet"
     keys = pd.read_parquet(hard)["prompt"]
     assert len(keys) == 38 and rates[keys].between(low, high).all()
     assert set(keys) == set(rates[rates.between(low, high)].index)  # the band's keys, all of them
 
+    # The sweep trains on the set calibrate wrote.
     swept = isoflop("sweep", *common, f"task.train={hard}", f"task.val={hard}", "name=hard", f"eval.problems={len(keys)}",
                     "grid.n=[2,16]", "grid.seed=[0,1]", "grid.budgets=[32768]", "grid.eval_points=1")
     assert swept.returncode == 0, swept.stdout + swept.stderr
