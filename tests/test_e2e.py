@@ -35,53 +35,40 @@ def assert_head_stopped(sweep_dir: Path) -> None:
     assert not out.strip(), f"local head still running: {out}"
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sweep")
-    result = isoflop("sweep", "--out", str(out), *SMALL)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return out / "default", result
-
-
-def test_sweep_writes_every_eval_point_once(sweep):
-    sweep_dir, result = sweep
+def assert_a_whole_sweep(sweep_dir: Path, stdout: str, top: float) -> None:
+    """What a finished sweep (budgets up to `top` rollouts) holds and shows, however it got there:
+    every eval point once, with the ledger's columns; per-problem records that add up to each
+    point's avg@k; a training reward that rises in some cell; the frontier in the sweep's output and
+    from `isoflop fit` (CSV, PNG, SVG); every cell finished in `isoflop status`."""
     df = pd.read_parquet(sweep_dir / "results.parquet")
     assert set(COLUMNS) <= set(df.columns)
     assert df["run_id"].nunique() == 4
     assert len(df) == expected_rows(sweep_dir)
     assert not df.duplicated(["run_id", "step"]).any()
     assert (df["rollouts"] == df["step"] * df["n"] * df["B_p"]).all()
-    assert df.groupby("run_id")["rollouts"].max().le(256).all()
+    assert df.groupby("run_id")["rollouts"].max().le(top).all()
     trained = df[df["step"] > 0]
     assert (trained["flops_total"] == trained["flops_search"] + trained["flops_learning"] + trained["flops_reward"]).all()
     assert trained["rho"].between(0, 1, inclusive="neither").all()
     for run_dir in (sweep_dir / "runs").iterdir():
         assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
         assert "Running entrypoint" in (run_dir / "job.log").read_text()
-    assert "frontier" in result.stdout
-    assert_head_stopped(sweep_dir)
+    assert "frontier" in stdout
     # Per-problem records beside the results: every eval point's 32 validation problems, adding up to its avg@k.
     problems = pd.read_parquet(sweep_dir / "problems.parquet")
     per_point = problems.groupby(["run_id", "step"]).agg(count=("problem_id", "size"), correct=("correct", "sum"), samples=("samples", "sum"))
     assert len(per_point) == len(df) and (per_point["count"] == 32).all()
     joined = df.set_index(["run_id", "step"]).join(per_point)
     assert (joined["correct"] / joined["samples"] - joined["val_avg@k"]).abs().max() < 1e-12
+    rewards = df.dropna(subset=["train_reward_mean"])
+    assert any(g["train_reward_mean"].iloc[1:].max() > g["train_reward_mean"].iloc[0] for _, g in rewards.groupby("run_id"))
 
-
-def test_training_reward_rises_in_some_cell(sweep):
-    df = pd.read_parquet(sweep[0] / "results.parquet").dropna(subset=["train_reward_mean"])
-    rises = [g["train_reward_mean"].iloc[1:].max() > g["train_reward_mean"].iloc[0] for _, g in df.groupby("run_id")]
-    assert any(rises)
-
-
-def test_fit_and_status(sweep):
-    sweep_dir = sweep[0]
     result = isoflop("fit", str(sweep_dir))
     assert result.returncode == 0, result.stderr
     front = pd.read_csv(sweep_dir / "fit" / "frontier.csv")
     assert list(front.columns) == ["compute", "value", "axis_star"]
     assert front["value"].is_monotonic_increasing and set(front["axis_star"]) <= {2, 4}
-    assert front["compute"].max() == 256
+    assert front["compute"].max() == pytest.approx(top)
     for ext in ("png", "svg"):
         assert (sweep_dir / "fit" / f"frontier.{ext}").stat().st_size > 1000
     status = isoflop("status", str(sweep_dir))
@@ -124,8 +111,9 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     """kill -9 the CLI (its head and job run on; the rerun reattaches to that head); kill CLI and
     head together (jobs lost: resubmit); lose the head under a running CLI (one line, exit 1, no
     process left); Ctrl-C (jobs and head stopped) after a run saved a checkpoint; then a last rerun
-    finishes the sweep, that run resuming from its checkpoint. While a run goes, its job's log is in
-    its run dir (`isoflop logs` prints it), not only once the job ends."""
+    finishes the sweep, that run resuming from its checkpoint, and the sweep is whole
+    (`assert_a_whole_sweep`: what a sweep run once holds). While a run goes, its job's log is in its
+    run dir (`isoflop logs` prints it), not only once the job ends."""
     # budgets to 1,024 rollouts: each run lasts long enough that every kill lands while one runs (at 256 a run could end
     # between the test seeing it and its kill).
     args = [sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(tmp_path), *SMALL, "grid.budgets=[64,1024]", "cluster.local_cpus=1", "checkpoint.every=4",
@@ -198,6 +186,7 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     records = [json.loads(line)["step"] for line in (sweep_dir / "runs" / interrupted / "problems.jsonl").read_text().splitlines()]
     assert sorted(records) == sorted(set(records)) == sorted(df[df["run_id"] == interrupted]["step"])  # per-problem records: none lost, none twice
     assert_head_stopped(sweep_dir)
+    assert_a_whole_sweep(sweep_dir, result.stdout, 1024)
 
 
 def test_reward_axis_prm_costs_reward_flops_and_lowers_rho(tmp_path, ray_address):
