@@ -220,8 +220,9 @@ RAY_PORT_FLAGS = ("port", "dashboard-port", "dashboard-agent-listen-port", "dash
 RAY_METRICS_OFF = {"RAY_enable_metrics_collection": "0", "AUTOSCALER_METRIC_PORT": "65536", "DASHBOARD_METRIC_PORT": "65536"}
 # When its first driver connects, a raylet starts one idle default worker per CPU so that tasks
 # start warm. Everything a sweep asks of Ray (its jobs' supervisors, the preflight's tasks) carries
-# a job's runtime env, which no default worker matches: those start (~0.8 CPU-s each), idle and are reaped unused (10 in
-# one end-to-end test tier). The first job on a fresh 2-CPU head took 1.8 s with them, 1.1 s without.
+# a job's runtime env, which no default worker matches: those workers start (~0.8 CPU-s each), idle
+# and are reaped unused (10 in one end-to-end test tier). The first job on a fresh 2-CPU head took
+# 1.8 s with them, 1.1 s without.
 RAY_NO_PRESTART = {"RAY_prestart_worker_first_driver": "0"}
 
 
