@@ -1,5 +1,6 @@
 """`isoflop calibrate`: easy and hard sets cut by the base model's pass rate, merged from slices.
-End to end (two slices as Ray jobs, a rerun, a sweep on the set it wrote): tests/test_lookup.py."""
+End to end (a Ray job, a rerun that samples nothing twice, a sweep on the set it wrote):
+tests/test_lookup.py."""
 
 import json
 

@@ -119,12 +119,12 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     args = [sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(tmp_path), *SMALL, "grid.budgets=[64,1024]", "cluster.local_cpus=1", "checkpoint.every=4",
             "cluster.log_every_s=0.5"]
     sweep_dir = tmp_path / "default"
-    status = lambda run: json.loads((sweep_dir / "runs" / run / "status.json").read_text())  # noqa: E731
 
     cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for(lambda: (sweep_dir / "manifest.json").exists() and log_streamed_while_running(sweep_dir), 300, "a running job's log in its run dir")
     wait_for(lambda: len(finished_runs(sweep_dir)) >= 1, 300, "a first finished run")
-    job = psutil.Process(status(wait_for(lambda: running_run(sweep_dir, steps_left=32), 300, "a run with steps to go"))["pid"])
+    run = wait_for(lambda: running_run(sweep_dir, steps_left=32), 300, "a run with steps to go")
+    job = psutil.Process(json.loads((sweep_dir / "runs" / run / "status.json").read_text())["pid"])
     head = read_head(sweep_dir)
     cli.kill()
     cli.wait()
