@@ -66,13 +66,12 @@ sweep: setup
 # failure does not hide another; any failing fails the target): units and slow tests, then the
 # end-to-end tests, each on two workers (their processes start, import and wait as much as they
 # compute: the end-to-end tier took 692-804 s on two workers against 984 s one at a time, every
-# kill still landing mid-run); the vLLM tests in vLLM's environment, also on two workers (111 s
-# against 138 s on one, the model cache warm as here).
+# kill still landing mid-run); the vLLM tests in vLLM's environment.
 test: setup setup-vllm slurm
 	export ISOFLOP_CACHE=$$(mktemp -d -t isoflop-test-cache-XXXXXX); \
 	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist worksteal -m "not e2e and not vllm"; units=$$?; \
 	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist worksteal -m "e2e and not vllm"; e2e=$$?; \
-	$(VBIN)/python -m pytest -q --durations=5 -n 2 --dist worksteal -m vllm; vllm=$$?; \
+	$(VBIN)/python -m pytest -q --durations=5 -m vllm; vllm=$$?; \
 	rm -rf "$$ISOFLOP_CACHE"; [ $$units -eq 0 ] && [ $$e2e -eq 0 ] && [ $$vllm -eq 0 ]
 
 # The unit tier, for your own loop: no Ray head, no model built or trained (tests/conftest.py).
