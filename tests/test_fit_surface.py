@@ -119,3 +119,21 @@ def test_cli_surface_and_holdout_for_every_law(tmp_path):
     assert "## surface" in report and "Holdout: fitted on eval points below" in report and "![surface](surface.png)" in report
     assert (sweep / "fit" / "surface.svg").exists()
     assert CliRunner().invoke(app, ["fit", str(sweep), "--method", "parametric", "--size-col", "n", "--compute-col", "rollouts", "--holdout", "1"]).exit_code == 2
+
+
+def test_an_optimum_past_the_values_run_is_said_so_and_ties_nothing(tmp_path):
+    """On test_fit_cli's grid (n 2..32) the surface puts n* below 2 at the smallest budgets: those
+    rows are flagged outside the values run, their tie set is empty ("none" in the report, nothing
+    shaded in the plot), and the fit still writes every output."""
+    from test_fit_cli import results
+
+    results().to_parquet(tmp_path / "results.parquet")
+    result = CliRunner().invoke(app, ["fit", str(tmp_path), "--method", "surface", "--bootstrap", "4"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "fit" / "fit.json").read_text())["surface"]["optimum"]
+    below = [r for r in rows if r["n_star"] < 2]
+    assert below and not any(r["n_star_within_grid"] for r in below) and below[0]["n_star_set"] == []
+    assert any(r["n_star_within_grid"] and r["n_star_set"] for r in rows)  # inside the values run it is read as before
+    report = (tmp_path / "fit" / "report.md").read_text()
+    assert f"| {below[0]['compute']:.4g} | {below[0]['n_star']:.4g} (outside the values run) |" in report and "| none |" in report
+    assert (tmp_path / "fit" / "surface.png").stat().st_size > 1000

@@ -64,6 +64,9 @@ def tied(values: np.ndarray, sigma: float) -> np.ndarray:
 
 
 def label(members: list) -> str:
-    """axis* as it is written: one value as itself, a tie as `2, 4, 8 (tied)`."""
+    """axis* as it is written: one value as itself, a tie as `2, 4, 8 (tied)`, and `none` where no
+    value run is within the noise of the optimum (the surface's, off the values run)."""
     members = sorted(members)
+    if not members:
+        return "none"
     return f"{members[0]:g}" if len(members) == 1 else ", ".join(f"{m:g}" for m in members) + " (tied)"

@@ -133,8 +133,9 @@ def surface_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
         left.fill_between(rows["compute"], rows["value_low"], rows["value_high"], color="black", alpha=0.15)
     left.set(xscale="log", xlabel=spec.compute, ylabel=spec.metric, title="surface")
     left.legend(fontsize=7, ncol=2)
-    tied = rows[f"{axis}_star_set"]
-    right.fill_between(rows["compute"], [min(t) for t in tied], [max(t) for t in tied], color="grey", alpha=0.15, step="mid", label="within the noise")
+    tied = rows[f"{axis}_star_set"]  # empty where no value run is within the noise of an optimum off the values run: nothing shaded
+    right.fill_between(rows["compute"], [min(t, default=np.nan) for t in tied], [max(t, default=np.nan) for t in tied], color="grey", alpha=0.15,
+                       step="mid", label="within the noise")
     if f"{axis}_star_low" in rows:
         right.fill_between(rows["compute"], rows[f"{axis}_star_low"], rows[f"{axis}_star_high"], color="tab:blue", alpha=0.25, label="bootstrap 90%")
     right.plot(rows["compute"], rows[f"{axis}_star"], color="tab:blue", lw=2, label=f"{axis}*(C)")

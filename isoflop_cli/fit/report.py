@@ -55,6 +55,11 @@ def extra_rows(method: str, entry: dict) -> list[tuple[str, str, str, str]]:
     return []
 
 
+def _outside(row: dict, col: str) -> str:
+    """A surface optimum past the values run, said beside it: the fit's curve read where no cell ran."""
+    return " (outside the values run)" if row.get(col + "_within_grid") is False else ""
+
+
 def _interval(lo_hi: list[float] | None) -> str:
     return f"[{fmt(lo_hi[0])}, {fmt(lo_hi[1])}]" if lo_hi else "-"
 
@@ -196,7 +201,7 @@ def _method_details(method: str, entry: dict, spec: FitSpec) -> list[str]:
         cols = [f"{a}_star" for a in entry["axes"]] + ["value"]
         out = [f"| {spec.compute} | " + " | ".join(f"{c} | {c} 90%" for c in cols) + f" | {spec.axis}* within the noise |",
                "| ---: |" + " ---: | ---: |" * len(cols) + " ---: |"]
-        out += [f"| {r['compute']:.4g} | " + " | ".join(f"{fmt(r[c])} | {_interval([r[c + '_low'], r[c + '_high']]) if c + '_low' in r else '-'}" for c in cols)
+        out += [f"| {r['compute']:.4g} | " + " | ".join(f"{fmt(r[c])}{_outside(r, c)} | {_interval([r[c + '_low'], r[c + '_high']]) if c + '_low' in r else '-'}" for c in cols)
                 + f" | {label(r[spec.axis + '_star_set'])} |" for r in entry["optimum"]]
         return out + [""]
     if method == "scalerl":
