@@ -163,3 +163,15 @@ def test_most_resamples_at_a_bound_is_flagged():
              "interval90": {"slope": [2.0, 100.0]}, "bootstrap": {"at_bound_share": {"lower": 0.9, "upper": 0.1, "midpoint": 0.0, "slope": 0.7}}}
     [(message, grave)] = doubts("frontier", entry, FitSpec(bootstrap=20))
     assert grave and "most bootstrap resamples pin slope (70%)" in message and "lower" not in message
+
+
+def test_an_interval_of_zero_width_to_rounding_is_flagged():
+    """Resamples that all land on one value give an interval whose ends differ in the last bits
+    (fuzzed: coef [9.849155306759302, 9.849155306759307]): zero width all the same. A narrow one
+    that is measured is not flagged, whatever the parameter's scale."""
+    from isoflop_cli.fit.methods import doubts
+
+    entry = {"params": {"coef": 9.85, "exponent": 0.3, "tiny": 2e-13}, "at_bound": [],
+             "interval90": {"coef": [9.849155306759302, 9.849155306759307], "exponent": [0.29, 0.31], "tiny": [1e-13, 3e-13]}}
+    [(message, grave)] = doubts("isoflop-slices", entry, FitSpec(bootstrap=20))
+    assert grave and "the 90% interval of coef has zero width" in message

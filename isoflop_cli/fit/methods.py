@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -142,7 +143,9 @@ def doubts(method: str, entry: dict, spec: FitSpec) -> list[tuple[str, bool]]:
     if most:
         out.append((f"{method}: most bootstrap resamples pin {', '.join(most)} at the fit's bounds: its 90% interval runs into a bound, "
                     "not a measured range", True))
-    flat = [name for name, (lo, hi) in (entry.get("interval90") or {}).items() if lo == hi]
+    # Zero width to rounding: resamples that all land on one value differ in the last bits, not at all
+    # (a parameter pinned at its bound is said above, with why).
+    flat = [name for name, (lo, hi) in (entry.get("interval90") or {}).items() if math.isclose(lo, hi, rel_tol=1e-9) and name not in pinned]
     if flat and spec.bootstrap > 0:
         out.append((f"{method}: the 90% interval of {', '.join(flat)} has zero width: the bootstrap resamples all gave one value, "
                     "which says the fit is stuck, not that it is certain", True))
