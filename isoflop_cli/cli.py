@@ -260,6 +260,8 @@ def run(
     """One GRPO run in this process: what each Ray job executes, and how to debug a single cell (n=..., B_p=...).
     A run dir that holds a finished run is left as it is (exit 0)."""
     with user_errors():
+        if pause_at is not None and not (math.isfinite(pause_at) and pause_at > 0):
+            raise ConfigError(f"--pause-at must be a finite budget > 0, got {pause_at}")
         cfg = config_mod.load(config, list(overrides or []))
         config_mod.check_runnable([cfg])
         plan = grid_mod.plan_run(cfg)
@@ -511,6 +513,8 @@ def race_pilot(
     with user_errors():
         if bootstrap < 1:
             raise ConfigError(f"--bootstrap must be >= 1, got {bootstrap}: the regime is called from bootstrap intervals")
+        if seed < 0:
+            raise ConfigError(f"--seed must be >= 0, got {seed}")
         full_results = race.read_results(validate_with) if validate_with is not None else None
         if from_results is not None:
             df = race.read_results(from_results)

@@ -66,7 +66,12 @@ CASES = {
     "axis values equal once typed": (["plan", "+grid.axes={algo.kl_coef:[0,0.0]}"], "grid.axes.algo.kl_coef lists 0.0 twice"),
     "repeated list axis value": (["plan", "+grid.axes={task.ops:[[+],[+]]}"], "grid.axes.task.ops lists [+] twice"),
     "repeated group axis value": (["plan", "+grid.axes={reward:[sparse,sparse]}"], "grid.axes.reward lists sparse twice"),
-    "axis values that are one run": (["plan", "grid.n=[2]", "+grid.axes={cluster.poll_s:[1,2]}"], "are the same run"),
+    "axis values that are one run": (["plan", "grid.n=[2]", "+grid.axes={calibrate.shard:[256,512]}"], "are the same run"),
+    "a cluster setting as an axis": (["plan", "+grid.axes={cluster.gpus_per_run:[0,2]}"], "grid.axes.cluster.gpus_per_run: the cluster is the sweep's"),
+    "NaN GPUs": (["plan", "cluster.gpus_per_run=nan"], "cluster.gpus_per_run must be >= 0, got nan"),
+    "infinite GPUs": (["run", "cluster.gpus_per_run=inf"], "cluster.gpus_per_run must be >= 0, got inf"),
+    "NaN pause": (["run", "--pause-at", "nan"], "--pause-at must be a finite budget > 0, got nan"),
+    "negative pause": (["run", "--pause-at", "-1"], "--pause-at must be a finite budget > 0, got -1.0"),
     # grid.axes entries are lists; a list value only where the key takes a list.
     "axis entry not a list": (["plan", "+grid.axes={algo.kl_coef:0.1}"], "grid.axes.algo.kl_coef must be a list of values"),
     "list value for a number": (["plan", "+grid.axes={algo.kl_coef:[[0.1]]}"], "algo.kl_coef"),
@@ -116,6 +121,9 @@ def test_a_typo_inside_a_config_file_is_named(tmp_path):
     (tmp_path / "broken.yaml").write_text("defaults: [base\nalgo: {")
     result = runner.invoke(app, ["plan", "--config", str(tmp_path / "broken.yaml")])
     assert result.exit_code == 2 and "not valid YAML" in result.output
+    (tmp_path / "loop.yaml").write_text("defaults:\n  - base\n  - _self_\na: &a [*a]\n")  # an anchor inside its own node
+    result = runner.invoke(app, ["plan", "--config", str(tmp_path / "loop.yaml")])
+    assert result.exit_code == 2 and "a value holds itself" in result.output, result.output
 
 
 def test_a_malformed_results_line_is_named(tmp_path):

@@ -118,6 +118,7 @@ def test_too_few_points_default_falls_back_to_the_empirical_frontier(tmp_path):
     (["--size-col", "N", "--tokens-col", "D", "--compute-col", "C"], "not both"),
     (["--method", "scalerl", "--holdout-frac", "1.5"], "holdout"),
     (["--method", "fixed-batch", "--axis", "seed"], "n or B_p"),
+    (["--seed", "-1"], "--seed must be >= 0, got -1"),
 ])
 def test_bad_options_and_columns_exit_2(tmp_path, args, needle):
     results().to_csv(tmp_path / "r.csv", index=False)

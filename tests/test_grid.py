@@ -168,8 +168,8 @@ def test_planning_shortcuts_match_the_per_cell_path(overrides):
 
 
 def test_axis_values_that_make_the_same_run_are_refused():
-    with pytest.raises(ConfigError, match=r"cluster.cpus_per_run=1.0 and cluster.cpus_per_run=2.0 are the same run"):
-        expand(load("grid.n=[4]", "grid.B_p=[4]", "+grid.axes={cluster.cpus_per_run:[1.0,2.0]}"))
+    with pytest.raises(ConfigError, match=r"calibrate.shard=256 and calibrate.shard=512 are the same run"):
+        expand(load("grid.n=[4]", "grid.B_p=[4]", "+grid.axes={calibrate.shard:[256,512]}"))
 
 
 def test_a_large_grid_plans_in_seconds(tmp_path):

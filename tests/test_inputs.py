@@ -183,6 +183,20 @@ def test_a_run_whose_reward_returns_nan_fails_for_good_with_its_line(user_reward
     assert RunFiles(tmp_path / "r").failure_reason() == errors[0].removeprefix("error: ")
 
 
+@pytest.mark.slow  # loads the embedded model
+def test_a_file_whose_every_prompt_is_too_long_for_the_tokenizer_is_a_user_error(tmp_path):
+    """Only the run's tokenizer counts a prompt's tokens, so this is found when the run starts; it is
+    the input's fault all the same: exit 2, one line (the dispatcher then does not retry it)."""
+    pd.DataFrame({"prompt": [f"{i}+{i}+{i}+{i}+{i}+{i}=" for i in range(8)], "answer": ["1"] * 8}).to_parquet(tmp_path / "long.parquet")
+    args = ["run", "--out", str(tmp_path / "r"), *DATASET[1:], f"task.train={tmp_path / 'long.parquet'}", "n=2", "B_p=2", "grid.budgets=[16]",
+            "eval.samples=4", "eval.k=4"]
+    assert runner.invoke(app, ["plan", *args[3:]]).exit_code == 0  # plan cannot tell: it reads no tokenizer
+    result = runner.invoke(app, args)
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert len(errors) == 1 and "is longer than task.max_prompt_tokens=8 (the shortest has 12 tokens)" in errors[0], result.output
+
+
 # --- manifests: what the readers of a cell take for granted is part of its schema -----------------
 
 

@@ -161,6 +161,7 @@ def test_bad_input_before_any_compute(tmp_path):
     one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--metric", "judge_score"]), "judge_score")
     one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--updates", "1"]), "--updates")
     one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--updates", "0.5,1"]), "--updates")
+    one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--seed", "-1"]), "--seed must be >= 0, got -1")  # else found after the pilot's compute
     assert not any(tmp_path.iterdir())
     path = tmp_path / "r.parquet"
     results("flat").drop(columns=["rho"]).to_parquet(path)

@@ -5,6 +5,7 @@ here, so run identity and `plan` see the values the run computes with.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,8 @@ def resolve_device_defaults(cfg: DictConfig) -> None:
     the run will use, so that run identity and `plan` see the values the run computes with: one
     learner rank per GPU, bf16 and activation checkpointing with GPUs; one rank in fp32 without."""
     gpus = cfg.cluster.gpus_per_run
+    if not (math.isfinite(gpus) and gpus >= 0):
+        return  # check() names it
     learner = cfg.learner
     if learner.world_size is None:
         learner.world_size = max(1, int(gpus))
@@ -131,6 +134,8 @@ def _compose(path: Path, overrides: list[str]) -> DictConfig:
         raise ConfigError(_compose_message(e)) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    except RecursionError:  # `a: &a [*a]`: YAML allows a node inside itself, a config cannot hold one
+        raise ConfigError(f"{path}: a value holds itself (a YAML anchor used inside its own node)") from None
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     cfg.pop("hydra", None)
     return cfg

@@ -72,6 +72,9 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
             raise ConfigError(f"grid.axes.{key} must be a non-empty list")
         if key in ("n", "B_p", "seed"):
             raise ConfigError(f"grid.axes.{key}: set grid.{key} instead")
+        if key.split(".")[0] == "cluster":  # the dispatcher submits every job with the sweep's cluster settings
+            raise ConfigError(f"grid.axes.{key}: the cluster is the sweep's, not a cell's (each job asks for the sweep's CPUs and GPUs); "
+                              "run one sweep per cluster setting")
         if key not in GROUPS and OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
             raise ConfigError(f"grid.axes.{key}: unknown config key '{key}'")
         if key in GROUPS and any(OmegaConf.is_config(v) for v in values):

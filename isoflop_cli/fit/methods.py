@@ -62,6 +62,8 @@ def check(spec: FitSpec, methods: list[str]) -> None:
         raise ConfigError(f"--holdout predicts from a law: give --method {' or '.join(sorted(HOLDOUT))}")
     if spec.bootstrap < 0:
         raise ConfigError("--bootstrap must be >= 0")
+    if spec.seed < 0:
+        raise ConfigError(f"--seed must be >= 0, got {spec.seed}")
     if len({spec.metric, spec.axis, spec.compute}) < 3:
         raise ConfigError(f"--metric, --axis and --compute must name three different columns, got {spec.metric}, {spec.axis}, {spec.compute}")
 

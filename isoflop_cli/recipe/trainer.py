@@ -208,7 +208,10 @@ class Trainer:
         group; either with its own weights synced after each update), the reward."""
         cfg, main = self.cfg, self.group.is_main
         self.task = tasks.make(cfg.task)
-        self.task.prepare(self.tokenizer)  # chat template; prompts over task.max_prompt_tokens dropped
+        try:
+            self.task.prepare(self.tokenizer)  # chat template; prompts over task.max_prompt_tokens dropped
+        except tasks.TaskError as e:  # every prompt too long for this tokenizer: the input, which a retry would not change
+            raise ConfigError(str(e)) from None
         if main and any(self.task.dropped.values()):
             print(f"prompts over task.max_prompt_tokens, left out: {self.task.dropped}", flush=True)
         self.own_engine = SAMPLERS[cfg.sampler.name].own_engine  # an engine on every rank (vLLM)
