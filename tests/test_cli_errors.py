@@ -3,6 +3,7 @@
 import os
 import stat
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -111,6 +112,16 @@ def test_a_checkpoint_without_weights_is_planned_not_run(tmp_path):
     assert runner.invoke(app, ["plan", f"model.path={tmp_path}"]).exit_code == 0  # planning reads config.json alone
     result = runner.invoke(app, ["sweep", "--out", str(tmp_path / "out"), f"model.path={tmp_path}"])
     assert result.exit_code == 2 and "has no weights" in result.output and not (tmp_path / "out").exists()
+    # Weights a run cannot load, and weights without the tokenizer (transformers would build an empty
+    # one from config.json, and every prompt would be no tokens): refused before anything starts.
+    (tmp_path / "model.safetensors").write_bytes(b"\xff" * 64)
+    result = runner.invoke(app, ["sweep", "--out", str(tmp_path / "out"), f"model.path={tmp_path}"])
+    assert result.exit_code == 2 and "model.safetensors is not a readable safetensors file" in result.output and not (tmp_path / "out").exists()
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.zeros((2, 2), dtype=np.float32)}, str(tmp_path / "model.safetensors"))
+    result = runner.invoke(app, ["sweep", "--out", str(tmp_path / "out"), f"model.path={tmp_path}"])
+    assert result.exit_code == 2 and "has no tokenizer" in result.output and not (tmp_path / "out").exists(), result.output
 
 
 def test_a_typo_inside_a_config_file_is_named(tmp_path):

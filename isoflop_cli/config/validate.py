@@ -29,6 +29,9 @@ from isoflop_cli.samplers import SAMPLERS
 from isoflop_cli.tasks.arith import ALPHABET
 from isoflop_cli.tracking import BACKENDS
 
+# What AutoTokenizer reads a tokenizer from (fast, then the slow tokenizers' vocabularies).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model")
+
 
 def check(cfg: DictConfig, axes: bool = True) -> None:
     """Value checks the schema's types cannot express. `axes=False` leaves out grid.axes (checked
@@ -356,10 +359,25 @@ def check_runnable(cfgs: Iterable[DictConfig]) -> None:
 
 
 def _check_weights(name: str, path: Path) -> None:
-    """A checkpoint's weight files (safetensors or PyTorch bins), which a run loads."""
-    if not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
+    """A checkpoint's weight files (safetensors or PyTorch bins), each safetensors header readable (a
+    truncated or foreign file fails here, not in the run's load), and its tokenizer's files: without
+    them transformers builds an empty tokenizer from config.json, which turns every prompt into no
+    tokens."""
+    from safetensors import SafetensorError, safe_open
+
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards and not any(path.glob("pytorch_model*.bin")):
         raise ConfigError(f"{name} {path} has no weights (*.safetensors or pytorch_model*.bin): "
                           "`plan` reads its config.json alone, a run needs the weights")
+    for shard in shards:
+        try:
+            with safe_open(shard, framework="numpy") as f:
+                f.keys()
+        except (SafetensorError, OSError) as e:
+            raise ConfigError(f"{name} {shard} is not a readable safetensors file ({' '.join(str(e).split())})") from None
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ConfigError(f"{name} {path} has no tokenizer ({', '.join(TOKENIZER_FILES[:3])} ...): save it beside the weights "
+                          "(tokenizer.save_pretrained)")
 
 
 def _check_build(name: str, b: DictConfig) -> None:
