@@ -221,12 +221,11 @@ def doctor(
 ) -> None:
     """The sweep's preflight alone: on a node of each type, isoflop and Python as the CLI's, the sweep
     dir shared, the model and data readable, vLLM importable (sampler=vllm); and a node with the
-    CPUs and GPUs a run asks for. One line per problem, exit 2; nothing is run."""
+    CPUs and GPUs a run asks for. One line per problem, exit 2; nothing is run. The grid is expanded
+    and every cell's config checked first, as `sweep` does."""
     with user_errors():
-        cfg = config_mod.load(config, list(overrides or []))
-        config_mod.check_runnable([cfg])
-        launchers.of(cfg.cluster).check()
-        sweep_dir = SweepDir(config_mod.check_writable(out / cfg.name))
+        cfg, cells = sweep_mod.load(config, list(overrides or []), out)
+        sweep_dir = sweep_mod.check(out, cfg, cells)
         nodes = sweep_mod.doctor(sweep_dir, cfg, _view())
     for n in nodes:
         console.print(f"node {n.host}{f' x{n.count}' if n.count > 1 else ''}: {n.cpus:g} CPU, {n.gpus:g} GPU, isoflop {n.version}, Python {n.python}, "

@@ -68,6 +68,7 @@ CASES = {
     "repeated list axis value": (["plan", "+grid.axes={task.ops:[[+],[+]]}"], "grid.axes.task.ops lists [+] twice"),
     "repeated group axis value": (["plan", "+grid.axes={reward:[sparse,sparse]}"], "grid.axes.reward lists sparse twice"),
     "axis values that are one run": (["plan", "grid.n=[2]", "+grid.axes={calibrate.shard:[256,512]}"], "are the same run"),
+    "doctor checks every cell": (["doctor", "+grid.axes={algo.kl_coef:[-1,0.1]}"], "algo.kl_coef must be a finite number >= 0, got -1.0"),
     "a cluster setting as an axis": (["plan", "+grid.axes={cluster.gpus_per_run:[0,2]}"], "grid.axes.cluster.gpus_per_run: the cluster is the sweep's"),
     "NaN GPUs": (["plan", "cluster.gpus_per_run=nan"], "cluster.gpus_per_run must be >= 0, got nan"),
     "infinite GPUs": (["run", "cluster.gpus_per_run=inf"], "cluster.gpus_per_run must be >= 0, got inf"),
