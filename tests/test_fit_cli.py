@@ -125,6 +125,20 @@ def test_bad_options_and_columns_exit_2(tmp_path, args, needle):
     one_error_line(invoke(tmp_path / "r.csv", "--bootstrap", 0, *args), needle)
 
 
+@pytest.mark.parametrize("corrupt, needle", [
+    (lambda d: d.assign(**{"val_avg@k": np.inf}), "column val_avg@k has no finite numeric values"),
+    (lambda d: d.assign(n=d["n"].where(d["n"] != 2, 0)), "frontier: n must be positive, got 0 in run n2_bp4"),
+    (lambda d: d.assign(rollouts=d["rollouts"].where(d["n"] != 4, -d["rollouts"] - 1)), "frontier: rollouts must be >= 0, got -1 in run n4_bp4"),
+    (lambda d: d.assign(run_id=None), "r.csv: run_id is empty in row 0"),
+    (lambda d: pd.concat([d, d.iloc[:3]]), "r.csv: run n2_bp4 has step 0 twice"),
+], ids=["inf metric", "zero axis", "negative compute", "no run id", "a row twice"])
+def test_values_no_fit_can_read_exit_2_naming_them(tmp_path, corrupt, needle):
+    """Found by fuzzing `fit`: each of these was a traceback deep in a fit, or (a row twice, negative
+    compute) a fit that counted them."""
+    corrupt(results()).to_csv(tmp_path / "r.csv", index=False)
+    one_error_line(invoke(tmp_path / "r.csv", "--bootstrap", 0), needle)
+
+
 def test_too_few_points_for_an_asked_method_exit_2(tmp_path):
     results()[lambda d: d["step"] <= 2].to_csv(tmp_path / "r.csv", index=False)
     result = invoke(tmp_path / "r.csv", "--method", "frontier", "--bootstrap", 0)

@@ -100,6 +100,11 @@ def load(paths: list[Path]) -> tuple[pd.DataFrame, dict[str, Any]]:
         if same is not path:
             raise ConfigError(f"{path} holds the same results as {same}: give each input once")
         if "run_id" in df.columns:
+            if df["run_id"].isna().any():
+                raise ConfigError(f"{path}: run_id is empty in row {int(np.flatnonzero(df['run_id'].isna())[0])}: every row names its run")
+            if "step" in df.columns and df.duplicated(["run_id", "step"]).any():
+                row = df[df.duplicated(["run_id", "step"])].iloc[0]
+                raise ConfigError(f"{path}: run {row['run_id']} has step {row['step']} twice: each eval point once (a row twice counts twice in every fit)")
             for run_id in df["run_id"].astype(str).unique():
                 first = seen_runs.setdefault(run_id, path)
                 if first is not path:
@@ -119,13 +124,24 @@ def usable(df: pd.DataFrame, columns: list[str], method: str) -> pd.DataFrame:
     if missing:
         raise ConfigError(f"{method}: results have no column {', '.join(missing)} (have: {', '.join(c for c in df.columns if c != RUN)})")
     numeric = df[columns].apply(pd.to_numeric, errors="coerce")
-    bad = [c for c in columns if numeric[c].isna().all()]
+    finite = np.isfinite(numeric.to_numpy(float))
+    bad = [c for c, any_finite in zip(columns, finite.any(axis=0)) if not any_finite]
     if bad:
-        raise ConfigError(f"{method}: column {', '.join(bad)} has no numeric values")
-    keep = np.isfinite(numeric.to_numpy(float)).all(axis=1)
+        raise ConfigError(f"{method}: column {', '.join(bad)} has no finite numeric values")
+    keep = finite.all(axis=1)
     if not keep.all():
         warn(f"{method}: dropped {int((~keep).sum())} of {len(df)} rows with NaN or non-numeric {', '.join(columns)}")
     return df.loc[keep].assign(**{c: numeric.loc[keep, c] for c in columns})
+
+
+def signs(df: pd.DataFrame, spec: FitSpec, columns: list[str], method: str) -> None:
+    """Of the method's columns: the axis is a count or a size (its laws and plots are in log axis):
+    positive. Compute is spent: never negative (step 0 spends none)."""
+    for column, ok, what in ((spec.axis, df[spec.axis] > 0 if spec.axis in columns else None, "positive"),
+                             (spec.compute, df[spec.compute] >= 0 if spec.compute in columns else None, ">= 0")):
+        if ok is not None and not ok.all():
+            row = df[~ok].iloc[0]
+            raise ConfigError(f"{method}: {column} must be {what}, got {plain(row[column])} in run {str(row[RUN]).split(':', 1)[-1]}")
 
 
 def numbers(df: pd.DataFrame, column: str, where: Path | str) -> pd.Series:
