@@ -518,6 +518,7 @@ def race_pilot(
         if from_results is not None:
             df = race.read_results(from_results)
             column = race.target_metric(target, metric, list(df.columns), "the results have")
+            df = race.target_values(df, column, from_results)
             race.check_full(full_results, column, validate_with)
             base = from_results if from_results.is_dir() else from_results.parent
             dest = config_mod.check_writable(out or base / "race")

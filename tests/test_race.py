@@ -166,6 +166,13 @@ def test_bad_input_before_any_compute(tmp_path):
     path = tmp_path / "r.parquet"
     results("flat").drop(columns=["rho"]).to_parquet(path)
     one_error_line(runner.invoke(app, ["race-pilot", "--from-results", str(path)]), "rho")
+    # Found by fuzzing: a traceback (an infinite target), or an error that named the budgets, not the value.
+    for corrupt, needle in ((lambda d: d.assign(val_native=d["val_native"].where(d["step"] != 2, np.inf)), "val_native in row 2 is not finite (inf)"),
+                            (lambda d: d.assign(rho=-d["rho"]), "rho in row 1 is -"),
+                            (lambda d: d.assign(rho=np.nan), "rho has no value"),
+                            (lambda d: d.assign(run_id=None), "run_id is empty in row 0")):
+        corrupt(results("flat")).to_parquet(path)
+        one_error_line(runner.invoke(app, ["race-pilot", "--from-results", str(path)]), needle)
 
 
 @pytest.mark.slow  # plans the pilot: ~7 s

@@ -55,11 +55,18 @@ def target_metric(target: str, metric: str | None, columns: list[str], where: st
 
 
 def check_full(full: pd.DataFrame | None, column: str, path: Path | None) -> None:
-    """Full-scale results to validate against carry the pilot's target column and rho."""
+    """Full-scale results to validate against carry the pilot's target column (numbers) and rho."""
     if full is not None:
         missing = [c for c in (column, "rho", "reward") if c not in full.columns]
         if missing:
             raise ConfigError(f"--validate-with {path}: no column {', '.join(missing)} (the pilot's target and rho per reward system)")
+        fit_data.numbers(full, column, f"--validate-with {path}")
+
+
+def target_values(df: pd.DataFrame, column: str, path: Path) -> pd.DataFrame:
+    """The results with the target as numbers: one that is not a number or not finite is an error
+    naming its row (a missing one, a step without an eval, stays missing)."""
+    return df.assign(**{column: fit_data.numbers(df, column, path)})
 
 
 def read_results(path: Path) -> pd.DataFrame:
@@ -69,7 +76,17 @@ def read_results(path: Path) -> pd.DataFrame:
     missing = [c for c in ("run_id", "flops_total") if c not in df.columns]
     if missing:
         raise ConfigError(f"{path}: no column {', '.join(missing)} (RACE reads isoflop results: run_id, reward, rho, flops_total, the target)")
+    if df["run_id"].isna().any():
+        raise ConfigError(f"{path}: run_id is empty in row {int(df['run_id'].isna().to_numpy().nonzero()[0][0])}: every row names its run")
     rho = {"rho": fit_data.numbers(df, "rho", path)} if "rho" in df.columns else {}  # its absence is said with the target's
+    if rho:
+        # rho = C_learning / C_total: a share strictly inside (0, 1) wherever compute was spent (the log-odds RACE fits).
+        outside = rho["rho"].notna() & ~rho["rho"].between(0, 1, inclusive="neither")
+        if outside.any():
+            row = int(outside.to_numpy().nonzero()[0][0])
+            raise ConfigError(f"{path}: rho in row {row} is {rho['rho'].iloc[row]:g}; rho = C_learning / C_total lies strictly between 0 and 1")
+        if rho["rho"].isna().all():
+            raise ConfigError(f"{path}: rho has no value (rho = C_learning / C_total, recorded by each run at its eval points)")
     return df.assign(flops_total=fit_data.numeric_column(df, "flops_total", path), **rho)
 
 
