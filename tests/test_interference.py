@@ -103,3 +103,10 @@ def test_cli_writes_the_method_and_refuses_without_records(tmp_path):
     (path / "problems.parquet").unlink()
     result = runner.invoke(app, ["fit", str(path), "--method", "interference"])
     assert result.exit_code == 2 and "no problems.parquet" in result.output
+    # Records that are not records: one line naming the file, not pyarrow's or pandas' traceback.
+    problems.rename(columns={RUN: "run_id"}).drop(columns=["correct"]).to_parquet(path / "problems.parquet")
+    result = runner.invoke(app, ["fit", str(path), "--method", "interference"])
+    assert result.exit_code == 2 and "problems.parquet: no column correct" in result.output, result.output
+    (path / "problems.parquet").write_bytes(b"junk!")
+    result = runner.invoke(app, ["fit", str(path), "--method", "interference"])
+    assert result.exit_code == 2 and "problems.parquet: cannot read per-problem records" in result.output, result.output

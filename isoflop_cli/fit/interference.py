@@ -43,6 +43,7 @@ ALPHA = 0.10  # the permutation test's level for calling a trend in n
 PERMUTATIONS = 2000
 SHARES = ("rose", "regressed")
 STRATUM = "B_p"  # n labels are permuted among runs of one B_p
+PROBLEM_COLUMNS = ("run_id", "problem_id", "step", "correct", "samples")  # what a run writes per problem and eval point
 
 
 def load_problems(paths: list[Path]) -> pd.DataFrame | None:
@@ -52,7 +53,13 @@ def load_problems(paths: list[Path]) -> pd.DataFrame | None:
     for i, path in enumerate(paths):
         where = (path if path.is_dir() else path.parent) / PROBLEMS
         if where.exists():
-            df = pd.read_parquet(where)
+            try:
+                df = pd.read_parquet(where)
+            except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+                raise ConfigError(f"{where}: cannot read per-problem records ({' '.join(str(e).split())[:200]})") from None
+            missing = [c for c in PROBLEM_COLUMNS if c not in df.columns]
+            if missing:
+                raise ConfigError(f"{where}: no column {', '.join(missing)} (per-problem records: {', '.join(PROBLEM_COLUMNS)})")
             frames.append(df.assign(**{RUN: f"{i}:" + df["run_id"].astype(str)}))
     return pd.concat(frames, ignore_index=True) if frames else None
 
