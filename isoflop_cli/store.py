@@ -30,6 +30,7 @@ from __future__ import annotations
 import csv
 import errno
 import json
+import math
 import os
 import re
 import socket
@@ -160,8 +161,8 @@ class RunFiles:
             return RunStatus.from_json(json.loads(self.status_file.read_text()))
         except (FileNotFoundError, NotADirectoryError):
             return RunStatus()
-        except (OSError, ValueError) as e:
-            why = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+        except (OSError, ValueError, RecursionError) as e:
+            why = (e.strerror or str(e)) if isinstance(e, OSError) else "nested too deep" if isinstance(e, RecursionError) else str(e)
             raise ConfigError(f"{self.status_file} is not a readable run status ({why}): nothing was changed; "
                               "fix it or move it aside (the run is then redone)") from None
 
@@ -318,9 +319,11 @@ def _read_jsonl(path: Path) -> list[dict]:
     rows = []
     for line in path.read_text().splitlines():
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
             continue
+        if isinstance(row, dict):  # a line that parses to something else is not one of the run's rows either
+            rows.append(row)
     return rows
 
 
@@ -398,6 +401,13 @@ class CellState:
         values["failures"] = [Failure(**schema_fields(_object("failures", f), {"attempt": "int", "reason": "str", "at": "number"}, required=True))
                               for f in values.get("failures", [])]
         cell = cls(**values)
+        bad = [k for k, kind in (("n", "number"), ("B_p", "number"), ("model", "str")) if k in cell.columns and not _is(cell.columns[k], kind)]
+        if bad:
+            raise Malformed(f"columns.{bad[0]} is {json.dumps(cell.columns[bad[0]])[:40]}, not a {'name' if bad[0] == 'model' else 'number'}")
+        if cell.M < 0:
+            raise Malformed(f"M is {cell.M}, not a number of steps")
+        if cell.step_flops is not None and (min(cell.step_flops, default=0) < 0 or not sum(cell.step_flops) > 0):
+            raise Malformed(f"step_flops {cell.step_flops} is not a step's FLOPs (numbers >= 0, not all 0)")
         if cell.state not in CELL_STATES:
             raise Malformed(f"state '{cell.state}' is none of {', '.join(CELL_STATES)}")
         if cell.state == RETRYING and not cell.failures:  # the dispatcher writes the failure it retries after with the state
@@ -468,6 +478,8 @@ class Manifest:
             raise Malformed(f"kind '{kind}' is neither {SWEEP} nor {CALIBRATION}")
         cells = {}
         for run_id, cell in top["cells"].items():
+            if run_id in ("", ".", "..") or Path(run_id).name != run_id:  # it names the run's directory under runs/
+                raise Malformed(f"cell '{run_id}' is not a directory name")
             try:
                 cells[run_id] = CellState.from_json(cell, kind)
             except Malformed as e:
@@ -497,6 +509,12 @@ _CHECKS["numbers"] = lambda v: isinstance(v, list) and all(map(_CHECKS["number"]
 
 def _is(value: Any, kind: str) -> bool:
     return _CHECKS[kind](value)
+
+
+def _eval_point(row: Any) -> bool:
+    """A sealed row: an object with an integer step, and the ledger columns readers add up as finite numbers >= 0."""
+    return (isinstance(row, dict) and _is(row.get("step"), "int")
+            and all(_is(row[k], "number") and 0 <= row[k] < math.inf for k in ("rollouts", "flops_total") if k in row))
 
 
 def schema_fields(data: dict, schema: dict[str, str], required: bool = False) -> dict[str, Any]:
@@ -567,8 +585,9 @@ class RunStatus:
         status = cls(**values, ledger={k: float(v) for k, v in data.items() if k not in schema and _is(v, "number")})
         if status.state not in RUN_STATES:
             raise Malformed(f"state '{status.state}' is none of {', '.join(RUN_STATES)}")
-        if status.state == FINISHED and status.rows is not None and not (status.rows and all(isinstance(r, dict) and _is(r.get("step"), "int") for r in status.rows)):
-            raise Malformed(f"its sealed rows {json.dumps(status.rows)[:40]} are not eval points (a non-empty list of objects with a step)")
+        if status.state == FINISHED and status.rows is not None and not (status.rows and all(_eval_point(r) for r in status.rows)):
+            raise Malformed(f"its sealed rows {json.dumps(status.rows)[:40]} are not eval points (a non-empty list of objects with a step, "
+                            "and rollouts and flops_total finite numbers >= 0)")
         return status
 
 
@@ -611,8 +630,8 @@ class SweepDir:
             return Manifest.from_json(json.loads(self.manifest_file.read_text()))
         except (FileNotFoundError, NotADirectoryError):  # no manifest there (NotADirectory: the dir's path runs through a file)
             return Manifest()
-        except (OSError, ValueError) as e:  # unreadable, not JSON (a torn or cut file), or not a manifest
-            why = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+        except (OSError, ValueError, RecursionError) as e:  # unreadable, not JSON (a torn, cut or absurdly nested file), or not a manifest
+            why = (e.strerror or str(e)) if isinstance(e, OSError) else "nested too deep" if isinstance(e, RecursionError) else str(e)
             raise ConfigError(f"{self.manifest_file} is not a readable sweep manifest ({why}): nothing was changed; "
                               "move it aside to rebuild it from the grid (finished runs in runs/ are found again)") from None
 
@@ -624,8 +643,12 @@ class SweepDir:
         how much shorter real prompts and completions are than the bounds the plan assumes."""
         ratios: dict[str, list[float]] = {}
         for run_id, cell in self.manifest().cells.items():
-            rows = self.run(run_id).finished_rows() if cell.step_flops is not None else None
+            files = self.run(run_id)
+            rows = files.finished_rows() if cell.step_flops is not None and "model" in cell.columns else None
             if rows and rows[-1]["step"] > 0:
+                if not rows[-1].get("flops_total", 0) > 0:
+                    raise ConfigError(f"{files.status_file}: its last sealed eval point (step {rows[-1]['step']}) records no flops_total: "
+                                      "the run's record is damaged; move the run dir aside to run it again")
                 bound = rows[-1]["step"] * sum(cell.step_flops)
                 ratios.setdefault(cell.columns["model"], []).append(rows[-1]["flops_total"] / bound)
         return {model: sum(r) / len(r) for model, r in ratios.items()}

@@ -208,6 +208,41 @@ def test_a_retrying_cell_without_its_failure_is_a_malformed_manifest(tmp_path, c
     one_error(runner.invoke(app, args), "cell 'a' is malformed (state retrying without the failure it retries after)")
 
 
+CELL = {"M": 4, "state": "finished", "columns": {"n": 2, "B_p": 2, "model": "tiny-arith"}, "step_flops": [1.0, 2.0, 0.0]}
+
+
+@pytest.mark.parametrize("cells, needle", [
+    ({"../../etc": CELL}, "cell '../../etc' is not a directory name"),  # `logs` would read outside the sweep
+    ({"a": {**CELL, "columns": {"n": "x"}}}, "columns.n is \"x\", not a number"),
+    ({"a": {**CELL, "step_flops": [0, 0]}}, "step_flops [0.0, 0.0] is not a step's FLOPs"),
+    ({"a": {**CELL, "M": -5}}, "M is -5"),
+    ("deep", "nested too deep"),
+], ids=["run id a path", "n not a number", "no step FLOPs", "negative M", "nested"])
+@pytest.mark.parametrize("command", ["status", "plan"])
+def test_a_manifest_its_readers_would_crash_on_is_refused_naming_it(tmp_path, cells, needle, command):
+    """Found by fuzzing: each was a traceback in `status` or `plan` (a path outside the sweep for `logs`)."""
+    sweep = tmp_path / "default"
+    sweep.mkdir()
+    text = "[" * 100_000 + "]" * 100_000 if cells == "deep" else json.dumps({"version": 1, "cells": cells})
+    (sweep / "manifest.json").write_text(text)
+    args = ["status", str(sweep)] if command == "status" else ["plan", "--out", str(tmp_path)]
+    one_error(runner.invoke(app, args), needle)
+
+
+def test_a_run_record_its_readers_would_crash_on_is_refused_and_a_stray_line_skipped(tmp_path):
+    sweep = tmp_path / "default"
+    (sweep / "runs" / "a").mkdir(parents=True)
+    (sweep / "manifest.json").write_text(json.dumps({"version": 1, "cells": {"a": CELL}}))
+    status = {"version": 1, "state": "finished", "rows": [{"step": 4, "rollouts": 16, "flops_total": 1e9}]}
+    (sweep / "runs" / "a" / "metrics.jsonl").write_text('[1, 2]\n"x"\n' + json.dumps(status["rows"][0]) + "\n")  # lines that are not rows
+    (sweep / "runs" / "a" / "status.json").write_text(json.dumps(status))
+    result = runner.invoke(app, ["status", str(sweep)])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    for bad in ("x", -1.0, 1e400):
+        (sweep / "runs" / "a" / "status.json").write_text(json.dumps({**status, "rows": [{"step": 4, "flops_total": bad}]}))
+        one_error(runner.invoke(app, ["plan", "--out", str(tmp_path)]), "are not eval points")
+
+
 # --- a failed job's reason: one line, whatever Ray appends ---------------------------------------
 
 
