@@ -34,6 +34,8 @@ def resolve_sweep_path(name_or_path: str | None) -> Path:
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
+        if path.suffix != ".yaml":  # Hydra composes a config by its name, NAME.yaml
+            raise ConfigError(f"config file {path}: name it {path.stem}.yaml (Hydra reads configs by their .yaml name)")
         return path.resolve()
     path = SWEEPS_DIR / f"{name_or_path}.yaml"
     if not path.is_file():

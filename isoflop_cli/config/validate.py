@@ -155,7 +155,7 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
     positive("cluster.max_attempts", c.max_attempts)
     if not (math.isfinite(c.gpus_per_run) and c.gpus_per_run >= 0):
         raise ConfigError(f"cluster.gpus_per_run must be >= 0, got {c.gpus_per_run}")
-    for key in ("local_cpus", "max_concurrent"):
+    for key in ("local_cpus", "max_concurrent", "gpu_memory_gib"):
         if c[key] is not None:
             positive(f"cluster.{key}", c[key])
     if not (c.address or os.environ.get("RAY_ADDRESS")):  # a remote cluster's interpreter and cache live on its nodes
@@ -259,6 +259,11 @@ def _task(cfg: DictConfig) -> tasks.Task:
         missing = [key for key in cfg[part] if OmegaConf.is_missing(cfg[part], key)]
         if missing:
             raise ConfigError(f"{part}={cfg[part].name} needs {part}.{missing[0]}=... (see conf/{part}/{cfg[part].name}.yaml)")
+    if cfg.task.name != "dataset":  # the other dataset keys also read eval.sets' files; these two name the task's own
+        given = [key for key in ("train", "val") if cfg.task[key] is not None]
+        if given:
+            raise ConfigError(f"task.{given[0]} names the problems of task=dataset; task={cfg.task.name} makes its own "
+                              f"and would not read it: add task=dataset")
     try:
         task = tasks.make(cfg.task)
         if cfg.model.path is None:
