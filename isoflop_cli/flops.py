@@ -55,10 +55,17 @@ class Shape:
         if model_type not in SUPPORTED:
             raise UnsupportedModel(f"the FLOP ledger does not support model_type '{model_type}' (supported: {', '.join(SUPPORTED)})")
         needed = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
-        missing = [k for k in needed if not (isinstance(get(k), int) and get(k) > 0)]
+
+        def count(v) -> bool:  # JSON's true is a Python int too
+            return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+        missing = [k for k in needed if not count(get(k))]
         if missing:
             raise UnsupportedModel(f"its config ({model_type}) lacks {', '.join(missing)} (a positive integer each): the FLOP ledger "
                                    "counts a decoder from them")
+        odd = [k for k in ("num_key_value_heads", "head_dim") if get(k) is not None and not count(get(k))]
+        if odd:
+            raise UnsupportedModel(f"its config ({model_type}) has {odd[0]}={get(odd[0])!r}: a positive integer (or absent) the FLOP ledger counts with")
         heads = get("num_attention_heads")
         return cls(
             layers=get("num_hidden_layers"),

@@ -64,6 +64,12 @@ def test_supported_families(model_type):
     shape = flops.Shape.from_config(config)
     assert (shape.head_dim, shape.kv_heads) == (8, 2)
     assert flops.Shape.from_config({**config, "head_dim": 16}).head_dim == 16  # Qwen3 sets it explicitly
+    # Sizes the ledger would miscount or crash on (fuzzed): a bool is an int in Python, a string or a
+    # negative count is no count.
+    for bad, needle in (({"hidden_size": True}, "lacks hidden_size"), ({"num_key_value_heads": "x"}, "num_key_value_heads='x'"),
+                        ({"head_dim": -8}, "head_dim=-8")):
+        with pytest.raises(flops.UnsupportedModel, match=needle):
+            flops.Shape.from_config({**config, **bad})
 
 
 def test_unsupported_architecture_is_an_error(tmp_path):
