@@ -689,7 +689,7 @@ def load_results(path: Path | str) -> pd.DataFrame:
     path = Path(path)
     if path.is_dir():
         path = path / RESULTS
-    if path.suffix == ".csv":
+    if path.suffix.lower() == ".csv":
         with open(path, newline="") as f:
             rows = csv.reader(f)
             width = len(next(rows, []))

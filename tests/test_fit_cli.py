@@ -119,6 +119,8 @@ def test_too_few_points_default_falls_back_to_the_empirical_frontier(tmp_path):
     (["--method", "scalerl", "--holdout-frac", "1.5"], "holdout"),
     (["--method", "fixed-batch", "--axis", "seed"], "n or B_p"),
     (["--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["--drop-early", "-1", "--method", "scalerl"], "--drop-early must be in [0, 1)"),
+    (["--holdout-frac", "0.2"], "--holdout-frac and --drop-early are scalerl's"),  # read by no default method: was ignored
 ])
 def test_bad_options_and_columns_exit_2(tmp_path, args, needle):
     results().to_csv(tmp_path / "r.csv", index=False)

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from isoflop_cli.errors import ConfigError
+from isoflop_cli.fit import methods
 from isoflop_cli.fit.curves import scalerl
 from isoflop_cli.fit.data import RUN, FitSpec, FitWarning
 from isoflop_cli.fit.scalerl import scalerl_method
@@ -56,4 +57,4 @@ def test_few_computes_and_bad_options():
     with pytest.raises(ConfigError, match="distinct positive computes"), pytest.warns(FitWarning, match="too few computes"):
         scalerl_method(short, FitSpec(bootstrap=0))
     with pytest.raises(ConfigError, match="holdout"):
-        scalerl_method(runs(), FitSpec(holdout_frac=1.0))
+        methods.check(FitSpec(holdout_frac=1.0), ["scalerl"])  # options are checked before any data is read

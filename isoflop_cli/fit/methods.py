@@ -64,6 +64,10 @@ def check(spec: FitSpec, methods: list[str]) -> None:
         raise ConfigError("--bootstrap must be >= 0")
     if spec.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {spec.seed}")
+    if not 0 <= spec.holdout_frac < 1 or not 0 <= spec.drop_early < 1:
+        raise ConfigError("--holdout-frac and --drop-early must be in [0, 1)")
+    if (spec.holdout_frac or spec.drop_early) and "scalerl" not in methods:
+        raise ConfigError("--holdout-frac and --drop-early are scalerl's: add --method scalerl")
     if len({spec.metric, spec.axis, spec.compute}) < 3:
         raise ConfigError(f"--metric, --axis and --compute must name three different columns, got {spec.metric}, {spec.axis}, {spec.compute}")
 

@@ -80,9 +80,7 @@ def series(df: pd.DataFrame, spec: FitSpec, runs: pd.Index, held: np.ndarray | N
 
 def scalerl_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     """Per axis value the ScaleRL curve; the top-level params are the axis value with the highest A."""
-    if not 0 <= spec.holdout_frac < 1 or not 0 <= spec.drop_early < 1:
-        raise ConfigError("scalerl: --holdout-frac and --drop-early must be in [0, 1)")
-    if spec.holdout and spec.holdout_frac:
+    if spec.holdout and spec.holdout_frac:  # their ranges: `methods.check`
         raise ConfigError("scalerl: give --holdout or --holdout-frac, not both")
     runs = pd.Index(df[RUN].unique())
     held = holdout.split(df, spec, spec.holdout, "scalerl")[1] if spec.holdout else None
