@@ -263,6 +263,7 @@ def test_replay_command_writes_its_figures(tmp_path):
     assert (tmp_path / "replay" / "replay.png").stat().st_size > 1000
     assert "of the full grid's" in result.output
     for args, needle in ((["--schedule", "fast"], "--schedule"), (["--margin", "-1"], "--margin"), (["--budgets", "1,x"], "--budgets"),
+                         (["--budgets", "1,2"], "--budgets 1 is below every eval point"), (["--budgets", "4096,4096"], "two or more distinct values"),
                          (["--metric", "B_p"], "bounded to [0, 1]; B_p ranges 8..16 (--metric)")):
         bad = runner.invoke(app, ["replay", str(path), *args])
         assert bad.exit_code == 2 and needle in bad.output, bad.output

@@ -66,11 +66,16 @@ def default_stages(rows: pd.DataFrame, compute: str) -> list[float]:
 def replay(df: pd.DataFrame, metric: str, axis: str, compute: str, schedule: Schedule, margin: float,
            stages: list[float] | None = None, indifference: float = DEFAULT_INDIFFERENCE) -> Replay:
     rows = usable(df, [metric, axis, compute], "replay")
-    stages = sorted(stages) if stages else default_stages(rows, compute)
+    given = stages is not None
+    stages = sorted(set(stages)) if given else default_stages(rows, compute)
+    first = float(rows.loc[rows[compute] > 0, compute].min())
+    if given and stages[0] < first / 1.1:  # a budget no eval point reaches would stop cells on no data
+        raise ConfigError(f"replay: --budgets {stages[0]:g} is below every eval point of these results (the first is at {first:g} {compute})")
     bounded = 0 <= rows[metric].min() and rows[metric].max() <= 1
     if schedule is Schedule.adaptive:
         if len(stages) < 2:
-            raise ConfigError("replay: the adaptive schedule decides between budgets; these results span one budget (give --budgets)")
+            raise ConfigError("replay: the adaptive schedule decides between budgets; give --budgets two or more distinct values" if given else
+                              "replay: the adaptive schedule decides between budgets; these results span one budget (give --budgets)")
         if not bounded:
             raise ConfigError(f"replay: the adaptive rule's sigmoid is bounded to [0, 1]; {metric} ranges "
                               f"{rows[metric].min():.3g}..{rows[metric].max():.3g} (--metric)")
