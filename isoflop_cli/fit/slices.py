@@ -1,10 +1,11 @@
 """Method `isoflop-slices` (Chinchilla approach 2): a parabola per budget, its optimum against compute.
 
 Every run is read at each budget (the eval points there); for each budget a parabola of the metric
-against log2(axis value) gives the best axis value, which is only trusted when it lies inside the
-values tried (an optimum on the edge is a bound, not an estimate) and when the slice's curvature is
-told from its noise (`curved`: a parabola through points with no optimum, say a metric that does not
-depend on the axis, bends one way or the other by chance, and its vertex would be read as one). The optima are then fitted
+against log2(axis value), through the values near the best one (`near_best`), gives the best axis
+value, which is only trusted when it lies inside the values tried (an optimum on the edge is a
+bound, not an estimate) and when the slice's curvature is told from its noise (`curved`: points
+with no optimum, say of a metric that does not depend on the axis, bend one way or the other by
+chance, and the vertex would be read as one). The optima are then fitted
 against compute by a power law axis* = coef * C^exponent, and by the sigmoid of the frontier law
 where they saturate; the lower AIC is `preferred`. Works for any positive numeric axis: n, B_p,
 model size, rho. Metrics named like a loss are minimised, all others maximised.
@@ -121,6 +122,7 @@ def slices_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     if not keep.any():
         raise ConfigError(f"isoflop-slices: no budget has runs at 3 or more values of {spec.axis} (a parabola needs 3)")
     df, x, budget = df[keep], x[keep], np.unique(budget[keep], return_inverse=True)[1]
+    levels = (float(x.min()), float(x.max()))  # the values tried, for the sigmoid's plateaus
     near = near_best(x, df[spec.metric].to_numpy(float), budget, minimise)
     df, x, budget = df[near], x[near], budget[near]
     y = df[spec.metric].to_numpy(float)
@@ -144,7 +146,6 @@ def slices_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
         fix = (f"widen the {spec.axis} range" if bent.sum() >= 2 else
                f"at {(~bent).sum()} of {bent.size} budgets the metric does not bend with {spec.axis} beyond its noise: it may not depend on {spec.axis}")
         raise ConfigError(f"isoflop-slices: fewer than 2 budgets have an interior optimum of {spec.axis}; {fix}")
-    levels = (float(x.min()), float(x.max()))
     power, sig = _laws(compute[interior], vertex[0, interior], levels)
 
     strata = df.drop_duplicates(RUN).set_index(RUN).loc[runs, spec.axis].to_numpy()
