@@ -100,8 +100,7 @@ def load(paths: list[Path]) -> tuple[pd.DataFrame, dict[str, Any]]:
         if same is not path:
             raise ConfigError(f"{path} holds the same results as {same}: give each input once")
         if "run_id" in df.columns:
-            if df["run_id"].isna().any():
-                raise ConfigError(f"{path}: run_id is empty in row {int(np.flatnonzero(df['run_id'].isna())[0])}: every row names its run")
+            named_runs(df, path)
             if "step" in df.columns and df.duplicated(["run_id", "step"]).any():
                 row = df[df.duplicated(["run_id", "step"])].iloc[0]
                 raise ConfigError(f"{path}: run {row['run_id']} has step {row['step']} twice: each eval point once (a row twice counts twice in every fit)")
@@ -116,6 +115,13 @@ def load(paths: list[Path]) -> tuple[pd.DataFrame, dict[str, Any]]:
         raise ConfigError(f"{', '.join(map(str, paths))}: no results yet")
     info = {"paths": [str(p) for p in paths], "sha256": digest.hexdigest(), "rows": len(df), "runs": int(df[RUN].nunique())}
     return df, info
+
+
+def named_runs(df: pd.DataFrame, path: Path) -> None:
+    """Every row of a results input names its run (a row without one would be a run of its own, or
+    all of them one run called 'nan')."""
+    if df["run_id"].isna().any():
+        raise ConfigError(f"{path}: run_id is empty in row {int(np.flatnonzero(df['run_id'].isna())[0])}: every row names its run")
 
 
 def usable(df: pd.DataFrame, columns: list[str], method: str) -> pd.DataFrame:

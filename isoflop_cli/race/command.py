@@ -76,8 +76,7 @@ def read_results(path: Path) -> pd.DataFrame:
     missing = [c for c in ("run_id", "flops_total") if c not in df.columns]
     if missing:
         raise ConfigError(f"{path}: no column {', '.join(missing)} (RACE reads isoflop results: run_id, reward, rho, flops_total, the target)")
-    if df["run_id"].isna().any():
-        raise ConfigError(f"{path}: run_id is empty in row {int(df['run_id'].isna().to_numpy().nonzero()[0][0])}: every row names its run")
+    fit_data.named_runs(df, path)
     rho = {"rho": fit_data.numbers(df, "rho", path)} if "rho" in df.columns else {}  # its absence is said with the target's
     if rho:
         # rho = C_learning / C_total: a share strictly inside (0, 1) wherever compute was spent (the log-odds RACE fits).
