@@ -127,6 +127,12 @@ def test_bad_options_and_columns_exit_2(tmp_path, args, needle):
     one_error_line(invoke(tmp_path / "r.csv", "--bootstrap", 0, *args), needle)
 
 
+def test_a_csv_named_in_capitals_reads_as_csv(tmp_path):
+    results().to_csv(tmp_path / "R.CSV", index=False)
+    result = invoke(tmp_path / "R.CSV", "--bootstrap", 0)
+    assert result.exit_code == 0, result.output
+
+
 @pytest.mark.parametrize("corrupt, needle", [
     (lambda d: d.assign(**{"val_avg@k": np.inf}), "column val_avg@k has no finite numeric values"),
     (lambda d: d.assign(n=d["n"].where(d["n"] != 2, 0)), "frontier: n must be positive, got 0 in run n2_bp4"),

@@ -241,6 +241,9 @@ def test_a_run_record_its_readers_would_crash_on_is_refused_and_a_stray_line_ski
     for bad in ("x", -1.0, 1e400):
         (sweep / "runs" / "a" / "status.json").write_text(json.dumps({**status, "rows": [{"step": 4, "flops_total": bad}]}))
         one_error(runner.invoke(app, ["plan", "--out", str(tmp_path)]), "are not eval points")
+    (sweep / "runs" / "a" / "metrics.jsonl").unlink()  # repaired from the sealed copy, which records no FLOPs: plan would scale by 0
+    (sweep / "runs" / "a" / "status.json").write_text(json.dumps({**status, "rows": [{"step": 4, "flops_total": 0}]}))
+    one_error(runner.invoke(app, ["plan", "--out", str(tmp_path)]), "records no flops_total")
 
 
 # --- a failed job's reason: one line, whatever Ray appends ---------------------------------------
