@@ -162,7 +162,7 @@ class RunFiles:
         except (FileNotFoundError, NotADirectoryError):
             return RunStatus()
         except (OSError, ValueError, RecursionError) as e:
-            why = (e.strerror or str(e)) if isinstance(e, OSError) else "nested too deep" if isinstance(e, RecursionError) else str(e)
+            why = _unreadable(e)
             raise ConfigError(f"{self.status_file} is not a readable run status ({why}): nothing was changed; "
                               "fix it or move it aside (the run is then redone)") from None
 
@@ -511,6 +511,11 @@ def _is(value: Any, kind: str) -> bool:
     return _CHECKS[kind](value)
 
 
+def _unreadable(e: Exception) -> str:
+    """Why a JSON record (a manifest, a run's status) was not read, for its one-line refusal."""
+    return (e.strerror or str(e)) if isinstance(e, OSError) else "nested too deep" if isinstance(e, RecursionError) else str(e)
+
+
 def _eval_point(row: Any) -> bool:
     """A sealed row: an object with an integer step, and the ledger columns readers add up as finite numbers >= 0."""
     return (isinstance(row, dict) and _is(row.get("step"), "int")
@@ -631,7 +636,7 @@ class SweepDir:
         except (FileNotFoundError, NotADirectoryError):  # no manifest there (NotADirectory: the dir's path runs through a file)
             return Manifest()
         except (OSError, ValueError, RecursionError) as e:  # unreadable, not JSON (a torn, cut or absurdly nested file), or not a manifest
-            why = (e.strerror or str(e)) if isinstance(e, OSError) else "nested too deep" if isinstance(e, RecursionError) else str(e)
+            why = _unreadable(e)
             raise ConfigError(f"{self.manifest_file} is not a readable sweep manifest ({why}): nothing was changed; "
                               "move it aside to rebuild it from the grid (finished runs in runs/ are found again)") from None
 
