@@ -34,7 +34,8 @@ from isoflop_cli.config.schema import Schedule
 from isoflop_cli.errors import ConfigError, HeadLost
 from isoflop_cli.fit.noise import variance_column
 from isoflop_cli.fit.schedule import SIGNAL, decide
-from isoflop_cli.store import FAILED, FINISHED, PAUSED, RETRYING, STOPPED, SUBMITTED, CellState, Failure, Manifest, RunFiles, SweepDir, SweepSchedule, atomic_write, last_exception
+from isoflop_cli.joblog import job_message
+from isoflop_cli.store import FAILED, FINISHED, PAUSED, RETRYING, STOPPED, SUBMITTED, CellState, Failure, Manifest, RunFiles, SweepDir, SweepSchedule, atomic_write
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 # Set in a job's environment: `isoflop run` then dies with the job supervisor that started it, so
@@ -415,15 +416,3 @@ class Dispatcher:
         except Exception:  # the cluster no longer knows the job
             message = None
         return f"job {submission_id} ended {job_state or 'lost'}" + (f": {job_message(message, files.log)}" if message else "")
-
-
-def job_message(message: str, log: Path) -> str:
-    """Ray's word on a job's end, one line: without the log tail it appends to a failed job's
-    (up to 20,000 characters), of which the last exception line is kept, and the path of the
-    job's whole log instead."""
-    head, cut, tail = message.partition(", last available logs")
-    line = " ".join(head.split())
-    if not cut:
-        return line
-    exception = last_exception(tail)
-    return line + (f"; {exception}" if exception else "") + f" (log: {log})"

@@ -30,12 +30,14 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from isoflop_cli.joblog import job_message, last_exception
 from isoflop_cli.samplers import SAMPLERS
 from isoflop_cli.tracking import PACKAGES as TRACKER_PACKAGES
 
 MARK = "ISOFLOP_PREFLIGHT "  # the probe's result line in its job log
 DIR = ".preflight"  # in the sweep dir: the files of the shared-dir check
 WAIT_S = 120.0  # a probe not done by then is a problem (a cluster with no room even for it, a hung node)
+ATTEMPTS = 2  # a probe job the cluster ended itself (its job supervisor died: no exit code of the probe's) runs once more
 
 
 @dataclass(frozen=True)
@@ -101,23 +103,28 @@ def check(launcher, client, cfg, sweep_dir: Path, python: str, env: dict[str, st
 def _probe_job(launcher, client, cfg, spec: Spec, shared: Path, env: dict[str, str], wait_s: float) -> tuple[list[Node], list[str]]:
     encoded = base64.urlsafe_b64encode(json.dumps(asdict(spec)).encode()).decode()
     command = [spec.interpreter, "-m", "isoflop_cli", "preflight-probe", encoded, *(["--here"] if launcher.places_probe else [])]
-    sid = client.submit_job(entrypoint="exec " + shlex.join(command), submission_id=f"isoflop-preflight-{spec.nonce}",
-                            entrypoint_num_cpus=0, runtime_env={"env_vars": env})
-    deadline = time.monotonic() + wait_s
-    while (state := str(client.get_job_status(sid).value)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
-        if time.monotonic() > deadline:
-            client.stop_job(sid)
-            return [], [f"the preflight probe did not finish in {wait_s:.0f} s (job {sid}, {state.lower()}): the cluster has no room even "
-                        "for it, or a node hangs; cluster.preflight=false skips the preflight"]
-        time.sleep(0.5)
-    log = client.get_job_logs(sid)
-    lines = [line[len(MARK):] for line in log.splitlines() if line.startswith(MARK)]
-    if not lines:
-        last = next((line for line in reversed(log.splitlines()) if line.strip()), "no output")
-        return [], [f"the preflight probe failed on the cluster (job {sid}, with {spec.interpreter}): {last}"]
-    nodes = [Node(**n) for n in json.loads(lines[-1])]
-    placed = launcher.placement(client, nodes, cfg.cluster.cpus_per_run, cfg.cluster.gpus_per_run)
-    return nodes, problems(spec, nodes, shared) + placed
+    for attempt in range(ATTEMPTS):
+        sid = client.submit_job(entrypoint="exec " + shlex.join(command), submission_id=f"isoflop-preflight-{spec.nonce}" + (f"-{attempt}" if attempt else ""),
+                                entrypoint_num_cpus=0, runtime_env={"env_vars": env})
+        deadline = time.monotonic() + wait_s
+        while (state := str(client.get_job_status(sid).value)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+            if time.monotonic() > deadline:
+                client.stop_job(sid)
+                return [], [f"the preflight probe did not finish in {wait_s:.0f} s (job {sid}, {state.lower()}): the cluster has no room even "
+                            "for it, or a node hangs; cluster.preflight=false skips the preflight"]
+            time.sleep(0.5)
+        log = client.get_job_logs(sid)
+        lines = [line[len(MARK):] for line in log.splitlines() if line.startswith(MARK)]
+        if lines:
+            nodes = [Node(**n) for n in json.loads(lines[-1])]
+            placed = launcher.placement(client, nodes, cfg.cluster.cpus_per_run, cfg.cluster.gpus_per_run)
+            return nodes, problems(spec, nodes, shared) + placed
+        info = client.get_job_info(sid)
+        if info.driver_exit_code is not None or attempt == ATTEMPTS - 1:
+            break
+    output = [line.strip() for line in log.splitlines() if line.strip() and not line.startswith("Running entrypoint for job")]  # Ray's own first line
+    detail = last_exception(log) or (output[-1] if output else job_message(info.message) if info.message else "no output")
+    return [], [f"the preflight probe failed on the cluster (job {sid}, with {spec.interpreter}): {detail}"]
 
 
 def unplaceable(nodes: list[Node], cpus: float, gpus: float) -> list[str]:

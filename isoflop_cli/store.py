@@ -32,7 +32,6 @@ import errno
 import json
 import math
 import os
-import re
 import socket
 import tempfile
 import time
@@ -44,6 +43,7 @@ from typing import Any, Callable, NoReturn
 import pandas as pd
 
 from isoflop_cli.errors import ConfigError
+from isoflop_cli.joblog import last_exception
 
 RESULTS = "results.parquet"
 PROBLEMS = "problems.parquet"
@@ -329,20 +329,6 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 def _jsonl(rows: list[dict]) -> str:
     return "".join(json.dumps(row) + "\n" for row in rows)
-
-
-# The CLI's own one-line error, or a Python exception line as a traceback ends with it
-# ("ValueError: ...", "torch.OutOfMemoryError: ...").
-_EXCEPTION = re.compile(r"^(error: |([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|Killed)\b)")
-
-
-def last_exception(log: str) -> str | None:
-    """The last exception line of a log (an `error:` line of isoflop's, a traceback's last line),
-    not the traceback's last frame; None where there is none."""
-    for line in reversed(log.splitlines()):
-        if _EXCEPTION.match(line.strip()):
-            return line.strip().removeprefix("error: ")
-    return None
 
 
 # The manifest: what a sweep dir holds (its cells) and where each cell's job stands. `SweepDir`

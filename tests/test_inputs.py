@@ -250,7 +250,7 @@ def test_a_run_record_its_readers_would_crash_on_is_refused_and_a_stray_line_ski
 
 
 def test_a_killed_jobs_reason_is_one_line_with_its_exception_and_its_logs_path(tmp_path):
-    from isoflop_cli.dispatch import job_message
+    from isoflop_cli.joblog import job_message
 
     log = tmp_path / "runs" / "a" / "log.txt"
     # The case that failed: Ray's message carries the log's last 20,000 characters into the reason.

@@ -1,11 +1,14 @@
 """The preflight's verdicts on node types as a probe reports them (made-up nodes: every problem it
 names, and none for a node that has everything), and the probe for real on a local Ray head."""
 
+import json
 import os
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -46,6 +49,66 @@ def test_a_request_no_node_can_satisfy_is_refused(tmp_path):
     assert unplaceable(nodes, cpus=16, gpus=8) == []  # the GPU nodes fit
     (found,) = unplaceable(nodes, cpus=32, gpus=8)
     assert "no node has the 32 CPUs and 8 GPUs a run asks for" in found and "2 x (16 CPU, 8 GPU); 4 x (64 CPU, 0 GPU)" in found
+
+
+class ScriptedJobs:
+    """A jobs client (launchers.Jobs) whose probe jobs end as scripted, one (exit code, log) per
+    submission, in order; an exit code of None is a job Ray ended itself (its supervisor died)."""
+
+    def __init__(self, *ends):
+        self.ends, self.submitted = list(ends), []
+
+    def submit_job(self, *, submission_id, **_):
+        self.submitted.append(submission_id)
+        return submission_id
+
+    def get_job_status(self, sid):
+        return SimpleNamespace(value="SUCCEEDED" if self._end(sid)[0] == 0 else "FAILED")
+
+    def get_job_info(self, sid):
+        code, _ = self._end(sid)
+        message = "Job supervisor actor died: the actor died unexpectedly" if code is None else \
+            f"Job entrypoint command failed with exit code {code}, last available logs (truncated to 20,000 chars):\n{self._end(sid)[1]}"
+        return SimpleNamespace(driver_exit_code=code, message=message)
+
+    def get_job_logs(self, sid):
+        return f"Running entrypoint for job {sid}: exec python -m isoflop_cli preflight-probe\n" + self._end(sid)[1]
+
+    def _end(self, sid):
+        return self.ends[self.submitted.index(sid)]
+
+
+def probe_with(jobs: ScriptedJobs, tmp_path: Path):
+    from isoflop_cli import preflight
+
+    launcher = SimpleNamespace(places_probe=False, placement=lambda *_: [])
+    cluster = SimpleNamespace(cpus_per_run=1, gpus_per_run=0)
+    return preflight._probe_job(launcher, jobs, SimpleNamespace(cluster=cluster), SPEC, tmp_path, env={}, wait_s=5)
+
+
+def test_a_probe_job_ray_itself_ended_runs_once_more_and_a_probe_that_failed_does_not(tmp_path):
+    from isoflop_cli.preflight import MARK
+
+    died = (None, "")
+    answered = (0, MARK + json.dumps([asdict(node(tmp_path))]) + "\n")
+    jobs = ScriptedJobs(died, answered)
+    nodes, _ = probe_with(jobs, tmp_path)
+    assert [n.host for n in nodes] == ["gpu-1"] and jobs.submitted == ["isoflop-preflight-abc", "isoflop-preflight-abc-1"]
+
+    jobs = ScriptedJobs(died, died)  # twice: Ray's own word is the problem
+    nodes, (problem,) = probe_with(jobs, tmp_path)
+    assert nodes == [] and len(jobs.submitted) == 2
+    assert problem.endswith("with /opt/venv/bin/python): Job supervisor actor died: the actor died unexpectedly"), problem
+
+    no_isoflop = (1, "/opt/venv/bin/python: No module named isoflop_cli\n")  # as Python says it: no exception line
+    jobs = ScriptedJobs(no_isoflop, answered)  # the probe's own failure: its answer, not another try
+    nodes, (problem,) = probe_with(jobs, tmp_path)
+    assert nodes == [] and jobs.submitted == ["isoflop-preflight-abc"]
+    assert problem.endswith("with /opt/venv/bin/python): /opt/venv/bin/python: No module named isoflop_cli"), problem
+
+    killed = (-9, "")  # no output at all: Ray's word on the exit
+    nodes, (problem,) = probe_with(ScriptedJobs(killed), tmp_path)
+    assert problem.endswith("): Job entrypoint command failed with exit code -9"), problem
 
 
 @pytest.mark.e2e
