@@ -92,6 +92,22 @@ def test_several_inputs_are_concatenated(tmp_path):
     assert twice.exit_code == 2 and "is in both" in twice.output
 
 
+def test_the_frontier_reads_the_same_whatever_the_compute_s_unit(tmp_path):
+    """Compute scaled by 1e70 (any unit of FLOPs): the same n* and values at the same grid points,
+    and the report's frontier table is written (it matched its rows to the axis* rows on the
+    absolute compute, which at 1e80 never matched)."""
+    tables = []
+    for scale in (1, 1e70):
+        out = tmp_path / f"x{scale:g}"
+        results().assign(rollouts=lambda d: d["rollouts"] * scale).to_csv(tmp_path / "r.csv", index=False)
+        result = invoke(tmp_path / "r.csv", "--bootstrap", 0, "--out", out)
+        assert result.exit_code == 0, result.output
+        front = pd.read_csv(out / "frontier.csv")
+        tables.append(front.assign(compute=front["compute"] / scale))
+        assert "| rollouts | val_avg@k | measured | n* | note |" in (out / "report.md").read_text()
+    pd.testing.assert_frame_equal(*tables, rtol=1e-9)
+
+
 def test_nan_metric_warns_and_fits(tmp_path):
     df = results()
     df.loc[df.index[::7], "val_avg@k"] = np.nan

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pandas as pd
@@ -128,17 +129,24 @@ def method_table(method: str, entry: dict, spec: FitSpec) -> Table:
     return table
 
 
+def _at(compute: float) -> float:
+    """A frontier grid point as a key: frontier.csv and the axis* rows hold the same log grid, each
+    computed on its own, so equal to the ulp only in relative terms (a compute of 1e80 is as
+    much the same point as one of 1e3)."""
+    return round(math.log10(compute), 9)
+
+
 def frontier_table(front: pd.DataFrame, spec: FitSpec, axis_star: list[dict] | None) -> Table:
     """frontier.csv, and where the frontier was fitted: the best measured by then, axis*(C) as the
     set within the noise of the top (a tie is written as one), its bootstrap 90% band, and whether
     the value is extrapolated."""
-    band = {round(r["compute"], 6): r for r in axis_star or []}
+    band = {_at(r["compute"]): r for r in axis_star or []}
     table = Table(title=f"frontier ({'fitted' if axis_star else 'empirical'}): best {spec.metric} with {spec.compute} <= C, and {spec.axis}*(C)")
     for col in (spec.compute, spec.metric, "measured", f"{spec.axis}*", f"{spec.axis}* 90%", "note"):
         table.add_column(col, justify="left" if col == "note" else "right")
     shown = front.iloc[sorted({*range(0, len(front), max(1, len(front) // 12)), len(front) - 1})]
     for r in shown.itertuples():
-        b = band.get(round(r.compute, 6))
+        b = band.get(_at(r.compute))
         table.add_row(f"{r.compute:,.4g}", f"{r.value:.3f}", f"{b['measured']:.3f}" if b else "-", label(b["axis_star_set"]) if b else fmt(r.axis_star),
                       _interval([b["low"], b["high"]]) if b and "low" in b else "-", _note(b) if b else "-")
     return table
@@ -166,9 +174,9 @@ def markdown(results: dict[str, dict], spec: FitSpec, info: dict, plots: dict[st
                   "top, a tie when more than one (frontier.csv keeps the top one)" if fitted else "empirical: best eval point with compute <= C")
         lines += ["## frontier.csv", "", f"{source}.", "", f"![frontier]({plots['frontier.csv'][0]})", ""]
         if fitted:
-            rows = {round(r["compute"], 6): r for r in results["frontier"]["axis_star"]}
+            rows = {_at(r["compute"]): r for r in results["frontier"]["axis_star"]}
             lines += [f"| {spec.compute} | {spec.metric} | measured | {spec.axis}* | note |", "| ---: | ---: | ---: | ---: | --- |"]
-            lines += [f"| {r.compute:.4g} | {r.value:.4f} | {rows[round(r.compute, 6)]['measured']:.4f} | {label(rows[round(r.compute, 6)]['axis_star_set'])} | {_note(rows[round(r.compute, 6)])} |"
+            lines += [f"| {r.compute:.4g} | {r.value:.4f} | {rows[_at(r.compute)]['measured']:.4f} | {label(rows[_at(r.compute)]['axis_star_set'])} | {_note(rows[_at(r.compute)])} |"
                       for r in front.itertuples()] + [""]
         else:
             lines += [f"| {spec.compute} | {spec.metric} | {spec.axis}* |", "| ---: | ---: | ---: |"]
