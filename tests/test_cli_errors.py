@@ -244,6 +244,18 @@ def test_a_model_cache_that_is_a_file_is_named(tmp_path, monkeypatch):
     assert result.exit_code == 2 and "is not a writable directory" in result.output, result.output
 
 
+def test_a_trackers_directory_that_cannot_be_made_is_named_before_any_run(tmp_path):
+    """Trackers never fail a run (each failure is a warning in its log), so a tracking.dir no run
+    could write would have lost every run's tracking quietly: the CLI refuses it first."""
+    (tmp_path / "file").write_text("")
+    for where, needle in [(tmp_path / "file", "is not a directory"), (tmp_path / "file" / "below", f"cannot be made: {tmp_path / 'file'} is not a writable directory")]:
+        result = runner.invoke(app, ["run", "--out", str(tmp_path / "r"), "tracking.backends=[tensorboard]", f"tracking.dir={where}"])
+        assert result.exit_code == 2 and f"the trackers' directory {where} (tracking.dir) {needle}" in result.output, result.output
+    assert not (tmp_path / "r").exists()
+    plain = runner.invoke(app, ["plan", f"tracking.dir={tmp_path / 'file'}"])  # no backend: nothing writes there
+    assert plain.exit_code == 0, plain.output
+
+
 @pytest.mark.parametrize("columns", [80, 120])
 def test_every_command_s_help_shows_every_word_of_its_texts(columns, monkeypatch):
     """Each command's help, at 80 and 120 columns, holds its docstring and each option's help

@@ -163,6 +163,8 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
             _check_executable("cluster.python", c.python)
         if cfg.model.path is None or (REWARDS[cfg.reward.name].model_based and cfg.reward.path is None):
             _check_model_cache()
+        if cfg.tracking.backends and cfg.tracking.dir:  # a tracker that cannot write would only warn in every run
+            _check_makeable("the trackers' directory", "tracking.dir", Path(cfg.tracking.dir).expanduser())
     check_engine(cfg)
     _check_tracking(cfg.tracking)
     plain = lambda node: OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node  # noqa: E731
@@ -240,16 +242,20 @@ def _check_executable(name: str, value: str) -> None:
 
 
 def _check_model_cache() -> None:
-    """The embedded models are built into ISOFLOP_CACHE (recipe.checkpoint.cache_dir): a directory,
-    or one that can be made."""
-    root = Path(os.environ.get("ISOFLOP_CACHE", Path.home() / ".cache" / "isoflop")).expanduser()
+    """The embedded models are built into ISOFLOP_CACHE (recipe.checkpoint.cache_dir)."""
+    _check_makeable("the model cache", "ISOFLOP_CACHE", Path(os.environ.get("ISOFLOP_CACHE", Path.home() / ".cache" / "isoflop")).expanduser())
+
+
+def _check_makeable(what: str, key: str, root: Path) -> None:
+    """A directory the runs write into: one, or one that can be made (its nearest existing parent a
+    writable directory)."""
     if root.exists():
         if not root.is_dir():
-            raise ConfigError(f"the model cache {root} (ISOFLOP_CACHE) is not a directory")
+            raise ConfigError(f"{what} {root} ({key}) is not a directory")
         return
-    parent = next(p for p in root.parents if p.exists())
+    parent = next(p for p in root.absolute().parents if p.exists())
     if not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
-        raise ConfigError(f"the model cache {root} (ISOFLOP_CACHE) cannot be made: {parent} is not a writable directory")
+        raise ConfigError(f"{what} {root} ({key}) cannot be made: {parent} is not a writable directory")
 
 
 def _task(cfg: DictConfig) -> tasks.Task:
