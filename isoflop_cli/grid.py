@@ -208,6 +208,7 @@ def _plan_run(cfg, n: int, B_p: int, flops_scale: float = 1.0, shapes: _Shapes |
     steps = {0, M} | {int(c // cost) for c in checkpoints if c >= cost}
     gpu_memory = memory.predict(shapes.policy, cfg, n, B_p, shapes.prompt)
     memory.check(gpu_memory, cfg)
+    memory.check_node(shapes.policy, cfg)
     return RunPlan(
         batch=batch, M=M, eval_steps=tuple(sorted(steps)), lr=lr,
         column=budget_column(g),

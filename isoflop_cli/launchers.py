@@ -10,7 +10,10 @@ only when a sweep uses them.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
+import os
 from pathlib import Path
 from typing import Any, ContextManager, Protocol
 
@@ -47,6 +50,11 @@ class Launcher(Protocol):
     # (SLURM); otherwise the probe lists the cluster's nodes and checks one of each type (Ray).
     places_probe: bool
 
+    @property
+    def runs_here(self) -> bool:
+        """Whether the runs run on this machine (a local head, SLURM's local executor): what this
+        machine has (its memory) is what every run has."""
+
     def __init__(self, cluster) -> None: ...
 
     def check(self) -> None:
@@ -73,6 +81,24 @@ class Launcher(Protocol):
     def placement(self, jobs: Jobs, nodes: list, cpus: float, gpus: float) -> list[str]:
         """Why a job asking for `cpus` and `gpus` would never start, one line each (none: it can),
         from the probe's `nodes` or the scheduler's own answer."""
+
+
+def node_memory_gib(cluster) -> float | None:
+    """The memory of the node a run lands on: cluster.node_memory_gib, else this machine's where the
+    runs run here, else None (unknown)."""
+    if cluster.node_memory_gib is not None:
+        return cluster.node_memory_gib
+    return this_machine_gib() if of(cluster).runs_here else None
+
+
+@functools.cache
+def this_machine_gib() -> float:
+    """This machine's memory, or its cgroup's limit where that is lower (a container's)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):  # cgroup v2, v1
+        with contextlib.suppress(OSError, ValueError):
+            total = min(total, int(Path(limit).read_text()))
+    return total / 2**30
 
 
 def of(cluster) -> Launcher:

@@ -10,7 +10,8 @@ learner rank (`learner.world_size` = `cluster.gpus_per_run`), and vLLM engines s
   forward and backward hold (FSDP's gathered units, activations, one logit chunk). With
   `sampler.sleep` the engine has released its weights and KV cache by then; without, they stay.
 
-The peak is the larger phase, not their sum. Sizes are the bounds `plan` costs FLOPs at: every
+The peak is the larger phase, not their sum. A CPU run (no GPU) is checked only for what it
+certainly holds, its learner state on every rank, against its node's memory (`check_node`). Sizes are the bounds `plan` costs FLOPs at: every
 prompt at the longest prompt's width (P), every completion at task.max_new_tokens (T). Each figure
 is per GPU, for rank 0 where ranks differ (it takes the first share of a split, and with
 sampler=hf it alone samples). Bytes: fp32 master weights, gradients and AdamW states (4 each);
@@ -30,6 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from isoflop_cli import launchers
 from isoflop_cli.algorithms import passes
 from isoflop_cli.config.schema import sharded
 from isoflop_cli.errors import ConfigError
@@ -39,6 +41,9 @@ from isoflop_cli.samplers import SAMPLERS
 GIB = 2**30
 FP32 = 4  # bytes of the master weights, their gradients and each AdamW state
 ADAM_STATES = 2  # exp_avg, exp_avg_sq
+# A CPU rank's process before its tensors: Python with torch and transformers imported (0.44 GiB
+# measured, max RSS, on x86-64 Linux).
+PROCESS_GIB = 0.5
 # A process's memory outside its tensors: the CUDA context and kernel images (~1 GiB on an H200),
 # NCCL's communicator buffers, cuBLAS workspaces and the caching allocator's slack.
 OVERHEAD_GIB = 2.0
@@ -161,6 +166,29 @@ def check(memory: Memory | None, cfg) -> None:
     knobs = list(dict.fromkeys(knob for term in enough for knob in _knobs(term, memory, cfg))) or ["more GPUs per run (cluster.gpus_per_run)"]
     raise ConfigError(f"needs {memory.peak:.1f} GiB of cluster.gpu_memory_gib={limit:g} per GPU while {memory.phase} "
                       f"({', '.join(f'{t} {terms[t]:.1f}' for t in largest)}): {', '.join(knobs)}")
+
+
+def check_node(shape: Shape, cfg) -> None:
+    """A CPU run (cluster.gpus_per_run = 0) holds its learner in its node's memory: refuse one whose
+    learner state alone, on every rank (`_learner_state` x learner.world_size) and with each rank's
+    process (PROCESS_GIB), is above the node's memory (`launchers.node_memory_gib`; unknown:
+    unchecked). It counts only what the run certainly holds, before its first step: activations,
+    logits and the sampler's cache come on top, so a run it passes may still not fit, but one it
+    refuses would be killed for memory on every attempt."""
+    if cfg.cluster.gpus_per_run:
+        return
+    limit = launchers.node_memory_gib(cfg.cluster)
+    c = 2 if cfg.learner.bf16 else FP32
+    world = cfg.learner.world_size
+    terms = dict(zip(("weights", "gradients", "AdamW states", "KL reference"), (world * b / GIB for b in _learner_state(shape, cfg, c))))
+    terms["processes"] = world * PROCESS_GIB
+    need = sum(terms.values())
+    if limit is None or need <= limit:
+        return
+    source = "cluster.node_memory_gib" if cfg.cluster.node_memory_gib is not None else "this machine's memory"
+    knobs = [*([] if shape.lora_rank else ["train LoRA adapters (lora.rank)"]), "a smaller model", "GPUs (cluster.gpus_per_run)"]
+    raise ConfigError(f"a CPU run's learner state alone needs {need:.1f} GiB, above the {limit:.1f} GiB of {source} "
+                      f"({', '.join(f'{t} {v:.1f}' for t, v in terms.items() if v)}): {', '.join(knobs)}")
 
 
 def parameters(shape: Shape) -> tuple[int, int, int]:

@@ -27,7 +27,7 @@ def test_each_entry_is_a_launcher(name):
         want = inspect.signature(getattr(launchers.Launcher, method)).parameters
         got = inspect.signature(getattr(built, method)).parameters
         assert list(got) == [p for p in want if p != "self"], (name, method)
-    assert isinstance(built.places_probe, bool)
+    assert isinstance(built.places_probe, bool) and isinstance(built.runs_here, bool)
 
 
 def test_capacity_is_what_the_launcher_can_run_at_once(monkeypatch):

@@ -233,6 +233,10 @@ class ClusterConfig:
     cpus_per_run: float = 1.0
     gpus_per_run: float = 0.0
     gpu_memory_gib: Optional[float] = None  # each GPU's memory (H200: 141); `plan` refuses cells predicted not to fit; null: unchecked
+    # Each node's memory for CPU runs (cluster.gpus_per_run = 0): `plan` refuses a run whose learner
+    # state alone does not fit (memory.check_node); null: this machine's where the runs run here (a
+    # local head, SLURM's local executor), else unchecked.
+    node_memory_gib: Optional[float] = None
     local_cpus: Optional[int] = None  # CPUs a local head offers (default: all of this machine)
     max_concurrent: Optional[int] = None  # jobs in flight (default: what the resources allow)
     python: Optional[str] = None  # interpreter on the nodes (default: this one)

@@ -18,12 +18,11 @@ from typing import Any, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-from isoflop_cli import tasks
+from isoflop_cli import launchers, tasks
 from isoflop_cli.algorithms import ALGORITHMS, LOSS_AGGS
 from isoflop_cli.config.schema import GROUPS, Schedule
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.flops import PROJECTIONS, Shape, UnsupportedModel
-from isoflop_cli.launchers import LAUNCHERS
 from isoflop_cli.rewards import REWARDS, load_function
 from isoflop_cli.samplers import SAMPLERS
 from isoflop_cli.tasks.arith import ALPHABET
@@ -149,16 +148,16 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
     positive("cluster.cpus_per_run", c.cpus_per_run)
     positive("cluster.poll_s", c.poll_s)
     positive("cluster.log_every_s", c.log_every_s)
-    check_choice("cluster.launcher", c.launcher, LAUNCHERS)
+    check_choice("cluster.launcher", c.launcher, launchers.LAUNCHERS)
     check_choice("cluster.slurm.executor", c.slurm.executor, ("slurm", "local"))
     positive("cluster.slurm.time_min", c.slurm.time_min)
     positive("cluster.max_attempts", c.max_attempts)
     if not (math.isfinite(c.gpus_per_run) and c.gpus_per_run >= 0):
         raise ConfigError(f"cluster.gpus_per_run must be >= 0, got {c.gpus_per_run}")
-    for key in ("local_cpus", "max_concurrent", "gpu_memory_gib"):
+    for key in ("local_cpus", "max_concurrent", "gpu_memory_gib", "node_memory_gib"):
         if c[key] is not None:
             positive(f"cluster.{key}", c[key])
-    if not (c.address or os.environ.get("RAY_ADDRESS")):  # a remote cluster's interpreter and cache live on its nodes
+    if launchers.of(c).runs_here:  # a cluster's interpreter, cache and tracker files live on its nodes (the preflight's)
         if c.python is not None:
             _check_executable("cluster.python", c.python)
         if cfg.model.path is None or (REWARDS[cfg.reward.name].model_based and cfg.reward.path is None):
