@@ -187,7 +187,7 @@ def check_node(shape: Shape, cfg) -> None:
         return
     source = "cluster.node_memory_gib" if cfg.cluster.node_memory_gib is not None else "this machine's memory"
     knobs = [*([] if shape.lora_rank else ["train LoRA adapters (lora.rank)"]), "a smaller model", "GPUs (cluster.gpus_per_run)"]
-    raise ConfigError(f"a CPU run's learner state alone needs {need:.1f} GiB, above the {limit:.1f} GiB of {source} "
+    raise ConfigError(f"a CPU run's learner state alone needs {need:.1f} GiB, above the {limit:.3g} GiB of {source} "
                       f"({', '.join(f'{t} {v:.1f}' for t, v in terms.items() if v)}): {', '.join(knobs)}")
 
 

@@ -79,3 +79,22 @@ def test_warm_start_targets_carry_a_stray_digit_at_the_configured_share():
     assert all(e == "" or (len(e) == 1 and e.isdigit()) for e in extra)
     share = sum(e != "" for e in extra) / len(extra)
     assert abs(share - 0.6) < 0.04, share  # 2000 draws: sd 0.011
+
+
+def test_a_build_of_zero_warm_start_steps_is_the_seeded_initialisation(tmp_path):
+    """model.build.steps=0 (a random model, e.g. to size memory) divided by zero in the warm start's
+    schedule: it saves the seeded initialisation, weight for weight."""
+    import torch
+    from omegaconf import OmegaConf
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from isoflop_cli.config.schema import ModelBuildConfig
+    from isoflop_cli.recipe.checkpoint import build, char_tokenizer, qwen2_config
+
+    b = OmegaConf.structured(ModelBuildConfig(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, steps=0))
+    build(b, ArithTask(), tmp_path)
+    torch.manual_seed(b.seed)
+    init = AutoModelForCausalLM.from_config(qwen2_config(b, char_tokenizer())).state_dict()
+    saved = load_file(tmp_path / "model.safetensors")
+    assert saved and all(torch.equal(saved[k], init[k]) for k in saved)

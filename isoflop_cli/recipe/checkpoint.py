@@ -167,7 +167,7 @@ def supervised(model, b: DictConfig, task: ArithTask, batch_loss: Callable[[list
     opt = torch.optim.AdamW(model.parameters(), lr=b.lr, weight_decay=0.0)
     warmup = max(1, b.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, b.steps) / b.steps))
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, b.steps) / max(1, b.steps)))  # steps 0: the model as initialised
     )
     stream = task.stream("train", seed=b.seed)
     start = time.time()
