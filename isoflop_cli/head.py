@@ -378,10 +378,6 @@ class RayLauncher:
     def address(self) -> str | None:
         return self.cluster.address or os.environ.get("RAY_ADDRESS")
 
-    @property
-    def runs_here(self) -> bool:
-        return not self.address  # a local head
-
     def check(self) -> None:
         """The cluster answers at its address; or a local head has what a job asks for (a job asking
         for more would wait forever)."""

@@ -3,25 +3,34 @@ preflight need to know of each (how jobs are submitted, watched and cancelled; h
 once; who places the preflight's probe; whether a job of a run's size can ever start), so no module
 compares launcher names. A new launcher is one class and one entry here.
 
-The entries name their class as "module:Class" (as `samplers.py` names its engines): this module
-stays light enough for config checks to read the names, and the classes import Ray or submitit
-only when a sweep uses them.
+The entries name their class as "module:Class" (as `samplers.py` names its engines) and carry
+what config checks and planning ask before any launcher is built (whether the runs run on this
+machine): this module stays light enough for them, and the classes import Ray or submitit only
+when a sweep uses them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import importlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ContextManager, Protocol
+from typing import Any, Callable, ContextManager, Protocol
 
-LAUNCHERS: dict[str, str] = {
+
+@dataclass(frozen=True)
+class Entry:
+    cls: str  # "module:Class"
+    # On a `cluster` config: whether its runs run on this machine, so that what this machine has
+    # (its memory, its model cache, its interpreter) is what every run has.
+    runs_here: Callable[[Any], bool]
+
+
+LAUNCHERS: dict[str, Entry] = {
     # Ray Jobs on cluster.address, $RAY_ADDRESS, or a local head this sweep starts (head.py).
-    "ray": "isoflop_cli.head:RayLauncher",
-    # One SLURM job per run through submitit (sbatch, or submitit's local executor).
-    "slurm": "isoflop_cli.slurm:SlurmLauncher",
+    "ray": Entry("isoflop_cli.head:RayLauncher", lambda c: not (c.address or os.environ.get("RAY_ADDRESS"))),
+    # One SLURM job per run through submitit (sbatch, or submitit's local executor: this machine).
+    "slurm": Entry("isoflop_cli.slurm:SlurmLauncher", lambda c: c.slurm.executor == "local"),
 }
 
 
@@ -49,11 +58,6 @@ class Launcher(Protocol):
     # The launcher chooses the preflight probe's node, so the probe checks the node it lands on
     # (SLURM); otherwise the probe lists the cluster's nodes and checks one of each type (Ray).
     places_probe: bool
-
-    @property
-    def runs_here(self) -> bool:
-        """Whether the runs run on this machine (a local head, SLURM's local executor): what this
-        machine has (its memory) is what every run has."""
 
     def __init__(self, cluster) -> None: ...
 
@@ -83,25 +87,12 @@ class Launcher(Protocol):
         from the probe's `nodes` or the scheduler's own answer."""
 
 
-def node_memory_gib(cluster) -> float | None:
-    """The memory of the node a run lands on: cluster.node_memory_gib, else this machine's where the
-    runs run here, else None (unknown)."""
-    if cluster.node_memory_gib is not None:
-        return cluster.node_memory_gib
-    return this_machine_gib() if of(cluster).runs_here else None
-
-
-@functools.cache
-def this_machine_gib() -> float:
-    """This machine's memory, or its cgroup's limit where that is lower (a container's)."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):  # cgroup v2, v1
-        with contextlib.suppress(OSError, ValueError):
-            total = min(total, int(Path(limit).read_text()))
-    return total / 2**30
+def runs_here(cluster) -> bool:
+    """Whether the runs of `cluster` run on this machine (a local head, SLURM's local executor)."""
+    return LAUNCHERS[cluster.launcher].runs_here(cluster)
 
 
 def of(cluster) -> Launcher:
     """The launcher `cluster.launcher` names, on `cluster`."""
-    module, cls = LAUNCHERS[cluster.launcher].split(":")
+    module, cls = LAUNCHERS[cluster.launcher].cls.split(":")
     return getattr(importlib.import_module(module), cls)(cluster)

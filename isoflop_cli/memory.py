@@ -10,8 +10,7 @@ learner rank (`learner.world_size` = `cluster.gpus_per_run`), and vLLM engines s
   forward and backward hold (FSDP's gathered units, activations, one logit chunk). With
   `sampler.sleep` the engine has released its weights and KV cache by then; without, they stay.
 
-The peak is the larger phase, not their sum. A CPU run (no GPU) is checked only for what it
-certainly holds, its learner state on every rank, against its node's memory (`check_node`). Sizes are the bounds `plan` costs FLOPs at: every
+The peak is the larger phase, not their sum. Sizes are the bounds `plan` costs FLOPs at: every
 prompt at the longest prompt's width (P), every completion at task.max_new_tokens (T). Each figure
 is per GPU, for rank 0 where ranks differ (it takes the first share of a split, and with
 sampler=hf it alone samples). Bytes: fp32 master weights, gradients and AdamW states (4 each);
@@ -24,12 +23,19 @@ biases, a value head, RoPE tables, the attention kernels' log-sum-exp rows, and 
 buffers of the optimizer's fused step and of the weight push into the engine (streamed one
 parameter at a time, it holds the engine's weights and one parameter: less than sampling does).
 The reference and old-policy passes hold what the learning passes hold minus the gradients.
+
+A CPU run (no GPU) is checked only for what it certainly holds, its learner state on every rank,
+against its node's memory (`check_node`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from isoflop_cli import launchers
 from isoflop_cli.algorithms import passes
@@ -171,13 +177,15 @@ def check(memory: Memory | None, cfg) -> None:
 def check_node(shape: Shape, cfg) -> None:
     """A CPU run (cluster.gpus_per_run = 0) holds its learner in its node's memory: refuse one whose
     learner state alone, on every rank (`_learner_state` x learner.world_size) and with each rank's
-    process (PROCESS_GIB), is above the node's memory (`launchers.node_memory_gib`; unknown:
-    unchecked). It counts only what the run certainly holds, before its first step: activations,
-    logits and the sampler's cache come on top, so a run it passes may still not fit, but one it
-    refuses would be killed for memory on every attempt."""
+    process (PROCESS_GIB), is above the node's memory (cluster.node_memory_gib, else this machine's
+    where the runs run here, else unchecked). It counts only what the run certainly holds, before
+    its first step: activations, logits and the sampler's cache come on top, so a run it passes may
+    still not fit, but one it refuses would be killed for memory on every attempt. It is one run's
+    need: runs that run at once on one node share its memory (cluster.max_concurrent bounds them)."""
     if cfg.cluster.gpus_per_run:
         return
-    limit = launchers.node_memory_gib(cfg.cluster)
+    given = cfg.cluster.node_memory_gib
+    limit = given if given is not None else this_machine_gib() if launchers.runs_here(cfg.cluster) else None
     c = 2 if cfg.learner.bf16 else FP32
     world = cfg.learner.world_size
     terms = dict(zip(("weights", "gradients", "AdamW states", "KL reference"), (world * b / GIB for b in _learner_state(shape, cfg, c))))
@@ -185,10 +193,30 @@ def check_node(shape: Shape, cfg) -> None:
     need = sum(terms.values())
     if limit is None or need <= limit:
         return
-    source = "cluster.node_memory_gib" if cfg.cluster.node_memory_gib is not None else "this machine's memory"
+    source = f"the {given:g} GiB of cluster.node_memory_gib" if given is not None else f"the {limit:.1f} GiB of this machine's memory"
     knobs = [*([] if shape.lora_rank else ["train LoRA adapters (lora.rank)"]), "a smaller model", "GPUs (cluster.gpus_per_run)"]
-    raise ConfigError(f"a CPU run's learner state alone needs {need:.1f} GiB, above the {limit:.3g} GiB of {source} "
+    raise ConfigError(f"a CPU run's learner state alone needs {need:.1f} GiB, above {source} "
                       f"({', '.join(f'{t} {v:.1f}' for t, v in terms.items() if v)}): {', '.join(knobs)}")
+
+
+@functools.cache
+def this_machine_gib() -> float:
+    """This machine's memory, or the limit of this process's memory cgroup where that is lower (a
+    container's, a SLURM allocation's): at the path /proc/self/cgroup names, or at the hierarchy's
+    root (a container that sees its own cgroup as the root), cgroup v2 or v1."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limits = [Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")]
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if not controllers:  # v2: one hierarchy
+                limits.append(Path(f"/sys/fs/cgroup{path}", "memory.max"))
+            elif "memory" in controllers.split(","):
+                limits.append(Path(f"/sys/fs/cgroup/memory{path}", "memory.limit_in_bytes"))
+    for limit in limits:
+        with contextlib.suppress(OSError, ValueError):  # absent, or "max": no limit
+            total = min(total, int(limit.read_text()))
+    return total / GIB
 
 
 def parameters(shape: Shape) -> tuple[int, int, int]:

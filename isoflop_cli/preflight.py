@@ -7,7 +7,8 @@ cluster for its alive nodes and runs one check on a node of each type (its CPU a
 pinned there; on SLURM it is one small job in the runs' partition, checking the node SLURM gives
 it. The check: the node's isoflop version and Python against the CLI's; whether the sweep dir is
 shared (the node reads a file the CLI wrote there, and writes one the CLI then reads); whether
-the files the runs read (model, reward model, data) are readable there; whether vLLM and the
+the files the runs read (model, reward model, data) are readable there, and the directories they
+write (the model cache, the trackers' files) there or able to be made; whether vLLM and the
 trackers import. The CLI adds what only the whole cluster tells: whether a job of a run's size
 can ever start (Ray: some node has its CPUs and GPUs; SLURM: `sbatch --test-only` accepts it),
 since a request no node can satisfy would stay pending forever. What the probe finds comes back
@@ -27,12 +28,15 @@ import socket
 import subprocess
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from isoflop_cli.config.schema import cache_dir
+from isoflop_cli.config.validate import builds_embedded, cannot_make
 from isoflop_cli.joblog import job_message, last_exception
 from isoflop_cli.samplers import SAMPLERS
 from isoflop_cli.tracking import PACKAGES as TRACKER_PACKAGES
+from isoflop_cli.tracking import writes_dir
 
 MARK = "ISOFLOP_PREFLIGHT "  # the probe's result line in its job log
 DIR = ".preflight"  # in the sweep dir: the files of the shared-dir check
@@ -52,6 +56,9 @@ class Spec:
     vllm: bool
     interpreter: str  # the runs' Python on the nodes (cluster.python), whose packages are checked
     trackers: list[str]  # tracking.backends: each must import there
+    # Directories the runs write: config key -> path ("ISOFLOP_CACHE": the node's own, where an
+    # embedded model is built; tracking.dir, where a tracker keeps files there).
+    writes: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,14 @@ class Node:
     unreadable: dict[str, str]  # config key -> why
     vllm: bool
     trackers_missing: list[str]
+    # Spec.writes key -> the directory there and why; last, with a default, so that a node with an
+    # older isoflop still reads as a node (whose version the CLI then names).
+    unwritable: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, seen: dict) -> "Node":
+        """A node as a probe of any isoflop version reported it (fields it does not know left out)."""
+        return cls(**{f.name: seen[f.name] for f in fields(cls) if f.name in seen})
 
 
 def version() -> str:
@@ -80,8 +95,11 @@ def spec_for(cfg, sweep_dir: Path, interpreter: str) -> Spec:
 
     paths = {key: value for key in PATH_KEYS if key != "tracking.dir" and isinstance(value := _select(cfg, key), str) and value}
     paths.update({f"eval.{part}.{name}": str(p) for part in ("sets", "judges") for name, p in cfg.eval[part].items()})
+    writes = {"ISOFLOP_CACHE": ""} if builds_embedded(cfg) else {}
+    if cfg.tracking.dir and writes_dir(cfg.tracking):
+        writes["tracking.dir"] = cfg.tracking.dir
     return Spec(version(), platform.python_version_tuple()[0] + "." + platform.python_version_tuple()[1], str(sweep_dir.absolute()),
-                uuid.uuid4().hex[:12], paths, SAMPLERS[cfg.sampler.name].package == "vllm", interpreter, list(cfg.tracking.backends))
+                uuid.uuid4().hex[:12], paths, SAMPLERS[cfg.sampler.name].package == "vllm", interpreter, list(cfg.tracking.backends), writes)
 
 
 def check(launcher, client, cfg, sweep_dir: Path, python: str, env: dict[str, str], wait_s: float = WAIT_S) -> tuple[list[Node], list[str]]:
@@ -116,14 +134,22 @@ def _probe_job(launcher, client, cfg, spec: Spec, shared: Path, env: dict[str, s
         log = client.get_job_logs(sid)
         lines = [line[len(MARK):] for line in log.splitlines() if line.startswith(MARK)]
         if lines:
-            nodes = [Node(**n) for n in json.loads(lines[-1])]
+            try:
+                nodes = [Node.read(n) for n in json.loads(lines[-1])]
+            except (TypeError, ValueError) as e:  # a probe of another isoflop version, missing what this one asks
+                return [], [f"the preflight probe's answer does not read (job {sid}, with {spec.interpreter}: {e}): install the same "
+                            "isoflop on every node (cluster.python names the runs' interpreter)"]
             placed = launcher.placement(client, nodes, cfg.cluster.cpus_per_run, cfg.cluster.gpus_per_run)
             return nodes, problems(spec, nodes, shared) + placed
-        info = client.get_job_info(sid)
-        if info.driver_exit_code is not None or attempt == ATTEMPTS - 1:
+        try:
+            info = client.get_job_info(sid)
+            code, message = info.driver_exit_code, info.message
+        except RuntimeError:  # the cluster no longer knows the job
+            code, message = None, None
+        if code is not None or attempt == ATTEMPTS - 1:
             break
     output = [line.strip() for line in log.splitlines() if line.strip() and not line.startswith("Running entrypoint for job")]  # Ray's own first line
-    detail = last_exception(log) or (output[-1] if output else job_message(info.message) if info.message else "no output")
+    detail = last_exception(log) or (output[-1] if output else (job_message(message) if message else "no output"))
     return [], [f"the preflight probe failed on the cluster (job {sid}, with {spec.interpreter}): {detail}"]
 
 
@@ -149,6 +175,8 @@ def problems(spec: Spec, nodes: list[Node], shared: Path) -> list[str]:
                        "other): mount it at the same path on every node and where the CLI runs")
         for key, why in n.unreadable.items():
             out.append(f"{key} ({spec.paths[key]}) is {why} on {where}: every node must read it at that path")
+        for key, why in n.unwritable.items():
+            out.append(f"{key} {why} on {where}: every run there writes into it")
         if spec.vllm and not n.vllm:
             out.append(f"sampler=vllm but vLLM does not import on {where}: install it there (pip install 'isoflop[vllm]') or point cluster.python at a Python that has it")
         for name in n.trackers_missing:
@@ -240,6 +268,11 @@ def _check_node(spec: Spec, cpus: float, gpus: float, count: int) -> Node:
             unreadable[key] = "missing"
         elif not os.access(path, os.R_OK):
             unreadable[key] = "not readable"
+    unwritable = {}
+    for key, value in spec.writes.items():
+        path = Path(value).expanduser() if value else cache_dir()
+        if why := cannot_make(path):
+            unwritable[key] = f"({path}) {why}"
     modules = ["vllm", *spec.trackers]
     try:
         answer = subprocess.run([spec.interpreter, "-c", FACTS, *modules], capture_output=True, text=True, timeout=120, check=True)
@@ -247,7 +280,7 @@ def _check_node(spec: Spec, cpus: float, gpus: float, count: int) -> Node:
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
         facts = {"version": f"unusable ({type(e).__name__})", "python": "?", "found": []}
     return Node(host=socket.gethostname(), cpus=cpus, gpus=gpus, count=count, version=facts["version"], python=facts["python"],
-                reads_cli_file=reads, wrote=wrote, unreadable=unreadable, vllm="vllm" in facts["found"],
+                reads_cli_file=reads, wrote=wrote, unreadable=unreadable, unwritable=unwritable, vllm="vllm" in facts["found"],
                 trackers_missing=[t for t in spec.trackers if t not in facts["found"]])
 
 

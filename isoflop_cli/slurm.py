@@ -232,10 +232,6 @@ class SlurmLauncher:
     def _sbatch(self) -> bool:
         return self.cluster.slurm.executor == "slurm"
 
-    @property
-    def runs_here(self) -> bool:
-        return not self._sbatch  # submitit's local executor
-
     def check(self) -> None:
         if self._sbatch and shutil.which("sbatch") is None:
             raise ConfigError("cluster.launcher=slurm needs SLURM's sbatch on PATH here (cluster.slurm.executor=local runs the same jobs as local processes)")

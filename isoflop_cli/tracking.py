@@ -85,6 +85,7 @@ def _warn(name: str, what: str, error: BaseException) -> None:
 
 class Wandb:
     name = "wandb"
+    keeps_files = staticmethod(lambda tracking: True)  # its run dir, online too
 
     def __init__(self, tracking, run_id: str, group: str, config: dict[str, Any], root: Path):
         import wandb
@@ -113,6 +114,7 @@ class Mlflow:
     """Through `MlflowClient` (no global active run), so several trackers can live in one process."""
 
     name = "mlflow"
+    keeps_files = staticmethod(lambda tracking: not tracking.mlflow_uri)  # a local file store, unless a server takes the runs
 
     def __init__(self, tracking, run_id: str, group: str, config: dict[str, Any], root: Path):
         from mlflow.entities import Param
@@ -171,6 +173,7 @@ def mlflow_name(name: str) -> str:
 
 class Tensorboard:
     name = "tensorboard"
+    keeps_files = staticmethod(lambda tracking: True)
 
     def __init__(self, tracking, run_id: str, group: str, config: dict[str, Any], root: Path):
         from torch.utils.tensorboard import SummaryWriter
@@ -199,6 +202,11 @@ class Tensorboard:
 
 
 OPEN = {"wandb": Wandb, "mlflow": Mlflow, "tensorboard": Tensorboard}
+
+
+def writes_dir(tracking) -> bool:
+    """Whether a tracker of `tracking.backends` writes files under the trackers' directory."""
+    return any(OPEN[name].keeps_files(tracking) for name in tracking.backends)
 
 
 def log_fit(tracking, sweep: str, summary: dict[str, Any], files: list[Path], root: Path) -> None:

@@ -252,8 +252,9 @@ def test_a_trackers_directory_that_cannot_be_made_is_named_before_any_run(tmp_pa
         result = runner.invoke(app, ["run", "--out", str(tmp_path / "r"), "tracking.backends=[tensorboard]", f"tracking.dir={where}"])
         assert result.exit_code == 2 and f"the trackers' directory {where} (tracking.dir) {needle}" in result.output, result.output
     assert not (tmp_path / "r").exists()
-    plain = runner.invoke(app, ["plan", f"tracking.dir={tmp_path / 'file'}"])  # no backend: nothing writes there
-    assert plain.exit_code == 0, plain.output
+    for nothing_there in ([], ["tracking.backends=[mlflow]", "tracking.mlflow_uri=http://127.0.0.1:1"]):  # a server takes MLflow's runs
+        plain = runner.invoke(app, ["plan", f"tracking.dir={tmp_path / 'file'}", *nothing_there])
+        assert plain.exit_code == 0, plain.output
 
 
 @pytest.mark.parametrize("columns", [80, 120])

@@ -27,7 +27,7 @@ def test_each_entry_is_a_launcher(name):
         want = inspect.signature(getattr(launchers.Launcher, method)).parameters
         got = inspect.signature(getattr(built, method)).parameters
         assert list(got) == [p for p in want if p != "self"], (name, method)
-    assert isinstance(built.places_probe, bool) and isinstance(built.runs_here, bool)
+    assert isinstance(built.places_probe, bool)
 
 
 def test_capacity_is_what_the_launcher_can_run_at_once(monkeypatch):
@@ -41,6 +41,16 @@ def test_capacity_is_what_the_launcher_can_run_at_once(monkeypatch):
     assert launchers.of(cluster(local_cpus=6, cpus_per_run=2)).capacity(10) == 10
     assert launchers.of(cluster(launcher="slurm", slurm_executor="slurm")).capacity(7) == 7
     assert launchers.of(cluster(launcher="slurm", slurm_executor="local", local_cpus=4, cpus_per_run=1)).capacity(7) == 4
+
+
+def test_the_runs_run_here_on_a_local_head_and_on_submitit_s_local_executor(monkeypatch):
+    """What config checks and planning ask before a launcher is built (no Ray, no submitit)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert launchers.runs_here(cluster()) and not launchers.runs_here(cluster(address="http://127.0.0.1:1"))
+    assert launchers.runs_here(cluster(launcher="slurm", slurm_executor="local"))
+    assert not launchers.runs_here(cluster(launcher="slurm", slurm_executor="slurm"))
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:1")
+    assert not launchers.runs_here(cluster())
 
 
 def test_only_slurm_places_the_probe():
@@ -64,7 +74,7 @@ def test_checks_before_anything_is_written(monkeypatch):
 def test_ray_placement_reads_the_probe_s_nodes():
     from isoflop_cli.preflight import Node
 
-    node = Node(host="a", cpus=4, gpus=0, count=1, version="0", python="3.11", reads_cli_file=True, wrote=None, unreadable={},
+    node = Node(host="a", cpus=4, gpus=0, count=1, version="0", python="3.11", reads_cli_file=True, wrote=None, unreadable={}, unwritable={},
                 vllm=False, trackers_missing=[])
     ray = launchers.of(cluster())
     assert ray.placement(None, [node], 4, 0) == []

@@ -6,7 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from isoflop_cli import config, launchers, memory
+from isoflop_cli import config, memory
 from isoflop_cli.cli import app
 from isoflop_cli.flops import model_shape
 
@@ -233,8 +233,8 @@ def test_seed_easy_on_8_h200s(qwen7b):
 
 def test_a_cpu_run_whose_learner_state_cannot_fit_the_node_is_refused(qwen7b, monkeypatch):
     """On CPU (one fp32 rank) the 7B learner holds 4 + 4 + 8 bytes a parameter (weights, gradients,
-    two AdamW states) and 4 more for the KL reference: 20 x 7,615,283,200 bytes = 141.8 GiB with
-    the process's 0.5, before any activation. The node's memory is cluster.node_memory_gib, else
+    two AdamW states) and 4 more for the KL reference: 20 x 7,615,283,200 bytes = 141.8 GiB, 142.3
+    with the process's 0.5, before any activation. The node's memory is cluster.node_memory_gib, else
     this machine's where the runs run here; LoRA (a frozen fp32 backbone, no reference) fits where
     full fine-tuning does not."""
     path, problems = qwen7b
@@ -254,9 +254,9 @@ def test_a_cpu_run_whose_learner_state_cannot_fit_the_node_is_refused(qwen7b, mo
     assert plan("cluster.node_memory_gib=142.5").exit_code == 0
     assert plan("cluster.node_memory_gib=64", "lora.rank=32").exit_code == 0  # the backbone alone: 4 bytes a parameter
     # null: this machine's memory where the runs run here, unchecked on a cluster elsewhere.
-    monkeypatch.setattr(launchers, "this_machine_gib", lambda: 24.0)
+    monkeypatch.setattr(memory, "this_machine_gib", lambda: 24.0)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert "above the 24 GiB of this machine's memory" in " ".join(plan().output.split())
+    assert "above the 24.0 GiB of this machine's memory" in " ".join(plan().output.split())
     assert plan("cluster.address=http://127.0.0.1:1").exit_code == 0
-    assert "above the 24 GiB" in " ".join(plan("cluster.launcher=slurm", "cluster.slurm.executor=local").output.split())
+    assert "above the 24.0 GiB" in " ".join(plan("cluster.launcher=slurm", "cluster.slurm.executor=local").output.split())
     assert plan("cluster.launcher=slurm").exit_code == 0

@@ -15,13 +15,13 @@ import pytest
 from isoflop_cli.preflight import Node, Spec, problems, unplaceable
 
 SPEC = Spec(version="0.1.0", python="3.11", sweep_dir="/shared/sweeps/default", nonce="abc", paths={"model.path": "/models/qwen"}, vllm=True,
-            interpreter="/opt/venv/bin/python", trackers=["wandb"])
+            interpreter="/opt/venv/bin/python", trackers=["wandb"], writes={"ISOFLOP_CACHE": "", "tracking.dir": "/shared/tracking"})
 
 
 def node(tmp_path: Path, **changes) -> Node:
     (tmp_path / "abc.gpu-1").write_text("abc")
-    good = dict(host="gpu-1", cpus=16, gpus=8, count=2, version="0.1.0", python="3.11", reads_cli_file=True, wrote="abc.gpu-1", unreadable={}, vllm=True,
-                trackers_missing=[])
+    good = dict(host="gpu-1", cpus=16, gpus=8, count=2, version="0.1.0", python="3.11", reads_cli_file=True, wrote="abc.gpu-1", unreadable={},
+                unwritable={}, vllm=True, trackers_missing=[])
     return Node(**{**good, **changes})
 
 
@@ -38,10 +38,28 @@ def test_a_node_with_everything_has_no_problem(tmp_path):
     ({"vllm": False}, "sampler=vllm but vLLM does not import on node gpu-1"),
     ({"trackers_missing": ["wandb"]}, "tracking.backends wandb does not import on node gpu-1"),
     ({"version": "not installed"}, "has isoflop not installed on Python 3.11"),
+    ({"unwritable": {"ISOFLOP_CACHE": "(/home/u/.cache/isoflop) cannot be made: /home/u is not a writable directory"}},
+     "ISOFLOP_CACHE (/home/u/.cache/isoflop) cannot be made: /home/u is not a writable directory on node gpu-1"),
 ])
 def test_each_problem_is_one_line_naming_the_node_and_the_fix(tmp_path, changes, needle):
     found = problems(SPEC, [node(tmp_path, **changes)], shared=tmp_path)
     assert len(found) == 1 and needle in found[0], found
+
+
+def test_the_node_check_names_a_directory_the_runs_could_not_write(tmp_path, monkeypatch):
+    """The check as it runs on a node, here: ISOFLOP_CACHE as the node's environment names it, and
+    tracking.dir, each a directory that is there or can be made."""
+    from isoflop_cli.preflight import _check_node
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("ISOFLOP_CACHE", str(tmp_path / "file" / "cache"))
+    spec = Spec(**{**SPEC.__dict__, "sweep_dir": str(tmp_path), "paths": {}, "interpreter": sys.executable, "trackers": [],
+                   "writes": {"ISOFLOP_CACHE": "", "tracking.dir": str(tmp_path / "file")}})
+    seen = _check_node(spec, 2.0, 0.0, 1)
+    assert seen.unwritable == {"ISOFLOP_CACHE": f"({tmp_path / 'file' / 'cache'}) cannot be made: {tmp_path / 'file'} is not a writable directory",
+                               "tracking.dir": f"({tmp_path / 'file'}) is not a directory"}
+    monkeypatch.setenv("ISOFLOP_CACHE", str(tmp_path / "cache"))
+    assert _check_node(Spec(**{**spec.__dict__, "writes": {"ISOFLOP_CACHE": "", "tracking.dir": str(tmp_path / "t")}}), 2.0, 0.0, 1).unwritable == {}
 
 
 def test_a_request_no_node_can_satisfy_is_refused(tmp_path):
@@ -105,6 +123,10 @@ def test_a_probe_job_ray_itself_ended_runs_once_more_and_a_probe_that_failed_doe
     nodes, (problem,) = probe_with(jobs, tmp_path)
     assert nodes == [] and jobs.submitted == ["isoflop-preflight-abc"]
     assert problem.endswith("with /opt/venv/bin/python): /opt/venv/bin/python: No module named isoflop_cli"), problem
+
+    older = (0, MARK + json.dumps([{"host": "gpu-1", "cpus": 16}]) + "\n")  # an isoflop that reports less than this one reads
+    nodes, (problem,) = probe_with(ScriptedJobs(older), tmp_path)
+    assert nodes == [] and "the preflight probe's answer does not read" in problem and "install the same isoflop on every node" in problem
 
     killed = (-9, "")  # no output at all: Ray's word on the exit
     nodes, (problem,) = probe_with(ScriptedJobs(killed), tmp_path)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from isoflop_cli import tasks
 from isoflop_cli.algorithms import ALGORITHMS, spec
+from isoflop_cli.config.schema import cache_dir
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.store import atomic_write, read_json
 
@@ -102,7 +102,7 @@ def _file_digest(path: Path) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _digest_of(path: str, size: int, mtime_ns: int) -> str:
-    cache = Path(os.environ.get("ISOFLOP_CACHE", Path.home() / ".cache" / "isoflop")).expanduser() / DIGESTS
+    cache = cache_dir() / DIGESTS
     entries = read_json(cache, default={})
     entries = entries if isinstance(entries, dict) else {}
     entry = entries.get(path)

@@ -6,7 +6,9 @@ files or imports torch, Ray or scipy.
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig
@@ -314,6 +316,12 @@ class SweepConfig:
 
 GROUPS = ("model", "task", "reward", "algo", "grid", "cluster", "sampler")
 PATH_KEYS = ("model.path", "reward.path", "task.train", "task.val", "tracking.dir")  # files the runs read
+
+
+def cache_dir() -> Path:
+    """ISOFLOP_CACHE (default ~/.cache/isoflop): the embedded models as built or shipped, and the
+    digests of data files, as this process's environment names it (a job's: its node's)."""
+    return Path(os.environ.get("ISOFLOP_CACHE", Path.home() / ".cache" / "isoflop")).expanduser()
 
 
 def sharded(cfg: DictConfig) -> bool:

@@ -20,13 +20,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from isoflop_cli import launchers, tasks
 from isoflop_cli.algorithms import ALGORITHMS, LOSS_AGGS
-from isoflop_cli.config.schema import GROUPS, Schedule
+from isoflop_cli.config.schema import GROUPS, Schedule, cache_dir
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.flops import PROJECTIONS, Shape, UnsupportedModel
 from isoflop_cli.rewards import REWARDS, load_function
 from isoflop_cli.samplers import SAMPLERS
 from isoflop_cli.tasks.arith import ALPHABET
-from isoflop_cli.tracking import BACKENDS
+from isoflop_cli.tracking import BACKENDS, writes_dir
 
 # What AutoTokenizer reads a tokenizer from (fast, then the slow tokenizers' vocabularies).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model")
@@ -157,15 +157,13 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
     for key in ("local_cpus", "max_concurrent", "gpu_memory_gib", "node_memory_gib"):
         if c[key] is not None:
             positive(f"cluster.{key}", c[key])
-    if launchers.of(c).runs_here:  # a cluster's interpreter, cache and tracker files live on its nodes (the preflight's)
-        if c.python is not None:
-            _check_executable("cluster.python", c.python)
-        if cfg.model.path is None or (REWARDS[cfg.reward.name].model_based and cfg.reward.path is None):
-            _check_model_cache()
-        if cfg.tracking.backends and cfg.tracking.dir:  # a tracker that cannot write would only warn in every run
-            _check_makeable("the trackers' directory", "tracking.dir", Path(cfg.tracking.dir).expanduser())
+    here = launchers.runs_here(c)  # else the interpreter, the model cache and the trackers' files are the nodes' (the preflight's)
+    if here and c.python is not None:
+        _check_executable("cluster.python", c.python)
+    if here and builds_embedded(cfg):
+        _check_model_cache()
     check_engine(cfg)
-    _check_tracking(cfg.tracking)
+    _check_tracking(cfg.tracking, here)
     plain = lambda node: OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node  # noqa: E731
     _check_finite({key: plain(cfg[key]) for key in cfg if key != "grid"}, "")
     _check_finite({key: plain(g[key]) for key in g if axes or key != "axes"}, "grid")
@@ -240,21 +238,32 @@ def _check_executable(name: str, value: str) -> None:
         raise ConfigError(f"{name} {value} is not on PATH")
 
 
+def builds_embedded(cfg: DictConfig) -> bool:
+    """Whether the runs build (or unpack) an embedded model into ISOFLOP_CACHE: the policy's, or a
+    model-based reward's, where no checkpoint path is given."""
+    return cfg.model.path is None or (REWARDS[cfg.reward.name].model_based and cfg.reward.path is None)
+
+
 def _check_model_cache() -> None:
-    """The embedded models are built into ISOFLOP_CACHE (recipe.checkpoint.cache_dir)."""
-    _check_makeable("the model cache", "ISOFLOP_CACHE", Path(os.environ.get("ISOFLOP_CACHE", Path.home() / ".cache" / "isoflop")).expanduser())
+    """The embedded models are built into ISOFLOP_CACHE (`schema.cache_dir`)."""
+    _check_makeable("the model cache", "ISOFLOP_CACHE", cache_dir())
 
 
 def _check_makeable(what: str, key: str, root: Path) -> None:
-    """A directory the runs write into: one, or one that can be made (its nearest existing parent a
-    writable directory)."""
+    why = cannot_make(root)
+    if why:
+        raise ConfigError(f"{what} {root} ({key}) {why}")
+
+
+def cannot_make(root: Path) -> str | None:
+    """Why the runs could not write into directory `root` (None: they can): not a directory, or
+    none that can be made (its nearest existing parent not a writable directory)."""
     if root.exists():
-        if not root.is_dir():
-            raise ConfigError(f"{what} {root} ({key}) is not a directory")
-        return
+        return None if root.is_dir() else "is not a directory"
     parent = next(p for p in root.absolute().parents if p.exists())
     if not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
-        raise ConfigError(f"{what} {root} ({key}) cannot be made: {parent} is not a writable directory")
+        return f"cannot be made: {parent} is not a writable directory"
+    return None
 
 
 def _task(cfg: DictConfig) -> tasks.Task:
@@ -404,12 +413,16 @@ def _check_build(name: str, b: DictConfig) -> None:
         raise ConfigError(f"{name}.stray must be in [0, 1), got {b.stray}")
 
 
-def _check_tracking(t: DictConfig) -> None:
-    """Known backends and wandb mode (whether each imports where the runs run is the preflight's)."""
+def _check_tracking(t: DictConfig, here: bool) -> None:
+    """Known backends and wandb mode (whether each imports where the runs run is the preflight's);
+    where the runs run `here`, a tracking.dir its trackers can write: a tracker that cannot would
+    only be a warning in every run's log."""
     for name in t.backends:
         check_choice("tracking.backends", name, BACKENDS)
     _check_no_repeats("tracking.backends", t.backends)
     check_choice("tracking.wandb_mode", t.wandb_mode, ("offline", "online"))
+    if here and t.dir and writes_dir(t):
+        _check_makeable("the trackers' directory", "tracking.dir", Path(t.dir).expanduser())
 
 
 def check_engine(cfg: DictConfig) -> None:

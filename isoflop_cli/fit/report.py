@@ -176,8 +176,8 @@ def markdown(results: dict[str, dict], spec: FitSpec, info: dict, plots: dict[st
         if fitted:
             rows = {_at(r["compute"]): r for r in results["frontier"]["axis_star"]}
             lines += [f"| {spec.compute} | {spec.metric} | measured | {spec.axis}* | note |", "| ---: | ---: | ---: | ---: | --- |"]
-            lines += [f"| {r.compute:.4g} | {r.value:.4f} | {rows[_at(r.compute)]['measured']:.4f} | {label(rows[_at(r.compute)]['axis_star_set'])} | {_note(rows[_at(r.compute)])} |"
-                      for r in front.itertuples()] + [""]
+            lines += [f"| {r.compute:.4g} | {r.value:.4f} | " + (f"{b['measured']:.4f} | {label(b['axis_star_set'])} | {_note(b)} |" if b else f"- | {fmt(r.axis_star)} | - |")
+                      for r in front.itertuples() for b in [rows.get(_at(r.compute))]] + [""]
         else:
             lines += [f"| {spec.compute} | {spec.metric} | {spec.axis}* |", "| ---: | ---: | ---: |"]
             lines += [f"| {r.compute:.4g} | {r.value:.4f} | {fmt(r.axis_star)} |" for r in front.itertuples()] + [""]

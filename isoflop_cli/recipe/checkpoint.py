@@ -17,7 +17,6 @@ import fcntl
 import hashlib
 import json
 import math
-import os
 import random
 import shutil
 import tempfile
@@ -32,14 +31,11 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
 
 from isoflop_cli import tasks
+from isoflop_cli.config.schema import cache_dir
 from isoflop_cli.recipe.distributed import device
 from isoflop_cli.tasks.arith import ALPHABET, SPECIALS, ArithTask
 
 PAD, EOS, UNK = SPECIALS
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("ISOFLOP_CACHE", Path.home() / ".cache" / "isoflop")).expanduser()
 
 
 def load(model_cfg: DictConfig, task_cfg: DictConfig, dtype: torch.dtype = torch.float32, meta: bool = False):
