@@ -15,12 +15,13 @@ TRUE = {"R0": 0.2, "A": 0.7, "C_mid": 2e5, "B": 0.9}
 C = np.geomspace(1e3, 1e7, 30)
 
 
-def runs(seeds=6, noise=0.01, transient=0.0, seed=1) -> pd.DataFrame:
+def runs(seeds=6, noise=0.01, transient=0.0, seed=1, base_noise=True) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     frames = []
     for s in range(seeds):
         y = scalerl(C, **TRUE) + rng.normal(0, noise, C.size) + transient * (C < 1e4)
-        frames.append(pd.DataFrame({RUN: f"r{s}", "n": 8, "rollouts": np.r_[0, C], "val_avg@k": np.r_[TRUE["R0"] + rng.normal(0, noise), y]}))
+        base = TRUE["R0"] + (rng.normal(0, noise) if base_noise else 0.0)  # one base model evaluated once: the same value in every run
+        frames.append(pd.DataFrame({RUN: f"r{s}", "n": 8, "rollouts": np.r_[0, C], "val_avg@k": np.r_[base, y]}))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -42,6 +43,20 @@ def test_holdout_extrapolation_error_is_small_on_its_own_model():
     assert entry["params"]["holdout_error"] < 0.01  # noise of a 6-run mean is 0.004
     assert entry["curves"]["n=8"]["holdout_cut"] == pytest.approx(10 ** (7 - 0.3 * 4))
     assert entry["params"]["A"] == pytest.approx(0.7, abs=0.05)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.03, 1e-300, 1e290])
+def test_clean_data_at_any_compute_scale_fit_every_point_with_nothing_to_doubt(scale):
+    """Without a holdout every compute is fitted (a cut of exp(log(max)) fell an ulp below the
+    largest at 3e5 and held it out), C_mid well inside the data is not "at the fit's bounds" (judged
+    in C, the tolerance grew with the largest compute), and R0, held at the base model's one value,
+    is not a "stuck" interval of zero width."""
+    df = runs(base_noise=False).assign(rollouts=lambda d: d["rollouts"] * scale)
+    spec = FitSpec(bootstrap=20)
+    entry = scalerl_method(df, spec).entry
+    assert "holdout_error" not in entry["params"] and entry["curves"]["n=8"]["holdout_cut"] is None
+    assert entry["params"]["C_mid"] == pytest.approx(2e5 * scale, rel=0.15) and entry["at_bound"] == []
+    assert methods.doubts("scalerl", entry, spec) == []
 
 
 def test_drop_early_skips_a_transient():

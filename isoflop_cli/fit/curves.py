@@ -134,8 +134,9 @@ def fit_scalerl(c: np.ndarray, y: np.ndarray, w: np.ndarray, R0: float, start: d
     p0 = np.clip([A, log_cm, B], np.add(bounds[0], 1e-9), np.subtract(bounds[1], 1e-9))
     res = optimize.least_squares(residuals, p0, bounds=bounds, method="trf", x_scale="jac")
     params = {"R0": float(R0), "A": float(res.x[0]), "C_mid": float(np.exp(res.x[1])), "B": float(res.x[2])}
-    edges = {"A": (R0, top), "C_mid": (np.exp(lc_lo), np.exp(lc_hi)), "B": (1e-3, 20.0)}
-    return CurveFit(params, bool(res.success), float(2 * res.cost), at_bound(params, edges))
+    # C_mid's bounds in log C, where it is fitted (in C the tolerance would scale with the largest compute).
+    edges = {"A": (R0, top), "C_mid": (lc_lo, lc_hi), "B": (1e-3, 20.0)}
+    return CurveFit(params, bool(res.success), float(2 * res.cost), at_bound({**params, "C_mid": float(res.x[1])}, edges))
 
 
 def _scalerl_grid(c, y, w, R0: float, top: float, lc_lo: float, lc_hi: float) -> tuple[float, float, float]:

@@ -152,7 +152,9 @@ def doubts(method: str, entry: dict, spec: FitSpec) -> list[tuple[str, bool]]:
                     "not a measured range", True))
     # Zero width to rounding: resamples that all land on one value differ in the last bits, not at all
     # (a parameter pinned at its bound is said above, with why).
-    flat = [name for name, (lo, hi) in (entry.get("interval90") or {}).items() if math.isclose(lo, hi, rel_tol=1e-9) and name not in pinned]
+    held = entry.get("held") or []  # not fitted (scalerl's R0: the base model's value, the same in every resample of one base)
+    flat = [name for name, (lo, hi) in (entry.get("interval90") or {}).items()
+            if math.isclose(lo, hi, rel_tol=1e-9) and name not in pinned and name not in held]
     if flat and spec.bootstrap > 0:
         out.append((f"{method}: the 90% interval of {', '.join(flat)} has zero width: the bootstrap resamples all gave one value, "
                     "which says the fit is stuck, not that it is certain", True))

@@ -10,6 +10,7 @@ axis and reports the RMSE of the extrapolation beyond it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,7 +68,10 @@ def series(df: pd.DataFrame, spec: FitSpec, runs: pd.Index, held: np.ndarray | N
         g = g[(c > 0) & (c >= spec.drop_early * c.max())]
         computes, at = np.unique(g[spec.compute].to_numpy(float), return_inverse=True)
         log_c = np.log(computes) if computes.size else np.array([0.0])
-        cut = float(np.exp(log_c.max() - spec.holdout_frac * (log_c.max() - log_c.min()))) if held is None else held[0] * (1 - 1e-9)
+        if held is not None:
+            cut = held[0] * (1 - 1e-9)
+        else:  # no holdout: every compute (exp(log(c)) may land an ulp below the largest c)
+            cut = float(np.exp(log_c.max() - spec.holdout_frac * (log_c.max() - log_c.min()))) if spec.holdout_frac > 0 else math.inf
         if (computes <= cut).sum() < MIN_COMPUTES or ((spec.holdout_frac > 0 or held is not None) and not (computes > cut).any()):
             dropped.append(f"{spec.axis}={plain(value)} ({computes.size} computes)")
             continue
@@ -105,7 +109,8 @@ def scalerl_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
             warn(f"scalerl {spec.axis}={plain(s.value)}: the fit did not converge")
     best = max(curves, key=lambda k: curves[k]["params"]["A"])
     entry = {**{k: curves[best][k] for k in ("params", "interval90", "median", "converged", "at_bound")}, "best": best,
-             "curves": curves, "drop_early": spec.drop_early, "holdout_frac": spec.holdout_frac}
+             "curves": curves, "drop_early": spec.drop_early, "holdout_frac": spec.holdout_frac,
+             "held": ["R0"]}  # not fitted: the base model's measured value
     if held is not None:
         entry["holdout"] = _holdout(df, spec, held, fitted, fits)
     return MethodResult(entry, {"scalerl": _frame(fitted, fits)})
