@@ -155,10 +155,12 @@ def test_a_csv_named_in_capitals_reads_as_csv(tmp_path):
     (lambda d: d.assign(rollouts=d["rollouts"].where(d["n"] != 4, -d["rollouts"] - 1)), "frontier: rollouts must be >= 0, got -1 in run n4_bp4"),
     (lambda d: d.assign(run_id=None), "r.csv: run_id is empty in row 0"),
     (lambda d: pd.concat([d, d.iloc[:3]]), "r.csv: run n2_bp4 has step 0 twice"),
-], ids=["inf metric", "zero axis", "negative compute", "no run id", "a row twice"])
+    (lambda d: d.assign(n=d["n"].where(d["step"] <= 8, d["n"] * 2)), "frontier: run n16_bp4 has n 16, 32: a run's n is one value"),
+], ids=["inf metric", "zero axis", "negative compute", "no run id", "a row twice", "n changes within a run"])
 def test_values_no_fit_can_read_exit_2_naming_them(tmp_path, corrupt, needle):
     """Found by fuzzing `fit`: each of these was a traceback deep in a fit, or (a row twice, negative
-    compute) a fit that counted them."""
+    compute, an n that changes within a run) a fit that counted them: the run split into two curves,
+    the noise read from the seam."""
     corrupt(results()).to_csv(tmp_path / "r.csv", index=False)
     one_error_line(invoke(tmp_path / "r.csv", "--bootstrap", 0), needle)
 

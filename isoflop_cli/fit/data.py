@@ -150,6 +150,19 @@ def signs(df: pd.DataFrame, spec: FitSpec, columns: list[str], method: str) -> N
             raise ConfigError(f"{method}: {column} must be {what}, got {plain(row[column])} in run {str(row[RUN]).split(':', 1)[-1]}")
 
 
+def one_per_run(df: pd.DataFrame, columns: list[str], method: str) -> None:
+    """What a run is (its n, B_p, model size: every column but the metric, compute and step) holds
+    one value per run: a run whose n changes between eval points would be split into two curves,
+    each part of one run, and the fit's noise and ties would come from the seam."""
+    for column in columns:
+        counts = df.groupby(RUN)[column].nunique()
+        if (counts > 1).any():
+            run = counts.index[counts > 1][0]
+            values = sorted(df.loc[df[RUN] == run, column].unique())
+            raise ConfigError(f"{method}: run {str(run).split(':', 1)[-1]} has {column} {', '.join(f'{plain(v):g}' for v in values[:3])}"
+                              f"{' ...' if len(values) > 3 else ''}: a run's {column} is one value (two runs under one run_id?)")
+
+
 def numbers(df: pd.DataFrame, column: str, where: Path | str) -> pd.Series:
     """`column` as numbers, missing values as NaN: a column that is not there, and a value that is
     not a number or is infinite, are errors naming the column (and the row)."""

@@ -11,7 +11,7 @@ import pandas as pd
 
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit.allocation import fixed_batch_method, frontier_method
-from isoflop_cli.fit.data import FitSpec, FitWarning, MethodResult, compute_unit, signs, usable, warn
+from isoflop_cli.fit.data import FitSpec, FitWarning, MethodResult, compute_unit, one_per_run, signs, usable, warn
 from isoflop_cli.fit.evidence import TIE_SD
 from isoflop_cli.fit.interference import interference_method
 from isoflop_cli.fit.parametric import parametric_method
@@ -93,6 +93,7 @@ def run(df: pd.DataFrame, spec: FitSpec, methods: list[str], explicit: bool, pro
             entry = METHODS[method]
             data = usable(df, entry.columns(spec), method)
             signs(data, spec, entry.columns(spec), method)
+            one_per_run(data, [c for c in entry.columns(spec) if c not in (spec.metric, spec.compute, "step", spec.tokens_col, spec.compute_col)], method)
             try:
                 result = entry.fit(data, spec, problems) if entry.reads_problems else entry.fit(data, spec)
             except ConfigError as e:

@@ -20,7 +20,7 @@ import pandas as pd
 from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, Schedule
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import plots
-from isoflop_cli.fit.data import RUN, compute_unit, plain, usable
+from isoflop_cli.fit.data import RUN, compute_unit, one_per_run, plain, usable
 from isoflop_cli.fit.outputs import jsonable
 from isoflop_cli.fit.schedule import decide, noise, stage_of
 from isoflop_cli.store import atomic_write
@@ -66,6 +66,7 @@ def default_stages(rows: pd.DataFrame, compute: str) -> list[float]:
 def replay(df: pd.DataFrame, metric: str, axis: str, compute: str, schedule: Schedule, margin: float,
            stages: list[float] | None = None, indifference: float = DEFAULT_INDIFFERENCE) -> Replay:
     rows = usable(df, [metric, axis, compute], "replay")
+    one_per_run(rows, [axis], "replay")
     given = stages is not None
     stages = sorted(set(stages)) if given else default_stages(rows, compute)
     first = float(rows.loc[rows[compute] > 0, compute].min())
