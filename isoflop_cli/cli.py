@@ -505,13 +505,14 @@ def race_pilot(
     recommends what to run at full scale. The pilot identifies a regime; it does not guarantee a
     held-out gain."""
     from isoflop_cli.race import command as race
+    from isoflop_cli.race.analysis import MIN_DRAWS
     from isoflop_cli.race.outputs import summary
     from isoflop_cli.race.pilot import SEEDS, PilotSpec, derive
 
     overrides = list(overrides or [])
     with user_errors():
-        if bootstrap < 1:
-            raise ConfigError(f"--bootstrap must be >= 1, got {bootstrap}: the regime is called from bootstrap intervals")
+        if bootstrap < MIN_DRAWS:
+            raise ConfigError(f"--bootstrap must be >= {MIN_DRAWS}, got {bootstrap}: the regime is called from 90% bootstrap intervals")
         if seed < 0:
             raise ConfigError(f"--seed must be >= 0, got {seed}")
         full_results = race.read_results(validate_with) if validate_with is not None else None

@@ -94,6 +94,22 @@ def test_prm_no_better_is_not_reward_heavy(tmp_path):
     assert report["recommendation"]["reward"] == "sparse"
 
 
+def test_rho_that_moves_within_a_run_does_not_make_an_interior_regime_without_its_optimum(tmp_path):
+    """rho is recorded per eval point and moves a little within a run, so the slices cover different
+    rho ranges. "Interior" was read against their union and the optimum inside their intersection:
+    a rising target came out interior with no optimum, recommended "around the optimum rho 0.00"."""
+    df = results("rising")
+    df["rho"] *= np.where(df["step"] == 3, 1.05, 1.0)
+    report, result = race(df, tmp_path, "--bootstrap", "50")
+    [entry] = report["regimes"]
+    assert entry["regime"] == "update-heavy" and entry["optimum_rho"] is None, entry
+    assert "rho 0.00" not in result.output
+    # Fewer resamples than an interval is read from: refused, not "too few runs".
+    path = tmp_path / "results.parquet"
+    few = runner.invoke(app, ["race-pilot", "--from-results", str(path), "--out", str(tmp_path / "few"), "--bootstrap", "9"])
+    assert few.exit_code == 2 and "--bootstrap must be >= 10, got 9" in few.output
+
+
 def test_regime_json_contract(tmp_path):
     report, _ = race(results("rising"), tmp_path, "--bootstrap", "50")
     assert {"regimes", "same_regime_rate", "loo_same_regime_rate", "pilot_flops", "pilot_share", "recommendation"} <= set(report)
@@ -170,7 +186,8 @@ def test_bad_input_before_any_compute(tmp_path):
     for corrupt, needle in ((lambda d: d.assign(val_native=d["val_native"].where(d["step"] != 2, np.inf)), "val_native in row 2 is not finite (inf)"),
                             (lambda d: d.assign(rho=-d["rho"]), "rho in row 1 is -"),
                             (lambda d: d.assign(rho=np.nan), "rho has no value"),
-                            (lambda d: d.assign(run_id=None), "run_id is empty in row 0")):
+                            (lambda d: d.assign(run_id=None), "run_id is empty in row 0"),
+                            (lambda d: d.assign(reward=d["reward"].where(d.index != 5, None)), "reward is empty in row 5")):  # a reward named "nan"
         corrupt(results("flat")).to_parquet(path)
         one_error_line(runner.invoke(app, ["race-pilot", "--from-results", str(path)]), needle)
 

@@ -211,9 +211,12 @@ def trend_effect(s: Slices, degree: int, counts: np.ndarray) -> np.ndarray:
     return np.mean(per_slice, axis=0)
 
 
+MIN_DRAWS = 10  # finite bootstrap draws a 90% interval is read from
+
+
 def interval(draws: np.ndarray) -> list[float] | None:
     ok = draws[np.isfinite(draws)]
-    return [float(v) for v in np.quantile(ok, [0.05, 0.95])] if ok.size >= 10 else None
+    return [float(v) for v in np.quantile(ok, [0.05, 0.95])] if ok.size >= MIN_DRAWS else None
 
 
 def trend(s: Slices, counts: np.ndarray) -> dict:
@@ -233,7 +236,8 @@ def trend(s: Slices, counts: np.ndarray) -> dict:
     if curve != "constant" and band is not None:
         regime = UPDATE if band[0] > 0 else SEARCH if band[1] < 0 else UNDETERMINED
     optimum, optimum_band = (optimum_x(s, counts) if degree == 2 else (None, None))
-    if optimum_band is not None and optimum_band[0] > min(x.min() for x in s.x) and optimum_band[1] < max(x.max() for x in s.x):
+    low, high = max(x.min() for x in s.x), min(x.max() for x in s.x)  # the range every slice covers, where `optimum_x` reads a peak
+    if optimum is not None and optimum_band is not None and low < optimum_band[0] and optimum_band[1] < high:
         regime = INTERIOR
     params = {}
     for name, x, y, run in zip(s.names, s.x, s.y, s.run):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from isoflop_cli.errors import ConfigError
@@ -77,6 +78,8 @@ def read_results(path: Path) -> pd.DataFrame:
     if missing:
         raise ConfigError(f"{path}: no column {', '.join(missing)} (RACE reads isoflop results: run_id, reward, rho, flops_total, the target)")
     fit_data.named_runs(df, path)
+    if "reward" in df.columns and df["reward"].isna().any():  # it would be a reward system named "nan"
+        raise ConfigError(f"{path}: reward is empty in row {int(np.flatnonzero(df['reward'].isna())[0])}: every row names its run's reward")
     rho = {"rho": fit_data.numbers(df, "rho", path)} if "rho" in df.columns else {}  # its absence is said with the target's
     if rho:
         # rho = C_learning / C_total: a share strictly inside (0, 1) wherever compute was spent (the log-odds RACE fits).
