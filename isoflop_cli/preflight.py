@@ -57,8 +57,9 @@ class Spec:
     interpreter: str  # the runs' Python on the nodes (cluster.python), whose packages are checked
     trackers: list[str]  # tracking.backends: each must import there
     # Directories the runs write: config key -> path ("ISOFLOP_CACHE": the node's own, where an
-    # embedded model is built; tracking.dir, where a tracker keeps files there).
-    writes: dict[str, str]
+    # embedded model is built; tracking.dir, where a tracker keeps files there). Last, with a
+    # default, as Node.unwritable.
+    writes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -80,10 +81,11 @@ class Node:
     # older isoflop still reads as a node (whose version the CLI then names).
     unwritable: dict[str, str] = field(default_factory=dict)
 
-    @classmethod
-    def read(cls, seen: dict) -> "Node":
-        """A node as a probe of any isoflop version reported it (fields it does not know left out)."""
-        return cls(**{f.name: seen[f.name] for f in fields(cls) if f.name in seen})
+
+def _read(cls, sent: dict):
+    """A Spec or a Node as the other side's isoflop wrote it, whatever its version: the fields this
+    one does not know are left out, so that a version mismatch is found and named, not a TypeError."""
+    return cls(**{f.name: sent[f.name] for f in fields(cls) if f.name in sent})
 
 
 def version() -> str:
@@ -135,7 +137,7 @@ def _probe_job(launcher, client, cfg, spec: Spec, shared: Path, env: dict[str, s
         lines = [line[len(MARK):] for line in log.splitlines() if line.startswith(MARK)]
         if lines:
             try:
-                nodes = [Node.read(n) for n in json.loads(lines[-1])]
+                nodes = [_read(Node, n) for n in json.loads(lines[-1])]
             except (TypeError, ValueError) as e:  # a probe of another isoflop version, missing what this one asks
                 return [], [f"the preflight probe's answer does not read (job {sid}, with {spec.interpreter}: {e}): install the same "
                             "isoflop on every node (cluster.python names the runs' interpreter)"]
@@ -190,7 +192,7 @@ def probe(encoded: str) -> None:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    spec = Spec(**json.loads(base64.urlsafe_b64decode(encoded)))
+    spec = _read(Spec, json.loads(base64.urlsafe_b64decode(encoded)))
     ray.init(logging_level="ERROR")
     here = ray.get_runtime_context().get_node_id()
     types: dict[tuple[float, float], list[dict]] = {}
@@ -231,7 +233,7 @@ def probe(encoded: str) -> None:
 
 def probe_here(encoded: str) -> None:
     """The probe job's body where the launcher chose its node (SLURM): the check on this node."""
-    spec = Spec(**json.loads(base64.urlsafe_b64decode(encoded)))
+    spec = _read(Spec, json.loads(base64.urlsafe_b64decode(encoded)))
     gpus = len(list(Path("/proc/driver/nvidia/gpus").glob("*")))  # the node's, not the probe's (it asks for none); CUDA untouched
     print(MARK + json.dumps([asdict(_check_node(spec, float(os.cpu_count() or 0), float(gpus), 1))]), flush=True)
 

@@ -124,7 +124,13 @@ def test_a_probe_job_ray_itself_ended_runs_once_more_and_a_probe_that_failed_doe
     assert nodes == [] and jobs.submitted == ["isoflop-preflight-abc"]
     assert problem.endswith("with /opt/venv/bin/python): /opt/venv/bin/python: No module named isoflop_cli"), problem
 
-    older = (0, MARK + json.dumps([{"host": "gpu-1", "cpus": 16}]) + "\n")  # an isoflop that reports less than this one reads
+    # A node's isoflop of another version: one that reports what this one reads, less a field with
+    # a default and plus one it does not know, reads as a node (whose version the CLI names) ...
+    other = {k: v for k, v in asdict(node(tmp_path)).items() if k != "unwritable"} | {"from_the_future": 1}
+    nodes, _ = probe_with(ScriptedJobs((0, MARK + json.dumps([other]) + "\n")), tmp_path)
+    assert [n.host for n in nodes] == ["gpu-1"] and nodes[0].unwritable == {}
+    # ... and one that reports less than this one needs is one line.
+    older = (0, MARK + json.dumps([{"host": "gpu-1", "cpus": 16}]) + "\n")
     nodes, (problem,) = probe_with(ScriptedJobs(older), tmp_path)
     assert nodes == [] and "the preflight probe's answer does not read" in problem and "install the same isoflop on every node" in problem
 
