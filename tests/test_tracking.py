@@ -86,9 +86,13 @@ def test_every_eval_row_reaches_each_tracker_once_and_a_resumed_run_continues_it
 
 @pytest.mark.slow
 def test_a_tracker_that_fails_is_a_warning_and_the_run_finishes(tmp_path):
-    blocked = tmp_path / "not-a-dir"
-    blocked.write_text("a file where the trackers' directory should be")
-    result = CliRunner().invoke(app, ["run", *ARGS, "tracking.backends=[mlflow,tensorboard]", f"tracking.dir={blocked}",
+    """The trackers' directory is there (a tracking.dir that is not is refused before the run), but
+    a file stands where each tracker keeps its own: both fail to open, as on a full or foreign disk."""
+    root = tmp_path / "tracking"
+    root.mkdir()
+    for blocked in ("mlruns", "tensorboard"):  # MLflow's file store, TensorBoard's log dirs
+        (root / blocked).write_text("a file where the tracker's directory should be")
+    result = CliRunner().invoke(app, ["run", *ARGS, "tracking.backends=[mlflow,tensorboard]", f"tracking.dir={root}",
                                       "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     assert "warning: tracking.backends mlflow: open failed" in result.output
