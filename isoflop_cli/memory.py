@@ -201,22 +201,30 @@ def check_node(shape: Shape, cfg) -> None:
 
 @functools.cache
 def this_machine_gib() -> float:
-    """This machine's memory, or the limit of this process's memory cgroup where that is lower (a
-    container's, a SLURM allocation's): at the path /proc/self/cgroup names, or at the hierarchy's
-    root (a container that sees its own cgroup as the root), cgroup v2 or v1."""
+    """This machine's memory, or its memory cgroup's limit where that is lower (`cgroup_limit`)."""
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    limits = [Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")]
+    return min(total, cgroup_limit(Path("/proc/self/cgroup"), Path("/sys/fs/cgroup")) or total) / GIB
+
+
+def cgroup_limit(own: Path, root: Path) -> int | None:
+    """The memory limit in bytes of the cgroup `own` (/proc/self/cgroup) names, under the cgroup
+    mount `root`, v2 (memory.max) or v1 (memory/memory.limit_in_bytes), or at the hierarchy's root,
+    where a container sees its own cgroup; the smallest found. None where no file holds a number
+    (v2's "max"); v1's "unlimited" is a number larger than any machine's memory, which the caller's
+    minimum with the machine's leaves out."""
+    limits = [root / "memory.max", root / "memory" / "memory.limit_in_bytes"]
     with contextlib.suppress(OSError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
+        for line in own.read_text().splitlines():
             _, controllers, path = line.split(":", 2)
             if not controllers:  # v2: one hierarchy
-                limits.append(Path(f"/sys/fs/cgroup{path}", "memory.max"))
+                limits.append(root / path.lstrip("/") / "memory.max")
             elif "memory" in controllers.split(","):
-                limits.append(Path(f"/sys/fs/cgroup/memory{path}", "memory.limit_in_bytes"))
+                limits.append(root / "memory" / path.lstrip("/") / "memory.limit_in_bytes")
+    found = []
     for limit in limits:
         with contextlib.suppress(OSError, ValueError):  # absent, or "max": no limit
-            total = min(total, int(limit.read_text()))
-    return total / GIB
+            found.append(int(limit.read_text()))
+    return min(found, default=None)
 
 
 def parameters(shape: Shape) -> tuple[int, int, int]:

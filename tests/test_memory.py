@@ -260,3 +260,19 @@ def test_a_cpu_run_whose_learner_state_cannot_fit_the_node_is_refused(qwen7b, mo
     assert plan("cluster.address=http://127.0.0.1:1").exit_code == 0
     assert "above the 24.0 GiB" in " ".join(plan("cluster.launcher=slurm", "cluster.slurm.executor=local").output.split())
     assert plan("cluster.launcher=slurm").exit_code == 0
+
+
+@pytest.mark.parametrize("own, files, limit", [
+    ("0::/user.slice/job\n", {"memory.max": "max", "user.slice/job/memory.max": "8589934592"}, 8589934592),  # v2, the process's own cgroup
+    ("4:memory:/process_api/x\n1:cpu:/\n", {"memory/memory.limit_in_bytes": "9223372036854771712",
+                                            "memory/process_api/x/memory.limit_in_bytes": "4294967296"}, 4294967296),  # v1
+    ("0::/\n", {"memory.max": "2147483648"}, 2147483648),  # a container that sees its cgroup as the root
+    ("0::/a\n", {"memory.max": "max", "a/memory.max": "max"}, None),  # no limit anywhere
+    ("4:cpu,cpuacct:/a\n", {}, None),  # no memory controller named, no files
+])
+def test_the_memory_cgroup_limit_is_read_where_proc_self_cgroup_points(tmp_path, own, files, limit):
+    (tmp_path / "cgroup").write_text(own)
+    for name, text in files.items():
+        (tmp_path / "fs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fs" / name).write_text(text + "\n")
+    assert memory.cgroup_limit(tmp_path / "cgroup", tmp_path / "fs") == limit
