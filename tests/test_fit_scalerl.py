@@ -59,6 +59,19 @@ def test_clean_data_at_any_compute_scale_fit_every_point_with_nothing_to_doubt(s
     assert methods.doubts("scalerl", entry, spec) == []
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_flat_data_are_never_a_reliable_curve(seed):
+    """Null data: every run flat at the base value plus noise. Whatever the fit lands on (a step at
+    the slope's bound, or a midpoint past the data whose ceiling no point measured), a doubt makes it
+    unreliable."""
+    rng = np.random.default_rng(seed)
+    df = pd.concat([pd.DataFrame({RUN: f"r{s}", "n": 8, "rollouts": np.r_[0, C], "val_avg@k": np.r_[0.3, 0.3 + rng.normal(0, 0.01, C.size)]})
+                    for s in range(6)], ignore_index=True)
+    spec = FitSpec(bootstrap=20)
+    entry = scalerl_method(df, spec).entry
+    assert any(unreliable for _, unreliable in methods.doubts("scalerl", entry, spec)), entry["params"]
+
+
 def test_drop_early_skips_a_transient():
     spiked = runs(transient=0.15)
     naive = scalerl_method(spiked, FitSpec(bootstrap=0)).entry["params"]

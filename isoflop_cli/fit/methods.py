@@ -136,6 +136,9 @@ def doubts(method: str, entry: dict, spec: FitSpec) -> list[tuple[str, bool]]:
     for name, curve in (entry.get("curves") or {}).items():
         if curve.get("at_bound"):
             out.append((f"{method}: the curve {name} has {', '.join(curve['at_bound'])} at the fit's bounds", False))
+        if curve.get("C_mid_beyond_data"):  # scalerl: unreliable where it is the reported curve
+            out.append((f"{method}: the curve {name} has its midpoint C_mid beyond its largest fitted compute: its ceiling A is "
+                        "extrapolated, not measured", name == entry.get("best")))
         if curve.get("extrapolated"):
             out.append((f"{method}: the curve {name} stands up to {curve['above_measured']:.3f} above the best its runs measured "
                         f"(noise sd {entry['noise_sd']:.3g}): extrapolated there, dashed in the plot", False))

@@ -102,8 +102,12 @@ def scalerl_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     curves = {}
     for s, f, d in zip(fitted, fits, draws):
         median, interval = bootstrap.summarise(d, NAMES)
+        fitted_max = float(s.computes[s.computes <= s.cut].max())
         curves[f"{spec.axis}={plain(s.value)}"] = {"params": f.params, "interval90": interval, "median": median, "converged": f.converged,
                                                    "at_bound": f.at_bound, "holdout_cut": s.cut if spec.holdout_frac > 0 else None,
+                                                   # The midpoint past every fitted compute: the points saw the lower half of
+                                                   # the curve only, so its ceiling A is extrapolated, not measured.
+                                                   "C_mid_beyond_data": bool(f.params["C_mid"] > fitted_max),
                                                    "bootstrap": {"resamples": spec.bootstrap, "converged": len(d)}}
         if not f.converged:
             warn(f"scalerl {spec.axis}={plain(s.value)}: the fit did not converge")
