@@ -77,7 +77,7 @@ def test_an_asymmetric_optimum_gives_the_law_of_its_peak():
     values near each budget's best, so the vertex sits about the same distance from the peak at
     every budget and the exponent of n* = 0.05 C^0.5 comes out near 0.5 (0.485; through every
     value of 2..1024 it was 0.445). The 90% interval is sampling noise only and does not reach the
-    truth: the README says so."""
+    truth: docs/fitting.md says so."""
     rng = np.random.default_rng(3)
     frames = []
     for k in range(1, 11):

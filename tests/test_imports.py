@@ -1,4 +1,4 @@
-"""The package's import structure, as the README's architecture map draws it: no cycle between its
+"""The package's import structure, as docs/architecture.md draws it: no cycle between its
 parts, each layer blind to the ones above it, and the modules every process imports light."""
 
 import ast

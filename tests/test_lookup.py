@@ -75,8 +75,7 @@ def test_on_the_calibrated_hard_set_every_seed_of_n16_ends_above_every_seed_of_n
     `isoflop calibrate` cuts the shipped model's hard set (a Ray job; a rerun samples nothing twice;
     every key in its band, the study's 38), and at 32,768 rollouts on that set the lower seed of
     n = 16 scores above the higher seed of n = 2. Measured in the study: 0.969 and 0.972 against
-    0.893 and 0.919; its n = 2 gains 0.015 over the last doubling of compute, n = 16 0.027 (the
-    README's "What it shows")."""
+    0.893 and 0.919; its n = 2 gains 0.015 over the last doubling of compute, n = 16 0.027 (docs/default-study.md)."""
     from isoflop_cli import config
 
     lookup.write_pool(pool := tmp_path / "pool.parquet")

@@ -223,7 +223,7 @@ def test_replay_keeps_the_frontier_of_a_grid_whose_n_star_rises_for_less_compute
     """Synthetic full grids whose n*(C) rises from 4 to 64 and saturates (scripts/bench_replay.py):
     the issue's goal, n* within 2x at >= 90% of budgets and the frontier within 0.01 (in truth: the
     recorded frontier too), for a third of the compute at noise 0.005 and more where the points
-    say less (README: Adaptive sweeps)."""
+    say less (docs/adaptive.md)."""
     df = synthetic(noise_sd).assign(**{RUN: lambda d: d["run_id"]})
     r = replay(df, "val_avg@k", "n", "rollouts", Schedule.adaptive, DEFAULT_MARGIN)
     assert r.n_star_agreement >= 0.9 and true_gap(df, r) <= 0.01 and r.max_value_gap <= 0.01
