@@ -109,13 +109,13 @@ def prepare(cfg: DictConfig, dest: SweepDir) -> Manifest:
     old = dest.manifest().cells
     rows = len(read_rows(cfg.task.train, "task.train", cfg.task.prompt_key, cfg.task.answer_key))
     digest = identity.data_digest(cfg.task.train, "task.train")[:8]
-    atomic_write(dest.config_file, config_mod.to_yaml(cfg))
+    dest.write_config(config_mod.to_yaml(cfg))
     manifest = Manifest(name=cfg.name, kind=CALIBRATION)
     for start, stop in slices(rows, cfg.calibrate.shard):
         rid = f"rows-{start:07d}-{stop:07d}_{digest}"
         part = cfg.copy()
         part.calibrate.rows = [start, stop]
-        atomic_write(dest.run(rid).config, config_mod.to_yaml(part))
+        dest.run(rid).write_config(config_mod.to_yaml(part))
         before = old.get(rid, CellState())
         manifest.cells[rid] = CellState(rows=[start, stop], state=before.state, submission_id=before.submission_id, attempts=before.attempts)
     dest.write_manifest(manifest)
@@ -185,6 +185,8 @@ def _histogram(df: pd.DataFrame, summary: dict, stem: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from isoflop_cli.fit.plots import write_figure
+
     samples = summary["samples"]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     edges = [(i - 0.5) / samples for i in range(samples + 2)]  # one bar per possible count of correct samples
@@ -202,10 +204,7 @@ def _histogram(df: pd.DataFrame, summary: dict, stem: Path) -> None:
     ax.set_ylabel("problems")
     ax.legend(fontsize=8)
     ax.set_title(f"{summary['calibrated']} problems calibrated")
-    fig.tight_layout()
-    for suffix in (".png", ".svg"):
-        fig.savefig(stem.with_suffix(suffix))
-    plt.close(fig)
+    write_figure(fig, stem)
 
 
 def finished_slices(dest: SweepDir) -> int:

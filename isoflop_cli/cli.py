@@ -32,7 +32,7 @@ from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, DEFAULT_MARGIN, Sche
 from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, watched
 from isoflop_cli.errors import ConfigError, LauncherError
 from isoflop_cli.processes import die_with_parent
-from isoflop_cli.store import FAILED, FINISHED, PAUSED, STOPPED, LeaseLost, RunFiles, SweepDir, disk_full_message, is_disk_full, read_json
+from isoflop_cli.store import FAILED, FINISHED, PAUSED, STOPPED, LeaseLost, RunFiles, SweepDir, disk_full_message, is_disk_full, no_world_writes, read_json
 
 app = typer.Typer(
     help="IsoFLOP sweeps of LLM RL post-training: plan a grid, run it as Ray jobs, fit the frontier.",
@@ -566,6 +566,7 @@ def race_pilot(
 def main() -> None:
     """The `isoflop` command: the app, with a full disk said as one line wherever it strikes (exit 1;
     partial files are removed where they were written, finished work is kept)."""
+    no_world_writes()
     try:
         app(prog_name="isoflop")
     except OSError as e:

@@ -35,7 +35,7 @@ from isoflop_cli.errors import ConfigError, HeadLost
 from isoflop_cli.fit.noise import variance_column
 from isoflop_cli.fit.schedule import SIGNAL, decide
 from isoflop_cli.joblog import job_message
-from isoflop_cli.store import FAILED, FINISHED, PAUSED, RETRYING, STOPPED, SUBMITTED, CellState, Failure, Manifest, RunFiles, SweepDir, SweepSchedule, atomic_write
+from isoflop_cli.store import FAILED, FINISHED, PAUSED, RETRYING, STOPPED, SUBMITTED, CellState, Failure, Manifest, RunFiles, SweepDir, SweepSchedule
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 # Set in a job's environment: `isoflop run` then dies with the job supervisor that started it, so
@@ -401,7 +401,7 @@ class Dispatcher:
         with contextlib.suppress(Exception):
             text = self.client.get_job_logs(submission_id)
             if self.log_sizes.get(run_id) != (submission_id, len(text)):
-                atomic_write(self.sweep.run(run_id).log, text)
+                self.sweep.run(run_id).write_log(text)
                 self.log_sizes[run_id] = (submission_id, len(text))
 
     def _failure(self, run_id: str, submission_id: str, job_state: str | None) -> str:

@@ -38,7 +38,7 @@ from omegaconf import DictConfig
 
 from isoflop_cli.errors import ConfigError, HeadError
 from isoflop_cli.processes import die_with_parent
-from isoflop_cli.store import Malformed, read_json, schema_fields, write_json
+from isoflop_cli.store import FILE_MODE, Malformed, read_json, schema_fields, write_json
 
 HEAD_FILE = "ray-head.json"
 # Ray's own tree, inside the head's temp dir: Ray makes its temp dir, session dir, sockets/ and logs/
@@ -148,7 +148,7 @@ def _start_head(cluster: DictConfig, info_file: Path, timeout_s: float = 180) ->
     nonce = secrets.token_hex(8)
     temp_dir = tempfile.mkdtemp(prefix="isoflop-ray-")  # short: Ray's unix sockets live under it
     write_json(Path(temp_dir) / TEMP_MARKER, {"info": str(info_file), "nonce": nonce})
-    with open(log_file, "w") as log:
+    with open(os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE), "w") as log:  # never world-writable
         proc = subprocess.Popen(
             [sys.executable, "-m", "isoflop_cli.head", "--cpus", str(cpus), "--info", str(info_file), "--temp-dir", temp_dir, "--nonce", nonce],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,

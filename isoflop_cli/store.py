@@ -12,6 +12,15 @@
 A run writes its own metrics.jsonl (appended and flushed per eval point) and status.json; the
 dispatcher owns the manifest and results. Both sides use this module and nothing else for files.
 
+Every file is written here (`atomic_write`, `_append`), into a directory opened component by
+component below the sweep dir without following a link (`_open_dir`): a link placed in the tree (a
+run dir pointing elsewhere) is refused, never written through; `SweepDir.check_tree` refuses one
+before a sweep computes anything. New files and directories get the umask's mode less o+w
+(FILE_MODE, DIR_MODE): readable by the team as the user's tools make them, never world-writable.
+
+A run's records carry its identity (`Identity`: its run id and its config's fingerprint), checked
+where they are read: a run dir copied from another cell or sweep is refused, not taken for this one.
+
 One attempt writes a run dir at a time (`RunFiles.take_lease`): the dispatcher starts a new
 attempt only when it believes the last one lost, but a lost node may still run it (a network
 partition, a head gone for less than the minute its workers outlive it). The new attempt writes a
@@ -27,13 +36,13 @@ repaired from that copy instead of silently losing eval points (`RunFiles.finish
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import json
 import math
 import os
 import socket
-import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -65,24 +74,87 @@ class LeaseLost(RuntimeError):
     """Another attempt of this run holds its directory now: this one stops without writing more."""
 
 
-def atomic_write(path: Path, data: str | bytes, durable: bool = True) -> None:
-    """`path` holds the old data or the new, never a mix. `durable`: on disk before the rename (an
-    fsync, ~1 ms), so that a crash of the machine cannot leave the file empty; what the next write
-    replaces anyway (a running run's progress) need not pay for it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+FILE_MODE = 0o664  # a new file's mode before the umask: 0644 under umask 022, never world-writable
+DIR_MODE = 0o775  # a new directory's likewise (0755 under 022)
+
+
+def atomic_write(path: Path, data: str | bytes, durable: bool = True, root: Path | None = None) -> None:
+    """`path` holds the old data or the new, never a mix: a temporary file in its directory, renamed
+    over it (a link at `path` is replaced, not followed). `root`: the tree `path` is confined to
+    (`_open_dir`). `durable`: on disk before the rename (an fsync, ~1 ms), so that a crash of the
+    machine cannot leave the file empty; what the next write replaces anyway (a running run's
+    progress) need not pay for it."""
+    directory = _open_dir(path.parent, root)
+    tmp = f".{path.name}.{uuid.uuid4().hex[:12]}"
     try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE, dir_fd=directory)
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             if durable:
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, path.name, src_dir_fd=directory, dst_dir_fd=directory)
     except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=directory)
         if is_disk_full(e) and not e.filename:  # say where: "disk full at PATH"
             raise OSError(e.errno, e.strerror, str(path)) from e
         raise
+    finally:
+        os.close(directory)
+
+
+def no_world_writes() -> None:
+    """The process's umask, and its children's (the Ray head, its jobs, the libraries that save a
+    checkpoint or a tracker's files), with o+w added: what they create follows the user's umask but
+    is never world-writable, as FILE_MODE and DIR_MODE are for isoflop's own writes."""
+    os.umask(os.umask(0) | 0o002)
+
+
+def make_dirs(path: Path) -> None:
+    """`path` and its missing parents, each of DIR_MODE (os.makedirs makes the parents 0777 less the
+    umask: world-writable under umask 000)."""
+    missing = []
+    while not os.path.lexists(path) and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, DIR_MODE)
+
+
+def _open_dir(path: Path, root: Path | None) -> int:
+    """A descriptor of directory `path`, made where missing. Below `root` (a sweep dir, or the dir a
+    single run's dir lies in) each component is opened without following a link: a write cannot
+    leave the tree, and a link or a file where a directory of it belongs is refused (ConfigError
+    naming it). Above `root`, links are the user's own (an --out on another disk)."""
+    if root is None or not path.is_relative_to(root):
+        make_dirs(path)
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    make_dirs(root)
+    fd, here = os.open(root, os.O_RDONLY | os.O_DIRECTORY), root
+    for part in path.relative_to(root).parts:
+        here = here / part
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, DIR_MODE, dir_fd=fd)
+            child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise not_own(here, root) from None
+            raise
+        os.close(fd)
+        fd = child
+    return fd
+
+
+def not_own(path: Path, root: Path) -> ConfigError:
+    """The refusal of a link (or another kind of file) where a directory or file of isoflop's tree
+    `root` belongs: writing through it would change files outside the sweep."""
+    kind = "a symbolic link" if path.is_symlink() else "not a directory"
+    return ConfigError(f"{path} is {kind} where {root}'s own files belong: isoflop writes a sweep's state only inside its own "
+                       "tree, never through a link; nothing was changed; move it aside and rerun")
 
 
 def is_disk_full(e: BaseException) -> bool:
@@ -94,8 +166,8 @@ def disk_full_message(e: OSError) -> str:
     return f"disk full at {where}: free space there and rerun the same command to resume (finished runs are kept)"
 
 
-def write_json(path: Path, obj: Any, durable: bool = True) -> None:
-    atomic_write(path, json.dumps(obj, indent=1) + "\n", durable)
+def write_json(path: Path, obj: Any, durable: bool = True, root: Path | None = None) -> None:
+    atomic_write(path, json.dumps(obj, indent=1) + "\n", durable, root)
 
 
 def read_json(path: Path, default: Any = None) -> Any:
@@ -105,13 +177,31 @@ def read_json(path: Path, default: Any = None) -> Any:
         return default
 
 
+@dataclass(frozen=True)
+class Identity:
+    """Which run a run dir's records belong to: its run id (its cell: what it computes, to which
+    budget) and its fingerprint (`config.identity.fingerprints`: what it computes, the same for every
+    budget of one trajectory, so a run continued from a smaller budget keeps its rows)."""
+
+    run_id: str
+    fingerprint: str
+
+
+IDENTITY_KEYS = ("run_id", "fingerprint")  # in status.json; each metrics and problems row carries the fingerprint
+
+
 class RunFiles:
     """The files of one run directory. With `holder` (the run's own, from `take_lease`), every write
-    first checks that this attempt still holds the directory's lease."""
+    first checks that this attempt still holds the directory's lease. With `identity`, every record
+    written carries it and every record read must match it (`_check_status`, `_check_rows`); without,
+    records are neither stamped nor checked (a calibration slice, a manifest of an older isoflop).
+    Writes stay inside `root` (`_open_dir`): the run's sweep dir, or the dir a single run's dir lies in."""
 
-    def __init__(self, run_dir: Path | str, holder: str | None = None):
+    def __init__(self, run_dir: Path | str, holder: str | None = None, identity: Identity | None = None, root: Path | str | None = None):
         self.dir = Path(run_dir)
         self.holder = holder
+        self.identity = identity
+        self.root = Path(root) if root is not None else run_root(self.dir)
         self.lease = self.dir / "lease.json"
         self.config = self.dir / "config.yaml"
         self.metrics = self.dir / "metrics.jsonl"
@@ -126,13 +216,12 @@ class RunFiles:
         Where the last holder may still run (marked running, and not a process of this host known
         dead), the new holder waits LEASE_GRACE_S after taking over: a write the old one began
         before it could see the new lease ends before this one reads or rewrites anything."""
-        self.dir.mkdir(parents=True, exist_ok=True)
         maybe_alive = self.lease.exists() and self.status().state == RUNNING and not self.process_gone()
         holder = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        write_json(self.lease, asdict(Lease(holder=holder, since=time.time())))
+        write_json(self.lease, asdict(Lease(holder=holder, since=time.time())), root=self.root)
         if maybe_alive:
             time.sleep(LEASE_GRACE_S)
-        return RunFiles(self.dir, holder)
+        return RunFiles(self.dir, holder, self.identity, self.root)
 
     def check_lease(self, cause: BaseException | None = None) -> None:
         """Raise LeaseLost (from `cause`, an error that may be the takeover's doing) where another
@@ -158,13 +247,41 @@ class RunFiles:
         fit its schema is refused (ConfigError naming the file), never taken for pending or for
         finished: either would rewrite or drop the run's records on a guess."""
         try:
-            return RunStatus.from_json(json.loads(self.status_file.read_text()))
+            status = RunStatus.from_json(json.loads(self.status_file.read_text()))
         except (FileNotFoundError, NotADirectoryError):
             return RunStatus()
         except (OSError, ValueError, RecursionError) as e:
             why = _unreadable(e)
             raise ConfigError(f"{self.status_file} is not a readable run status ({why}): nothing was changed; "
                               "fix it or move it aside (the run is then redone)") from None
+        self._check_status(status)
+        return status
+
+    def _check_status(self, status: RunStatus) -> None:
+        """status.json is this run's: of its fingerprint, and, once finished, of its run id (a run
+        continued from a smaller budget keeps the earlier run's paused status until it writes its
+        own). A status without an identity was written by an older isoflop, and is taken as it is."""
+        if self.identity is None or status.fingerprint is None:
+            return
+        if status.fingerprint != self.identity.fingerprint:
+            self._refuse(self.status_file, f"of another configuration (fingerprint {status.fingerprint[:12]}, this cell's {self.identity.fingerprint[:12]})")
+        if status.state == FINISHED and status.run_id != self.identity.run_id:
+            self._refuse(self.status_file, f"the finished record of run {status.run_id}")
+
+    def _check_rows(self, path: Path, rows: list[dict]) -> list[dict]:
+        """Rows of this run's fingerprint (rows without one were written by an older isoflop)."""
+        if self.identity is not None:
+            other = next((r["fingerprint"] for r in rows if r.get("fingerprint", self.identity.fingerprint) != self.identity.fingerprint), None)
+            if other is not None:
+                self._refuse(path, f"holds rows of another configuration (fingerprint {str(other)[:12]}, this cell's {self.identity.fingerprint[:12]})")
+        return rows
+
+    def _refuse(self, path: Path, what: str) -> NoReturn:
+        raise ConfigError(f"run {self.identity.run_id}: {path} is {what}, not this run's: nothing was changed; "
+                          f"move {self.dir} aside to run this cell again")
+
+    def _stamp(self) -> dict[str, str]:
+        return asdict(self.identity) if self.identity is not None else {}
 
     def set_status(self, state: str, *, durable: bool = True, **fields: Any) -> None:
         """With `pid`, its process's start time too: `process_gone` tells a reused pid from the run's."""
@@ -172,12 +289,12 @@ class RunFiles:
         if "pid" in fields:
             fields["pid_started"] = process_start(fields["pid"])
         write_json(self.status_file, {"version": STATUS_VERSION, "state": state, "updated": time.time(), "host": socket.gethostname(),
-                                      **fields}, durable)
+                                      **self._stamp(), **fields}, durable, self.root)
 
     def finish(self, rows: list[dict], **fields: Any) -> None:
         """Seal a finished run: its rows written whole, and a copy in status.json to repair from."""
         self.check_lease()
-        atomic_write(self.metrics, _jsonl(rows))
+        atomic_write(self.metrics, _jsonl(rows), root=self.root)
         self.set_status(FINISHED, rows=rows, **fields)
 
     def finished_rows(self) -> list[dict] | None:
@@ -201,8 +318,8 @@ class RunFiles:
             if kept != sealed[: len(kept)]:
                 raise ConfigError(f"{self.status_file} seals {len(sealed)} rows that {self.metrics} contradicts (its row {_first_difference(kept, sealed)}): "
                                   "nothing was changed; move the one that is wrong aside")
-            atomic_write(self.metrics, _jsonl(sealed))
-        return sealed
+            atomic_write(self.metrics, _jsonl(sealed), root=self.root)
+        return self._check_rows(self.status_file, sealed)
 
     def finished(self) -> bool:
         return self.finished_rows() is not None
@@ -237,30 +354,47 @@ class RunFiles:
     def reset_metrics(self) -> None:
         """A run that starts over starts its metrics (and per-problem records) over: no duplicated rows."""
         self.check_lease()
-        atomic_write(self.metrics, "")
+        atomic_write(self.metrics, "", root=self.root)
         self.problems.unlink(missing_ok=True)
 
     def keep_metrics(self, until_step: int) -> None:
         """A run resumed from a checkpoint at `until_step` drops the rows it wrote after it (it writes them again)."""
         self.check_lease()
-        atomic_write(self.metrics, _jsonl([row for row in self.read_metrics() if row["step"] <= until_step]))
-        atomic_write(self.problems, _jsonl([row for row in self.read_problems() if row["step"] <= until_step]))
+        atomic_write(self.metrics, _jsonl([row for row in self.read_metrics() if row["step"] <= until_step]), root=self.root)
+        atomic_write(self.problems, _jsonl([row for row in self.read_problems() if row["step"] <= until_step]), root=self.root)
 
     def append_metrics(self, row: dict) -> None:
         self.check_lease()
-        _append(self.metrics, row)
+        _append(self.metrics, {**row, **self._fingerprint()}, self.root)
 
     def append_problems(self, step: int, per_problem: list[tuple[str, int, int]]) -> None:
         """One eval point's validation problems: ids, correct samples, samples (written before its metrics row)."""
         self.check_lease()
         ids, correct, samples = zip(*per_problem) if per_problem else ((), (), ())
-        _append(self.problems, {"step": step, "problem_id": list(ids), "correct": list(correct), "samples": list(samples)})
+        _append(self.problems, {"step": step, "problem_id": list(ids), "correct": list(correct), "samples": list(samples), **self._fingerprint()},
+                self.root)
+
+    def _fingerprint(self) -> dict[str, str]:
+        return {"fingerprint": self.identity.fingerprint} if self.identity is not None else {}
 
     def read_problems(self) -> list[dict]:
-        return _read_jsonl(self.problems)
+        return self._check_rows(self.problems, _read_jsonl(self.problems))
 
     def read_metrics(self) -> list[dict]:
-        return _read_jsonl(self.metrics)
+        return self._check_rows(self.metrics, _read_jsonl(self.metrics))
+
+    def write_config(self, text: str) -> None:
+        """config.yaml: what the run's job runs (written by the sweep)."""
+        atomic_write(self.config, text, root=self.root)
+
+    def write_log(self, text: str) -> None:
+        """job.log: the job's log as its launcher keeps it (copied by the sweep)."""
+        atomic_write(self.log, text, root=self.root)
+
+
+def run_root(run_dir: Path) -> Path:
+    """The tree a run dir's writes stay in: its sweep dir (runs/<id>), else the dir it lies in."""
+    return run_dir.parent.parent if run_dir.parent.name == "runs" else run_dir.parent
 
 
 def checkpoint_gap(directory: Path) -> str | None:
@@ -304,9 +438,18 @@ def _first_difference(kept: list[dict], sealed: list[dict]) -> int:
     return next((i for i, (a, b) in enumerate(zip(kept, sealed)) if a != b), min(len(kept), len(sealed)))
 
 
-def _append(path: Path, row: dict) -> None:
+def _append(path: Path, row: dict, root: Path | None) -> None:
     """One line at the end of `path`, never through a link (it would append to another file)."""
-    with open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "a") as f:
+    directory = _open_dir(path.parent, root)
+    try:
+        fd = os.open(path.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE, dir_fd=directory)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise not_own(path, root or path.parent) from None
+        raise
+    finally:
+        os.close(directory)
+    with open(fd, "a") as f:
         f.write(json.dumps(row) + "\n")
         f.flush()
         os.fsync(f.fileno())
@@ -370,6 +513,7 @@ class CellState:
     failures: list[Failure] = field(default_factory=list)
     error: str | None = None  # why it failed for good
     continues: str | None = None  # the run of a smaller budget whose directory and checkpoint this cell took over
+    fingerprint: str | None = None  # what the run computes (`Identity`): its records must carry it; None where planned before isoflop kept it
     stopped_at: float | None = None  # the budget where the adaptive schedule stopped it (paused for the rest of the schedule)
     why: str | None = None  # the adaptive schedule's reason
 
@@ -383,7 +527,7 @@ class CellState:
             raise Malformed("it needs an integer M")
         values = schema_fields(data, {"axes": "object", "columns": "object", "M": "int", "eval_steps": "ints", "step_flops": "numbers",
                                 "rows": "ints", "state": "str", "submission_id": "str", "attempts": "int", "failures": "list",
-                                "error": "str", "continues": "str", "stopped_at": "number", "why": "str"})
+                                "error": "str", "continues": "str", "stopped_at": "number", "why": "str", "fingerprint": "str"})
         values["failures"] = [Failure(**schema_fields(_object("failures", f), {"attempt": "int", "reason": "str", "at": "number"}, required=True))
                               for f in values.get("failures", [])]
         cell = cls(**values)
@@ -558,6 +702,8 @@ class RunStatus:
     paused_at: float | None = None
     rows: list | None = None  # finished: the sealed eval points; a calibration slice running: its [start, stop]
     ledger: dict[str, float] = field(default_factory=dict)  # the ledger's values at `step` (rollouts, flops_total ...)
+    run_id: str | None = None  # whose record this is (`Identity`); None: written by an isoflop before identities
+    fingerprint: str | None = None
 
     @classmethod
     def from_json(cls, data: Any) -> RunStatus:
@@ -567,7 +713,7 @@ class RunStatus:
             raise Malformed("not a JSON object")
         data = {k: v for k, v in data.items() if v is not None}
         schema = {"version": "int", "state": "str", "updated": "number", "host": "str", "pid": "int", "pid_started": "int", "started": "number",
-                  "step": "int", "M": "int", "error": "str", "paused_at": "number", "rows": "list"}
+                  "step": "int", "M": "int", "error": "str", "paused_at": "number", "rows": "list", "run_id": "str", "fingerprint": "str"}
         values = schema_fields(data, schema)
         if "state" not in values:
             raise Malformed("no state")
@@ -609,9 +755,43 @@ class SweepDir:
         self.manifest_file = self.path / MANIFEST
         self.results_file = self.path / RESULTS
         self.config_file = self.path / "sweep.yaml"
+        self._fingerprints: dict[str, str] | None = None  # run id -> its cell's fingerprint, as the manifest has it
 
-    def run(self, run_id: str) -> RunFiles:
-        return RunFiles(self.path / "runs" / run_id)
+    def run(self, run_id: str, fingerprint: str | None = None) -> RunFiles:
+        """A run's files, checked against its cell's identity: `fingerprint`, else the manifest's
+        (a run id's fingerprint never changes: the one remembered is never stale)."""
+        if fingerprint is None:
+            if self._fingerprints is None:
+                self._fingerprints = {}
+                self._remember(self.manifest())
+            fingerprint = self._fingerprints.get(run_id)
+        identity = Identity(run_id, fingerprint) if fingerprint is not None else None
+        return RunFiles(self.path / "runs" / run_id, identity=identity, root=self.path)
+
+    def _remember(self, manifest: Manifest) -> None:
+        if self._fingerprints is not None:
+            self._fingerprints.update({rid: cell.fingerprint for rid, cell in manifest.cells.items() if cell.fingerprint is not None})
+
+    def check_tree(self) -> None:
+        """Before a sweep computes anything: no link where its own files are (the sweep dir, its
+        entries, runs/, each run dir and its entries), and no file where a run's directory belongs.
+        Writes check this too (`_open_dir`); refused here, nothing is written at all."""
+        for path in self._tree():
+            if path.is_symlink():
+                raise not_own(path, self.path)
+        runs = self.path / "runs"
+        for run_dir in (runs.iterdir() if runs.is_dir() else ()):
+            if not run_dir.is_dir():
+                raise not_own(run_dir, self.path)
+
+    def _tree(self):
+        yield self.path
+        for directory in (self.path, self.path / "runs"):
+            if directory.is_dir() and not directory.is_symlink():
+                for entry in directory.iterdir():
+                    yield entry
+                    if directory.name == "runs" and entry.is_dir() and not entry.is_symlink():
+                        yield from entry.iterdir()
 
     def manifest(self) -> Manifest:
         """The manifest, or an empty one where none is written yet. One that cannot be read is
@@ -627,7 +807,12 @@ class SweepDir:
                               "move it aside to rebuild it from the grid (finished runs in runs/ are found again)") from None
 
     def write_manifest(self, manifest: Manifest) -> None:
-        write_json(self.manifest_file, manifest.to_json())
+        write_json(self.manifest_file, manifest.to_json(), root=self.path)
+        self._remember(manifest)
+
+    def write_config(self, text: str) -> None:
+        """sweep.yaml: the resolved sweep config."""
+        atomic_write(self.config_file, text, root=self.path)
 
     def flops_scale(self) -> dict[str, float]:
         """Per model, the mean of measured / predicted-upper-bound FLOPs per step over finished runs:
@@ -653,11 +838,12 @@ class SweepDir:
             rows = files.finished_rows() or (files.read_metrics() if files.status().state == PAUSED else None)
             if rows:
                 meta = pd.DataFrame([{"run_id": run_id, **cell.columns}] * len(rows))
-                frames.append(pd.concat([meta, pd.DataFrame(rows).drop(columns=meta.columns, errors="ignore")], axis=1))
+                eval_points = pd.DataFrame(rows).drop(columns=[*meta.columns, *IDENTITY_KEYS], errors="ignore")
+                frames.append(pd.concat([meta, eval_points], axis=1))
         df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
         if not df.empty:
             df = df.sort_values(["run_id", "step"]).reset_index(drop=True)
-        atomic_write(self.results_file, df.to_parquet(index=False))
+        atomic_write(self.results_file, df.to_parquet(index=False), root=self.path)
         self._collect_problems(df)
         return df
 
@@ -672,7 +858,7 @@ class SweepDir:
                     frames.append(pd.DataFrame({"run_id": run_id, **row}))
         df = pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
         df = df.drop_duplicates(["run_id", "step", "problem_id"], keep="last")  # an eval point redone after a crash
-        atomic_write(self.path / PROBLEMS, df.to_parquet(index=False))
+        atomic_write(self.path / PROBLEMS, df.to_parquet(index=False), root=self.path)
 
 
 def load_results(path: Path | str) -> pd.DataFrame:

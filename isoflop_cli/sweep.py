@@ -22,7 +22,8 @@ from isoflop_cli import grid as grid_mod
 from isoflop_cli.config.schema import Schedule
 from isoflop_cli.dispatch import Dispatcher, nothing_to_run, sweep_lock
 from isoflop_cli.errors import ConfigError
-from isoflop_cli.store import FINISHED, PAUSED, CellState, Infeasible, Manifest, SweepDir, SweepSchedule, atomic_write
+from isoflop_cli.config import identity
+from isoflop_cli.store import FINISHED, PAUSED, CellState, Infeasible, Manifest, SweepDir, SweepSchedule
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -42,11 +43,32 @@ def load(config: str | None, overrides: list[str], out: Path) -> tuple[Any, list
 
 
 def check(out: Path, cfg, cells: list[grid_mod.Cell]) -> SweepDir:
-    """Before anything is written: every run's config can run, the cluster can take its jobs, and
-    OUT/<name> is a writable directory (the sweep dir returned)."""
+    """Before anything is written: every run's config can run, the cluster can take its jobs,
+    OUT/<name> is a writable directory whose tree holds no link (`SweepDir.check_tree`), and the
+    records its run dirs hold are of their cells (`check_records`); the sweep dir returned."""
     config_mod.check_runnable(grid_mod.run_configs(cells))
     launchers.of(cfg.cluster).check()
-    return SweepDir(config_mod.check_writable(out / cfg.name))
+    SweepDir(out / cfg.name).check_tree()
+    sweep_dir = SweepDir(config_mod.check_writable(out / cfg.name))
+    check_records(sweep_dir, cells)
+    return sweep_dir
+
+
+def fingerprint(cell: grid_mod.Cell, cfg=None) -> str:
+    """The cell's fingerprint, as its run computes it (`recipe.trainer.train`): what it computes,
+    its ledger column and learning rate. `cfg`: the cell's config where made already."""
+    return identity.fingerprints(cfg or cell.cfg, cell.plan.column, cell.plan.lr, None)[0]
+
+
+def check_records(sweep_dir: SweepDir, cells: list[grid_mod.Cell]) -> None:
+    """A run dir of this grid that holds records holds its cell's (status.json, metrics and problem
+    rows): one copied from another cell or sweep is refused before prepare rewrites its config."""
+    for cell in cells:
+        if cell.feasible and sweep_dir.run(cell.run_id).status_file.exists():
+            files = sweep_dir.run(cell.run_id, fingerprint(cell))
+            files.status()
+            files.read_metrics()
+            files.read_problems()
 
 
 def continuations(sweep_dir: SweepDir, cells: list[grid_mod.Cell], extend: bool) -> list[continuation.Continuation]:
@@ -98,10 +120,11 @@ def prepare(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued: lis
     and every cell the dir already held (`check_same_grid` has refused an unasked merge); the cells
     that continue an earlier run take over its directory."""
     old = sweep_dir.manifest().cells
-    atomic_write(sweep_dir.config_file, config_mod.to_yaml(cfg))
+    sweep_dir.write_config(config_mod.to_yaml(cfg))
     continues = {c.new: c.old for c in continued}
     manifest = Manifest(name=cfg.name, schedule=schedule_entry(cfg, cells),
                         cells={rid: cell for rid, cell in old.items() if rid not in continues.values()})
+    configs = {}  # run id -> its config.yaml, written once the manifest names the cell
     for cell in cells:
         if not cell.feasible:
             manifest.infeasible.append(Infeasible(axes=cell.axes, reason=cell.reason))
@@ -110,15 +133,16 @@ def prepare(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued: lis
             before = old[cell.run_id]
         else:
             before = CellState(state=PAUSED, continues=continues[cell.run_id]) if cell.run_id in continues else CellState()
+        run_cfg = cell.cfg
+        configs[cell.run_id] = config_mod.to_yaml(run_cfg)
         manifest.cells[cell.run_id] = CellState(
             axes=cell.axes, columns=run_columns(cell), M=cell.plan.M, eval_steps=list(cell.plan.eval_steps),
-            step_flops=list(cell.plan.step_bound), state=before.state,
+            step_flops=list(cell.plan.step_bound), state=before.state, fingerprint=fingerprint(cell, run_cfg),
             submission_id=before.submission_id, attempts=before.attempts, failures=before.failures, continues=before.continues)
     sweep_dir.write_manifest(manifest)
     continuation.take_over(sweep_dir, manifest)
-    for cell in cells:
-        if cell.feasible:
-            atomic_write(sweep_dir.run(cell.run_id).config, config_mod.to_yaml(cell.cfg))
+    for run_id, text in configs.items():
+        sweep_dir.run(run_id).write_config(text)
 
 
 class View:

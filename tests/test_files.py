@@ -106,7 +106,7 @@ def test_a_lock_path_that_is_not_a_regular_file_is_refused_and_nothing_changes(t
     result = runner.invoke(app, ["sweep", "--out", str(tmp_path), *TINY, "grid.budgets=[16]"])
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]  # after the plan on stdout
     assert result.exit_code == 2 and errors == [result.output.strip().splitlines()[-1]], result.output
-    assert f".lock is a {'symbolic link' if kind == 'symlink' else 'directory'} where the sweep dir's lock file belongs" in errors[0]
+    assert (".lock is a symbolic link where" if kind == "symlink" else ".lock is a directory where the sweep dir's lock file belongs") in errors[0]
     assert target.read_text() == "precious\n" and sorted(p.name for p in sweep_dir.iterdir()) == [".lock"]
 
 

@@ -234,3 +234,68 @@ def test_a_rerun_keeps_each_cells_attempts_and_their_reasons(tmp_path):
     prepare(sweep, cfg, cells)
     cell = sweep.manifest().cells[cells[0].run_id]
     assert (cell.attempts, cell.submission_id, cell.failures) == (2, "isoflop-x-2", [failure])
+
+
+def test_a_link_in_a_sweeps_tree_is_refused_before_compute_and_nothing_is_written_through_it(tmp_path):
+    """Once: a run dir that was a link had the sweep write config, metrics, status and log into its
+    target. Variant: runs/ itself is the link (and a state file of a real run dir, for the writers)."""
+    from test_head import TINY
+
+    elsewhere, out = tmp_path / "elsewhere", tmp_path / "out"
+    elsewhere.mkdir()
+    (out / "default").mkdir(parents=True)
+    (out / "default" / "runs").symlink_to(elsewhere, target_is_directory=True)
+    result = runner.invoke(app, ["sweep", "--out", str(out), *TINY, "grid.budgets=[16]"])
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 2 and len(errors) == 1 and f"{out / 'default' / 'runs'} is a symbolic link where" in errors[0], result.output
+    assert list(elsewhere.iterdir()) == [] and sorted(p.name for p in (out / "default").iterdir()) == ["runs"]
+    sweep = SweepDir(out / "default")
+    files = sweep.run("a")
+    for write in (lambda: files.set_status(RUNNING), lambda: files.append_metrics({"step": 0}), lambda: files.write_config("x: 1\n")):
+        with pytest.raises(ConfigError, match="is a symbolic link where"):
+            write()
+    assert list(elsewhere.iterdir()) == []
+    (out / "default" / "runs").unlink()
+    files.set_status(RUNNING)
+    precious = tmp_path / "precious.jsonl"
+    precious.write_text("precious\n")
+    files.metrics.symlink_to(precious)
+    with pytest.raises(ConfigError, match="metrics.jsonl is a symbolic link"):
+        sweep.check_tree()
+    with pytest.raises(ConfigError, match="metrics.jsonl is a symbolic link"):
+        files.append_metrics({"step": 0})
+    assert precious.read_text() == "precious\n"
+
+
+def test_a_run_dir_holding_another_cells_records_is_refused_and_left_as_it_is(tmp_path):
+    """Once: another sweep's run dir copied under this run id was collected as this cell's curve.
+    Variant: run dirs swapped between two cells of one sweep, and a finished run of the same
+    trajectory under another run id (another budget); a run continued from a smaller budget keeps
+    the earlier run's paused record (same fingerprint) and is read."""
+    sweep = SweepDir(tmp_path)
+    cells = {rid: CellState(columns={"n": n, "B_p": 2}, M=4, fingerprint=fp) for rid, n, fp in (("a", 2, "f-two"), ("b", 4, "f-four"), ("c", 2, "f-two"))}
+    sweep.write_manifest(Manifest(cells=cells))
+    for rid in ("a", "b"):
+        files = sweep.run(rid)
+        for row in ROWS:
+            files.append_metrics(row)
+        files.finish(files.read_metrics(), step=4, M=4)
+    assert all(row["fingerprint"] == "f-two" for row in sweep.run("a").read_metrics())
+    runs = tmp_path / "runs"
+    runs.joinpath("a").rename(runs / "x")
+    runs.joinpath("b").rename(runs / "a")
+    runs.joinpath("x").rename(runs / "b")
+    before = (runs / "a" / "status.json").read_bytes()
+    with pytest.raises(ConfigError) as refused:
+        sweep.collect()
+    assert str(refused.value).startswith("run a: ") and "another configuration (fingerprint f-four, this cell's f-two)" in str(refused.value)
+    assert (runs / "a" / "status.json").read_bytes() == before and not sweep.results_file.exists()
+    shutil.copytree(runs / "b", runs / "c")  # run b's directory holds a's records (f-two) again: c has a's fingerprint, not its run id
+    with pytest.raises(ConfigError, match="run c: .* is the finished record of run a, not this run's"):
+        sweep.run("c").finished_rows()
+    sweep.run("c").set_status("paused", step=2)
+    status = json.loads((runs / "c" / "status.json").read_text())
+    assert (status["run_id"], status["fingerprint"]) == ("c", "f-two")
+    with open(runs / "c" / "status.json", "w") as f:
+        json.dump({**status, "run_id": "a"}, f)  # the earlier run's paused record, as a continuation takes its dir over
+    assert sweep.run("c").status().state == "paused" and len(sweep.run("c").read_metrics()) == 3

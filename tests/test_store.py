@@ -130,3 +130,45 @@ def test_one_attempt_writes_a_run_dir_and_waits_only_where_the_last_may_still_ru
     with pytest.raises(store.LeaseLost):
         third.append_metrics({"step": 2})
     files.set_status(FINISHED)  # the sweep's side holds no lease and is never refused
+
+
+def test_every_output_file_replaces_a_link_at_its_path_instead_of_writing_through_it(tmp_path):
+    """Once: fit's frontier.png and the replay and race plots overwrote a link's target. Variant:
+    the SVG of a figure, and a results file, each a link to a file that must stay as it was."""
+    import matplotlib.pyplot as plt
+
+    from isoflop_cli.fit.plots import save
+
+    precious = tmp_path / "precious"
+    precious.write_text("precious\n")
+    for name in ("race.svg", "results.parquet"):
+        (tmp_path / name).symlink_to(precious)
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4])
+    written = save(fig, tmp_path / "race")
+    atomic_write(tmp_path / "results.parquet", b"PAR1")
+    assert precious.read_text() == "precious\n"
+    for path in (*written, tmp_path / "results.parquet"):
+        assert path.is_file() and not path.is_symlink()
+    assert (tmp_path / "race.svg").read_text().lstrip().startswith("<?xml")
+
+
+@pytest.mark.parametrize("umask", [0o027, 0o000])
+def test_files_and_dirs_follow_the_umask_and_are_never_world_writable(tmp_path, umask):
+    """Once: under umask 000 the sweep dir, runs/ and each run dir were 0777, and results made by
+    mkstemp were 0600 whatever the umask (teammates could not read them). Variant: umask 027 gives
+    0640 files and 0750 dirs; umask 000 leaves out o+w only."""
+    previous = os.umask(umask)
+    try:
+        sweep = SweepDir(tmp_path / "out" / "sweep")
+        sweep.write_manifest(Manifest(cells={"a": CellState(columns={"n": 2, "B_p": 4})}))
+        files = sweep.run("a")
+        files.append_metrics({"step": 0, "rollouts": 0})
+        files.set_status(FINISHED)
+        sweep.collect()
+    finally:
+        os.umask(previous)
+    made = [tmp_path / "out", sweep.path, sweep.path / "runs", files.dir, sweep.manifest_file, sweep.results_file, files.metrics, files.status_file]
+    modes = {p.name: p.stat().st_mode & 0o777 for p in made}
+    want = {True: 0o777 & ~umask & ~0o002, False: 0o666 & ~umask & ~0o002}
+    assert modes == {p.name: want[p.is_dir()] for p in made}

@@ -25,6 +25,7 @@ from isoflop_cli.errors import ConfigError
 from isoflop_cli.flops import PROJECTIONS, Shape, UnsupportedModel
 from isoflop_cli.rewards import REWARDS, load_function
 from isoflop_cli.samplers import SAMPLERS
+from isoflop_cli.store import make_dirs
 from isoflop_cli.tasks.arith import ALPHABET
 from isoflop_cli.tracking import BACKENDS, writes_dir
 
@@ -488,10 +489,12 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 def check_writable(out: Path) -> Path:
-    """Create `out` if needed; fail fast if results could not be written there."""
-    out = out.expanduser().resolve()
+    """Create `out` if needed (`store.make_dirs`: never world-writable); fail fast if results could
+    not be written there. Absolute, with links left unresolved: a sweep's writes below it refuse a
+    link (`store._open_dir`) that resolving here would have followed."""
+    out = Path(os.path.abspath(out.expanduser()))
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        make_dirs(out)
     except OSError as e:
         raise ConfigError(f"output dir {out} is not writable: {e.strerror}") from None
     try:  # a real write: root ignores mode bits, and a read-only mount or a full disk says so only here

@@ -3,6 +3,7 @@ fits, axis*(C) with its law, isoFLOP slices with their parabolas, ScaleRL curves
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -15,17 +16,25 @@ import pandas as pd  # noqa: E402
 from isoflop_cli.fit.curves import sigmoid  # noqa: E402
 from isoflop_cli.fit.data import FitSpec, MethodResult, plain  # noqa: E402
 from isoflop_cli.fit.frontier import axis_curves  # noqa: E402
+from isoflop_cli.store import atomic_write  # noqa: E402
 
 
 def save(fig: plt.Figure, out: Path) -> list[Path]:
-    """Every plot's finish: a light grid on each axes, then PNG and SVG."""
+    """Every plot's finish: a light grid on each axes, then PNG and SVG (`write_figure`)."""
     for ax in fig.axes:
         ax.grid(alpha=0.3, which="both")
+    return write_figure(fig, out)
+
+
+def write_figure(fig: plt.Figure, out: Path) -> list[Path]:
+    """`out`.png and .svg, each rendered in memory and written by the store's one writer (a link at
+    its path is replaced, never written through; a kill leaves the old plot or the new)."""
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
     paths = [out.with_suffix(".png"), out.with_suffix(".svg")]
     for p in paths:
-        fig.savefig(p)
+        image = io.BytesIO()
+        fig.savefig(image, format=p.suffix[1:])
+        atomic_write(p, image.getvalue())
     plt.close(fig)
     return paths
 

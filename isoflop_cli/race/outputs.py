@@ -26,7 +26,6 @@ CAVEAT = ("The pilot identifies a regime; it does not guarantee a held-out gain.
 
 
 def write(report: dict, data: Data, out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
     write_json(out / "regime.json", jsonable(report))
     plots = plot(report, data, out / "race")
     atomic_write(out / "race.md", markdown(report, [p.name for p in plots if p.suffix == ".png"]))
