@@ -21,6 +21,13 @@ class Algorithm:
     loss_agg: str = "token-mean"  # how per-token losses add up (LOSS_AGGS; Dr. GRPO: a constant normaliser)
 
     @property
+    def min_n(self) -> int:
+        """The fewest completions per prompt that carry a learning signal: a group-relative advantage
+        is a completion's reward against its group's, always 0 in a group of one (whose learning
+        FLOPs would be charged for nothing); a value head's advantage needs no group."""
+        return 2 if self.advantage == "group" else 1
+
+    @property
     def value_head(self) -> bool:
         """GAE needs a value estimate per token: a head on the policy, trained beside it."""
         return self.advantage == "gae"

@@ -334,3 +334,13 @@ def test_a_named_pipe_as_a_data_file_is_refused_not_waited_on(tmp_path):
 def test_arithmetic_sizes_beyond_any_model_are_refused_at_once(override, needle):
     """task.digits=[50000000] or task.operands=1e8 never returned; task.digits=[400] was an OverflowError."""
     one_error(runner.invoke(app, ["plan", override]), needle)
+
+
+def test_a_group_relative_algorithm_refuses_groups_of_one(tmp_path):
+    """Once: n=1 with grpo planned and charged learning FLOPs for groups whose advantage is always 0.
+    Variant: a group-relative algorithm (cispo) on an axis beside one with a value head (ppo), and
+    a single run of dr_grpo; ppo alone takes n=1."""
+    one_error(runner.invoke(app, ["plan", "+grid.axes={algo.name:[ppo,cispo]}", "grid.n=[1,4]"]), "grid.n=1 with algo.name=cispo: its advantages are relative")
+    one_error(runner.invoke(app, ["run", "n=1", "algo.name=dr_grpo", "--out", str(tmp_path / "r")]), "a group of 1 has no learning signal")
+    assert not (tmp_path / "r").exists()
+    assert runner.invoke(app, ["plan", "algo.name=ppo", "grid.n=[1,4]"]).exit_code == 0

@@ -112,6 +112,8 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
                           f"{ALGORITHMS[cfg.algo.name].advantage}'s (leave it null)")
     if cfg.algo.loss_agg is not None:
         check_choice("algo.loss_agg", cfg.algo.loss_agg, LOSS_AGGS)
+    if not (axes and "algo.name" in cfg.grid.axes):  # an algorithm on an axis: each of its cells is checked (grid.expand)
+        _check_group(cfg)
     positive("task.max_new_tokens", cfg.task.max_new_tokens)
     if cfg.eval.problems > MAX_EVAL_PROBLEMS:
         raise ConfigError(f"eval.problems must be <= {MAX_EVAL_PROBLEMS:,} (every eval point samples eval.samples completions of each), got {cfg.eval.problems}")
@@ -481,6 +483,17 @@ def check_vllm(python: str | None) -> None:
                            capture_output=True)
     if probe.returncode:
         raise ConfigError(f"sampler=vllm needs vLLM in cluster.python ({python}): it does not import there")
+
+
+def _check_group(cfg: DictConfig) -> None:
+    """Every n the config runs (a run's, the grid's) gives its algorithm a signal (`Algorithm.min_n`)."""
+    need = ALGORITHMS[cfg.algo.name].min_n
+    for name, values in (("n", [cfg.n]), ("grid.n", cfg.grid.n)):
+        short = [v for v in values if v < need]
+        if short:
+            raise ConfigError(f"{name}={short[0]} with algo.name={cfg.algo.name}: its advantages are relative to each prompt's group of "
+                              f"n completions, and a group of {short[0]} has no learning signal (its advantage is always 0) yet would be "
+                              f"charged learning FLOPs; use n >= {need}, or an algorithm with a value head (ppo)")
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
