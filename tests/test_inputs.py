@@ -344,3 +344,41 @@ def test_a_group_relative_algorithm_refuses_groups_of_one(tmp_path):
     one_error(runner.invoke(app, ["run", "n=1", "algo.name=dr_grpo", "--out", str(tmp_path / "r")]), "a group of 1 has no learning signal")
     assert not (tmp_path / "r").exists()
     assert runner.invoke(app, ["plan", "algo.name=ppo", "grid.n=[1,4]"]).exit_code == 0
+
+
+def test_an_eval_point_given_twice_is_refused_by_every_reader_of_results(tmp_path):
+    """Once: race-pilot --from-results read duplicated (run_id, step) rows that fit and replay
+    refused. Variant: a CSV whose second run repeats its last step, read by all three."""
+    rows = {"run_id": ["a", "a", "b", "b", "b"], "step": [0, 2, 0, 2, 2], "n": [2, 2, 4, 4, 4], "reward": ["sparse"] * 5,
+            "rollouts": [0, 8, 0, 8, 8], "flops_total": [0.0, 1e9, 0.0, 1e9, 1e9], "rho": [0.3] * 5, "val_native": [0.1, 0.2, 0.1, 0.3, 0.3],
+            "val_avg@k": [0.1, 0.2, 0.1, 0.3, 0.3]}
+    path = _results(tmp_path, "twice.csv", **rows)
+    for command in (["fit", path, "--out", str(tmp_path / "fit")], ["replay", path], ["race-pilot", "--from-results", path]):
+        one_error(runner.invoke(app, command), "twice.csv: run b has step 2 twice: each eval point once")
+
+
+def test_a_sweep_dirs_results_must_be_its_manifests_runs(tmp_path):
+    """Once: results.parquet replaced by another sweep's was fitted under this sweep's name. Variant:
+    this sweep's run ids with another sweep's axis values, and a run the manifest does not hold."""
+    from isoflop_cli.fit import data as fit_data
+    from isoflop_cli.store import FINISHED, CellState, Manifest, SweepDir
+
+    def sweep(path, ns):
+        sweep_dir = SweepDir(path)
+        sweep_dir.write_manifest(Manifest(cells={f"r{n}": CellState(columns={"n": n, "B_p": 2, "model": "tiny"}) for n in ns}))
+        for n in ns:
+            files = sweep_dir.run(f"r{n}")
+            for step in range(4):
+                files.append_metrics({"step": step, "rollouts": 16 * n * step, "val_avg@k": 0.1 * step / n})
+            files.set_status(FINISHED)
+        sweep_dir.collect()
+        return sweep_dir
+
+    ours, theirs = sweep(tmp_path / "ours", [2, 4]), sweep(tmp_path / "theirs", [2, 4])
+    assert len(fit_data.read(ours.path)) == 8  # its own results read
+    relabelled = pd.read_parquet(theirs.results_file).assign(n=lambda df: df["n"] * 2)
+    relabelled.to_parquet(ours.results_file, index=False)
+    one_error(runner.invoke(app, ["fit", str(ours.path), "--out", str(tmp_path / "fit")]),
+              f"run r2 has n 4 where its cell in {ours.manifest_file} has 2: these are not this sweep's results")
+    pd.read_parquet(theirs.results_file).replace({"run_id": {"r4": "r8"}}).to_parquet(ours.results_file, index=False)
+    one_error(runner.invoke(app, ["replay", str(ours.path)]), f"run r8 is not a cell of {ours.manifest_file}")

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from isoflop_cli.errors import ConfigError
-from isoflop_cli.store import RESULTS, load_results
+from isoflop_cli.store import RESULTS, SweepDir, load_results
 
 RUN = "_run"  # the run key: run_id made unique per input, or the row for files without run_id
 
@@ -71,7 +71,9 @@ def input_file(path: Path) -> Path:
 
 
 def read(path: Path) -> pd.DataFrame:
-    """One results input (a sweep directory, parquet or CSV); a bad path is the user's error."""
+    """One results input (a sweep directory, parquet or CSV), as fit, replay and race-pilot read it:
+    a bad path is the user's error, and so are rows that do not name their run, an eval point given
+    twice, and a sweep dir's results that are not its manifest's runs (`of_sweep`)."""
     if not path.exists():
         raise ConfigError(f"no such file or directory: {path}")
     if path.is_dir() and not (path / RESULTS).exists():
@@ -79,9 +81,55 @@ def read(path: Path) -> pd.DataFrame:
     if input_file(path).is_dir():
         raise ConfigError(f"{input_file(path)} is a directory, not a results file (a parquet or CSV)")
     try:
-        return load_results(path)
+        df = load_results(path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path}: cannot read results ({e})") from None
+    if "run_id" in df.columns:
+        named_runs(df, path)
+        one_row_per_eval_point(df, path)
+    if path.is_dir():
+        of_sweep(df, path)
+    return df
+
+
+def one_row_per_eval_point(df: pd.DataFrame, path: Path) -> None:
+    """Each (run_id, step) once: a row twice counts twice in every fit, bootstrap and regime."""
+    if "step" in df.columns and df.duplicated(["run_id", "step"]).any():
+        row = df[df.duplicated(["run_id", "step"])].iloc[0]
+        raise ConfigError(f"{path}: run {row['run_id']} has step {row['step']} twice: each eval point once (a row twice counts twice in every fit)")
+
+
+def of_sweep(df: pd.DataFrame, path: Path) -> None:
+    """The results.parquet of a sweep dir are its manifest's runs: each run_id a cell of it, with that
+    cell's axis values (n, B_p, model, seed ...). Results of another sweep put in its place are
+    refused, never fitted under this sweep's name. A dir without a manifest is only a folder of results."""
+    sweep = SweepDir(path)
+    if not sweep.manifest_file.exists():
+        return
+    cells = sweep.manifest().cells
+    if "run_id" not in df.columns:
+        raise ConfigError(f"{sweep.results_file}: no run_id column, so its rows cannot be checked against {sweep.manifest_file}")
+    for run_id, rows in df.groupby(df["run_id"].astype(str), sort=False):
+        cell = cells.get(run_id)
+        if cell is None:
+            raise ConfigError(f"{sweep.results_file}: run {run_id} is not a cell of {sweep.manifest_file}: these are not this sweep's results "
+                              "(rerun the sweep to collect them again)")
+        for column, value in cell.columns.items():
+            other = next((v for v in rows[column].unique() if not _same(v, value)), None) if column in rows.columns and _scalar(value) else None
+            if other is not None:
+                raise ConfigError(f"{sweep.results_file}: run {run_id} has {column} {other} where its cell in {sweep.manifest_file} has {value}: "
+                                  "these are not this sweep's results (rerun the sweep to collect them again)")
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """A results value is its cell's: numbers equal as numbers (a parquet column may widen an int)."""
+    if isinstance(b, str) or isinstance(a, str):
+        return str(a) == str(b)
+    return bool(np.isclose(float(a), float(b), rtol=1e-12, atol=0))
 
 
 def load(paths: list[Path]) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -100,10 +148,6 @@ def load(paths: list[Path]) -> tuple[pd.DataFrame, dict[str, Any]]:
         if same is not path:
             raise ConfigError(f"{path} holds the same results as {same}: give each input once")
         if "run_id" in df.columns:
-            named_runs(df, path)
-            if "step" in df.columns and df.duplicated(["run_id", "step"]).any():
-                row = df[df.duplicated(["run_id", "step"])].iloc[0]
-                raise ConfigError(f"{path}: run {row['run_id']} has step {row['step']} twice: each eval point once (a row twice counts twice in every fit)")
             for run_id in df["run_id"].astype(str).unique():
                 first = seen_runs.setdefault(run_id, path)
                 if first is not path:

@@ -77,7 +77,6 @@ def read_results(path: Path) -> pd.DataFrame:
     missing = [c for c in ("run_id", "flops_total") if c not in df.columns]
     if missing:
         raise ConfigError(f"{path}: no column {', '.join(missing)} (RACE reads isoflop results: run_id, reward, rho, flops_total, the target)")
-    fit_data.named_runs(df, path)
     if "reward" in df.columns and df["reward"].isna().any():  # it would be a reward system named "nan"
         raise ConfigError(f"{path}: reward is empty in row {int(np.flatnonzero(df['reward'].isna())[0])}: every row names its run's reward")
     rho = {"rho": fit_data.numbers(df, "rho", path)} if "rho" in df.columns else {}  # its absence is said with the target's
