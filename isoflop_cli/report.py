@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,9 +14,10 @@ from rich.text import Text
 
 from isoflop_cli.config.schema import BudgetUnit
 from isoflop_cli.grid import Cell
-from isoflop_cli.store import FAILED, FINISHED, KILLED, PAUSED, PENDING, RETRYING, RUNNING, STOPPED, SUBMITTED, CellState, SweepDir
+from isoflop_cli.store import FAILED, FINISHED, KILLED, MISSING, PAUSED, PENDING, RETRYING, RUNNING, STOPPED, SUBMITTED, CellState, SweepDir
 
-STATE_STYLE = {"finished": "green", "running": "cyan", "submitted": "yellow", "failed": "red", "stopped": "magenta", "killed": "red", "paused": "blue", "retrying": "yellow"}
+STATE_STYLE = {"finished": "green", "running": "cyan", "submitted": "yellow", "failed": "red", "stopped": "magenta", "killed": "red", "paused": "blue", "retrying": "yellow",
+               "missing": "red"}
 
 
 def plan_records(cells: list[Cell]) -> list[dict]:
@@ -127,8 +129,13 @@ def run_state(sweep: SweepDir, run_id: str, cell: CellState) -> tuple[str, str]:
 
     Sealed records make a run finished; otherwise the sweep's word (failed, stopped: the dispatcher
     saw the job end) outranks the run's own status file, which a killed run cannot update. A run
-    still marked running whose process on this host is gone was killed."""
+    still marked running whose process on this host is gone was killed. A cell the sweep has
+    started whose run dir is gone or is not a directory, or that it saw finish and whose records
+    are gone since, is missing: the manifest's word is not taken for records that are not there."""
     files = sweep.run(run_id)
+    if cell.state != PENDING and (files.dir.is_symlink() or not files.dir.is_dir()):
+        what = "is gone" if not os.path.lexists(files.dir) else "is a symbolic link" if files.dir.is_symlink() else "is not a directory"
+        return MISSING, f"its run dir {files.dir} {what}; move whatever is there aside and the next sweep runs it again"
     if files.finished():
         return FINISHED, ""
     status = files.status()
@@ -149,6 +156,8 @@ def run_state(sweep: SweepDir, run_id: str, cell: CellState) -> tuple[str, str]:
         return RUNNING, ""
     if own == FINISHED:  # marked finished, records not whole: the sweep redoes it
         return known if known != FINISHED else PENDING, "its metrics are torn; the next sweep resumes it"
+    if known == FINISHED:  # the sweep saw it finish; its status is gone since
+        return MISSING, f"{files.status_file} is gone: its records are lost; the next sweep runs it again"
     return known, ""
 
 
@@ -243,7 +252,7 @@ def cluster_line(states: dict[str, int], rate: float, left: float) -> Text:
     """The sweep at a glance: runs per state; rollouts/s over the running runs (each its rollouts
     over its wall time so far); the time left if the rest ran at that rate (a rough bound while
     few runs have started)."""
-    order = (RUNNING, SUBMITTED, PENDING, RETRYING, PAUSED, FAILED, KILLED, STOPPED, FINISHED)
+    order = (RUNNING, SUBMITTED, PENDING, RETRYING, PAUSED, FAILED, KILLED, MISSING, STOPPED, FINISHED)
     counts = ", ".join(f"{states[s]} {s}" for s in order if states.get(s))
     line = f"runs: {counts}"
     if rate > 0:

@@ -64,6 +64,7 @@ CHECKPOINT_FILES = "files.json"  # the file a whole checkpoint ends with: each o
 PENDING, SUBMITTED, RUNNING, FINISHED, FAILED, STOPPED = "pending", "submitted", "running", "finished", "failed", "stopped"
 PAUSED = "paused"  # an adaptive sweep's cell stopped at a budget, its checkpoint kept to continue from
 KILLED = "killed"  # shown by `status` only: marked running, its process gone
+MISSING = "missing"  # shown by `status` only: a cell the sweep ran whose run dir or records are gone (or not a directory)
 RETRYING = "retrying"  # its job failed for a reason that may pass (a lost node, a killed process): resubmitted after a wait
 
 

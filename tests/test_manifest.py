@@ -134,3 +134,24 @@ def test_a_manifest_that_cannot_be_opened_is_refused_too(tmp_path):
     with pytest.raises(ConfigError, match="is not a readable sweep manifest"):
         sweep.manifest()
     assert SweepDir(tmp_path / "new").manifest() == Manifest()  # none yet: a new sweep dir
+
+
+def test_status_looks_at_each_runs_dir_not_only_at_the_manifest(tmp_path):
+    """Once: a deleted run dir, or a file in its place, still showed 'finished'. Variant: a finished
+    cell whose status.json alone is gone, a running cell whose dir is a file, a submitted cell
+    whose dir is gone; a pending cell (nothing run yet) stays pending."""
+    from isoflop_cli.store import MISSING, PENDING, RUNNING, SUBMITTED
+
+    sweep = SweepDir(tmp_path)
+    states = {"sealed": FINISHED, "unsealed": FINISHED, "running": RUNNING, "submitted": SUBMITTED, "pending": PENDING}
+    sweep.write_manifest(Manifest(cells={rid: CellState(columns={"n": 2, "B_p": 2}, M=2, state=state) for rid, state in states.items()}))
+    for rid in ("sealed", "unsealed"):
+        sweep.run(rid).finish([{"step": 0, "rollouts": 0}, {"step": 2, "rollouts": 8}], step=2, M=2)
+    sweep.run("unsealed").status_file.unlink()
+    (tmp_path / "runs" / "running").write_text("not a run\n")
+    shown = {rid: report.run_state(sweep, rid, cell) for rid, cell in sweep.manifest().cells.items()}
+    assert {rid: state for rid, (state, _) in shown.items()} == {"sealed": FINISHED, "unsealed": MISSING, "running": MISSING,
+                                                                "submitted": MISSING, "pending": PENDING}
+    assert "runs/running is not a directory" in shown["running"][1] and "runs/submitted is gone" in shown["submitted"][1]
+    result = CliRunner().invoke(app, ["status", str(tmp_path)])
+    assert result.exit_code == 0 and "1/5 finished" in result.output and "3 missing" in result.output, result.output
