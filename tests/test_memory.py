@@ -4,6 +4,7 @@ knobs that move it, the cells `plan` refuses, and planning from a checkpoint wit
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from isoflop_cli import config, memory
@@ -139,6 +140,28 @@ def test_7b_lora_on_one_gpu_by_hand(qwen7b):
     assert m.peak == pytest.approx(52.72, abs=0.01) and m.phase == "sampling"
 
 
+def test_the_7b_lora_policy_the_recipe_builds_on_one_gpu_holds_what_the_model_counts(qwen7b):
+    """The policy `Trainer` builds for a 7B LoRA run on one GPU (learner.bf16), built here on the meta
+    device (no weights, no GPU): a frozen bf16 backbone and fp32 adapters, whose bytes are the hand
+    computation's 2 bytes a backbone parameter and 4 an adapter's (norms and biases aside), and the
+    memory model's weights term, both within 5%. An fp32 backbone would hold twice that."""
+    from isoflop_cli.recipe import checkpoint
+    from isoflop_cli.recipe.trainer import policy_dtype, with_adapters
+
+    cfg = config.load("seed-easy", seed_easy(qwen7b, "cluster.gpus_per_run=1", "lora.rank=32", "sampler.kv_cache_gib=20"))
+    assert cfg.learner.bf16
+    _, backbone = checkpoint.load(cfg.model, cfg.task, policy_dtype(cfg), meta=True)
+    policy = with_adapters(backbone, cfg.lora)
+    dtypes = {("lora_" in name, p.dtype) for name, p in policy.named_parameters()}
+    assert dtypes == {(False, torch.bfloat16), (True, torch.float32)}
+    held = sum(p.numel() * p.element_size() for p in policy.parameters())
+    params, adapter = 7_615_283_200, 28 * 2_883_584  # as in test_7b_lora_on_one_gpu_by_hand
+    by_hand = 2 * params + 4 * adapter
+    print(f"7B LoRA policy: {held / GIB:.2f} GiB held, {by_hand / GIB:.2f} by hand, {predict(cfg, n=8, B_p=16).weights:.2f} predicted")
+    assert held == pytest.approx(by_hand, rel=0.05)
+    assert held == pytest.approx(predict(cfg, n=8, B_p=16).weights * GIB, rel=0.05)
+
+
 def test_each_knob_moves_the_prediction_as_it_claims(qwen7b):
     cfg = config.load("seed-easy", seed_easy(qwen7b))
 
@@ -174,7 +197,7 @@ def test_a_cell_that_cannot_fit_is_refused_with_its_knob(qwen7b):
     axes = "+grid.axes={learner.activation_checkpointing:[true,false]}"
     result = runner.invoke(app, ["plan", "--json", "--config", "seed-easy", *seed_easy(qwen7b, "grid.n=[8]", "grid.B_p=[64]", axes)])
     assert result.exit_code == 0, result.output
-    on, off = json.loads(result.output)
+    on, off = json.loads(result.output)["cells"]
     assert on["feasible"] and on["predicted"]["gpu_memory_gib"] <= 141
     reason = off["reason"]
     assert not off["feasible"] and reason.startswith("needs 146.1 GiB of cluster.gpu_memory_gib=141 per GPU while learning (activations 114.9")
@@ -196,7 +219,7 @@ def test_plan_needs_no_weights_and_no_vllm_a_sweep_needs_both(qwen7b, tmp_path):
     args = seed_easy(qwen7b, "grid.n=[8,16]", "grid.B_p=[64]")
     result = runner.invoke(app, ["plan", "--json", "--config", "seed-easy", *args])
     assert result.exit_code == 0, result.output
-    assert [r["predicted"]["gpu_memory_gib"] for r in json.loads(result.output)] == [pytest.approx(102.56, abs=0.01)] * 2
+    assert [r["predicted"]["gpu_memory_gib"] for r in json.loads(result.output)["cells"]] == [pytest.approx(102.56, abs=0.01)] * 2
     table = runner.invoke(app, ["plan", "--config", "seed-easy", *args])
     assert table.exit_code == 0 and "GiB/GPU" in table.output and "103" in table.output
     for command in (["sweep", "--out", str(tmp_path / "out")], ["run", "--out", str(tmp_path / "run")]):

@@ -4,6 +4,7 @@ checkpoint's values; a rank that waits in a collective past learner.collective_t
 run instead of hanging."""
 
 import json
+import textwrap
 import time
 
 import pytest
@@ -17,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from isoflop_cli import config
 from isoflop_cli.recipe import checkpoint, distributed
 from isoflop_cli.recipe.distributed import Group
+from isoflop_cli.recipe.trainer import Budget, Trainer
 from isoflop_cli.store import RunFiles
 
 pytestmark = pytest.mark.slow  # two-rank runs of the embedded model
@@ -54,8 +56,6 @@ def _plain(tensor: torch.Tensor) -> list[torch.Tensor]:
 
 def _build(group: Group, overrides: list[str], out: str) -> None:
     """One rank's Trainer, built while its storage is counted; then what its models hold."""
-    from isoflop_cli.recipe.trainer import Budget, Trainer
-
     cfg = config.load(None, overrides)
     with LiveStorage() as live:
         trainer = Trainer(group, cfg, Budget("rollouts", 16, (16,), 2), 1e-4, RunFiles(f"{out}/run"), None)
@@ -99,8 +99,6 @@ def test_rank_1_never_holds_a_full_copy_of_the_weights(tmp_path, variant):
     for found in ranks:
         assert found["tied"] and found["buffers"] and all(found["weights"]), found
 
-    from isoflop_cli.recipe.trainer import Budget, Trainer
-
     one = Trainer(Group(), config.load(None, overrides), Budget("rollouts", 16, (16,), 2), 1e-4, RunFiles(tmp_path / "one"), None)
     models = [m for m in (one.actor, one.reference) if m is not None]
     full, largest = sum(map(_bytes, models)), max(t.untyped_storage().nbytes() for m in models for t in m.parameters())
@@ -126,22 +124,90 @@ def test_a_rank_waiting_past_the_collective_timeout_fails_the_run():
     assert time.time() - started < 120
 
 
-def test_two_ranks_with_lora_and_a_value_head_give_the_losses_of_one_process(tmp_path):
-    """The adapters and the value head built on the meta device on rank 1 and filled from rank 0's:
-    two ranks' first steps (PPO, LoRA, a KL to the adapter turned off) give one process's losses."""
+def _one_and_two_ranks(tmp_path, args: list[str]) -> dict[int, list[dict]]:
+    """The run `args` describes (`isoflop run`) as one process and as two ranks: each one's metrics rows."""
     from typer.testing import CliRunner
 
     from isoflop_cli.cli import app
 
-    args = [*SMALL, "B_p=4", "grid.budgets=[16,32]", "grid.eval_points=1", "algo=ppo", "lora.rank=4", "algo.kl_coef=0.1"]
     rows = {}
     for ws in (1, 2):
         result = CliRunner().invoke(app, ["run", *args, f"learner.world_size={ws}", "--out", str(tmp_path / f"ws{ws}")])
         assert result.exit_code == 0, result.output
         rows[ws] = [json.loads(line) for line in (tmp_path / f"ws{ws}" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows[1]] == [r["step"] for r in rows[2]] == [0, 1, 2]
+    assert [r["step"] for r in rows[1]] == [r["step"] for r in rows[2]]
+    return rows
+
+
+def _same_losses(rows: dict[int, list[dict]], keys: tuple[str, ...]) -> None:
+    """Two ranks' rows after the base model's give one process's statistics (to 1e-4) and validation."""
     for a, b in zip(rows[1][1:], rows[2][1:]):
-        for key in ("train_loss", "kl", "value_loss", "clip_frac"):
+        for key in keys:
             assert abs(a[key] - b[key]) < 1e-4, (a["step"], key, a[key], b[key])
         assert a["val_avg@k"] == b["val_avg@k"]
+
+
+def test_two_ranks_with_lora_and_a_value_head_give_the_losses_of_one_process(tmp_path):
+    """The adapters and the value head built on the meta device on rank 1 and filled from rank 0's:
+    two ranks' first steps (PPO, LoRA, a KL to the adapter turned off) give one process's losses."""
+    args = [*SMALL, "B_p=4", "grid.budgets=[16,32]", "grid.eval_points=1", "algo=ppo", "lora.rank=4", "algo.kl_coef=0.1"]
+    rows = _one_and_two_ranks(tmp_path, args)
+    assert [r["step"] for r in rows[1]] == [0, 1, 2]
+    _same_losses(rows, ("train_loss", "kl", "value_loss", "clip_frac"))
     assert abs(rows[1][-1]["value_loss"]) > 0 and abs(rows[1][-1]["kl"]) > 0  # the compared terms are not all zero
+
+
+SCORE_S = 0.01  # the slow reward's wall time per completion
+
+
+def _problems(path) -> str:
+    """Sums in the embedded model's characters, every other one with a prompt ten times as long (a
+    sum of many terms): a step's prompt groups then differ in length, so under a small token budget
+    the two ranks' shares pack into different numbers of micro-batches."""
+    lines = []
+    for i in range(80):
+        terms = [i % 10, 7] if i % 2 else [i % 10, *range(1, 10), *range(1, 10)]
+        lines.append(json.dumps({"prompt": "+".join(map(str, terms)) + "=", "reward_model": {"ground_truth": str(sum(terms))[::-1]}}))
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_ranks_packing_different_numbers_of_micro_batches_run_in_step(tmp_path, monkeypatch):
+    """Prompts of 4 and 40 characters under a token budget of 24 positions: a short group packs into
+    one or two micro-batches, a long one into a piece per completion, so in most steps one rank has
+    more forward and backward passes than the other (counted below, on the one-process run's
+    batches). The rank with fewer runs padding passes (zero gradient) to match: the run finishes
+    well within a short collective timeout, with one process's losses. Its reward (a function of
+    the user's) sleeps per completion, and each rank scores only its share: rank 0 spends about
+    half the one process's reward time."""
+    (tmp_path / "slow_rewards.py").write_text(textwrap.dedent(f"""
+        import time
+
+        def exact(problems, completions):
+            time.sleep({SCORE_S} * len(completions))
+            return [float(c.strip() == p.answer) for p, c in zip(problems, completions)]
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))  # the ranks, spawned, start from this process's path
+    args = [*SMALL, "B_p=4", "grid.budgets=[48]", "grid.eval_points=1", "task=dataset", f"task.train={_problems(tmp_path / 'sums.jsonl')}",
+            "task.max_prompt_tokens=48", "task.max_new_tokens=6", "reward=custom", "reward.fn=slow_rewards:exact", "algo.kl_coef=0.1",
+            "learner.max_tokens_per_micro_batch=24", "learner.collective_timeout_s=60"]
+    counts = []
+    original = Trainer.arrange
+    monkeypatch.setattr(Trainer, "arrange", lambda self, batch: original(self, batch) or counts.append(_shares(self, batch)))
+    rows = _one_and_two_ranks(tmp_path, args)
+    assert [r["step"] for r in rows[1]] == [0, 3]
+    print(f"micro-batches of the two ranks' shares, step by step: {counts}")
+    assert any(a != b for a, b in counts), counts  # the scenario: ranks that pack differently
+    _same_losses(rows, ("train_loss", "kl", "clip_frac"))
+    assert rows[1][-1]["kl"] > 0
+    reward_s = {ws: rows[ws][-1]["time_reward_s"] for ws in (1, 2)}
+    print(f"reward seconds on rank 0: one process {reward_s[1]:.3f}, two ranks {reward_s[2]:.3f}")
+    assert reward_s[1] >= 3 * 16 * SCORE_S and reward_s[2] < 0.75 * reward_s[1]
+
+
+def _shares(trainer, batch) -> tuple[int, int]:
+    """How many micro-batches the first and the second half of a one-process batch's groups pack
+    into under its token budget: what two ranks' shares would."""
+    k = batch.n_learn
+    rows = torch.arange(len(batch.rollouts.texts)).view(-1, k)
+    return tuple(len(trainer.micro_batches(batch, half.flatten())) for half in rows.tensor_split(2))

@@ -191,3 +191,21 @@ def test_token_budget_micro_batches_give_the_whole_mini_batch_gradient(tmp_path,
     torch.testing.assert_close(grads["split"], grads["whole"], rtol=1e-4, atol=1e-7)
     for key in ("loss", "kl", "entropy", "clip_frac", "tis"):
         assert split.progress.since_eval[key] == pytest.approx(whole.progress.since_eval[key], abs=1e-6), key
+
+
+@pytest.mark.parametrize("gpus, lora, backbone", [(0, 4, torch.float32), (1, 4, torch.bfloat16), (1, 0, None)],
+                         ids=["cpu-lora", "gpu-lora", "gpu-full"])
+def test_a_lora_backbone_is_held_in_the_compute_dtype_and_what_trains_in_fp32(gpus, lora, backbone):
+    """With LoRA the frozen backbone is loaded in the compute dtype (bf16 where the run is, on GPUs;
+    fp32 on the CPU) and the adapters train in fp32; full fine-tuning keeps fp32 master weights."""
+    from isoflop_cli.recipe import checkpoint
+    from isoflop_cli.recipe.trainer import policy_dtype, with_adapters
+
+    cfg = config.load(None, [f"cluster.gpus_per_run={gpus}", f"lora.rank={lora}"])
+    assert cfg.learner.bf16 == bool(gpus)
+    _, policy = checkpoint.load(cfg.model, cfg.task, policy_dtype(cfg))
+    if lora:
+        policy = with_adapters(policy, cfg.lora)
+    frozen = {p.dtype for p in policy.parameters() if not p.requires_grad}
+    trained = {p.dtype for p in policy.parameters() if p.requires_grad}
+    assert trained == {torch.float32} and frozen == ({backbone} if lora else set())

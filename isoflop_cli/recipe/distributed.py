@@ -1,8 +1,8 @@
 """The processes of one run: start them (torchrun-style), talk between them, shard the learner.
 
-`learner.world_size` processes share a run: rank 0 decides what to sample, scores, evaluates and
-writes files (with vLLM every rank's engine samples its share); every rank trains on its share of
-each mini-batch, with the model sharded by FSDP2
+`learner.world_size` processes share a run: rank 0 decides what to sample, evaluates and writes
+files (with vLLM every rank's engine samples its share); every rank scores its share of each step's
+completions and trains on its share of each mini-batch, with the model sharded by FSDP2
 (`fully_shard`): gloo on CPU, NCCL on GPU. With one process and no FSDP every call here is a
 no-op, so the recipe reads the same either way.
 """
@@ -13,7 +13,7 @@ import os
 import signal
 import socket
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -41,6 +41,12 @@ class Group:
             dist.all_reduce(x)
         return x
 
+    def all_max(self, x: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            x = x.clone()
+            dist.all_reduce(x, op=dist.ReduceOp.MAX)
+        return x
+
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's object on every rank."""
         if self.world_size == 1:
@@ -48,6 +54,23 @@ class Group:
         box = [obj if self.is_main else None]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def broadcast_tensors(self, obj: Any) -> Any:
+        """Rank 0's dataclass on every rank, its tensor fields (CPU) through tensor broadcasts: a
+        pickle would copy each tensor's bytes into one buffer on rank 0 and out again on every other
+        rank, through the host even with NCCL. Only the rest (shapes, strings, numbers) is pickled."""
+        if self.world_size == 1:
+            return obj
+        tensors = {f.name: getattr(obj, f.name) for f in fields(obj) if isinstance(getattr(obj, f.name), torch.Tensor)} if self.is_main else {}
+        skeleton = self.broadcast(replace(obj, **{k: _Placeholder(t.shape, t.dtype) for k, t in tensors.items()}) if self.is_main else None)
+        received = {}
+        for f in fields(skeleton):
+            held = getattr(skeleton, f.name)
+            if isinstance(held, _Placeholder):
+                buffer = tensors[f.name].to(device()) if self.is_main else torch.empty(held.shape, dtype=held.dtype, device=device())
+                dist.broadcast(buffer, src=0)
+                received[f.name] = buffer.cpu()
+        return replace(skeleton, **received)
 
     def gather(self, obj: Any) -> list[Any] | None:
         """Every rank's object on rank 0, in rank order; None on the other ranks."""
@@ -60,6 +83,14 @@ class Group:
     def mine(self, rows: torch.Tensor, group_size: int) -> torch.Tensor:
         """This rank's share of some rows of a batch: whole groups of `group_size` rows, contiguous."""
         return rows.view(-1, group_size).tensor_split(self.world_size)[self.rank].flatten()
+
+
+@dataclass(frozen=True)
+class _Placeholder:
+    """A tensor field's shape and dtype, pickled in its place (`Group.broadcast_tensors`)."""
+
+    shape: torch.Size
+    dtype: torch.dtype
 
 
 def launch(fn: Callable[..., None], world_size: int, *args: Any, timeout_s: float) -> None:

@@ -8,8 +8,9 @@ eval point to the run directory (flushed as it goes), a status file the dispatch
 every `checkpoint.every` steps the training state, from which a restarted run resumes.
 
 With `learner.world_size` > 1 the run is that many processes (see `distributed`): rank 0 decides
-what to sample, scores and evaluates, sampling itself (HF) or with every rank's vLLM engine sampling
-its share; every rank trains on its share of each mini-batch of an FSDP2-sharded model.
+what to sample and evaluates, sampling itself (HF) or with every rank's vLLM engine sampling its
+share; every rank scores its share of the completions and trains on its share of each mini-batch of
+an FSDP2-sharded model, in as many forward and backward passes as every other rank.
 """
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ from isoflop_cli.recipe.measure import Meter
 from isoflop_cli.recipe.rewards import make_reward
 from isoflop_cli.recipe.rollouts import Rollouts, make_sampler, sampler_dtype
 from isoflop_cli.samplers import SAMPLERS
-from isoflop_cli.store import FAILED, PAUSED, RUNNING, Identity, RunFiles, disk_full_message, is_disk_full
+from isoflop_cli.store import FAILED, PAUSED, RUNNING, RunFiles, disk_full_message, is_disk_full
 from isoflop_cli.tracking import Tracking, flat, tracker_root
 
 T = TypeVar("T")
+NO_ROWS = torch.zeros(0, dtype=torch.long)  # a padding pass's micro-batch (`Batch.chunks`)
+PADDING_ROW = torch.zeros(1, dtype=torch.long)  # the row a padding pass computes on: the batch's first, which every rank holds
 STATS = ("reward", "zero_var", "loss", "kl", "entropy", "clip_frac", "tis", "value_loss")
 
 
@@ -76,8 +79,9 @@ class Progress:
 
 @dataclass
 class Batch:
-    """One step's rollouts on their way through the update. Rank 0 fills the first four fields and
-    broadcasts them; every rank then adds the rest. R = B_p * n_learn rows learned from, L = P + T."""
+    """One step's rollouts on their way through the update. Every rank holds rank 0's samples and
+    the scores every rank gave its share of them (`Trainer.score`), then adds the rest. R = B_p *
+    n_learn rows learned from, L = P + T."""
 
     sampled: Rollouts  # all B_p * n completions
     rewards: torch.Tensor  # [B_p, n]
@@ -88,7 +92,9 @@ class Batch:
     rollouts: Rollouts | None = None  # the rows learned from
     mask: torch.Tensor | None = None  # [R, L - 1] completion tokens the loss counts (zero-variance groups filtered out)
     weights: torch.Tensor | None = None  # [R, L - 1] each token's weight in its mini-batch's loss
-    chunks: list[list[torch.Tensor]] = field(default_factory=list)  # per mini-batch, this rank's micro-batches (row indices)
+    # Per mini-batch, this rank's micro-batches (row indices), then as many empty ones as it has fewer
+    # than the rank with most: padding passes (`Trainer.padding_pass`).
+    chunks: list[list[torch.Tensor]] = field(default_factory=list)
     ref_logp: torch.Tensor | None = None  # [R, L - 1] the KL reference's log-probs
     old_logp: torch.Tensor | None = None  # [R, L - 1] the sampling-time policy's (batch reused or value head)
     old_values: torch.Tensor | None = None  # [R, L - 1] the value head's estimates at sampling time
@@ -99,10 +105,7 @@ def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str, pause
     """The run to its budget; with `pause_at` (an adaptive sweep's stage), it stops at the first step
     whose ledger reaches it, keeping a checkpoint there, and a later call continues it as if it had
     never stopped (the pause is not part of what the run computes)."""
-    # This attempt is the run dir's one writer until another takes it over; its records carry the
-    # run's identity (the sweep's manifest holds the same fingerprint for its cell).
-    identity = Identity(Path(run_dir).name, fingerprints(cfg, budget.column, lr, budget)[0])
-    files = RunFiles(run_dir, identity=identity).take_lease()
+    files = RunFiles(run_dir).take_lease()  # this attempt is the run dir's one writer until another takes it over
     files.set_status(RUNNING, step=0, M=budget.M, pid=os.getpid())
     try:
         if sharded(cfg):
@@ -123,6 +126,22 @@ def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str, pause
         files.check_lease()
         resume.remove(files.checkpoint)  # the run is sealed: its results are in metrics.jsonl and status.json
     return rows
+
+
+def policy_dtype(cfg: DictConfig) -> torch.dtype:
+    """The dtype the policy's weights are held in. Full fine-tuning: fp32 (FSDP2's master copy; bf16
+    is the forward's). A LoRA backbone is frozen and never takes an update that fp32 would keep, so
+    it is held in the compute dtype (`sampler_dtype`: bf16 where learner.bf16, on GPUs; fp32 on the
+    CPU, where learner.bf16 is refused): half the memory, what `memory.predict` counts. peft casts
+    the adapters, which train, up to fp32 (`with_adapters`)."""
+    return sampler_dtype(cfg) if cfg.lora.rank else torch.float32
+
+
+def with_adapters(policy, lora: DictConfig):
+    """The policy with LoRA adapters on lora.targets (trainable, fp32), its backbone frozen."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(policy, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.targets), lora_dropout=0.0))
 
 
 def _error_line(e: BaseException) -> str:
@@ -178,7 +197,7 @@ class Trainer:
                                  tracker_root(cfg.tracking, files.dir)) if group.is_main else None
 
     def _build_models(self) -> None:
-        """The policy (with LoRA adapters), its value head if the algorithm has one, and the KL
+        """The policy (LoRA: in `policy_dtype`, with adapters), its value head if the algorithm has one, and the KL
         reference: the checkpoint once more, frozen, in the compute dtype (bf16 with learner.bf16,
         the precision its forward runs at anyway), or with LoRA the policy with its adapters off.
 
@@ -186,15 +205,13 @@ class Trainer:
         shards are allocated and filled from rank 0's weights as they are sharded (`distributed.shard`)."""
         cfg, meta = self.cfg, not self.group.is_main
         separate = self.passes.reference and not self.lora
-        self.tokenizer, policy = checkpoint.load(cfg.model, cfg.task, meta=meta)
+        self.tokenizer, policy = checkpoint.load(cfg.model, cfg.task, policy_dtype(cfg), meta=meta)
         reference = checkpoint.load(cfg.model, cfg.task, sampler_dtype(cfg), meta=meta)[1] if separate else None  # the compute dtype
         torch.manual_seed(cfg.seed)  # after the loads: a first-use build must not shift the run's RNG stream
         random.seed(cfg.seed)
         with torch.device("meta") if meta else contextlib.nullcontext():  # the adapters and the value head too
             if self.lora:
-                from peft import LoraConfig, get_peft_model
-
-                policy = get_peft_model(policy, LoraConfig(r=self.lora, lora_alpha=cfg.lora.alpha, target_modules=list(cfg.lora.targets), lora_dropout=0.0))
+                policy = with_adapters(policy, cfg.lora)
             if self.learner.activation_checkpointing:
                 checkpoint.activation_checkpointing(policy)
             self.actor = Actor(policy, value_head=self.spec.value_head, logit_chunk=self.learner.logit_chunk_tokens)
@@ -224,7 +241,7 @@ class Trainer:
         if sharded(cfg):
             for model in filter(None, (self.actor, self.reference)):
                 distributed.shard(model, self.learner.bf16)
-        self.reward = make_reward(cfg.reward, self.task) if main else None
+        self.reward = make_reward(cfg.reward, self.task)  # every rank scores its share of each step's completions
         self.evaluator = _evaluator(cfg, self.task, self.tokenizer, self.reward, self.shape) if main else None
 
     def _build_optimizer(self) -> None:
@@ -291,7 +308,7 @@ class Trainer:
         rollouts = self.lead(lambda: self.sample(problems))
         if self.own_engine:
             self.sampler.sleep()  # the learner's turn (GPU): the engine's memory back until the next push and sampling
-        batch = self.group.broadcast(self.score(problems, rollouts) if self.group.is_main else None)
+        batch = self.score(problems, self.group.broadcast_tensors(rollouts))
         self.arrange(batch)
         self.pre_passes(batch)
         self.estimate_advantages(batch)
@@ -323,13 +340,20 @@ class Trainer:
             return self.sampler.sample([p.prompt for p in problems], self.n, self.algo.temperature, self.algo.top_p, self.cfg.task.max_new_tokens)
 
     def score(self, problems: list, rollouts: Rollouts) -> Batch:
-        """The reward system's scores: a rule (its CPU time, no FLOPs) or a reward model (its FLOPs)."""
-        n, task = self.n, self.task
+        """The reward system's scores: a rule (its CPU time, no FLOPs) or a reward model (its FLOPs).
+        Each rank scores its share of the completions (whole groups) at once, rather than every rank
+        waiting while rank 0 scores them all; the scores, FLOPs and CPU time are the ranks' sum."""
+        n, task, total = self.n, self.task, self.B_p * self.n
+        mine = self.group.mine(torch.arange(total), n)
         cpu = time.process_time() + task.checking_cpu_s()  # a verifier may check in a process of its own
         with self.meter.count("reward"):
-            scores, reward_flops = self.reward([problems[i // n] for i in range(self.B_p * n)], rollouts.texts)
+            scores, reward_flops = self.reward([problems[i // n] for i in mine.tolist()], [rollouts.texts[i] for i in mine.tolist()])
         cpu_s = time.process_time() + task.checking_cpu_s() - cpu if self.reward.rule_based else 0.0
-        return Batch(rollouts, torch.tensor(scores).view(self.B_p, n), reward_flops, cpu_s)
+        summed = torch.zeros(total + 2, dtype=torch.float64)  # exact: each score is added to zeros only
+        summed[mine], summed[total], summed[total + 1] = torch.tensor(scores, dtype=torch.float64), reward_flops, cpu_s
+        summed = self.group.all_sum(summed.to(self.device)).cpu()
+        rewards = summed[:total].float()  # as torch.tensor(scores) rounds each score to float32
+        return Batch(rollouts, rewards.view(self.B_p, n), summed[total].item(), summed[total + 1].item())
 
     def arrange(self, batch: Batch) -> None:
         """The rows learned from (a fractional algo.epochs: the first n_learn of each group, a
@@ -348,7 +372,12 @@ class Trainer:
         batch.weights = torch.zeros_like(batch.mask)
         for mb in minibatches:
             batch.weights[mb] = token_weights(batch.mask[mb], self.spec.loss_agg, self.cfg.task.max_new_tokens)
-        batch.chunks = [self.micro_batches(batch, self.group.mine(mb, k)) for mb in minibatches]
+        chunks = [self.micro_batches(batch, self.group.mine(mb, k)) for mb in minibatches]
+        # Every rank runs as many passes per mini-batch as the rank with most: each pass all-gathers
+        # FSDP's units and each backward reduce-scatters, so a rank's extra pass would meet another's
+        # next collective and every rank would wait there until the collective timeout.
+        passes = self.group.all_max(torch.tensor([len(c) for c in chunks], device=self.device)).tolist()
+        batch.chunks = [[*c, *[NO_ROWS] * (most - len(c))] for c, most in zip(chunks, passes)]
 
     def micro_batches(self, batch: Batch, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """This rank's rows of a mini-batch (whole groups) in the forwards that take them: groups
@@ -387,15 +416,16 @@ class Trainer:
             return
         with self.meter.count("learning"):
             for idx in itertools.chain.from_iterable(batch.chunks):
-                rows = self.layout(batch, idx)
+                # A padding pass (no rows) runs the same forwards on a stand-in row and writes nothing.
+                rows = self.layout(batch, idx if len(idx) else PADDING_ROW)
                 if self.passes.reference:
                     with self.actor.policy.disable_adapter() if self.lora else contextlib.nullcontext():
-                        batch.ref_logp[idx] = (self.reference or self.actor)(rows, self.algo.temperature).logp
+                        batch.ref_logp[idx] = (self.reference or self.actor)(rows, self.algo.temperature).logp[:len(idx)]
                 if self.passes.old_policy:
                     old = self.actor(rows, self.algo.temperature, with_values=self.spec.value_head)
-                    batch.old_logp[idx] = old.logp
+                    batch.old_logp[idx] = old.logp[:len(idx)]
                     if self.spec.value_head:
-                        batch.old_values[idx] = old.values
+                        batch.old_values[idx] = old.values[:len(idx)]
 
     def estimate_advantages(self, batch: Batch) -> None:
         """The spec's estimator (losses.ADVANTAGES) on the batch."""
@@ -413,6 +443,9 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 for idx in minibatch:
                     with self.meter.count("learning"):
+                        if not len(idx):
+                            self.padding_pass(batch)
+                            continue
                         terms = self.loss_terms(batch, idx)
                     for k, v in terms.items():
                         sums[STATS.index(k)] += v
@@ -420,7 +453,7 @@ class Trainer:
                 self.optimizer.step()
                 self.scheduler.step()
                 sums = self.group.all_sum(sums)
-                for k in terms:
+                for k in terms:  # a real pass's: padding comes after this rank's own (each holds a group of each mini-batch)
                     self.progress.since_eval[k].append(sums[STATS.index(k)].item())
 
     def loss_terms(self, batch: Batch, idx: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -447,6 +480,16 @@ class Trainer:
         (loss * self.group.world_size).backward()  # FSDP averages gradients over ranks: this sums them
         stat["loss"] = loss
         return {k: v.detach() for k, v in stat.items()}
+
+    def padding_pass(self, batch: Batch) -> None:
+        """A forward and backward that changes nothing, run where this rank has fewer micro-batches
+        than another: the stand-in row's outputs times zero, so its gradients are zero, and every
+        output the real passes produce (log-probs, entropy, values) takes part, so the backward
+        reaches every parameter a real one does and the ranks' reduce-scatters match. Times zero
+        rather than a loss times zero-weights: a term that overflowed (the KL's exp) would make NaN."""
+        algo = self.algo
+        out = self.actor(self.layout(batch, PADDING_ROW), algo.temperature, with_entropy=algo.entropy_coef > 0, with_values=self.spec.value_head)
+        sum((x * 0).sum() for x in (out.logp, out.entropy, out.values) if x is not None).backward()
 
     def sync_sampler(self) -> None:
         """The sampler's own weights take the learner's (LoRA: the adapter's), streamed one tensor at a
