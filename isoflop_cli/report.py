@@ -129,11 +129,11 @@ def run_state(sweep: SweepDir, run_id: str, cell: CellState) -> tuple[str, str]:
 
     Sealed records make a run finished; otherwise the sweep's word (failed, stopped: the dispatcher
     saw the job end) outranks the run's own status file, which a killed run cannot update. A run
-    still marked running whose process on this host is gone was killed. A cell the sweep has
-    started whose run dir is gone or is not a directory, or that it saw finish and whose records
-    are gone since, is missing: the manifest's word is not taken for records that are not there."""
+    still marked running whose process on this host is gone was killed. A cell the sweep saw run
+    (running, paused, finished) whose run dir is gone or is not a directory, or that it saw finish
+    and whose records are gone since, is missing: the manifest's word is not taken for records that are not there."""
     files = sweep.run(run_id)
-    if cell.state != PENDING and (files.dir.is_symlink() or not files.dir.is_dir()):
+    if cell.state in (FINISHED, RUNNING, PAUSED) and (files.dir.is_symlink() or not files.dir.is_dir()):  # states only a run's records give
         what = "is gone" if not os.path.lexists(files.dir) else "is a symbolic link" if files.dir.is_symlink() else "is not a directory"
         return MISSING, f"its run dir {files.dir} {what}; move whatever is there aside and the next sweep runs it again"
     if files.finished():

@@ -5,7 +5,7 @@ held before planning, and the speed-up against the per-cell cost before the plan
 
     .venv/bin/python scripts/bench_plan.py [--sizes 1000 10000 100000] [--cli]
 
-The grids: grid.n x grid.B_p x grid.seed x an algo.kl_coef axis, every cell feasible (rollout budgets).
+The grids: grid.n (from 2: a group of one is refused) x grid.B_p x grid.seed x an algo.kl_coef axis, every cell feasible (rollout budgets).
 --cli also times `isoflop plan --json` end to end on the 10^4-cell grid (Hydra compose, JSON output).
 """
 
@@ -37,7 +37,7 @@ SHAPES = {  # cells: (n values, B_p values, seeds, kl_coef values)
 def overrides(size: int) -> list[str]:
     n, bp, seeds, kl = SHAPES[size]
     return [
-        f"grid.n=[{','.join(str(2 ** i) for i in range(n))}]",
+        f"grid.n=[{','.join(str(2 ** i) for i in range(1, n + 1))}]",
         f"grid.B_p=[{','.join(str(2 ** i) for i in range(bp))}]",
         f"grid.seed=[{','.join(str(s) for s in range(seeds))}]",
         f"+grid.axes={{algo.kl_coef:[{','.join(f'{0.001 * i:g}' for i in range(kl))}]}}",

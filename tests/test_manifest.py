@@ -66,7 +66,8 @@ def test_what_old_manifests_say_is_read_as_they_said_it(tmp_path):
     assert bad.M == 8 and bad.eval_steps == [0, 1, 2, 4, 8] and len(bad.step_flops) == 3 and bad.columns["model"] == "tiny-arith"
     assert report.run_state(failed_dir, next(iter(failed.cells)), bad) == (FAILED, "ValueError: boom")
     result = CliRunner().invoke(app, ["status", str(failed_dir.path)], terminal_width=200)
-    assert result.exit_code == 0 and "1/2 finished" in result.output and "failed n2_bp2_s0_fa35ec0c: ValueError: boom" in result.output, result.output
+    assert result.exit_code == 0 and "failed n2_bp2_s0_fa35ec0c: ValueError: boom" in result.output, result.output
+    assert "0/2 finished" in result.output and "1 missing" in result.output  # the finished cell's run dir is not there: not taken on the manifest's word
 
     cal = sweep_with(tmp_path / "cal", (MANIFESTS / "v0-calibration.json").read_text()).manifest()
     assert cal.kind == "calibration" and calibrate.total_rows(cal) == 300
@@ -138,12 +139,12 @@ def test_a_manifest_that_cannot_be_opened_is_refused_too(tmp_path):
 
 def test_status_looks_at_each_runs_dir_not_only_at_the_manifest(tmp_path):
     """Once: a deleted run dir, or a file in its place, still showed 'finished'. Variant: a finished
-    cell whose status.json alone is gone, a running cell whose dir is a file, a submitted cell
-    whose dir is gone; a pending cell (nothing run yet) stays pending."""
-    from isoflop_cli.store import MISSING, PENDING, RUNNING, SUBMITTED
+    cell whose status.json alone is gone, a running cell whose dir is a file, a paused cell
+    whose dir is gone; a pending cell (nothing run yet) stays pending, a failed one failed."""
+    from isoflop_cli.store import MISSING, PENDING, RUNNING
 
     sweep = SweepDir(tmp_path)
-    states = {"sealed": FINISHED, "unsealed": FINISHED, "running": RUNNING, "submitted": SUBMITTED, "pending": PENDING}
+    states = {"sealed": FINISHED, "unsealed": FINISHED, "running": RUNNING, "paused": PAUSED, "pending": PENDING, "failed": FAILED}
     sweep.write_manifest(Manifest(cells={rid: CellState(columns={"n": 2, "B_p": 2}, M=2, state=state) for rid, state in states.items()}))
     for rid in ("sealed", "unsealed"):
         sweep.run(rid).finish([{"step": 0, "rollouts": 0}, {"step": 2, "rollouts": 8}], step=2, M=2)
@@ -151,7 +152,7 @@ def test_status_looks_at_each_runs_dir_not_only_at_the_manifest(tmp_path):
     (tmp_path / "runs" / "running").write_text("not a run\n")
     shown = {rid: report.run_state(sweep, rid, cell) for rid, cell in sweep.manifest().cells.items()}
     assert {rid: state for rid, (state, _) in shown.items()} == {"sealed": FINISHED, "unsealed": MISSING, "running": MISSING,
-                                                                "submitted": MISSING, "pending": PENDING}
-    assert "runs/running is not a directory" in shown["running"][1] and "runs/submitted is gone" in shown["submitted"][1]
+                                                                "paused": MISSING, "pending": PENDING, "failed": FAILED}
+    assert "runs/running is not a directory" in shown["running"][1] and "runs/paused is gone" in shown["paused"][1]
     result = CliRunner().invoke(app, ["status", str(tmp_path)])
-    assert result.exit_code == 0 and "1/5 finished" in result.output and "3 missing" in result.output, result.output
+    assert result.exit_code == 0 and "1/6 finished" in result.output and "3 missing" in result.output, result.output

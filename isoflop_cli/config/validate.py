@@ -25,7 +25,6 @@ from isoflop_cli.errors import ConfigError
 from isoflop_cli.flops import PROJECTIONS, Shape, UnsupportedModel
 from isoflop_cli.rewards import REWARDS, load_function
 from isoflop_cli.samplers import SAMPLERS
-from isoflop_cli.store import make_dirs
 from isoflop_cli.tasks.arith import ALPHABET
 from isoflop_cli.tracking import BACKENDS, writes_dir
 
@@ -505,6 +504,8 @@ def check_writable(out: Path) -> Path:
     """Create `out` if needed (`store.make_dirs`: never world-writable); fail fast if results could
     not be written there. Absolute, with links left unresolved: a sweep's writes below it refuse a
     link (`store._open_dir`) that resolving here would have followed."""
+    from isoflop_cli.store import make_dirs  # here: the store imports pandas, which the config package does not
+
     out = Path(os.path.abspath(out.expanduser()))
     try:
         make_dirs(out)
