@@ -24,6 +24,7 @@ from rich.live import Live
 from rich.text import Text
 
 from isoflop_cli import config as config_mod
+from isoflop_cli import cost as cost_mod
 from isoflop_cli import grid as grid_mod
 from isoflop_cli import launchers, report
 from isoflop_cli import sweep as sweep_mod
@@ -46,6 +47,8 @@ err = Console(stderr=True)
 OVERRIDES = typer.Argument(None, help="Hydra overrides, e.g. grid.n=[4,8,16] grid.budgets=[512,2048] model=tiny-arith")
 CONFIG = typer.Option(None, "--config", "-c", help="A ready-made sweep in sweeps/ (by name) or a YAML path (default: default)")
 DEFAULT_OUT = Path("isoflop-runs")
+MAX_GPU_HOURS = typer.Option(None, "--max-gpu-hours", help="Refuse (exit 2) a sweep predicted to cost more than this many GPU-hours "
+                                                          "(CPU-hours on a cluster without GPUs), before any compute.")
 
 
 @contextlib.contextmanager
@@ -64,17 +67,34 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     out: Path = typer.Option(DEFAULT_OUT, "--out", "-o", help="Where the sweep runs; its finished runs refine the FLOP predictions."),
     replayed: Optional[Path] = typer.Option(None, "--replay", help="A replay.json of a similar sweep (isoflop replay): the share of the full grid an adaptive schedule spent there."),
+    max_gpu_hours: Optional[float] = MAX_GPU_HOURS,
 ) -> None:
-    """The grid as a table: every cell, its steps M, eval points, rollouts and predicted FLOPs (search,
-    learning, reward, rho); infeasible cells and why; the schedule's worst case. No compute."""
+    """The grid as a table: every cell, its steps M, eval points, rollouts, predicted FLOPs (search,
+    learning, reward, rho), wall time and GPU-hours; infeasible cells and why; the schedule's worst
+    case and the sweep's cost. No compute."""
     with user_errors():
         cfg, cells = sweep_mod.load(config, list(overrides or []), out)
         share = _replayed_share(replayed) if replayed else None
+        price = _priced(cfg, cells, out, max_gpu_hours)
     if as_json:
-        print(json.dumps(report.plan_records(cells), indent=1))
+        print(json.dumps(report.plan_json(cells, price), indent=1))
     else:
-        console.print(report.plan_table(cfg, cells))
+        console.print(report.plan_table(cfg, cells, price))
         console.print(report.schedule_line(cfg, cells, share, replayed), soft_wrap=True)
+        console.print(report.cost_line(price), soft_wrap=True)
+
+
+def _priced(cfg, cells: list[grid_mod.Cell], out: Path, max_hours: Optional[float]) -> cost_mod.Price:
+    """The sweep's predicted cost (calibrated by its finished runs in OUT/<name>); refused (ConfigError)
+    above `max_hours`, naming the total and the costliest cells."""
+    if max_hours is not None and not (math.isfinite(max_hours) and max_hours > 0):
+        raise ConfigError(f"--max-gpu-hours must be a finite number > 0, got {max_hours}")
+    price = cost_mod.price(cfg, cells, SweepDir(out / cfg.name))
+    if max_hours is not None and price.hours > max_hours:
+        top = ", ".join(f"{rid} {hours:.3g}" for rid, hours in price.costliest(cells))
+        raise ConfigError(f"the sweep is predicted to cost {price.hours:.3g} {price.unit}, above --max-gpu-hours={max_hours:g} "
+                          f"(costliest: {top}; {price.source})")
+    return price
 
 
 def _replayed_share(path: Path) -> float:
@@ -96,6 +116,7 @@ def sweep(
     out: Path = typer.Option(DEFAULT_OUT, "--out", "-o", help="Output root; the sweep lives in OUT/<name>."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and stop."),
     extend: bool = typer.Option(False, "--extend", help="Add this grid's cells to a sweep dir that holds other cells (they are kept, and run if unfinished)."),
+    max_gpu_hours: Optional[float] = MAX_GPU_HOURS,
 ) -> None:
     """Expand the grid, run every cell as a Ray job, watch, collect results.parquet, print the frontier.
 
@@ -105,12 +126,15 @@ def sweep(
     """
     with user_errors():
         cfg, cells = sweep_mod.load(config, list(overrides or []), out)
+        price = _priced(cfg, cells, out, max_gpu_hours)
         if not dry_run:
             sweep_dir = sweep_mod.check(out, cfg, cells)
             continued = sweep_mod.continuations(sweep_dir, cells, extend)
-    console.print(report.plan_table(cfg, cells))
+    console.print(report.plan_table(cfg, cells, price))
+    console.print(report.cost_line(price), soft_wrap=True)
     if dry_run:
         return
+    cost_mod.write(sweep_dir, cells, price)
     if continued:
         console.print(f"{len(continued)} runs continue from where an earlier, smaller budget left them (their checkpoints)")
     outcome = _run_sweep(sweep_dir, cfg, cells, continued)

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from isoflop_cli.config.schema import BudgetUnit
+from isoflop_cli.cost import Price
 from isoflop_cli.grid import Cell
 from isoflop_cli.store import FAILED, FINISHED, KILLED, MISSING, PAUSED, PENDING, RETRYING, RUNNING, STOPPED, SUBMITTED, CellState, SweepDir
 
@@ -37,7 +38,24 @@ def plan_records(cells: list[Cell]) -> list[dict]:
     return out
 
 
-def plan_table(cfg, cells: list[Cell]) -> Group:
+def plan_json(cells: list[Cell], price: Price) -> dict:
+    """`plan --json`: the cells (each with its predicted wall time and GPU-hours beside its FLOPs)
+    and the sweep's totals, each a top-level key so that more (power, ...) can be added beside them."""
+    records = plan_records(cells)
+    for record, cost in zip(records, price.cells):
+        if cost is not None:
+            record["predicted"].update(cost.record())
+    return {"cells": records, "totals": price.totals(cells)}
+
+
+def cost_line(price: Price) -> Text:
+    """The plan's price in one line: device-hours, wall time at the cluster's parallelism, and the
+    source of the throughput figures."""
+    return Text(f"cost: {_compact(price.hours)} {price.unit}, {_duration(price.wall_s)} wall with {price.parallel} run(s) at once; "
+                f"{price.source}")
+
+
+def plan_table(cfg, cells: list[Cell], price: Price | None = None) -> Group:
     feasible = [c for c in cells if c.feasible]
     extra = [k for k in cells[0].axes if k not in ("n", "B_p", "seed")]
     budgets = ", ".join(_compact(b) for b in cfg.grid.budgets)
@@ -51,15 +69,19 @@ def plan_table(cfg, cells: list[Cell]) -> Group:
     if memory:
         limit = cfg.cluster.gpu_memory_gib
         table.caption += "; GiB/GPU: the predicted peak memory of one GPU, " + (f"of {limit:g}" if limit is not None else "unchecked (cluster.gpu_memory_gib null)")
+    if price is not None:
+        table.caption += f"; wall and {price.unit}: each run's predicted training time and its device-hours (the cost line below)"
     for col in ["n", "B_p", *(["seed"] if seeds else []), *extra, "M", "eval", "rollouts", "lr", "search", "learn", "reward", "rho",
-                *(["GiB/GPU"] if memory else [])]:
+                *(["GiB/GPU"] if memory else []), *(["wall", price.unit] if price is not None else [])]:
         table.add_column(col, justify="left" if col in extra else "right")
     infeasible = []
     # A large grid (rendering costs ~1 ms a row) lists each cell's seeds on one row (they share the
     # plan), then the first PLAN_ROWS rows: `plan --json` lists every cell.
     rows = [[c] for c in cells] if len(cells) <= PLAN_ROWS else _by_seeds(cells)
+    costs = dict(zip(map(id, cells), price.cells)) if price is not None else {}
     for group in rows[:PLAN_ROWS]:
         c = group[0]
+        cost = costs.get(id(c))
         seed = _seeds_label([g.axes["seed"] for g in group])
         axes = [_value_label(c.axes[k]) for k in ("n", "B_p")] + ([seed] if seeds else []) + [_value_label(c.axes[k]) for k in extra]
         if c.feasible:
@@ -67,9 +89,10 @@ def plan_table(cfg, cells: list[Cell]) -> Group:
             f = p.predicted_flops
             table.add_row(*axes, str(p.M), str(len(p.eval_at)), _compact(p.rollouts), _short(p.lr),
                           *(_short(f[k]) for k in ("flops_search", "flops_learning", "flops_reward")), f"{f['rho']:.2f}",
-                          *([f"{p.gpu_memory.peak:.0f}" if p.gpu_memory else "-"] if memory else []))
+                          *([f"{p.gpu_memory.peak:.0f}" if p.gpu_memory else "-"] if memory else []),
+                          *([_duration(cost.wall_s), _short(cost.hours)] if cost is not None else []))
         else:
-            table.add_row(*axes, *["[red]-[/]"] * (9 if memory else 8))
+            table.add_row(*axes, *["[red]-[/]"] * (8 + memory + 2 * (price is not None)))
             label = _axes_label({**c.axes, "seed": seed})
             infeasible.append(Text(f"infeasible {label}: {c.reason}", style="red"))
     if len(rows) > PLAN_ROWS:

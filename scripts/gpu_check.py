@@ -163,7 +163,7 @@ class Check:
 
     def predicted_gib(self, overrides: list[str]) -> float:
         out = subprocess.run([sys.executable, "-m", "isoflop_cli", "plan", "--json", *overrides], check=True, capture_output=True, text=True).stdout
-        record = json.loads(out)[0]
+        record = json.loads(out)["cells"][0]
         if not record["feasible"]:
             raise RuntimeError(f"plan calls the check's own cell infeasible: {record['reason']}")
         return record["predicted"]["gpu_memory_gib"]

@@ -178,7 +178,7 @@ def test_dry_run_and_plan_json(tmp_path):
     result = runner.invoke(app, ["plan", "--json", "grid.n=[2,4]", "grid.B_p=[4]", "grid.budgets=[64]"])
     import json
 
-    records = json.loads(result.output)
+    records = json.loads(result.output)["cells"]
     assert [r["M"] for r in records] == [8, 4]
     assert records[0]["eval_at"][-1] == 64 and records[0]["budget_column"] == "rollouts"
 
@@ -197,7 +197,7 @@ def test_list_valued_axes_plan_as_json_and_table():
     args = ["grid.n=[4]", "grid.B_p=[4]", "lora.rank=2", "+grid.axes={task.ops:[[+],[+,-,'*']],lora.targets:[[q_proj],[q_proj,v_proj]]}"]
     result = runner.invoke(app, ["plan", "--json", *args])
     assert result.exit_code == 0, result.output
-    records = json.loads(result.output)
+    records = json.loads(result.output)["cells"]
     assert [r["axes"]["task.ops"] for r in records] == [["+"], ["+"], ["+", "-", "*"], ["+", "-", "*"]]
     assert [r["axes"]["lora.targets"] for r in records] == [["q_proj"], ["q_proj", "v_proj"]] * 2
     ids = [r["run_id"] for r in records]
