@@ -455,6 +455,8 @@ def fit(
                    holdout=holdout, holdout_frac=holdout_frac, drop_early=drop_early, bootstrap=bootstrap, seed=seed)
     with user_errors():
         fitted = run_fit(paths, spec, list(method or []), out)
+    for line in fitted.answer:
+        console.print(line, soft_wrap=True)
     for table in fitted.tables:
         console.print(table)
     for note in fitted.warnings:  # beside the result they qualify

@@ -53,8 +53,8 @@ def sweep_fit(tmp_path_factory):
 def test_writes_every_output(sweep_fit):
     out, result = sweep_fit
     fit = json.loads((out / "fit.json").read_text())
-    assert list(fit) == SWEEP_METHODS
-    for entry in fit.values():
+    assert list(fit) == ["n_star_trend", *SWEEP_METHODS] and fit["n_star_trend"]["call"] in ("rises", "falls", "none")
+    for entry in (fit[m] for m in SWEEP_METHODS):
         assert {"params", "interval90", "converged", "metric", "axis", "compute", "compute_unit", "input"} <= set(entry)
         assert entry["input"]["sha256"] and entry["compute_unit"] == "rollouts"
     assert list(fit["frontier"]["params"]) == ["lower", "upper", "midpoint", "slope"]
@@ -67,6 +67,9 @@ def test_writes_every_output(sweep_fit):
         for ext in ("png", "svg"):
             assert (out / f"{name}.{ext}").stat().st_size > 1000
     report = (out / "report.md").read_text()
+    question, answer, sure = report.splitlines()[:3]  # the sweep's question first, its answer, how sure
+    assert question == "Does the best n (n*) grow with compute?" and answer.startswith("Answer: ") and sure.startswith("How sure: ")
+    assert question in result.output
     assert "![frontier](frontier.png)" in report and "## isoflop-slices" in report and "90% interval" in report
     assert "n* 90%" in result.output and "frontier:" in result.output
 
@@ -85,7 +88,7 @@ def test_several_inputs_are_concatenated(tmp_path):
     result = invoke(tmp_path / "a.parquet", tmp_path / "b.csv", "--bootstrap", 0, "--out", tmp_path / "out")
     assert result.exit_code == 0, result.output
     fit = json.loads((tmp_path / "out" / "fit.json").read_text())
-    assert list(fit) == ["frontier"] and fit["frontier"]["input"]["runs"] == 20
+    assert list(fit) == ["n_star_trend", "frontier"] and fit["frontier"]["input"]["runs"] == 20
     # A run id is a hash of what the run computes: the same id in two inputs is one run given twice.
     results(seed=1).to_csv(tmp_path / "c.csv", index=False)
     twice = invoke(tmp_path / "a.parquet", tmp_path / "c.csv", "--bootstrap", 0, "--out", tmp_path / "out")
@@ -123,7 +126,7 @@ def test_too_few_points_default_falls_back_to_the_empirical_frontier(tmp_path):
     result = invoke(tmp_path / "r.csv", "--bootstrap", 0)
     assert result.exit_code == 0 and "not fitted" in result.output, result.output
     assert list(pd.read_csv(tmp_path / "fit" / "frontier.csv").columns) == ["compute", "value", "axis_star"]
-    assert json.loads((tmp_path / "fit" / "fit.json").read_text()) == {}
+    assert list(json.loads((tmp_path / "fit" / "fit.json").read_text())) == ["n_star_trend"]  # the question is asked of any curves
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from isoflop_cli.config import check_writable
 from isoflop_cli.config.schema import TrackingConfig
-from isoflop_cli.fit import coverage, data, methods, outputs, report
+from isoflop_cli.fit import coverage, data, methods, outputs, report, trend
 from isoflop_cli.fit.data import FitSpec
 from isoflop_cli.fit.interference import load_problems
 from isoflop_cli.tracking import log_fit, sweep_tracker_root
@@ -20,6 +20,7 @@ from isoflop_cli.tracking import log_fit, sweep_tracker_root
 
 @dataclass
 class Fitted:
+    answer: list[str]  # the question the sweep exists for, its answer, how sure (trend.Trend.lines); empty without the columns
     tables: list[Table]
     written: list[Path]
     warnings: list[str]
@@ -41,9 +42,20 @@ def fit(paths: list[Path], spec: FitSpec, asked: list[str], out: Path | None) ->
         problems = load_problems(paths) if any(methods.METHODS[m].reads_problems for m in asked) else None
         results = methods.run(df, spec, asked or methods.defaults(df, spec), explicit=bool(asked), problems=problems)
         cover = coverage.coverage(df, spec)
-        written, front = outputs.write(df, info, spec, results, out, cover)
+        answer = _trend(df, spec)
+        written, front = outputs.write(df, info, spec, results, out, cover, answer)
     _track(paths[0], out, written)
-    return Fitted(tables(results, spec, front, cover), written, notes)
+    return Fitted(answer.lines(spec.axis) if answer else [], tables(results, spec, front, cover), written, notes)
+
+
+def _trend(df: pd.DataFrame, spec: FitSpec) -> trend.Trend | None:
+    """The pre-specified answer (trend.n_star_trend) wherever the results have the curves' columns,
+    whichever methods were asked for: it is the question, the methods are the description."""
+    columns = [spec.metric, spec.axis, spec.compute]
+    if not set(columns) <= set(df.columns):
+        return None
+    rows = data.usable(df, columns, "n_star_trend")
+    return trend.n_star_trend(rows[rows[spec.axis] > 0], spec)
 
 
 def _track(path: Path, out: Path, written: list[Path]) -> None:

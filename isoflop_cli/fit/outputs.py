@@ -19,6 +19,7 @@ from isoflop_cli.fit import coverage, plots
 from isoflop_cli.fit.data import FitSpec, MethodResult, usable
 from isoflop_cli.fit.frontier import frontier as empirical_frontier
 from isoflop_cli.fit.report import markdown
+from isoflop_cli.fit.trend import Trend
 from isoflop_cli.store import atomic_write
 
 PLOTS = {
@@ -43,9 +44,10 @@ def frontier_frame(df: pd.DataFrame, spec: FitSpec, results: dict[str, MethodRes
 
 
 def write(df: pd.DataFrame, info: dict, spec: FitSpec, results: dict[str, MethodResult], out: Path,
-          cover: pd.DataFrame | None = None) -> tuple[list[Path], pd.DataFrame | None]:
+          cover: pd.DataFrame | None = None, answer: Trend | None = None) -> tuple[list[Path], pd.DataFrame | None]:
     """Every output file of a fit (with `cover`, the coverage table: coverage.csv, its plot and its
-    report section); returns the paths written and the frontier table."""
+    report section; with `answer`, the trend test: fit.json's `n_star_trend` and report.md's first
+    lines); returns the paths written and the frontier table."""
     written: list[Path] = []
     names: dict[str, list[str]] = {}
     rows, front = frontier_frame(df, spec, results) or (None, None)
@@ -61,7 +63,7 @@ def write(df: pd.DataFrame, info: dict, spec: FitSpec, results: dict[str, Method
     entries = {m: {**r.entry, "input": info} for m, r in results.items()}
     if "frontier" in entries:
         entries["frontier"]["frontier_csv"] = "fitted envelope"
-    document, section = dict(entries), []
+    document, section = ({"n_star_trend": answer.entry()} if answer else {}) | entries, []
     if cover is not None:
         atomic_write(out / "coverage.csv", cover.to_csv(index=False))
         paths = plots.coverage_plot(cover, spec, out / "coverage")
@@ -69,7 +71,7 @@ def write(df: pd.DataFrame, info: dict, spec: FitSpec, results: dict[str, Method
         document["coverage"] = coverage.entry(cover, spec)
         section = coverage.markdown(cover, spec, [p.name for p in paths])
     atomic_write(out / "fit.json", json.dumps(jsonable(document), indent=1) + "\n")
-    atomic_write(out / "report.md", markdown(entries, spec, info, names, front, section))
+    atomic_write(out / "report.md", markdown(entries, spec, info, names, front, section, answer.lines(spec.axis) if answer else []))
     return [out / "fit.json", *written, out / "report.md"], front
 
 

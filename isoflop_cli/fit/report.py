@@ -153,10 +153,11 @@ def frontier_table(front: pd.DataFrame, spec: FitSpec, axis_star: list[dict] | N
 
 
 def markdown(results: dict[str, dict], spec: FitSpec, info: dict, plots: dict[str, list[str]], front: pd.DataFrame | None,
-             readings: list[str] = ()) -> str:
-    """report.md: inputs, then per method its form, table, plots and notes, then the readings that
+             readings: list[str] = (), answer: list[str] = ()) -> str:
+    """report.md: the sweep's question, its answer and how sure (`answer`, the trend test's three
+    lines, first), inputs, then per method its form, table, plots and notes, then the readings that
     are no fit (coverage), then frontier.csv."""
-    lines = ["# isoflop fit", "", f"Inputs: {', '.join(f'`{p}`' for p in info['paths'])} ({info['rows']} rows, {info['runs']} runs; sha256 `{info['sha256'][:16]}`).",
+    lines = [*answer, "", "# isoflop fit", "", f"Inputs: {', '.join(f'`{p}`' for p in info['paths'])} ({info['rows']} rows, {info['runs']} runs; sha256 `{info['sha256'][:16]}`).",
              f"Metric `{spec.metric}`, axis `{spec.axis}`, compute `{spec.compute}`. Bootstrap over runs: {spec.bootstrap} resamples, seed {spec.seed}; intervals are 5%-95%.", ""]
     for method, entry in results.items():
         lines += [f"## {method}", "", f"`{FORMS[method].format(axis=spec.axis)}`", "", summary(method, entry, spec) + ".", "",
