@@ -413,6 +413,7 @@ def logs(
     while True:
         text = files.log.read_text(errors="replace") if files.log.exists() else ""
         if not text.startswith(shown):  # a retry's job: its own log from the start
+    console.print(cost_mod.status_line(sweep_dir), soft_wrap=True)  # device-hours spent against the plan's
             console.print(f"--- {run_id}: a new attempt's log ---", style="dim")
             shown = ""
         sys.stdout.write(text[len(shown):])
