@@ -13,11 +13,18 @@ from isoflop_cli.config.compose import SWEEPS_DIR as SWEEPS
 runner = CliRunner()
 
 CASES = {
-    "unknown key": (["plan", "grid.nn=[4]"], "grid.nn"),
+    "unknown key": (["plan", "grid.nn=[4]"], "unknown config key 'grid.nn' (did you mean grid.n?)"),
+    "unknown key in a section": (["plan", "algo.temprature=0.5"], "(did you mean algo.temperature?)"),
+    "unknown axis key": (["plan", "+grid.axes={algo.kl_coeff:[0.1]}"], "unknown config key 'algo.kl_coeff' (did you mean algo.kl_coef?)"),
     "unknown top-level key": (["plan", "foo=1"], "foo"),
     "wrong type": (["plan", "grid.n=abc"], "grid.n"),
     "wrong enum": (["plan", "algo.lr_scaling=cube"], "algo.lr_scaling"),
-    "malformed override": (["plan", "grid.n=[4,"], "[4,"),
+    "malformed override": (["plan", "grid.n=[4,"], "cannot parse the override 'grid.n=[4,'"),
+    # Characters Hydra's grammar refuses unquoted: the override named, and how to quote it.
+    "semicolon in a value": (["plan", "name=a;b"], "cannot parse the override 'name=a;b': ';' is not allowed in an unquoted value; quote the value, name='a;b'"),
+    "control character in a value": (["plan", "name=a\x01b"], "cannot parse the override 'name=a\\x01b': '\\x01' is not allowed"),
+    "newline in a value": (["run", "name=a\nb"], "cannot parse the override 'name=a\\nb'"),
+    "non-ASCII in a value": (["plan", "name=é"], "cannot parse the override 'name=é': 'é' is not allowed in an unquoted value"),
     "n <= 0": (["plan", "grid.n=[4,0]"], "grid.n must be a finite number > 0"),
     "B_p <= 0": (["plan", "grid.B_p=[-1]"], "grid.B_p must be a finite number > 0"),
     "budget not a number": (["plan", "grid.budgets=[nan]"], "grid.budgets must be a finite number > 0"),

@@ -13,10 +13,12 @@ from typing import Any
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from hydra.errors import HydraException, MissingConfigException
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from isoflop_cli.config.keys import unknown_key
 from isoflop_cli.config.schema import DEFAULT_SWEEP, PATH_KEYS, SweepConfig
 from isoflop_cli.config.validate import check
 from isoflop_cli.errors import ConfigError
@@ -121,6 +123,7 @@ def _compose(path: Path, overrides: list[str]) -> DictConfig:
     # The schema is the base of every sweep (its defaults list starts with `isoflop`), so Hydra
     # itself rejects unknown keys and wrong types while it composes.
     ConfigStore.instance().store(name="isoflop", node=SweepConfig)
+    _check_parses(overrides)
     searchpath = f"hydra.searchpath=[file://{CONF_DIR}]"
     try:
         with initialize_config_dir(config_dir=str(path.parent), version_base=None):
@@ -143,12 +146,39 @@ def _compose(path: Path, overrides: list[str]) -> DictConfig:
     return cfg
 
 
+def _check_parses(overrides: list[str]) -> None:
+    """Each override parsed alone, so that one Hydra's grammar refuses (`name=a;b`, a control
+    character, a letter outside ASCII unquoted) is named in one line with what to do, not as the
+    lexer's exception with its caret drawing."""
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_overrides([override])
+        except OverrideParseException as e:
+            raise ConfigError(_parse_message(override, e)) from None
+
+
+def _parse_message(override: str, e: OverrideParseException) -> str:
+    shown = _printable(override)
+    bad = re.search(r"token recognition error at: '(.*)'", str(e.__cause__ or e.__context__ or ""), re.S)
+    if bad is None:  # the grammar, not a character: `grid.n=[4,`
+        return f"cannot parse the override '{shown}': {_printable(str(e).splitlines()[0])} (overrides are key=value, lists [a,b])"
+    key, _, value = override.partition("=")
+    return (f"cannot parse the override '{shown}': '{_printable(bad.group(1))}' is not allowed in an unquoted value; "
+            f"quote the value, {_printable(key)}='{_printable(value)}' (in the shell: \"{_printable(key)}='{_printable(value)}'\")")
+
+
+def _printable(text: str) -> str:
+    """Control characters as escapes (`\\x01`, `\\n`): the message stays one line and shows them."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _compose_message(e: Exception) -> str:
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     if len(lines) > 1 and lines[1].startswith("To append"):  # a key the schema lacks; keep Hydra's `+key=` hint
         cause = e.__cause__
         if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None) and "axes" not in lines[0]:
-            return f"unknown config key '{cause.full_key}'"
+            return unknown_key(cause.full_key)
         return " ".join(lines[:2])
     cause = e.__cause__ or e.__context__
     key = getattr(cause, "full_key", None) if isinstance(cause, OmegaConfBaseException) else None
@@ -176,7 +206,7 @@ def omegaconf_message(e: OmegaConfBaseException) -> str:
     msg = _first_line(e)
     key = getattr(e, "full_key", None)
     if "not in struct" in msg or "Key '" in msg and "not in" in msg:
-        return f"unknown config key '{key}'"
+        return unknown_key(key)
     if key:
         return f"bad value for '{key}': {msg}"
     return msg

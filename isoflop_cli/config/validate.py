@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from isoflop_cli import launchers, tasks
 from isoflop_cli.algorithms import ALGORITHMS, LOSS_AGGS
+from isoflop_cli.config.keys import unknown_key
 from isoflop_cli.config.schema import GROUPS, Schedule, cache_dir
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.flops import PROJECTIONS, Shape, UnsupportedModel
@@ -78,7 +79,7 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
             raise ConfigError(f"grid.axes.{key}: the cluster is the sweep's, not a cell's (each job asks for the sweep's CPUs and GPUs); "
                               "run one sweep per cluster setting")
         if key not in GROUPS and OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
-            raise ConfigError(f"grid.axes.{key}: unknown config key '{key}'")
+            raise ConfigError(f"grid.axes.{key}: {unknown_key(key)}")
         if key in GROUPS and any(OmegaConf.is_config(v) for v in values):
             raise ConfigError(f"grid.axes.{key} takes names of {key} configs (conf/{key}/NAME.yaml), got {_show(next(v for v in values if OmegaConf.is_config(v)))}")
         _check_no_repeats(f"grid.axes.{key}", values)
