@@ -27,7 +27,7 @@ from isoflop_cli.config.schema import cache_dir
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.store import atomic_write, read_json
 
-SWEEP_ONLY = ("grid", "cluster", "name", "calibrate", "tracking")  # config parts that do not change what a run computes
+SWEEP_ONLY = ("grid", "cluster", "name", "calibrate", "tracking", "power")  # config parts that do not change what a run computes
 
 
 def run_content(cfg: DictConfig) -> dict[str, Any]:

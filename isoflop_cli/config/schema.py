@@ -292,6 +292,20 @@ class TrackingConfig:
 
 
 @dataclass
+class PowerConfig:
+    """`plan`'s power analysis (power.py): how likely the sweep is to answer "does n* rise with
+    compute?" (fit's trend test), simulated on this grid under the smallest effect worth finding."""
+
+    # One eval point's sd between the seeds of a cell (fit.json's noise.seed_sd; `plan --noise-from`
+    # reads it from earlier results): 0.02 is the lookup study's order.
+    seed_sd: float = 0.02
+    eval_sd: Optional[float] = None  # the evaluation's share of it; null: binomial at a pass rate of 0.5 over eval.problems x eval.samples
+    doublings: float = 1.0  # the effect: n* moves this many doublings over the grid's budgets (1: by a factor of 2)
+    gap: float = 0.02  # the effect: the metric lost one doubling of n away from n*, at every budget
+    grids: int = 200  # simulated sweeps per estimate (its sd is at most 0.5 / sqrt(grids))
+
+
+@dataclass
 class SweepConfig:
     name: str = DEFAULT_SWEEP
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -308,6 +322,7 @@ class SweepConfig:
     flops: FlopsConfig = field(default_factory=FlopsConfig)
     calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    power: PowerConfig = field(default_factory=PowerConfig)
     # The values of one run (`isoflop run`); a sweep sets them per cell from the grid.
     n: int = 8
     B_p: int = 8

@@ -168,6 +168,12 @@ def device() -> torch.device:
 def shard(model: nn.Module, bf16: bool) -> None:
     """FSDP2 in place: each transformer layer its own unit, then the root (embeddings, head, the rest).
 
+    FSDP2 keeps a root's parameters gathered after its forward, for the backward that follows; a
+    frozen model (no parameter trains: the KL reference) runs forwards only, and its root would
+    stay gathered from its first forward on (at 7B: embeddings and head, 1.9 GiB per GPU in bf16,
+    through sampling and learning alike). Its root reshards after each forward instead, as its
+    layers do: one more all-gather of the root per reference micro-batch.
+
     With several ranks only rank 0 holds the weights (in host memory); the others built the model
     on the meta device (`Trainer._build_models`). Sharding moves rank 0's shards to its device and
     allocates the others' there; rank 0's full tensors then reach every rank's shards one tensor at a
@@ -184,7 +190,8 @@ def shard(model: nn.Module, bf16: bool) -> None:
     for module in model.modules():
         if type(module).__name__ in layer_types:
             fully_shard(module, mesh=mesh, mp_policy=precision)
-    fully_shard(model, mesh=mesh, mp_policy=precision)
+    trains = any(p.requires_grad for p in model.parameters())
+    fully_shard(model, mesh=mesh, mp_policy=precision, reshard_after_forward=None if trains else True)  # None: FSDP2's choice
     if world_size == 1:
         return
     if rank > 0:
