@@ -68,20 +68,39 @@ def plan(
     out: Path = typer.Option(DEFAULT_OUT, "--out", "-o", help="Where the sweep runs; its finished runs refine the FLOP predictions."),
     replayed: Optional[Path] = typer.Option(None, "--replay", help="A replay.json of a similar sweep (isoflop replay): the share of the full grid an adaptive schedule spent there."),
     max_gpu_hours: Optional[float] = MAX_GPU_HOURS,
+    noise_from: Optional[Path] = typer.Option(None, "--noise-from", help="Results of a pilot or a similar sweep (a sweep dir, parquet or CSV): "
+                                              "the power analysis reads its noise between seeds and in evaluation there (else power.seed_sd, power.eval_sd)."),
 ) -> None:
     """The grid as a table: every cell, its steps M, eval points, rollouts, predicted FLOPs (search,
     learning, reward, rho), wall time and GPU-hours; infeasible cells and why; the schedule's worst
-    case and the sweep's cost. No compute."""
+    case, the sweep's cost, and its power: how likely fit is to answer whether n* rises with compute,
+    and the seeds per cell that make it 80%. No compute."""
     with user_errors():
         cfg, cells = sweep_mod.load(config, list(overrides or []), out)
         share = _replayed_share(replayed) if replayed else None
         price = _priced(cfg, cells, out, max_gpu_hours)
+        power = _powered(cfg, cells, noise_from)
     if as_json:
-        print(json.dumps(report.plan_json(cells, price), indent=1))
+        print(json.dumps({**report.plan_json(cells, price), "power": power.entry()}, indent=1))
     else:
         console.print(report.plan_table(cfg, cells, price))
         console.print(report.schedule_line(cfg, cells, share, replayed), soft_wrap=True)
         console.print(report.cost_line(price), soft_wrap=True)
+        console.print(power.line(), soft_wrap=True)
+
+
+def _powered(cfg, cells: list[grid_mod.Cell], noise_from: Optional[Path] = None):
+    """The sweep's power analysis (power.py), with a warning before any compute where it is below
+    one in two: such a sweep will most likely end without an answer."""
+    from isoflop_cli import power
+
+    found = power.of_sweep(cfg, cells, noise_from)
+    if found.trend is not None and found.trend < power.WARN_BELOW:
+        more = (f"{found.seeds_for_80} seeds per cell (grid.seed) reach {power.TARGET:.0%}" if found.seeds_for_80 is not None
+                else f"not even {power.MAX_SEEDS} seeds per cell reach {power.TARGET:.0%}: widen the grid's budgets or n")
+        err.print(Text.assemble(("warning: ", "bold yellow"), f"this sweep has a {found.trend:.0%} chance to show a rising n* of the "
+                                f"size power.doublings / power.gap describe; {more}"), soft_wrap=True)
+    return found
 
 
 def _priced(cfg, cells: list[grid_mod.Cell], out: Path, max_hours: Optional[float]) -> cost_mod.Price:
@@ -127,11 +146,13 @@ def sweep(
     with user_errors():
         cfg, cells = sweep_mod.load(config, list(overrides or []), out)
         price = _priced(cfg, cells, out, max_gpu_hours)
+        power = _powered(cfg, cells)
         if not dry_run:
             sweep_dir = sweep_mod.check(out, cfg, cells)
             continued = sweep_mod.continuations(sweep_dir, cells, extend)
     console.print(report.plan_table(cfg, cells, price))
     console.print(report.cost_line(price), soft_wrap=True)
+    console.print(power.line(), soft_wrap=True)
     if dry_run:
         return
     cost_mod.write(sweep_dir, cells, price)
@@ -392,6 +413,7 @@ def status(path: Path = typer.Argument(..., help="A sweep directory (OUT/<name>)
         sweep_dir = sweep_mod.existing(path)
         table = report.sweep_table(sweep_dir)  # a run's status file that cannot be read is one line
     console.print(table)
+    console.print(cost_mod.status_line(sweep_dir), soft_wrap=True)  # device-hours spent against the plan's
 
 
 DONE_WITH = (FINISHED, FAILED, STOPPED, PAUSED)  # a cell in these states gets no more log from the sweep
@@ -413,7 +435,6 @@ def logs(
     while True:
         text = files.log.read_text(errors="replace") if files.log.exists() else ""
         if not text.startswith(shown):  # a retry's job: its own log from the start
-    console.print(cost_mod.status_line(sweep_dir), soft_wrap=True)  # device-hours spent against the plan's
             console.print(f"--- {run_id}: a new attempt's log ---", style="dim")
             shown = ""
         sys.stdout.write(text[len(shown):])
