@@ -30,7 +30,7 @@ from isoflop_cli import launchers, report
 from isoflop_cli import sweep as sweep_mod
 from isoflop_cli.config import identity
 from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, DEFAULT_MARGIN, Schedule
-from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, watched
+from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, sweep_lock, watched
 from isoflop_cli.errors import ConfigError, LauncherError
 from isoflop_cli.processes import die_with_parent
 from isoflop_cli.store import FAILED, FINISHED, PAUSED, STOPPED, LeaseLost, RunFiles, SweepDir, disk_full_message, is_disk_full, no_world_writes, read_json
@@ -155,7 +155,8 @@ def sweep(
     console.print(power.line(), soft_wrap=True)
     if dry_run:
         return
-    cost_mod.write(sweep_dir, cells, price)
+    with user_errors(), sweep_lock(sweep_dir.path):  # only the sweep that owns the dir writes what it plans to spend
+        cost_mod.write(sweep_dir, cells, price)
     if continued:
         console.print(f"{len(continued)} runs continue from where an earlier, smaller budget left them (their checkpoints)")
     outcome = _run_sweep(sweep_dir, cfg, cells, continued)
