@@ -9,17 +9,18 @@ recipe.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import math
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Iterator, Optional
 
 import typer
-from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
@@ -40,15 +41,76 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # click hands them down to every command
 )
-console = Console()
-err = Console(stderr=True)
+console = report.Output()
+err = report.Output(stderr=True)
 
 OVERRIDES = typer.Argument(None, help="Hydra overrides, e.g. grid.n=[4,8,16] grid.budgets=[512,2048] model=tiny-arith")
 CONFIG = typer.Option(None, "--config", "-c", help="A ready-made sweep in sweeps/ (by name) or a YAML path (default: default)")
-DEFAULT_OUT = Path("isoflop-runs")
+DEFAULT_ROOT = Path("isoflop-runs")
+OLD_OUT = typer.Option(None, "--out", "-o", hidden=True, help="The old spelling (deprecated).")
 MAX_GPU_HOURS = typer.Option(None, "--max-gpu-hours", help="Refuse (exit 2) a sweep predicted to cost more than this many GPU-hours "
                                                           "(CPU-hours on a cluster without GPUs), before any compute.")
+
+
+def version() -> str:
+    """isoflop's version and, where it runs from a git checkout, the commit (marked `modified` with
+    uncommitted changes to tracked files): a checkout's version number alone does not say which code ran."""
+    try:
+        text = f"isoflop {importlib.metadata.version('isoflop')}"
+    except importlib.metadata.PackageNotFoundError:
+        text = "isoflop (not installed)"
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        return text
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10)
+        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):  # no git here: the version is what can be said
+        return text
+    if commit.returncode != 0:
+        return text
+    return f"{text} (commit {commit.stdout.strip()}{', modified' if changed.stdout.strip() else ''})"
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        print(version())
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    _version: bool = typer.Option(False, "--version", help="Print isoflop's version (and the git commit it runs from) and exit.",
+                                  is_eager=True, callback=_print_version),
+) -> None:
+    # The app's own options; each command's are its own.
+    pass
+
+
+def root_option(what: str) -> typer.Option:
+    """--root: the output root every sweep lives in, as ROOT/<name> (`what`: what this command does there)."""
+    return typer.Option(None, "--root", help=f"Output root; the sweep lives in ROOT/<name> (default: {DEFAULT_ROOT}). {what}")
+
+
+def renamed(new, old, name: str, default=None):
+    """An option given by its new name, or by its old spelling `--out` (which meant another thing in
+    each command: the output root, a run dir): the old one still works, with one line on stderr."""
+    if old is None:
+        return default if new is None else new
+    if new is not None:
+        raise ConfigError(f"--out and {name} are one option (--out is its old spelling): give {name} only")
+    err.print(Text.assemble(("warning: ", "bold yellow"), f"--out is deprecated here: it is now {name}"), soft_wrap=True)
+    return old
+
+
+def print_json(obj) -> None:
+    """What `--json` prints: one JSON object, alone on stdout (NaN as null, numpy numbers as numbers);
+    warnings and progress go to stderr."""
+    from isoflop_cli.fit.outputs import jsonable
+
+    print(json.dumps(jsonable(obj), indent=1))
 
 
 @contextlib.contextmanager
@@ -65,7 +127,8 @@ def plan(
     overrides: Optional[list[str]] = OVERRIDES,
     config: Optional[str] = CONFIG,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
-    out: Path = typer.Option(DEFAULT_OUT, "--out", "-o", help="Where the sweep runs; its finished runs refine the FLOP predictions."),
+    root: Optional[Path] = root_option("Its finished runs there refine the FLOP predictions."),
+    old_out: Optional[Path] = OLD_OUT,
     replayed: Optional[Path] = typer.Option(None, "--replay", help="A replay.json of a similar sweep (isoflop replay): the share of the full grid an adaptive schedule spent there."),
     max_gpu_hours: Optional[float] = MAX_GPU_HOURS,
     noise_from: Optional[Path] = typer.Option(None, "--noise-from", help="Results of a pilot or a similar sweep (a sweep dir, parquet or CSV): "
@@ -76,9 +139,10 @@ def plan(
     case, the sweep's cost, and its power: how likely fit is to answer whether n* rises with compute,
     and the seeds per cell that make it 80%. No compute."""
     with user_errors():
-        cfg, cells = sweep_mod.load(config, list(overrides or []), out)
+        root = renamed(root, old_out, "--root", DEFAULT_ROOT)
+        cfg, cells = sweep_mod.load(config, list(overrides or []), root)
         share = _replayed_share(replayed) if replayed else None
-        price = _priced(cfg, cells, out, max_gpu_hours)
+        price = _priced(cfg, cells, root, max_gpu_hours)
         power = _powered(cfg, cells, noise_from)
     if as_json:
         print(json.dumps({**report.plan_json(cells, price), "power": power.entry()}, indent=1))
@@ -103,12 +167,12 @@ def _powered(cfg, cells: list[grid_mod.Cell], noise_from: Optional[Path] = None)
     return found
 
 
-def _priced(cfg, cells: list[grid_mod.Cell], out: Path, max_hours: Optional[float]) -> cost_mod.Price:
-    """The sweep's predicted cost (calibrated by its finished runs in OUT/<name>); refused (ConfigError)
+def _priced(cfg, cells: list[grid_mod.Cell], root: Path, max_hours: Optional[float]) -> cost_mod.Price:
+    """The sweep's predicted cost (calibrated by its finished runs in ROOT/<name>); refused (ConfigError)
     above `max_hours`, naming the total and the costliest cells."""
     if max_hours is not None and not (math.isfinite(max_hours) and max_hours > 0):
         raise ConfigError(f"--max-gpu-hours must be a finite number > 0, got {max_hours}")
-    price = cost_mod.price(cfg, cells, SweepDir(out / cfg.name))
+    price = cost_mod.price(cfg, cells, SweepDir(root / cfg.name))
     if max_hours is not None and price.hours > max_hours:
         top = ", ".join(f"{rid} {hours:.3g}" for rid, hours in price.costliest(cells))
         raise ConfigError(f"the sweep is predicted to cost {price.hours:.3g} {price.unit}, above --max-gpu-hours={max_hours:g} "
@@ -132,23 +196,25 @@ def _replayed_share(path: Path) -> float:
 def sweep(
     overrides: Optional[list[str]] = OVERRIDES,
     config: Optional[str] = CONFIG,
-    out: Path = typer.Option(DEFAULT_OUT, "--out", "-o", help="Output root; the sweep lives in OUT/<name>."),
+    root: Optional[Path] = root_option(""),
+    old_out: Optional[Path] = OLD_OUT,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and stop."),
     extend: bool = typer.Option(False, "--extend", help="Add this grid's cells to a sweep dir that holds other cells (they are kept, and run if unfinished)."),
     max_gpu_hours: Optional[float] = MAX_GPU_HOURS,
 ) -> None:
     """Expand the grid, run every cell as a Ray job, watch, collect results.parquet, print the frontier.
 
-    Rerunning with the same --out resumes: finished runs are kept, running jobs reattached, lost ones resubmitted.
+    Rerunning with the same --root resumes: finished runs are kept, running jobs reattached, lost ones resubmitted.
     With larger budgets, runs left with a checkpoint (paused, stopped, or checkpoint.keep_final) continue from it.
     A sweep dir holding other cells (a changed grid) is refused unless --extend merges the two.
     """
     with user_errors():
-        cfg, cells = sweep_mod.load(config, list(overrides or []), out)
-        price = _priced(cfg, cells, out, max_gpu_hours)
+        root = renamed(root, old_out, "--root", DEFAULT_ROOT)
+        cfg, cells = sweep_mod.load(config, list(overrides or []), root)
+        price = _priced(cfg, cells, root, max_gpu_hours)
         power = _powered(cfg, cells)
         if not dry_run:
-            sweep_dir = sweep_mod.check(out, cfg, cells)
+            sweep_dir = sweep_mod.check(root, cfg, cells)
             continued = sweep_mod.continuations(sweep_dir, cells, extend)
     console.print(report.plan_table(cfg, cells, price))
     console.print(report.cost_line(price), soft_wrap=True)
@@ -184,18 +250,21 @@ def dispatch_errors() -> Iterator[None]:
 
 class Terminal(sweep_mod.View):
     """A sweep as the terminal shows it: the sweep dir, a spinner while the preflight probes, then
-    the live table of its cells."""
+    the live table of its cells; on `out` (stderr where stdout carries JSON)."""
+
+    def __init__(self, out: report.Output | None = None) -> None:
+        self.out = out or console
 
     def prepared(self, sweep_dir: SweepDir) -> None:
-        console.print(f"sweep dir: {sweep_dir.path}")
+        self.out.print(f"sweep dir: {sweep_dir.path}")
 
     def probing(self) -> contextlib.AbstractContextManager:
-        return console.status("preflight: probing the cluster's nodes")
+        return self.out.status("preflight: probing the cluster's nodes")
 
     @contextlib.contextmanager
     def watching(self, dispatcher: Dispatcher) -> Iterator[None]:
         table = lambda: report.sweep_table(dispatcher.sweep)  # noqa: E731
-        with Live(table(), console=console, refresh_per_second=2) as live:
+        with Live(table(), console=self.out, refresh_per_second=2) as live:
             dispatcher.on_poll = lambda: live.update(table())
             yield
 
@@ -234,24 +303,25 @@ class LogLines(Terminal):
             poll()
             self._line(report.summary_line(seen))
 
-    @staticmethod
-    def _line(text: str) -> None:
-        console.print(f"{time.strftime('%H:%M:%S')} {text}", soft_wrap=True, highlight=False)
+    def _line(self, text: str) -> None:
+        self.out.print(f"{time.strftime('%H:%M:%S')} {text}", soft_wrap=True, highlight=False)
 
 
-def _view() -> Terminal:
-    """The live table on a terminal, one line per event elsewhere."""
-    return Terminal() if console.is_terminal else LogLines()
+def _view(out: report.Output | None = None) -> Terminal:
+    """The live table on a terminal, one line per event elsewhere (on stdout unless `out` is given)."""
+    out = out or console
+    return Terminal(out) if out.is_terminal else LogLines(out)
 
 
-def _run_sweep(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued=()) -> sweep_mod.Outcome:
-    """`sweep.run` under a live table, then how many runs finished and why the others did not.
-    Ctrl-C or SIGTERM stops the jobs and exits 130 (rerunning resumes); a second sweep on the dir
-    is refused (exit 2); a lost Ray head is one line (exit 1)."""
+def _run_sweep(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued=(), out: report.Output | None = None) -> sweep_mod.Outcome:
+    """`sweep.run` under a live table, then how many runs finished and why the others did not
+    (on stdout unless `out` is given). Ctrl-C or SIGTERM stops the jobs and exits 130 (rerunning
+    resumes); a second sweep on the dir is refused (exit 2); a lost Ray head is one line (exit 1)."""
+    out = out or console
     with dispatch_errors(), user_errors():
-        outcome = sweep_mod.run(sweep_dir, cfg, cells, continued, _view())
-    console.print()
-    console.print(f"{outcome.finished}/{len(outcome.states)} runs finished"
+        outcome = sweep_mod.run(sweep_dir, cfg, cells, continued, _view(out))
+    out.print()
+    out.print(f"{outcome.finished}/{len(outcome.states)} runs finished"
                   + (f", {outcome.paused} stopped by the adaptive schedule (paused at their checkpoints; grid.schedule=full or larger grid.budgets continue them)" if outcome.paused else "")
                   + f"; {len(outcome.results)} eval points in {sweep_dir.results_file}", soft_wrap=True)
     for rid, why in outcome.failed.items():
@@ -263,15 +333,17 @@ def _run_sweep(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued=(
 def doctor(
     overrides: Optional[list[str]] = OVERRIDES,
     config: Optional[str] = CONFIG,
-    out: Path = typer.Option(DEFAULT_OUT, "--out", "-o", help="Output root; the sweep dir OUT/<name> is where the shared-dir check writes."),
+    root: Optional[Path] = root_option("The shared-dir check writes there."),
+    old_out: Optional[Path] = OLD_OUT,
 ) -> None:
     """The sweep's preflight alone: on a node of each type, isoflop and Python as the CLI's, the sweep
     dir shared, the model and data readable, vLLM importable (sampler=vllm); and a node with the
     CPUs and GPUs a run asks for. One line per problem, exit 2; nothing is run. The grid is expanded
     and every cell's config checked first, as `sweep` does."""
     with user_errors():
-        cfg, cells = sweep_mod.load(config, list(overrides or []), out)
-        sweep_dir = sweep_mod.check(out, cfg, cells)
+        root = renamed(root, old_out, "--root", DEFAULT_ROOT)
+        cfg, cells = sweep_mod.load(config, list(overrides or []), root)
+        sweep_dir = sweep_mod.check(root, cfg, cells)
         nodes = sweep_mod.doctor(sweep_dir, cfg, _view())
     for n in nodes:
         console.print(f"node {n.host}{f' x{n.count}' if n.count > 1 else ''}: {n.cpus:g} CPU, {n.gpus:g} GPU, isoflop {n.version}, Python {n.python}, "
@@ -299,7 +371,8 @@ def preflight_probe(
 def run(
     overrides: Optional[list[str]] = OVERRIDES,
     config: Optional[str] = CONFIG,
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default: isoflop-runs/single/<run_id>)."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help=f"The run's directory (default: {DEFAULT_ROOT}/single/<run id>)."),
+    old_out: Optional[Path] = OLD_OUT,
     pause_at: Optional[float] = typer.Option(None, "--pause-at", help="Stop at the first step whose ledger reaches this budget, keeping a checkpoint; a later run continues (adaptive sweeps)."),
 ) -> None:
     """One GRPO run in this process: what each Ray job executes, and how to debug a single cell (n=..., B_p=...).
@@ -307,17 +380,18 @@ def run(
     with user_errors():
         if pause_at is not None and not (math.isfinite(pause_at) and pause_at > 0):
             raise ConfigError(f"--pause-at must be a finite budget > 0, got {pause_at}")
+        run_dir = renamed(run_dir, old_out, "--run-dir")
         cfg = config_mod.load(config, list(overrides or []))
         config_mod.check_runnable([cfg])
         plan = grid_mod.plan_run(cfg)
         axes = {"n": cfg.n, "B_p": cfg.B_p, "seed": cfg.seed}
-        run_dir = config_mod.check_writable(out or DEFAULT_OUT / "single" / identity.run_id(axes, cfg, plan.key))
+        run_dir = config_mod.check_writable(run_dir or DEFAULT_ROOT / "single" / identity.run_id(axes, cfg, plan.key))
         # A sealed run stays as it is (a stale job, a requeue that came late, a user rerunning it),
         # unless it kept its state at its end (checkpoint.keep_final) and this plan goes further.
         files = RunFiles(run_dir)
         finished = files.finished_rows()
     if finished and (plan.reached_by(finished) or not files.has_checkpoint()):
-        console.print(f"{run_dir} holds a finished run: nothing to do (give another --out to run it again)", soft_wrap=True)
+        console.print(f"{run_dir} holds a finished run: nothing to do (give another --run-dir to run it again)", soft_wrap=True)
         console.print(report.metrics_table(finished))
         return
     console.print(f"run: n={cfg.n} B_p={cfg.B_p} seed={cfg.seed} M={plan.M} lr={plan.lr:.3g}, to {plan.limit:.4g} {plan.column} -> {run_dir}")
@@ -338,7 +412,9 @@ def run(
 def calibrate(
     overrides: Optional[list[str]] = OVERRIDES,
     config: Optional[str] = CONFIG,
-    out: Path = typer.Option(DEFAULT_OUT / "calibration", "--out", "-o", help="Output root: results go to OUT/<name>/."),
+    root: Optional[Path] = typer.Option(None, "--root", help=f"Output root: results go to ROOT/<name>/ (default: {DEFAULT_ROOT / 'calibration'})."),
+    old_out: Optional[Path] = OLD_OUT,
+    as_json: bool = typer.Option(False, "--json", help="Print the bands of the table as one JSON object (progress on stderr)."),
 ) -> None:
     """The first seed study's easy and hard sets: sample calibrate.samples completions per problem of
     task.train from the base model (the sweep's model, sampler and verifier), as Ray jobs of
@@ -348,15 +424,20 @@ def calibrate(
 
     overrides = list(overrides or [])
     with user_errors():
+        root = renamed(root, old_out, "--root", DEFAULT_ROOT / "calibration")
         cfg = config_mod.load(config, overrides)
         config_mod.check_runnable([cfg])
         cal.check(cfg)
         launchers.of(cfg.cluster).check()
-        dest = SweepDir(config_mod.check_writable(out / cfg.name))
+        dest = SweepDir(config_mod.check_writable(root / cfg.name))
     with dispatch_errors(), user_errors():
-        summary, failed = cal.run(cfg, dest, config, overrides, CalibrationProgress(cfg))
-    console.print(report.calibration_table(summary))
-    console.print(f"wrote {dest.path / cal.RESULT}, easy.parquet, hard.parquet, calibration.png/.svg, summary.json", soft_wrap=True)
+        summary, failed = cal.run(cfg, dest, config, overrides, CalibrationProgress(cfg, err if as_json else console))
+    written = [dest.path / name for name in (cal.RESULT, "easy.parquet", "hard.parquet", "calibration.png", "calibration.svg", "summary.json")]
+    if as_json:
+        print_json({**summary, "written": list(map(str, written)), "failed": failed})
+    else:
+        console.print(report.calibration_table(summary))
+        console.print(f"wrote {', '.join(map(str, written))}", soft_wrap=True)
     for rid, why in failed.items():
         err.print(Text.assemble(("failed ", "red"), f"{rid}: {why}"), soft_wrap=True)
     if failed:
@@ -366,14 +447,15 @@ def calibrate(
 class CalibrationProgress(sweep_mod.View):
     """A calibration as the terminal shows it: its slices, then a progress bar of finished ones."""
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg, out: report.Output) -> None:
         self.cfg = cfg
+        self.out = out  # stderr where stdout carries JSON
 
     def prepared(self, dest: SweepDir) -> None:
         from isoflop_cli import calibrate as cal
 
         manifest, c = dest.manifest(), self.cfg.calibrate
-        console.print(f"calibrating {cal.total_rows(manifest):,} problems of {self.cfg.task.train}: {c.samples} samples each, "
+        self.out.print(f"calibrating {cal.total_rows(manifest):,} problems of {self.cfg.task.train}: {c.samples} samples each, "
                       f"{len(manifest.cells)} job(s) of {c.shard} -> {dest.path}", soft_wrap=True)
 
     @contextlib.contextmanager
@@ -383,7 +465,7 @@ class CalibrationProgress(sweep_mod.View):
         from isoflop_cli import calibrate as cal
 
         dest = dispatcher.sweep
-        with Progress(TextColumn("jobs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
+        with Progress(TextColumn("jobs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self.out) as progress:
             bar = progress.add_task("calibrate", total=len(dest.manifest().cells), completed=cal.finished_slices(dest))
             dispatcher.on_poll = lambda: progress.update(bar, completed=cal.finished_slices(dest))
             yield
@@ -392,10 +474,14 @@ class CalibrationProgress(sweep_mod.View):
 @app.command("calibrate-shard", hidden=True)
 def calibrate_shard(
     config: Optional[str] = CONFIG,
-    out: Path = typer.Option(..., "--out", "-o", help="The job's directory."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="The job's directory (required)."),
+    old_out: Optional[Path] = OLD_OUT,
 ) -> None:
     """One calibration job (what `calibrate` submits): its rows of task.train, in this process."""
     with user_errors():
+        run_dir = renamed(run_dir, old_out, "--run-dir")
+        if run_dir is None:
+            raise ConfigError("calibrate-shard needs --run-dir, the job's directory")
         cfg = config_mod.load(config, [])
         if cfg.calibrate.rows is None:
             raise ConfigError("calibrate-shard needs calibrate.rows=[start,stop] (isoflop calibrate sets it per job)")
@@ -403,18 +489,26 @@ def calibrate_shard(
         _exit_with_parent()
     from isoflop_cli.recipe.calibrate import calibrate as calibrate_rows
 
-    df = calibrate_rows(cfg, out)
+    df = calibrate_rows(cfg, run_dir)
     console.print(f"rows {cfg.calibrate.rows}: {len(df)} problems, mean pass rate {df['pass_rate'].mean():.3f}")
 
 
 @app.command()
-def status(path: Path = typer.Argument(..., help="A sweep directory (OUT/<name>).")) -> None:
-    """The cells of a sweep: status, step/M, rollouts so far, latest validation metric."""
+def status(
+    path: Path = typer.Argument(..., help="A sweep directory (ROOT/<name>)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the runs and their totals as one JSON object."),
+) -> None:
+    """The runs of a sweep: each run's id (what `isoflop logs` takes), state, step/M, rollouts so
+    far, latest validation metric; runs per state, and the device-hours spent against the plan's."""
     with user_errors():
         sweep_dir = sweep_mod.existing(path)
-        table = report.sweep_table(sweep_dir)  # a run's status file that cannot be read is one line
-    console.print(table)
-    console.print(cost_mod.status_line(sweep_dir), soft_wrap=True)  # device-hours spent against the plan's
+        data = report.sweep_status(sweep_dir)  # a run's status file that cannot be read is one line
+    spent = cost_mod.status_line(sweep_dir)  # device-hours spent against the plan's
+    if as_json:
+        print_json({**data, "cost": spent})
+        return
+    console.print(report.status_table(data))
+    console.print(spent, soft_wrap=True)
 
 
 DONE_WITH = (FINISHED, FAILED, STOPPED, PAUSED)  # a cell in these states gets no more log from the sweep
@@ -422,8 +516,8 @@ DONE_WITH = (FINISHED, FAILED, STOPPED, PAUSED)  # a cell in these states gets n
 
 @app.command()
 def logs(
-    path: Path = typer.Argument(..., help="A sweep directory (OUT/<name>)."),
-    run_id: str = typer.Argument(..., help="A run id, as `isoflop status` lists them."),
+    path: Path = typer.Argument(..., help="A sweep directory (ROOT/<name>)."),
+    run_id: str = typer.Argument(..., metavar="RUN", help="A run's id, as `isoflop status` lists them in its run column."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing as the log grows, until the sweep is done with the run."),
 ) -> None:
     """A run's job log, as the sweep copies it into the run dir (every cluster.log_every_s while the
@@ -469,6 +563,7 @@ def fit(
     drop_early: float = typer.Option(0.0, help="scalerl: leave out eval points below this fraction of the largest compute."),
     bootstrap: int = typer.Option(200, help="Bootstrap resamples over runs for the 90% intervals (0: none)."),
     seed: int = typer.Option(0, help="Bootstrap seed."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: fit.json's, with the answer's lines, frontier.csv's rows (frontier_csv) and the files written."),
 ) -> None:
     """Fit frontiers and allocation laws with bootstrap intervals: fit.json, frontier.csv, plots, report.md."""
     from isoflop_cli.fit.command import fit as run_fit
@@ -478,13 +573,19 @@ def fit(
                    holdout=holdout, holdout_frac=holdout_frac, drop_early=drop_early, bootstrap=bootstrap, seed=seed)
     with user_errors():
         fitted = run_fit(paths, spec, list(method or []), out)
-    for line in fitted.answer:
-        console.print(line, soft_wrap=True)
-    for table in fitted.tables:
-        console.print(table)
+    if as_json:
+        document = json.loads(next(p for p in fitted.written if p.name == "fit.json").read_text())
+        front = fitted.frontier.to_dict("records") if fitted.frontier is not None else None
+        print_json({"answer": fitted.answer, **document, "frontier_csv": front, "written": list(map(str, fitted.written))})
+    else:
+        for line in fitted.answer:
+            console.print(line, soft_wrap=True)
+        for table in fitted.tables:
+            console.print(table)
     for note in fitted.warnings:  # beside the result they qualify
         err.print(Text.assemble(("warning: ", "bold yellow"), note), soft_wrap=True)
-    console.print(f"wrote {', '.join(str(p) for p in fitted.written)}", soft_wrap=True)
+    if not as_json:
+        console.print(f"wrote {', '.join(str(p) for p in fitted.written)}", soft_wrap=True)
 
 
 @app.command()
@@ -528,8 +629,9 @@ def replay(
 def race_pilot(
     overrides: Optional[list[str]] = OVERRIDES,
     config: Optional[str] = CONFIG,
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output root; the pilot lives in OUT/<name>-pilot, its analysis in race/ there (default: "
-                                                     "isoflop-runs). With --from-results: the output dir (default: race/ beside the file)."),
+    root: Optional[Path] = typer.Option(None, "--root", help=f"Output root; the pilot lives in ROOT/<name>-pilot, its analysis in race/ there (default: {DEFAULT_ROOT})."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="With --from-results: the output dir (default: race/ beside the results). "
+                                                                 "Without, the old spelling of --root (deprecated)."),
     target: str = typer.Option("native", help="native (val_native: validation scored by the training reward), downstream (a held-out set's downstream_*_pass@1, else val_avg@k) or judge (judge_*)."),
     metric: Optional[str] = typer.Option(None, help="The target column itself (default: the target's column)."),
     from_results: Optional[Path] = typer.Option(None, "--from-results", help="Analyse this results file or sweep dir (steps 3-6): no compute."),
@@ -545,6 +647,8 @@ def race_pilot(
     cap: float = typer.Option(0.25, help="Refuse a pilot above this share of the full sweep (unless --force)."),
     bootstrap: int = typer.Option(200, help="Bootstrap resamples over runs for the 90% intervals."),
     seed: int = typer.Option(0, help="Bootstrap seed."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: the pilot's cells and totals (--dry-run), else regime.json's "
+                                                       "with the files written; the pilot's progress on stderr."),
 ) -> None:
     """RACE: diagnose the allocation regime (search-, update- or reward-heavy) from a cheap pilot grid
     before the full sweep. Derives the pilot from the sweep's config: levels that trade search
@@ -555,8 +659,7 @@ def race_pilot(
     held-out gain."""
     from isoflop_cli.race import command as race
     from isoflop_cli.race.analysis import MIN_DRAWS
-    from isoflop_cli.race.outputs import summary
-    from isoflop_cli.race.pilot import SEEDS, PilotSpec, derive
+    from isoflop_cli.race.pilot import PilotSpec, derive
 
     overrides = list(overrides or [])
     with user_errors():
@@ -574,9 +677,9 @@ def race_pilot(
             dest = config_mod.check_writable(out or base / "race")
             result, written = race.analyse(df, target, column, None, config, overrides, {"pilot_flops": race.pilot_flops(df), "pilot_share": None},
                                            dest, None, bootstrap, seed, full_results)
-            console.print(summary(result))
-            console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
+            _race_result(result, written, as_json)
             return
+        root = renamed(root, out, "--root")
         if target not in race.TARGETS:
             raise ConfigError(f"--target '{target}' is not one of: {', '.join(race.TARGETS)}")
         spec = PilotSpec(updates=_number_list("--updates", updates), budgets=budgets, share=share, cap=cap)
@@ -584,20 +687,18 @@ def race_pilot(
         column = race.target_metric(target, metric, race.recorded_columns(pilot.cfg), "pilot runs record")
         race.check_full(full_results, column, validate_with)
         if not dry_run:
-            sweep_dir = sweep_mod.check(out or DEFAULT_OUT, pilot.cfg, pilot.cells)
+            sweep_dir = sweep_mod.check(root or DEFAULT_ROOT, pilot.cfg, pilot.cells)
             sweep_mod.check_same_grid(sweep_dir, pilot.cells, extend=False, hint="")
-    console.print(report.plan_table(pilot.cfg, pilot.cells))
-    console.print(f"pilot: {len(pilot.rewards)} reward system(s) {pilot.rewards} x levels (n x updates per batch) {', '.join(map(str, pilot.levels))} "
-                  f"x {SEEDS} seeds, budgets {', '.join(f'{b:.3g}' for b in pilot.budgets)} FLOPs "
-                  f"({'; '.join('{}-{}'.format(*pilot.steps(b)) for b in pilot.budgets)} steps a cell at the plan's bound): {pilot.flops:.3g} FLOPs predicted, "
-                  f"{pilot.share:.1%} of the full sweep's {pilot.full_flops:.3g} (target {spec.share:.0%}, cap {spec.cap:.0%})"
-                  + ("; the full sweep's FLOPs are per-step upper bounds, so the share measured after the pilot is higher" if pilot.full_by_bound else ""),
-                  soft_wrap=True)
+    if not as_json:  # its object holds what they show
+        console.print(report.plan_table(pilot.cfg, pilot.cells))
+        console.print(_pilot_line(pilot, spec), soft_wrap=True)
     for note in pilot.notes:
         err.print(Text.assemble(("note: ", "bold yellow"), note), soft_wrap=True)
     if dry_run:
+        if as_json:
+            print_json(_pilot_json(pilot, spec))
         return
-    outcome = _run_sweep(sweep_dir, pilot.cfg, pilot.cells)
+    outcome = _run_sweep(sweep_dir, pilot.cfg, pilot.cells, out=err if as_json else console)
     if outcome.failed:
         err.print("the pilot is incomplete: rerun the same command to resume it")
         raise typer.Exit(1)
@@ -607,7 +708,41 @@ def race_pilot(
         full = race.full_sweep_flops(config, overrides, scale)
         cost = {"pilot_flops": spent, "pilot_share": spent / full, "full_flops": full, "pilot_share_planned": pilot.share, "scale": scale}
         result, written = race.analyse(outcome.results, target, column, pilot.budgets, config, overrides, cost, sweep_dir.path / "race",
-                                       str(out) if out else None, bootstrap, seed, full_results)
+                                       str(root) if root else None, bootstrap, seed, full_results)
+    _race_result(result, written, as_json)
+
+
+def _pilot_line(pilot, spec) -> str:
+    """The pilot's design and predicted cost, in one line under its plan table."""
+    from isoflop_cli.race.pilot import SEEDS
+
+    return (f"pilot: {len(pilot.rewards)} reward system(s) {pilot.rewards} x levels (n x updates per batch) {', '.join(map(str, pilot.levels))} "
+            f"x {SEEDS} seeds, budgets {', '.join(f'{b:.3g}' for b in pilot.budgets)} FLOPs "
+            f"({'; '.join('{}-{}'.format(*pilot.steps(b)) for b in pilot.budgets)} steps a cell at the plan's bound): {pilot.flops:.3g} FLOPs predicted, "
+            f"{pilot.share:.1%} of the full sweep's {pilot.full_flops:.3g} (target {spec.share:.0%}, cap {spec.cap:.0%})"
+            + ("; the full sweep's FLOPs are per-step upper bounds, so the share measured after the pilot is higher" if pilot.full_by_bound else ""))
+
+
+def _pilot_json(pilot, spec) -> dict:
+    """`race-pilot --dry-run --json`: the pilot's cells as `plan --json` lists them, its totals, and
+    the design the pilot line says."""
+    from isoflop_cli.race.pilot import SEEDS
+
+    feasible = [c for c in pilot.cells if c.feasible]
+    totals = {"cells": len(pilot.cells), "feasible": len(feasible), "rollouts": sum(c.plan.rollouts for c in feasible), "flops": pilot.flops}
+    design = {"rewards": list(pilot.rewards), "levels": [{"n": level.n, "updates": level.updates} for level in pilot.levels], "seeds": SEEDS, "budgets": list(pilot.budgets),
+              "steps": [list(pilot.steps(b)) for b in pilot.budgets], "share": pilot.share, "full_flops": pilot.full_flops,
+              "full_by_bound": pilot.full_by_bound, "target_share": spec.share, "cap": spec.cap}
+    return {"cells": report.plan_records(pilot.cells), "totals": totals, "pilot": design}
+
+
+def _race_result(result: dict, written: list[Path], as_json: bool) -> None:
+    """RACE's regimes and recommendation: its table, or regime.json's object with the files written."""
+    from isoflop_cli.race.outputs import summary
+
+    if as_json:
+        print_json({**result, "written": list(map(str, written))})
+        return
     console.print(summary(result))
     console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
 

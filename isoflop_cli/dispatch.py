@@ -320,7 +320,7 @@ class Dispatcher:
         attempt = cell.attempts
         self.tries[run_id] = self.tries.get(run_id, 0) + 1
         # exec: the run is the job's process, so it ends with its job (see EXIT_WITH_PARENT).
-        command = [self.python, "-m", "isoflop_cli", self.command, "--config", str(files.config), "--out", str(files.dir)]
+        command = [self.python, "-m", "isoflop_cli", self.command, "--config", str(files.config), "--run-dir", str(files.dir)]
         entrypoint = "exec " + shlex.join(command + (["--pause-at", repr(float(pause_at))] if pause_at is not None else []))
         env = {**self.env(), EXIT_WITH_PARENT: "1"}
         # The sweep dir's tag: two sweeps of the same cells in different dirs (a run id is the cell's

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
-from rich.console import Group
+from rich.console import Console, ConsoleDimensions, Group
 from rich.table import Table
 from rich.text import Text
 
@@ -16,6 +16,25 @@ from isoflop_cli.config.schema import BudgetUnit
 from isoflop_cli.cost import Price
 from isoflop_cli.grid import Cell
 from isoflop_cli.store import FAILED, FINISHED, KILLED, MISSING, PAUSED, PENDING, RETRYING, RUNNING, STOPPED, SUBMITTED, CellState, SweepDir
+
+UNBOUNDED = 100_000  # columns of a console no terminal reads: wider than any table isoflop draws
+
+
+class Output(Console):
+    """The console every command prints through. Where no terminal reads it (a SLURM log, CI,
+    `| tee`, a test) rich would fit each table into 80 columns, ellipsising the run ids and numbers
+    a reader copies into the next command: there it is as wide as the widest line, so nothing is
+    cut. On a terminal (or given a width), the terminal's width."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        return size if self.is_terminal or self._width is not None else ConsoleDimensions(UNBOUNDED, size.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)
+
 
 STATE_STYLE = {"finished": "green", "running": "cyan", "submitted": "yellow", "failed": "red", "stopped": "magenta", "killed": "red", "paused": "blue", "retrying": "yellow",
                "missing": "red"}
@@ -63,7 +82,7 @@ def plan_table(cfg, cells: list[Cell], price: Price | None = None) -> Group:
                   caption="M, rollouts and FLOPs (search, learn, reward) predicted from max prompt and response lengths "
                           "(scaled by finished runs where the sweep has them, else by calibrated response lengths); "
                           "B = B_p * n and more in `plan --json`")
-    # Compact numbers and no derivable column, so a grid of the default's axes fits 80 columns.
+    # Compact numbers (counts whole) and no derivable column, so that a grid of the default's axes stays narrow.
     seeds = len(cfg.grid.seed) > 1
     memory = any(c.plan.gpu_memory is not None for c in feasible)  # GiB/GPU: the memory model's peak (with GPUs)
     if memory:
@@ -73,7 +92,7 @@ def plan_table(cfg, cells: list[Cell], price: Price | None = None) -> Group:
         table.caption += f"; wall and {price.unit}: each run's predicted training time and its device-hours (the cost line below)"
     for col in ["n", "B_p", *(["seed"] if seeds else []), *extra, "M", "eval", "rollouts", "lr", "search", "learn", "reward", "rho",
                 *(["GiB/GPU"] if memory else []), *(["wall", price.unit] if price is not None else [])]:
-        table.add_column(col, justify="left" if col in extra else "right")
+        table.add_column(col, justify="left" if col in extra else "right", overflow="fold")
     infeasible = []
     # A large grid (rendering costs ~1 ms a row) lists each cell's seeds on one row (they share the
     # plan), then the first PLAN_ROWS rows: `plan --json` lists every cell.
@@ -87,7 +106,7 @@ def plan_table(cfg, cells: list[Cell], price: Price | None = None) -> Group:
         if c.feasible:
             p = c.plan
             f = p.predicted_flops
-            table.add_row(*axes, str(p.M), str(len(p.eval_at)), _compact(p.rollouts), _short(p.lr),
+            table.add_row(*axes, str(p.M), str(len(p.eval_at)), _count(p.rollouts), _short(p.lr),
                           *(_short(f[k]) for k in ("flops_search", "flops_learning", "flops_reward")), f"{f['rho']:.2f}",
                           *([f"{p.gpu_memory.peak:.0f}" if p.gpu_memory else "-"] if memory else []),
                           *([_duration(cost.wall_s), _short(cost.hours)] if cost is not None else []))
@@ -184,46 +203,78 @@ def run_state(sweep: SweepDir, run_id: str, cell: CellState) -> tuple[str, str]:
     return known, ""
 
 
-def sweep_table(sweep: SweepDir) -> Group:
+def sweep_status(sweep: SweepDir) -> dict:
+    """The sweep as `status` shows it, as data (`status --json`): per run its state, tries, step
+    of M, rollouts so far, latest val_avg@k and wall_s, and why it is not finished (or what
+    failed before it was); totals of runs per state, rollouts so far and still to run, and the
+    rate the running runs go at. The table (sweep_table) is drawn from this, so the two agree."""
     manifest = sweep.manifest()
-    cells = manifest.cells
-    done = 0
-    table = Table(title=f"{sweep.path}")
-    for col in ("cell", "status", "tries", "step/M", "rollouts", "val_avg@k", "wall_s"):
-        table.add_column(col, justify="left" if col in ("cell", "status") else "right")
-    reasons = []
+    runs = []
     states: dict[str, int] = {}
     rate, left = 0.0, 0.0  # rollouts/s of the running runs; rollouts the unfinished ones still have to run
-    for run_id, cell in cells.items():
+    for run_id, cell in manifest.cells.items():
         files = sweep.run(run_id)
         status = files.status()
         state, why = run_state(sweep, run_id, cell)
         states[state] = states.get(state, 0) + 1
-        done += state == FINISHED
         if state not in (FINISHED, FAILED, STOPPED) and cell.stopped_at is None:
             left += cell.M * cell.columns.get("n", 0) * cell.columns.get("B_p", 0) - status.ledger.get("rollouts", 0)
         if state == RUNNING and status.started and (status.updated or 0) > status.started:
             rate += status.ledger.get("rollouts", 0) / (status.updated - status.started)
-        if why and state != FINISHED:
-            where = f" on {status.host}" if state in (FAILED, KILLED) and status.host else ""
-            reasons.append(Text(f"{state} {run_id}{where}: {why}", style=STATE_STYLE.get(state, "white")))
-        elif state == FINISHED and cell.failures:
-            earlier = "; ".join(f"attempt {f.attempt}: {f.reason}" for f in cell.failures)
-            reasons.append(Text(f"finished {run_id} after {len(cell.failures)} failed attempt(s): {earlier}", style="dim"))
         rows = files.read_metrics() if state != PENDING else []
         last = rows[-1] if rows else {}
-        step = cell.M if state == FINISHED else status.step or 0
-        table.add_row(
-            run_id,
-            f"[{STATE_STYLE.get(state, 'white')}]{state}[/]",
-            str(cell.attempts),
-            f"{step}/{cell.M}",
-            _fmt(status.ledger.get("rollouts", last.get("rollouts", 0))) if state != PENDING else "-",
-            _fmt(last.get("val_avg@k")),
-            _fmt(last.get("wall_s")),
-        )
-    table.caption = f"{done}/{len(cells)} finished" + (f"; {len(manifest.infeasible)} infeasible cells skipped" if manifest.infeasible else "")
-    return Group(table, cluster_line(states, rate, left), *reasons)
+        rollouts = status.ledger.get("rollouts", last.get("rollouts", 0)) if state != PENDING else None
+        runs.append({"run": run_id, "state": state, "tries": cell.attempts, "step": cell.M if state == FINISHED else status.step or 0,
+                     "M": cell.M, "rollouts": _whole(rollouts), "val_avg@k": _number(last.get("val_avg@k")), "wall_s": _number(last.get("wall_s")),
+                     "why": why if state != FINISHED else None, "host": status.host if state in (FAILED, KILLED) else None,
+                     "failures": [{"attempt": f.attempt, "reason": f.reason} for f in cell.failures]})
+    totals = {"runs": len(runs), "states": states, "rollouts": sum(r["rollouts"] or 0 for r in runs), "rollouts_left": _whole(max(left, 0.0)),
+              "rollouts_per_s": rate, "infeasible": len(manifest.infeasible)}
+    return {"sweep": str(sweep.path), "runs": runs, "totals": totals}
+
+
+def sweep_table(sweep: SweepDir) -> Group:
+    """The sweep as `status` and the live view draw it (status_table)."""
+    return status_table(sweep_status(sweep))
+
+
+def status_table(data: dict) -> Group:
+    """sweep_status drawn: its table, the runs per state and rate under it, then a line per run
+    that did not finish (or finished after failed attempts) saying why."""
+    table = Table(title=data["sweep"])
+    for col in ("run", "status", "tries", "step/M", "rollouts", "val_avg@k", "wall_s"):
+        table.add_column(col, justify="left" if col in ("run", "status") else "right", overflow="fold")
+    reasons = []
+    for r in data["runs"]:
+        state, style = r["state"], STATE_STYLE.get(r["state"], "white")
+        if r["why"]:
+            where = f" on {r['host']}" if r["host"] else ""
+            reasons.append(Text(f"{state} {r['run']}{where}: {r['why']}", style=style))
+        elif state == FINISHED and r["failures"]:
+            earlier = "; ".join(f"attempt {f['attempt']}: {f['reason']}" for f in r["failures"])
+            reasons.append(Text(f"finished {r['run']} after {len(r['failures'])} failed attempt(s): {earlier}", style="dim"))
+        table.add_row(r["run"], f"[{style}]{state}[/]", str(r["tries"]), f"{r['step']}/{r['M']}", _count(r["rollouts"]),
+                      _fmt(r["val_avg@k"]), _fmt(r["wall_s"]))
+    totals = data["totals"]
+    table.caption = f"{totals['states'].get(FINISHED, 0)}/{totals['runs']} finished" + \
+        (f"; {totals['infeasible']} infeasible cells skipped" if totals["infeasible"] else "")
+    return Group(table, cluster_line(totals["states"], totals["rollouts_per_s"], totals["rollouts_left"]), *reasons)
+
+
+def _whole(v: Any) -> int | None:
+    """A count as an integer (a ledger holds rollouts as floats: 24160.0 is 24160 rollouts)."""
+    return None if v is None or isinstance(v, float) and not math.isfinite(v) else int(round(v))
+
+
+def _number(v: Any) -> float | None:
+    """A metric for JSON: NaN (no value) as null."""
+    return None if v is None or isinstance(v, float) and math.isnan(v) else v
+
+
+def _count(v: Any) -> str:
+    """A count as a whole number with thousands separators: 24,160, not 24160.000."""
+    whole = _whole(v)
+    return "-" if whole is None else f"{whole:,}"
 
 
 @dataclass(frozen=True)
@@ -255,7 +306,7 @@ def events(before: dict[str, CellView], after: dict[str, CellView], metric: str 
     for run_id, now in after.items():
         was = before.get(run_id)
         if now.points > (was.points if was else 0) and now.last:
-            lines.append(f"{run_id} eval point {now.points}: {metric} {_fmt(now.last.get(metric))} at {_fmt(now.last.get('rollouts'))} rollouts"
+            lines.append(f"{run_id} eval point {now.points}: {metric} {_fmt(now.last.get(metric))} at {_count(now.last.get('rollouts'))} rollouts"
                          f" (step {now.last.get('step', '-')})")
         if was is None or now.state != was.state or (now.state == RUNNING and now.attempts != was.attempts):
             what = f"{now.state} (attempt {now.attempts})" if now.state == RUNNING else now.state
@@ -293,13 +344,16 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+COUNTS = ("step", "rollouts", "tokens_generated")  # eval point columns that count, shown whole
+
+
 def metrics_table(rows: list[dict]) -> Table:
     cols = ["step", "rollouts", "tokens_generated", "train_reward_mean", "val_avg@k", "val_best@k", "val_worst@k", "wall_s"]
     table = Table(title="eval points")
     for col in cols:
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", overflow="fold")
     for r in rows:
-        table.add_row(*[_fmt(r.get(c)) for c in cols])
+        table.add_row(*[_count(r.get(c)) if c in COUNTS else _fmt(r.get(c)) for c in cols])
     return table
 
 
@@ -309,7 +363,7 @@ def frontier_table(df: pd.DataFrame, metric: str, axis: str, compute: str) -> Ta
     front = frontier(df, metric, axis, compute, points=12)
     table = Table(title=f"frontier: best {metric} with {compute} <= C, and {axis}*(C)")
     for col in (compute, metric, f"{axis}*"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", overflow="fold")
     for r in front.itertuples():
         table.add_row(f"{r.compute:,.0f}", _fmt(r.value), str(r.axis_star))
     return table
@@ -329,7 +383,7 @@ def replay_table(result, axis: str) -> Group:
     """Per stage budget: both frontiers, both axis*, and how many cells were still running."""
     table = Table(title=f"replay: {result.schedule.value} schedule (margin {result.margin:g}, indifference {result.indifference:g}) against the full grid")
     for col in ("C", "cells", "full", result.schedule.value, "gap", f"{axis}* full", f"{axis}* {result.schedule.value}"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", overflow="fold")
     for r in result.per_budget.itertuples():
         table.add_row(_compact(r.budget), str(r.cells_running), _fmt(r.full_value), _fmt(r.adaptive_value), _fmt(r.value_gap),
                       str(r.full_star), f"{r.adaptive_star}" + ("" if r.star_agrees else " [red](>2x)[/]"))
@@ -377,7 +431,7 @@ def calibration_table(summary: dict) -> Table:
     table = Table(title=f"calibration: {summary['calibrated']:,} of {summary['rows']:,} problems, avg@{summary['samples']}",
                   caption="\n".join(notes) or None, caption_justify="left")
     for name in ("set", "pass rate", "problems", "resp. tokens", "sweep FLOPs", "at measured len"):
-        table.add_column(name, justify="left" if name == "set" else "right")
+        table.add_column(name, justify="left" if name == "set" else "right", overflow="fold")
     for b in summary["bands"]:
         low, high = b["range"]
         table.add_row(b["name"], f"[{low:g}, {high:g}]", str(b["problems"]),

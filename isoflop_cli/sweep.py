@@ -93,7 +93,7 @@ def check_same_grid(sweep_dir: SweepDir, cells: list[grid_mod.Cell], extend: boo
         why = (f"; {twins} of them are runs of this grid to a smaller budget, finished without a checkpoint to continue from "
                "(checkpoint.keep_final=true keeps one)") if twins else ""
         raise ConfigError(f"{sweep_dir.path} holds a different grid: {len(gone)} of its {len(old)} cells are not in this one "
-                          f"(e.g. {gone[0]}){why}; {hint}use another --out or name=")
+                          f"(e.g. {gone[0]}){why}; {hint}use another --root or name=")
 
 
 def run_columns(cell: grid_mod.Cell) -> dict[str, Any]:

@@ -178,7 +178,7 @@ class Check:
         """One run: its memory against the plan's prediction, MFU and tokens/s from its timers."""
         predicted = self.predicted_gib(overrides)
         with DeviceMemory() as memory:
-            self.isoflop("run", *overrides, "--out", str(out))
+            self.isoflop("run", *overrides, "--run-dir", str(out))
         last = read_metrics(out)[-1]
         peak = self.args.peak_tflops * 1e12
         search_s, learning_s, steps = last["time_search_s"], last["time_learning_s"], last["step"]
@@ -243,10 +243,10 @@ class Check:
         overrides = self.overrides(sampler, 1, max_new_tokens=self.args.resume_tokens)
         base = self.args.out / f"resume-{sampler}"
         for replicate in ("a", "b"):
-            self.isoflop("run", *overrides, "--out", str(base / replicate))
+            self.isoflop("run", *overrides, "--run-dir", str(base / replicate))
         reference, replicate = read_metrics(base / "a"), read_metrics(base / "b")
         out = base / "killed"
-        proc = subprocess.Popen([sys.executable, "-m", "isoflop_cli", "run", *overrides, "--out", str(out)], start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-m", "isoflop_cli", "run", *overrides, "--run-dir", str(out)], start_new_session=True)
         whole = out / "checkpoint" / CHECKPOINT_FILES  # written last: the checkpoint after step 2 is complete
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None and not whole.is_file():
@@ -255,7 +255,7 @@ class Check:
             raise RuntimeError(f"the run ended (exit {proc.returncode}) before its first checkpoint: nothing to kill")
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        self.isoflop("run", *overrides, "--out", str(out))
+        self.isoflop("run", *overrides, "--run-dir", str(out))
         resumed = read_metrics(out)
         if [r["step"] for r in resumed] != [r["step"] for r in reference]:
             raise RuntimeError(f"eval steps {[r['step'] for r in resumed]} against {[r['step'] for r in reference]} uninterrupted")

@@ -102,13 +102,13 @@ def main() -> None:
     lookup.write_pool(out / "pool.parquet")
     model = lookup.model_dir()
     common = [f"model.path={model}"]
-    isoflop("calibrate", "--config", "lookup", "--out", str(out), *common, f"task.train={out / 'pool.parquet'}",
+    isoflop("calibrate", "--config", "lookup", "--root", str(out), *common, f"task.train={out / 'pool.parquet'}",
             f"task.val={out / 'pool.parquet'}", "name=calibration", "eval.problems=8")  # calibrate plans a sweep on each set: sized by the set
     for name in SETS:
         problems = out / "calibration" / f"{name}.parquet"
         keys = len(pd.read_parquet(problems))
         budgets = ",".join(map(str, doubling(getattr(args, f"{name}_to"))))
-        isoflop("sweep", "--config", "lookup", "--out", str(out), *common, f"task.train={problems}", f"task.val={problems}",
+        isoflop("sweep", "--config", "lookup", "--root", str(out), *common, f"task.train={problems}", f"task.val={problems}",
                 f"name={name}", f"eval.problems={keys}", f"grid.seed=[{args.seeds}]", f"grid.budgets=[{budgets}]", f"grid.n=[{args.n}]")
         isoflop("fit", str(out / name))
     for name in SETS:

@@ -83,7 +83,7 @@ def test_bad_calibration_input_exits_2(tmp_path, sums):
     for args, needle in ((["task.digits=[1,2]"], "use task=dataset"),
                          (["task=dataset", f"task.train={sums}", "task.max_new_tokens=6", "task.max_prompt_tokens=8", "eval.problems=4", "calibrate.easy=[0.6,0.3]"], "calibrate.easy"),
                          (["task=dataset", f"task.train={sums}", "task.max_new_tokens=6", "task.max_prompt_tokens=8", "eval.problems=4", "calibrate.samples=0"], "calibrate.samples")):
-        result = CliRunner().invoke(app, ["calibrate", "--out", str(tmp_path / "out"), *args])
+        result = CliRunner().invoke(app, ["calibrate", "--root", str(tmp_path / "out"), *args])
         assert result.exit_code == 2 and needle in result.output, result.output
     assert not (tmp_path / "out").exists()
 

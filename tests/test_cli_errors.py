@@ -121,17 +121,17 @@ def test_a_checkpoint_without_weights_is_planned_not_run(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64, '
                                           '"intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 19}')
     assert runner.invoke(app, ["plan", f"model.path={tmp_path}"]).exit_code == 0  # planning reads config.json alone
-    result = runner.invoke(app, ["sweep", "--out", str(tmp_path / "out"), f"model.path={tmp_path}"])
+    result = runner.invoke(app, ["sweep", "--root", str(tmp_path / "out"), f"model.path={tmp_path}"])
     assert result.exit_code == 2 and "has no weights" in result.output and not (tmp_path / "out").exists()
     # Weights a run cannot load, and weights without the tokenizer (transformers would build an empty
     # one from config.json, and every prompt would be no tokens): refused before anything starts.
     (tmp_path / "model.safetensors").write_bytes(b"\xff" * 64)
-    result = runner.invoke(app, ["sweep", "--out", str(tmp_path / "out"), f"model.path={tmp_path}"])
+    result = runner.invoke(app, ["sweep", "--root", str(tmp_path / "out"), f"model.path={tmp_path}"])
     assert result.exit_code == 2 and "model.safetensors is not a readable safetensors file" in result.output and not (tmp_path / "out").exists()
     from safetensors.numpy import save_file
 
     save_file({"w": np.zeros((2, 2), dtype=np.float32)}, str(tmp_path / "model.safetensors"))
-    result = runner.invoke(app, ["sweep", "--out", str(tmp_path / "out"), f"model.path={tmp_path}"])
+    result = runner.invoke(app, ["sweep", "--root", str(tmp_path / "out"), f"model.path={tmp_path}"])
     assert result.exit_code == 2 and "has no tokenizer" in result.output and not (tmp_path / "out").exists(), result.output
 
 
@@ -158,7 +158,7 @@ def test_a_malformed_results_line_is_named(tmp_path):
 
 def test_sweep_errors_start_nothing(tmp_path):
     out = tmp_path / "out"
-    result = runner.invoke(app, ["sweep", "--out", str(out), "grid.n=[0]"])
+    result = runner.invoke(app, ["sweep", "--root", str(out), "grid.n=[0]"])
     assert result.exit_code == 2
     assert not out.exists()
 
@@ -168,24 +168,24 @@ def test_unwritable_out_dir(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
-    result = runner.invoke(app, ["sweep", "--out", str(locked / "x")])
+    result = runner.invoke(app, ["sweep", "--root", str(locked / "x")])
     assert result.exit_code == 2 and "not writable" in result.output
 
 
 def test_out_dir_under_a_file_is_unwritable(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    result = runner.invoke(app, ["sweep", "--out", str(blocker / "x")])
+    result = runner.invoke(app, ["sweep", "--root", str(blocker / "x")])
     assert result.exit_code == 2 and "not writable" in result.output
 
 
 def test_dry_run_and_plan_json(tmp_path):
-    result = runner.invoke(app, ["sweep", "--dry-run", "--out", str(tmp_path / "o"), "grid.n=[2,4]", "grid.B_p=[4]"])
+    result = runner.invoke(app, ["sweep", "--dry-run", "--root", str(tmp_path / "o"), "grid.n=[2,4]", "grid.B_p=[4]"])
     assert result.exit_code == 0 and not (tmp_path / "o").exists()
     result = runner.invoke(app, ["plan", "--json", "grid.n=[2,4]", "grid.B_p=[4]", "grid.budgets=[64]"])
     import json
 
-    records = json.loads(result.output)["cells"]
+    records = json.loads(result.stdout)["cells"]  # the object alone on stdout; warnings go to stderr
     assert [r["M"] for r in records] == [8, 4]
     assert records[0]["eval_at"][-1] == 64 and records[0]["budget_column"] == "rollouts"
 
@@ -204,7 +204,7 @@ def test_list_valued_axes_plan_as_json_and_table():
     args = ["grid.n=[4]", "grid.B_p=[4]", "lora.rank=2", "+grid.axes={task.ops:[[+],[+,-,'*']],lora.targets:[[q_proj],[q_proj,v_proj]]}"]
     result = runner.invoke(app, ["plan", "--json", *args])
     assert result.exit_code == 0, result.output
-    records = json.loads(result.output)["cells"]
+    records = json.loads(result.stdout)["cells"]  # the object alone on stdout; warnings go to stderr
     assert [r["axes"]["task.ops"] for r in records] == [["+"], ["+"], ["+", "-", "*"], ["+", "-", "*"]]
     assert [r["axes"]["lora.targets"] for r in records] == [["q_proj"], ["q_proj", "v_proj"]] * 2
     ids = [r["run_id"] for r in records]
@@ -224,7 +224,7 @@ def _isoflop(*args, timeout):
 def test_draw_loops_refuse_up_front(tmp_path):
     # An empty split used to spin `run` forever at step 0: now exit 2 before anything is built.
     for split in (["task.val_fraction=0.999", "eval.problems=1"], ["task.val_fraction=0.001", "eval.problems=1"]):
-        result = _isoflop("run", "--out", str(tmp_path / "r"), "task.digits=[1]", *split, timeout=120)
+        result = _isoflop("run", "--run-dir", str(tmp_path / "r"), "task.digits=[1]", *split, timeout=120)
         assert result.returncode == 2 and "split" in result.stderr and not (tmp_path / "r").exists(), result.stderr
 
 
@@ -247,7 +247,7 @@ def test_a_model_cache_that_is_a_file_is_named(tmp_path, monkeypatch):
     result = runner.invoke(app, ["plan"])
     assert result.exit_code == 2 and "(ISOFLOP_CACHE) is not a directory" in result.output, result.output
     monkeypatch.setenv("ISOFLOP_CACHE", str(tmp_path / "cache" / "below"))
-    result = runner.invoke(app, ["run", "--out", str(tmp_path / "r")])
+    result = runner.invoke(app, ["run", "--run-dir", str(tmp_path / "r")])
     assert result.exit_code == 2 and "is not a writable directory" in result.output, result.output
 
 
@@ -256,7 +256,7 @@ def test_a_trackers_directory_that_cannot_be_made_is_named_before_any_run(tmp_pa
     could write would have lost every run's tracking quietly: the CLI refuses it first."""
     (tmp_path / "file").write_text("")
     for where, needle in [(tmp_path / "file", "is not a directory"), (tmp_path / "file" / "below", f"cannot be made: {tmp_path / 'file'} is not a writable directory")]:
-        result = runner.invoke(app, ["run", "--out", str(tmp_path / "r"), "tracking.backends=[tensorboard]", f"tracking.dir={where}"])
+        result = runner.invoke(app, ["run", "--run-dir", str(tmp_path / "r"), "tracking.backends=[tensorboard]", f"tracking.dir={where}"])
         assert result.exit_code == 2 and f"the trackers' directory {where} (tracking.dir) {needle}" in result.output, result.output
     assert not (tmp_path / "r").exists()
     for nothing_there in ([], ["tracking.backends=[mlflow]", "tracking.mlflow_uri=http://127.0.0.1:1"]):  # a server takes MLflow's runs
@@ -281,7 +281,7 @@ def test_every_command_s_help_shows_every_word_of_its_texts(columns, monkeypatch
         result = CliRunner().invoke(app, [name, "--help"], terminal_width=columns)
         assert result.exit_code == 0, result.output
         shown = re.sub(r"[\s│╭╮╰╯─]+", " ", result.output)
-        texts = [command.help or ""] + [p.help for p in command.params if getattr(p, "help", None)]
+        texts = [command.help or ""] + [p.help for p in command.params if getattr(p, "help", None) and not getattr(p, "hidden", False)]
         for text in texts:
             words = " ".join(text.split())
             assert words in shown, (name, columns, words)

@@ -84,7 +84,7 @@ def _connections(p: psutil.Process) -> list:
 
 
 def sweep(out: Path, address: str, *overrides: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(out), f"cluster.address={address}", *overrides],
+    return subprocess.Popen([sys.executable, "-m", "isoflop_cli", "sweep", "--root", str(out), f"cluster.address={address}", *overrides],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
 
 
@@ -95,7 +95,7 @@ def run_on(worker_pid: int) -> str | None:
         if "isoflop_cli" in cmd and "run" in cmd:
             try:
                 if worker_pid in {a.pid for a in p.parents()}:
-                    return Path(cmd[cmd.index("--out") + 1]).name
+                    return Path(cmd[cmd.index("--run-dir") + 1]).name
             except psutil.NoSuchProcess:
                 pass
     return None
@@ -154,7 +154,7 @@ def test_a_worker_lost_mid_run_and_a_killed_cli_cost_a_retry_from_the_checkpoint
     b_p = int(df.loc[df.run_id == victim, "B_p"].iloc[0])
     alone = tmp_path / "alone"
     # With the one thread a job of cluster.cpus_per_run=1 has: the same float reductions.
-    result = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", *CELL[1:], "n=2", f"B_p={b_p}", "grid.budgets=[2048]", "--out", str(alone)],
+    result = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", *CELL[1:], "n=2", f"B_p={b_p}", "grid.budgets=[2048]", "--run-dir", str(alone)],
                             capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stdout + result.stderr
     timing = ("wall_s", "reward_cpu_s")

@@ -116,7 +116,7 @@ def test_what_cannot_continue_is_said(tmp_path):
     with pytest.raises(ConfigError, match=r"1 of its 2 cells are not in this one .*1 of them are runs of this grid to a smaller "
                                           r"budget, finished without a checkpoint to continue from \(checkpoint.keep_final=true"):
         check_same_grid(sweep, larger, extend=False, continued=found)
-    result = runner.invoke(app, ["sweep", *ARGS, "grid.budgets=[64,512]", "--out", str(tmp_path)])
+    result = runner.invoke(app, ["sweep", *ARGS, "grid.budgets=[64,512]", "--root", str(tmp_path)])
     assert result.exit_code == 2 and "checkpoint.keep_final=true" in result.output
     assert json.loads(sweep.manifest_file.read_text())["cells"].keys() == {c.run_id for c in cells}  # untouched
 
@@ -126,7 +126,7 @@ def test_a_run_kept_at_its_end_continues_to_a_larger_flop_budget(tmp_path):
     """checkpoint.keep_final: a run to a FLOP budget keeps its state after its last eval point, and the
     same run to twice the budget in that directory resumes there, keeping every row it had."""
     args = ["grid.n=[2]", "grid.B_p=[2]", "n=2", "B_p=2", "grid.budget.unit=flops", "grid.eval_points=2", "eval.problems=8", "eval.samples=4",
-            "checkpoint.keep_final=true", "--out", str(tmp_path)]
+            "checkpoint.keep_final=true", "--run-dir", str(tmp_path)]
     first = runner.invoke(app, ["run", *args, "grid.budgets=[1e9]"])
     assert first.exit_code == 0, first.output
     files = RunFiles(tmp_path)

@@ -242,7 +242,7 @@ def test_embedded_model_trains_on_a_file_of_sums(tmp_path, files):
     """The arithmetic the embedded model was warm-started on, given as verl parquet and checked by
     math-verify: the model solves some of it from the start, as it does its own task."""
     result = CliRunner().invoke(app, ["run", *RUN, f"task.train={files / 'train.parquet'}", "task.max_new_tokens=6",
-                                      "task.max_prompt_tokens=8", "--out", str(tmp_path)])
+                                      "task.max_prompt_tokens=8", "--run-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     rows = _rows(tmp_path)
     assert [r["rollouts"] for r in rows] == [0, 16, 48] and rows[-1]["prompts_dropped"] == 0
@@ -258,7 +258,7 @@ def test_chat_checkpoint_trains_with_math_verify_and_a_custom_reward(tmp_path, c
     the whole run path, then the same with the user's own reward function by import path."""
     common = [*RUN, "model=local", f"model.path={chat_model}", f"task.train={math_file}", "task.max_prompt_tokens=60",
               "task.max_new_tokens=8", r"task.instruction='Put the final answer within \boxed{}.'"]
-    result = CliRunner().invoke(app, ["run", *common, "reward=structured", "--out", str(tmp_path / "structured")])
+    result = CliRunner().invoke(app, ["run", *common, "reward=structured", "--run-dir", str(tmp_path / "structured")])
     assert result.exit_code == 0, result.output
     rows = _rows(tmp_path / "structured")
     assert rows[-1]["rollouts"] == 48 and rows[-1]["prompts_dropped"] > 0 and rows[-1]["tokens_generated"] > 0
@@ -269,7 +269,7 @@ def test_chat_checkpoint_trains_with_math_verify_and_a_custom_reward(tmp_path, c
             return [0.25 for _ in completions]
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
-    result = CliRunner().invoke(app, ["run", *common, "reward=custom", "reward.fn=my_rewards:brevity", "--out", str(tmp_path / "custom")])
+    result = CliRunner().invoke(app, ["run", *common, "reward=custom", "reward.fn=my_rewards:brevity", "--run-dir", str(tmp_path / "custom")])
     assert result.exit_code == 0, result.output
     assert all(r["train_reward_mean"] == 0.25 for r in _rows(tmp_path / "custom")[1:])
     for fn, message in (("my_rewards:nothing", "module my_rewards has no 'nothing'"), ("no_such_module:f", "No module named 'no_such_module'"),
@@ -299,7 +299,7 @@ def test_eval_targets_native_held_out_sets_judges_and_per_problem_records(tmp_pa
     runs = {"plain": [], "extras": [f"+eval.sets={{sums:{files / 'train.parquet'}}}", f"+eval.judges={{tiny:{judge}}}"]}
     rows = {}
     for name, extra in runs.items():
-        result = CliRunner().invoke(app, [*base, *extra, "--out", str(tmp_path / name)])
+        result = CliRunner().invoke(app, [*base, *extra, "--run-dir", str(tmp_path / name)])
         assert result.exit_code == 0, result.output
         rows[name] = _rows(tmp_path / name)
     plain, extras = rows["plain"], rows["extras"]

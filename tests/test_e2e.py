@@ -116,7 +116,7 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     run dir (`isoflop logs` prints it), not only once the job ends."""
     # budgets to 1,024 rollouts: each run lasts long enough that every kill lands while one runs (at 256 a run could end
     # between the test seeing it and its kill).
-    args = [sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(tmp_path), *SMALL, "grid.budgets=[64,1024]", "cluster.local_cpus=1", "checkpoint.every=4",
+    args = [sys.executable, "-m", "isoflop_cli", "sweep", "--root", str(tmp_path), *SMALL, "grid.budgets=[64,1024]", "cluster.local_cpus=1", "checkpoint.every=4",
             "cluster.log_every_s=0.5"]
     sweep_dir = tmp_path / "default"
 
@@ -193,7 +193,7 @@ def test_reward_axis_prm_costs_reward_flops_and_lowers_rho(tmp_path, ray_address
     """A sweep over reward=[sparse,prm] at equal budget and allocation: only the learned PRM spends
     reward FLOPs, so its rho is lower."""
     # FLOPs only: a short warm start for the policy, and test_prm's PRM (one build for both tests).
-    result = isoflop("sweep", "--out", str(tmp_path), f"cluster.address={ray_address}", "task=arith-steps", "grid.n=[4]", "grid.B_p=[4]", "grid.budgets=[64]",
+    result = isoflop("sweep", "--root", str(tmp_path), f"cluster.address={ray_address}", "task=arith-steps", "grid.n=[4]", "grid.B_p=[4]", "grid.budgets=[64]",
                      "grid.eval_points=2", "eval.problems=16", "eval.samples=4", "+grid.axes={reward:[sparse,prm]}",
                      "model.build.steps=100", "reward.build.steps=250")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -210,7 +210,7 @@ def test_flop_budget_sweep_stops_every_run_within_one_step(tmp_path, ray_address
 
     overrides = ["grid.n=[2,4]", "grid.B_p=[2]", "grid.budget.unit=flops", "grid.budgets=[1e9,2e9]", "grid.eval_points=2",
                  "eval.problems=16", "eval.samples=4"]
-    result = isoflop("sweep", "--out", str(tmp_path), f"cluster.address={ray_address}", *overrides)
+    result = isoflop("sweep", "--root", str(tmp_path), f"cluster.address={ray_address}", *overrides)
     assert result.returncode == 0, result.stdout + result.stderr
     df = pd.read_parquet(tmp_path / "default" / "results.parquet")
     for n, run in df.groupby("n"):
@@ -234,7 +234,7 @@ def test_adaptive_sweep_pauses_cells_behind_the_frontier_and_a_larger_full_sweep
 
     grid = ["grid.n=[2,4]", "grid.B_p=[2]", "grid.eval_points=6", "eval.problems=64", "eval.samples=4",
             "+grid.axes={algo.temperature:[0.6,30.0]}", "checkpoint.keep_final=true", f"cluster.address={ray_address}"]
-    result = isoflop("sweep", "--out", str(tmp_path), *grid, "grid.budgets=[64,128,256]", "grid.schedule=adaptive")
+    result = isoflop("sweep", "--root", str(tmp_path), *grid, "grid.budgets=[64,128,256]", "grid.schedule=adaptive")
     assert result.returncode == 0, result.stdout + result.stderr
     sweep_dir = tmp_path / "default"
     manifest = json.loads((sweep_dir / "manifest.json").read_text())
@@ -260,7 +260,7 @@ def test_adaptive_sweep_pauses_cells_behind_the_frontier_and_a_larger_full_sweep
     assert all((sweep_dir / "runs" / rid / "checkpoint").is_dir() for rid in manifest["cells"])  # checkpoint.keep_final
     before = {rid: read(sweep_dir / "runs" / rid / "metrics.jsonl") for rid in manifest["cells"]}
 
-    result = isoflop("sweep", "--out", str(tmp_path), *grid, "grid.budgets=[64,128,256,512]")  # grid.schedule=full
+    result = isoflop("sweep", "--root", str(tmp_path), *grid, "grid.budgets=[64,128,256,512]")  # grid.schedule=full
     assert result.returncode == 0, result.stdout + result.stderr
     assert "4 runs continue from where an earlier, smaller budget left them" in result.stdout
     cells = json.loads((sweep_dir / "manifest.json").read_text())["cells"]
@@ -285,7 +285,7 @@ def test_adaptive_sweep_pauses_cells_behind_the_frontier_and_a_larger_full_sweep
 
 def single_run(config_file: Path, out: Path) -> list[dict]:
     """The run `config_file` describes, uninterrupted, as its job ran it (cluster.cpus_per_run=1): its metrics rows."""
-    whole = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", "--config", str(config_file), "--out", str(out)],
+    whole = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", "--config", str(config_file), "--run-dir", str(out)],
                            capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert whole.returncode == 0, whole.stderr
     return read(out / "metrics.jsonl")

@@ -46,7 +46,7 @@ def base_scores(out: Path, *overrides: str) -> list[float]:
     scores = []
     for threads in (1, 2):
         run = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", *overrides, "n=2", "B_p=2", "grid.budgets=[4]", "grid.eval_points=1",
-                              "--out", str(out / str(threads))], env={**os.environ, "OMP_NUM_THREADS": str(threads)}, capture_output=True, text=True, timeout=600)
+                              "--run-dir", str(out / str(threads))], env={**os.environ, "OMP_NUM_THREADS": str(threads)}, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
         first = json.loads((out / str(threads) / "metrics.jsonl").read_text().splitlines()[0])
         assert first["step"] == 0

@@ -164,7 +164,7 @@ def test_two_fsdp_ranks_give_the_losses_of_one_process(tmp_path):
     head FSDP2 gathers (tied embeddings)."""
     args = [*SMALL, "B_p=4", "grid.budgets=[16,32,48]", "grid.eval_points=1", "algo.kl_coef=0.1", "algo.entropy_coef=0.01", "algo.minibatches=2"]
     for ws, chunk in ((1, 2048), (2, 5)):
-        result = CliRunner().invoke(app, ["run", *args, f"learner.world_size={ws}", f"learner.logit_chunk_tokens={chunk}", "--out", str(tmp_path / f"ws{ws}")])
+        result = CliRunner().invoke(app, ["run", *args, f"learner.world_size={ws}", f"learner.logit_chunk_tokens={chunk}", "--run-dir", str(tmp_path / f"ws{ws}")])
         assert result.exit_code == 0, result.output
     one, two = metrics(tmp_path / "ws1"), metrics(tmp_path / "ws2")
     assert [r["step"] for r in one] == [r["step"] for r in two] == [0, 1, 2, 3]
@@ -191,7 +191,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path):
     process, two FSDP ranks) from an attempt frozen at an arbitrary point, which leaves its files as a
     kill would."""
     args = [*SMALL, "grid.budgets=[128]", "grid.eval_points=4", "checkpoint.every=4", "algo.kl_coef=0.01", "algo=ppo", "lora.rank=4", "algo.epochs=2"]
-    command = [sys.executable, "-m", "isoflop_cli", "run", *args, "--out"]
+    command = [sys.executable, "-m", "isoflop_cli", "run", *args, "--run-dir"]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     subprocess.run([*command, str(whole)], check=True, capture_output=True, timeout=600)
 
@@ -220,7 +220,7 @@ def test_an_attempt_taken_over_stops_without_writing_and_the_run_is_one_uninterr
     and checkpoint are the new attempt's: one uninterrupted run's. With two ranks, rank 0's refusal
     reaches the run's process wrapped by torch.multiprocessing and is still read as a takeover."""
     args = [*SMALL, "grid.budgets=[128]", "grid.eval_points=4", "checkpoint.every=4", "checkpoint.keep_final=true", "algo.kl_coef=0.01", *variant]
-    command = [sys.executable, "-m", "isoflop_cli", "run", *args, "--out"]
+    command = [sys.executable, "-m", "isoflop_cli", "run", *args, "--run-dir"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     whole, run_dir = tmp_path / "whole", tmp_path / "run"
     subprocess.run([*command, str(whole)], check=True, capture_output=True, timeout=600, env=env)
@@ -257,13 +257,13 @@ def test_an_attempt_taken_over_stops_without_writing_and_the_run_is_one_uninterr
 def test_changed_config_does_not_resume_from_another_runs_checkpoint(tmp_path):
     args = [*SMALL, "grid.budgets=[64]", "grid.eval_points=2", "checkpoint.every=2"]
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "isoflop_cli", "run", *args, "--out", str(run_dir)],
+    proc = subprocess.Popen([sys.executable, "-m", "isoflop_cli", "run", *args, "--run-dir", str(run_dir)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     while status_step(run_dir) < 3 and proc.poll() is None:
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    result = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", *args, "seed=1", "--out", str(run_dir)],
+    result = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", *args, "seed=1", "--run-dir", str(run_dir)],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and "resumed" not in result.stdout
     assert [r["step"] for r in metrics(run_dir)] == [0, 4, 8]
@@ -293,7 +293,7 @@ def test_micro_batches_accumulate_to_the_whole_batch_update(tmp_path):
     """learner.micro_batch splits each mini-batch's forward/backward; the update must not change."""
     args = [*SMALL, "grid.budgets=[8,16,24]", "grid.eval_points=1", "algo=ppo", "algo.kl_coef=0.1"]
     for micro in (0, 3):
-        result = CliRunner().invoke(app, ["run", *args, f"learner.micro_batch={micro}", "--out", str(tmp_path / f"m{micro}")])
+        result = CliRunner().invoke(app, ["run", *args, f"learner.micro_batch={micro}", "--run-dir", str(tmp_path / f"m{micro}")])
         assert result.exit_code == 0, result.output
     whole, split = metrics(tmp_path / "m0"), metrics(tmp_path / "m3")
     for a, b in zip(whole[1:], split[1:]):
@@ -311,7 +311,7 @@ def test_shared_prompt_in_learning_changes_the_cost_not_the_update(tmp_path):
     variants = {"tree": ["learner.shared_prompt=true"], "plain": ["learner.shared_prompt=false"],
                 "tree-checkpointed": ["learner.shared_prompt=true", "learner.activation_checkpointing=true"]}
     for name, overrides in variants.items():
-        result = CliRunner().invoke(app, ["run", *args, *overrides, "--out", str(tmp_path / name)])
+        result = CliRunner().invoke(app, ["run", *args, *overrides, "--run-dir", str(tmp_path / name)])
         assert result.exit_code == 0, result.output
     plain = metrics(tmp_path / "plain")
     for name in ("tree", "tree-checkpointed"):

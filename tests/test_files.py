@@ -86,7 +86,7 @@ def test_isoflop_run_on_a_finished_run_dir_leaves_it_as_it_is(tmp_path, sealed):
     if not sealed:
         files.set_status(FINISHED, step=4, M=4)
     before = snapshot(files.dir)
-    result = runner.invoke(app, ["run", "n=4", "B_p=2", "--out", str(files.dir)])
+    result = runner.invoke(app, ["run", "n=4", "B_p=2", "--run-dir", str(files.dir)])
     assert result.exit_code == 0 and "holds a finished run: nothing to do" in result.output, result.output
     assert snapshot(files.dir) == before and not files.lease.exists()
 
@@ -103,7 +103,7 @@ def test_a_lock_path_that_is_not_a_regular_file_is_refused_and_nothing_changes(t
         (sweep_dir / ".lock").symlink_to(target)
     else:
         (sweep_dir / ".lock").mkdir()
-    result = runner.invoke(app, ["sweep", "--out", str(tmp_path), *TINY, "grid.budgets=[16]"])
+    result = runner.invoke(app, ["sweep", "--root", str(tmp_path), *TINY, "grid.budgets=[16]"])
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]  # after the plan on stdout
     assert result.exit_code == 2 and errors == [result.output.strip().splitlines()[-1]], result.output
     assert (".lock is a symbolic link where" if kind == "symlink" else ".lock is a directory where the sweep dir's lock file belongs") in errors[0]

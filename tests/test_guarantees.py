@@ -118,7 +118,7 @@ def test_a_changed_grid_is_refused_or_merged_never_narrowed(tmp_path):
     for cell in cells:  # the earlier sweep finished
         sweep.run(cell.run_id).finish(ROWS, step=4, M=4)
     before = sweep.collect()
-    result = runner.invoke(app, ["sweep", *args, "grid.n=[4,8]", "--out", str(tmp_path)])
+    result = runner.invoke(app, ["sweep", *args, "grid.n=[4,8]", "--root", str(tmp_path)])
     one_error_line(result, "holds a different grid: 1 of its 2 cells are not in this one")
     assert "--extend" in result.output
     assert set(json.loads(sweep.manifest_file.read_text())["cells"]) == {c.run_id for c in cells}  # untouched
@@ -139,7 +139,7 @@ def test_a_manifest_that_cannot_be_read_is_refused_never_written_over(tmp_path):
     """A torn manifest.json was once taken for an empty one: a sweep of another grid then wrote its
     own cell over it and the finished runs fell out of results.parquet. Every command that reads it
     refuses in one line naming it, and nothing in the dir changes."""
-    args = ["grid.budgets=[32]", "grid.B_p=[2]", "eval.problems=8", "--out", str(tmp_path)]
+    args = ["grid.budgets=[32]", "grid.B_p=[2]", "eval.problems=8", "--root", str(tmp_path)]
     cfg = config.load(None, ["grid.budgets=[32]", "grid.B_p=[2]", "eval.problems=8", "grid.n=[2]"])
     cells = grid.expand(cfg)
     sweep = SweepDir(tmp_path / cfg.name)
@@ -156,10 +156,10 @@ def test_a_manifest_that_cannot_be_read_is_refused_never_written_over(tmp_path):
 
 
 def test_sweep_refuses_before_creating_anything(tmp_path):
-    one_error_line(runner.invoke(app, ["sweep", "cluster.gpus_per_run=1", "--out", str(tmp_path / "new")]), "gpus_per_run")
+    one_error_line(runner.invoke(app, ["sweep", "cluster.gpus_per_run=1", "--root", str(tmp_path / "new")]), "gpus_per_run")
     assert not (tmp_path / "new").exists()
     (tmp_path / "default").write_text("a file where the sweep dir goes")
-    one_error_line(runner.invoke(app, ["sweep", "--out", str(tmp_path)]), "default")
+    one_error_line(runner.invoke(app, ["sweep", "--root", str(tmp_path)]), "default")
 
 
 @pytest.mark.parametrize("change, args, needle", [
@@ -198,7 +198,7 @@ def small_disk(tmp_path):
 def test_a_full_disk_is_one_line_leaves_no_partial_files_and_a_rerun_resumes(small_disk, tmp_path):
     run_dir = small_disk / "run"
     cmd = [sys.executable, "-m", "isoflop_cli", "run", "n=4", "B_p=2", "grid.budgets=[32]", "grid.eval_points=2", "eval.problems=8",
-           "eval.samples=4", "checkpoint.every=1", "--out", str(run_dir)]
+           "eval.samples=4", "checkpoint.every=1", "--run-dir", str(run_dir)]
     full = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert full.returncode == 1, full.stderr
     assert "Traceback" not in full.stderr and full.stderr.strip().splitlines()[-1].startswith("error: disk full at ")
@@ -217,7 +217,7 @@ def test_a_full_disk_is_one_line_leaves_no_partial_files_and_a_rerun_resumes(sma
         while True:
             filler.write(b"\0" * 2**20)
             filler.flush()
-    sweep = runner.invoke(app, ["sweep", "--out", str(small_disk / "out")])  # a sweep on a full disk: before any compute
+    sweep = runner.invoke(app, ["sweep", "--root", str(small_disk / "out")])  # a sweep on a full disk: before any compute
     one_error_line(sweep, "No space left on device")
 
 
@@ -245,7 +245,7 @@ def test_a_link_in_a_sweeps_tree_is_refused_before_compute_and_nothing_is_writte
     elsewhere.mkdir()
     (out / "default").mkdir(parents=True)
     (out / "default" / "runs").symlink_to(elsewhere, target_is_directory=True)
-    result = runner.invoke(app, ["sweep", "--out", str(out), *TINY, "grid.budgets=[16]"])
+    result = runner.invoke(app, ["sweep", "--root", str(out), *TINY, "grid.budgets=[16]"])
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert result.exit_code == 2 and len(errors) == 1 and f"{out / 'default' / 'runs'} is a symbolic link where" in errors[0], result.output
     assert list(elsewhere.iterdir()) == [] and sorted(p.name for p in (out / "default").iterdir()) == ["runs"]

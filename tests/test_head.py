@@ -26,7 +26,7 @@ TINY = ["grid.n=[2]", "grid.B_p=[2]", "grid.eval_points=2", "eval.problems=8", "
 
 
 def isoflop_cmd(out: Path, budget: int) -> list[str]:
-    return [sys.executable, "-m", "isoflop_cli", "sweep", "--out", str(out), *TINY, f"grid.budgets=[{budget}]"]
+    return [sys.executable, "-m", "isoflop_cli", "sweep", "--root", str(out), *TINY, f"grid.budgets=[{budget}]"]
 
 
 def wait_for(predicate, timeout: float, what: str):

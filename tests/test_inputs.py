@@ -75,7 +75,7 @@ DERIVED = {  # each mechanism's case that failed (passed `plan`, then failed in 
 @pytest.mark.parametrize("name", list(DERIVED))
 def test_derived_values_are_checked_before_any_run(name, tmp_path):
     args, needle = DERIVED[name]
-    one_error(runner.invoke(app, [*args, *(["--out", str(tmp_path / "r")] if args[0] == "run" else [])]), needle)
+    one_error(runner.invoke(app, [*args, *(["--run-dir", str(tmp_path / "r")] if args[0] == "run" else [])]), needle)
     assert not (tmp_path / "r").exists()
 
 
@@ -175,7 +175,7 @@ def test_a_user_reward_function_is_checked_on_every_call(user_rewards, fn, needl
 def test_a_run_whose_reward_returns_nan_fails_for_good_with_its_line(user_rewards, tmp_path):
     from isoflop_cli.store import RunFiles
 
-    result = runner.invoke(app, ["run", "--out", str(tmp_path / "r"), "n=4", "B_p=2", "grid.budgets=[16]", "grid.eval_points=2",
+    result = runner.invoke(app, ["run", "--run-dir", str(tmp_path / "r"), "n=4", "B_p=2", "grid.budgets=[16]", "grid.eval_points=2",
                                  "eval.problems=4", "eval.samples=4", "reward=custom", "reward.fn=user_rewards:nan_for_wrong"])
     assert result.exit_code == 2, result.output  # the dispatcher's USER_ERROR: not retried
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
@@ -188,7 +188,7 @@ def test_a_file_whose_every_prompt_is_too_long_for_the_tokenizer_is_a_user_error
     """Only the run's tokenizer counts a prompt's tokens, so this is found when the run starts; it is
     the input's fault all the same: exit 2, one line (the dispatcher then does not retry it)."""
     pd.DataFrame({"prompt": [f"{i}+{i}+{i}+{i}+{i}+{i}=" for i in range(8)], "answer": ["1"] * 8}).to_parquet(tmp_path / "long.parquet")
-    args = ["run", "--out", str(tmp_path / "r"), *DATASET[1:], f"task.train={tmp_path / 'long.parquet'}", "n=2", "B_p=2", "grid.budgets=[16]",
+    args = ["run", "--run-dir", str(tmp_path / "r"), *DATASET[1:], f"task.train={tmp_path / 'long.parquet'}", "n=2", "B_p=2", "grid.budgets=[16]",
             "eval.samples=4", "eval.k=4"]
     assert runner.invoke(app, ["plan", *args[3:]]).exit_code == 0  # plan cannot tell: it reads no tokenizer
     result = runner.invoke(app, args)
@@ -225,7 +225,7 @@ def test_a_manifest_its_readers_would_crash_on_is_refused_naming_it(tmp_path, ce
     sweep.mkdir()
     text = "[" * 100_000 + "]" * 100_000 if cells == "deep" else json.dumps({"version": 1, "cells": cells})
     (sweep / "manifest.json").write_text(text)
-    args = ["status", str(sweep)] if command == "status" else ["plan", "--out", str(tmp_path)]
+    args = ["status", str(sweep)] if command == "status" else ["plan", "--root", str(tmp_path)]
     one_error(runner.invoke(app, args), needle)
 
 
@@ -240,10 +240,10 @@ def test_a_run_record_its_readers_would_crash_on_is_refused_and_a_stray_line_ski
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output
     for bad in ("x", -1.0, 1e400):
         (sweep / "runs" / "a" / "status.json").write_text(json.dumps({**status, "rows": [{"step": 4, "flops_total": bad}]}))
-        one_error(runner.invoke(app, ["plan", "--out", str(tmp_path)]), "are not eval points")
+        one_error(runner.invoke(app, ["plan", "--root", str(tmp_path)]), "are not eval points")
     (sweep / "runs" / "a" / "metrics.jsonl").unlink()  # repaired from the sealed copy, which records no FLOPs: plan would scale by 0
     (sweep / "runs" / "a" / "status.json").write_text(json.dumps({**status, "rows": [{"step": 4, "flops_total": 0}]}))
-    one_error(runner.invoke(app, ["plan", "--out", str(tmp_path)]), "records no flops_total")
+    one_error(runner.invoke(app, ["plan", "--root", str(tmp_path)]), "records no flops_total")
 
 
 # --- a failed job's reason: one line, whatever Ray appends ---------------------------------------
@@ -315,7 +315,7 @@ def test_a_ranks_user_error_stays_one_line_in_a_sharded_run():
 @pytest.mark.parametrize("override", ["model.name=../../x", "+grid.axes={model.name:[tiny-arith,../escaped]}"])
 def test_a_model_name_that_would_leave_the_model_cache_is_refused(override, tmp_path):
     """`model.name=../../x` built the embedded model outside the model cache (also as a grid axis)."""
-    one_error(runner.invoke(app, ["plan", override, "--out", str(tmp_path)]), "must be a plain directory name")
+    one_error(runner.invoke(app, ["plan", override, "--root", str(tmp_path)]), "must be a plain directory name")
     assert not list(tmp_path.iterdir())
 
 
@@ -341,7 +341,7 @@ def test_a_group_relative_algorithm_refuses_groups_of_one(tmp_path):
     Variant: a group-relative algorithm (cispo) on an axis beside one with a value head (ppo), and
     a single run of dr_grpo; ppo alone takes n=1."""
     one_error(runner.invoke(app, ["plan", "+grid.axes={algo.name:[ppo,cispo]}", "grid.n=[1,4]"]), "grid.n=1 with algo.name=cispo: its advantages are relative")
-    one_error(runner.invoke(app, ["run", "n=1", "algo.name=dr_grpo", "--out", str(tmp_path / "r")]), "a group of 1 has no learning signal")
+    one_error(runner.invoke(app, ["run", "n=1", "algo.name=dr_grpo", "--run-dir", str(tmp_path / "r")]), "a group of 1 has no learning signal")
     assert not (tmp_path / "r").exists()
     assert runner.invoke(app, ["plan", "algo.name=ppo", "grid.n=[1,4]"]).exit_code == 0
 

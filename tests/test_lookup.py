@@ -82,7 +82,7 @@ def test_on_the_calibrated_hard_set_every_seed_of_n16_ends_above_every_seed_of_n
     model, on_pool = f"model.path={lookup.model_dir()}", [f"task.train={pool}", f"task.val={pool}"]
     cfg = config.load("lookup", [model, *on_pool])
     low, high = cfg.calibrate.hard  # sweeps/lookup.yaml's band: one or two successes in 16
-    common = ["--config", "lookup", "--out", str(tmp_path), model, f"cluster.address={ray_address}"]
+    common = ["--config", "lookup", "--root", str(tmp_path), model, f"cluster.address={ray_address}"]
     # One slice, as the study's: the slice's start seeds its sampling, so other slices cut other sets.
     calibrate = ["calibrate", *common, *on_pool, "name=calibration", "eval.problems=8"]
     calibrated = isoflop(*calibrate)

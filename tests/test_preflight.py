@@ -155,11 +155,11 @@ def test_doctor_on_a_busy_cluster_and_a_sweep_whose_nodes_lack_isoflop(tmp_path,
     try:
         while ray_jobs.get_job_status(held) == JobStatus.PENDING:
             time.sleep(0.2)
-        ok = isoflop("doctor", "--out", str(tmp_path))
+        ok = isoflop("doctor", "--root", str(tmp_path))
         assert ok.returncode == 0, ok.stdout + ok.stderr
         assert "sweep dir shared, run files readable" in ok.stdout and "ready: a run asks for 1 CPU and 0 GPU" in ok.stdout
         bare = Path(sys.base_prefix) / "bin" / "python3"
-        bad = isoflop("sweep", "--out", str(tmp_path), "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]", f"cluster.python={bare}")
+        bad = isoflop("sweep", "--root", str(tmp_path), "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]", f"cluster.python={bare}")
         assert bad.returncode == 2, bad.stdout + bad.stderr
         assert "preflight found 1 problem(s) before any run started" in bad.stderr and "No module named" in bad.stderr
         assert not list((tmp_path / "default" / "runs").glob("*/status.json"))  # no run started

@@ -173,11 +173,11 @@ def test_bad_target_exits_2(args, needle, tmp_path):
 @pytest.mark.slow  # each refusal plans the pilot first: ~7 s
 def test_bad_input_before_any_compute(tmp_path):
     one_error_line(runner.invoke(app, ["race-pilot", "--from-results", str(tmp_path / "nope.parquet")]), "nope.parquet")
-    one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--target", "judge"]), "eval.judges")
-    one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--metric", "judge_score"]), "judge_score")
-    one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--updates", "1"]), "--updates")
-    one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--updates", "0.5,1"]), "--updates")
-    one_error_line(runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--seed", "-1"]), "--seed must be >= 0, got -1")  # else found after the pilot's compute
+    one_error_line(runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--target", "judge"]), "eval.judges")
+    one_error_line(runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--metric", "judge_score"]), "judge_score")
+    one_error_line(runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--updates", "1"]), "--updates")
+    one_error_line(runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--updates", "0.5,1"]), "--updates")
+    one_error_line(runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--seed", "-1"]), "--seed must be >= 0, got -1")  # else found after the pilot's compute
     assert not any(tmp_path.iterdir())
     path = tmp_path / "r.parquet"
     results("flat").drop(columns=["rho"]).to_parquet(path)
@@ -195,11 +195,11 @@ def test_bad_input_before_any_compute(tmp_path):
 @pytest.mark.slow  # plans the pilot: ~7 s
 def test_pilot_above_the_cap_is_refused_with_exit_2(tmp_path):
     """A full sweep of one tiny cell: the least useful pilot costs many times that, so it is refused."""
-    result = runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]"])
+    result = runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]"])
     one_error_line(result, "above the cap of 25%")
     assert "--force" in result.output
     assert not any(tmp_path.iterdir())
-    forced = runner.invoke(app, ["race-pilot", "--out", str(tmp_path), "--force", "--dry-run", "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]"])
+    forced = runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--force", "--dry-run", "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]"])
     assert forced.exit_code == 0, forced.output
 
 

@@ -27,7 +27,7 @@ def finished_metrics(sweep_dir: Path) -> dict[str, int]:
 
 
 def test_pilot_on_the_embedded_default_writes_a_valid_regime(tmp_path, ray_address):
-    result = isoflop("race-pilot", "--out", str(tmp_path), *SMALL_EVAL, f"cluster.address={ray_address}")
+    result = isoflop("race-pilot", "--root", str(tmp_path), *SMALL_EVAL, f"cluster.address={ray_address}")
     assert result.returncode == 0, result.stdout + result.stderr
 
     sweep_dir = tmp_path / "default-pilot"
@@ -52,7 +52,7 @@ def test_pilot_on_the_embedded_default_writes_a_valid_regime(tmp_path, ray_addre
     assert (sweep_dir / "race" / "race.png").stat().st_size > 1000
 
     before = finished_metrics(sweep_dir)
-    again = isoflop("race-pilot", "--out", str(tmp_path), *SMALL_EVAL, f"cluster.address={ray_address}")
+    again = isoflop("race-pilot", "--root", str(tmp_path), *SMALL_EVAL, f"cluster.address={ray_address}")
     assert again.returncode == 0, again.stdout + again.stderr
     assert finished_metrics(sweep_dir) == before  # resumed: every run was finished, none ran again
     assert json.loads((sweep_dir / "race" / "regime.json").read_text())["regimes"][0]["regime"] == entry["regime"]

@@ -180,7 +180,7 @@ def _one_and_two_ranks(tmp_path, args: list[str]) -> dict[int, list[dict]]:
 
     rows = {}
     for ws in (1, 2):
-        result = CliRunner().invoke(app, ["run", *args, f"learner.world_size={ws}", "--out", str(tmp_path / f"ws{ws}")])
+        result = CliRunner().invoke(app, ["run", *args, f"learner.world_size={ws}", "--run-dir", str(tmp_path / f"ws{ws}")])
         assert result.exit_code == 0, result.output
         rows[ws] = [json.loads(line) for line in (tmp_path / f"ws{ws}" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows[1]] == [r["step"] for r in rows[2]]

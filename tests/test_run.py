@@ -20,7 +20,7 @@ def read(run_dir):
 def test_run_is_deterministic_and_writes_its_files(tmp_path):
     runner = CliRunner()
     for name in ("a", "b"):
-        result = runner.invoke(app, ["run", *ARGS, "--out", str(tmp_path / name)])
+        result = runner.invoke(app, ["run", *ARGS, "--run-dir", str(tmp_path / name)])
         assert result.exit_code == 0, result.output
     a, b = read(tmp_path / "a"), read(tmp_path / "b")
     assert a == b
@@ -31,7 +31,7 @@ def test_run_is_deterministic_and_writes_its_files(tmp_path):
 
 @pytest.mark.parametrize("updates", [["algo.epochs=1"], ["algo.epochs=2", "algo.minibatches=2"], ["algo.epochs=0.5"], ["lora.rank=4"], ["algo=ppo"]])
 def test_run_ledger_agrees_with_measurement(tmp_path, updates):
-    result = CliRunner().invoke(app, ["run", *ARGS, *updates, "flops.measure=true", "algo.kl_coef=0.1", "--out", str(tmp_path)])
+    result = CliRunner().invoke(app, ["run", *ARGS, *updates, "flops.measure=true", "algo.kl_coef=0.1", "--run-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]
@@ -50,7 +50,7 @@ def test_flop_budget_run_stops_within_one_step_and_evaluates_on_the_flop_axis(tm
     from isoflop_cli.grid import plan_run, step_flops
 
     args = ["n=4", "B_p=2", "grid.budget.unit=flops", "grid.budgets=[1e9,3e9]", "grid.eval_points=3", "eval.problems=8"]
-    result = CliRunner().invoke(app, ["run", *args, "--out", str(tmp_path)])
+    result = CliRunner().invoke(app, ["run", *args, "--run-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     cfg = config.load(None, args)
@@ -72,7 +72,7 @@ def test_local_checkpoint_by_path_and_gpu_hours(tmp_path):
     cfg = config.load(None, [])
     path = ensure_embedded(cfg.model, cfg.task)
     args = [*ARGS, "model=local", f"model.path={path}", "flops.peak_tflops=989", "flops.utilization=0.4"]
-    result = CliRunner().invoke(app, ["run", *args, "--out", str(tmp_path)])
+    result = CliRunner().invoke(app, ["run", *args, "--run-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     last = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
     assert last["gpu_hours"] == pytest.approx(last["flops_total"] / (989e12 * 0.4) / 3600)
@@ -83,7 +83,7 @@ def test_local_checkpoint_by_path_and_gpu_hours(tmp_path):
 @pytest.mark.parametrize("algo", [["algo=dr_grpo"], ["algo=cispo", "algo.epochs=2"], ["algo.loss_agg=seq-mean-token-mean", "algo.filter_zero_variance=true"],
                                   ["algo=ppo", "learner.micro_batch=3"], ["learner.activation_checkpointing=true", "lora.rank=4"]])
 def test_algorithms_run(tmp_path, algo):
-    result = CliRunner().invoke(app, ["run", *ARGS, *algo, "--out", str(tmp_path)])
+    result = CliRunner().invoke(app, ["run", *ARGS, *algo, "--run-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 4 and all(r["train_loss"] is not None for r in rows[1:])
@@ -96,7 +96,7 @@ def test_a_fractional_epoch_learns_from_a_share_of_each_group(tmp_path):
     The ledger's exactness against FlopCounterMode at epochs=0.5 is test_run_ledger_agrees_with_measurement."""
     rows = {}
     for epochs in ("1", "0.5"):
-        result = CliRunner().invoke(app, ["run", *ARGS, f"algo.epochs={epochs}", "--out", str(tmp_path / epochs)])
+        result = CliRunner().invoke(app, ["run", *ARGS, f"algo.epochs={epochs}", "--run-dir", str(tmp_path / epochs)])
         assert result.exit_code == 0, result.output
         rows[epochs] = read(tmp_path / epochs)[1]  # the first step: same sampled batch (same seed, same weights)
     whole, half = rows["1"], rows["0.5"]
@@ -118,7 +118,7 @@ def test_plan_and_run_assemble_a_step_s_flops_the_same_way(tmp_path, updates):
 
     args = ["n=4", "B_p=2", "task.digits=[2]", "task.max_new_tokens=1", "model.build.steps=1", "grid.budgets=[24]", "grid.eval_points=1",
             "eval.problems=8", *updates]
-    result = CliRunner().invoke(app, ["run", *args, "--out", str(tmp_path)])
+    result = CliRunner().invoke(app, ["run", *args, "--run-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     last = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
     search, learning, reward = step_flops(config.load(None, args))
@@ -131,7 +131,7 @@ def test_the_embedded_default_learns_to_stop_after_its_answer(tmp_path):
     cut to 64 validation problems: GRPO lifts validation avg@4 well above the base, and what it
     learns is to stop: the share of completions longer than their answer falls."""
     result = CliRunner().invoke(app, ["run", "n=2", "B_p=8", "grid.budgets=[2048]", "grid.eval_points=2", "eval.problems=64",
-                                      "--out", str(tmp_path)])
+                                      "--run-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     rows = [r for r in read(tmp_path) if r.get("val_avg@k") is not None]
     base, last = rows[0], rows[-1]

@@ -286,15 +286,15 @@ def metrics(run_dir: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_a_paused_run_continues_as_if_it_never_stopped(tmp_path):
-    whole = runner.invoke(app, ["run", *RUN_ARGS, "--out", str(tmp_path / "whole")])
+    whole = runner.invoke(app, ["run", *RUN_ARGS, "--run-dir", str(tmp_path / "whole")])
     assert whole.exit_code == 0, whole.output
-    paused = runner.invoke(app, ["run", *RUN_ARGS, "--pause-at", "16", "--out", str(tmp_path / "staged")])
+    paused = runner.invoke(app, ["run", *RUN_ARGS, "--pause-at", "16", "--run-dir", str(tmp_path / "staged")])
     assert paused.exit_code == 0, paused.output
     status = json.loads((tmp_path / "staged" / "status.json").read_text())
     assert status["state"] == "paused" and status["paused_at"] == 16 and status["rollouts"] == 16
     assert (tmp_path / "staged" / "checkpoint").is_dir()
     assert [r["rollouts"] for r in metrics(tmp_path / "staged")] == [0, 8, 16]
-    again = runner.invoke(app, ["run", *RUN_ARGS, "--out", str(tmp_path / "staged")])
+    again = runner.invoke(app, ["run", *RUN_ARGS, "--run-dir", str(tmp_path / "staged")])
     assert again.exit_code == 0 and "resumed from the checkpoint at step 2" in again.output, again.output
     assert metrics(tmp_path / "staged") == metrics(tmp_path / "whole")
     assert json.loads((tmp_path / "staged" / "status.json").read_text())["state"] == "finished"

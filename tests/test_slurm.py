@@ -54,14 +54,14 @@ def test_a_jobs_state_log_exit_code_and_cancel_read_as_the_dispatcher_reads_ray_
 
 def test_without_sbatch_slurm_is_one_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch there
-    result = CliRunner().invoke(app, ["sweep", "--out", str(tmp_path), "cluster.launcher=slurm", "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]"])
+    result = CliRunner().invoke(app, ["sweep", "--root", str(tmp_path), "cluster.launcher=slurm", "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]"])
     assert result.exit_code == 2 and "cluster.launcher=slurm needs SLURM's sbatch on PATH" in result.output
 
 
 @pytest.mark.e2e
 def test_a_sweep_through_submitit_jobs(tmp_path):
     """Two cells as submitit jobs: both finish, their logs are in their run dirs, status reads them."""
-    args = ["--out", str(tmp_path), "grid.n=[2,4]", "grid.B_p=[2]", "grid.budgets=[16]", "grid.eval_points=1", "eval.problems=8",
+    args = ["--root", str(tmp_path), "grid.n=[2,4]", "grid.B_p=[2]", "grid.budgets=[16]", "grid.eval_points=1", "eval.problems=8",
             "eval.samples=4", "cluster.launcher=slurm", "cluster.slurm.executor=local"]
     result = subprocess.run([sys.executable, "-m", "isoflop_cli", "sweep", *args], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -103,7 +103,7 @@ def test_a_sweep_on_a_real_slurm_survives_a_killed_run_and_a_preemption(slurm, t
     requeued by SLURM (a preemption): the sweep waits for SLURM to run it again, or (where it reads
     the requeue's end first) submits it once more. Both runs resume from their checkpoints, and
     every eval point is there once."""
-    args = ["--out", str(tmp_path), "cluster=slurm", "cluster.cpus_per_run=1", "cluster.gpus_per_run=0", f"cluster.python={sys.executable}",
+    args = ["--root", str(tmp_path), "cluster=slurm", "cluster.cpus_per_run=1", "cluster.gpus_per_run=0", f"cluster.python={sys.executable}",
             # 4,096 rollouts: each run lasts long enough past its first checkpoint that the kill and the requeue land
             # mid-run (at 1,024 a run could end between the checkpoint and the requeue, and its job then ends FAILED).
             "cluster.poll_s=1", "grid.n=[2]", "grid.B_p=[2,4]", "grid.budgets=[4096]", "grid.eval_points=3", "eval.problems=16",
@@ -117,7 +117,7 @@ def test_a_sweep_on_a_real_slurm_survives_a_killed_run_and_a_preemption(slurm, t
         for p in psutil.process_iter(["cmdline"]):
             cmd = p.info["cmdline"] or []
             if "isoflop_cli" in cmd and "run" in cmd and str(sweep) in " ".join(cmd):
-                run_id = Path(cmd[cmd.index("--out") + 1]).name
+                run_id = Path(cmd[cmd.index("--run-dir") + 1]).name
                 if not (sweep / "runs" / run_id / "checkpoint").exists() or run_id in (killed, requeued):
                     continue
                 if killed is None:
@@ -165,7 +165,7 @@ def test_the_preflight_on_a_real_slurm(slurm, tmp_path):
     request SLURM cannot place (more CPUs than any node, GPUs it has none of) stops the sweep in its
     preflight, one line per problem, exit 2, before any run's job is submitted."""
     def isoflop(command, *overrides):
-        return subprocess.run([sys.executable, "-m", "isoflop_cli", command, "--out", str(tmp_path), "cluster=slurm", f"cluster.python={sys.executable}",
+        return subprocess.run([sys.executable, "-m", "isoflop_cli", command, "--root", str(tmp_path), "cluster=slurm", f"cluster.python={sys.executable}",
                                "cluster.cpus_per_run=1", "cluster.gpus_per_run=0", *overrides], capture_output=True, text=True, timeout=300, env=slurm)
 
     ok = isoflop("doctor")

@@ -40,7 +40,7 @@ def wandb_records(path):
 @pytest.mark.slow
 def test_every_eval_row_reaches_each_tracker_once_and_a_resumed_run_continues_its_tracker_run(tmp_path):
     run_dir = tmp_path / "n4_bp2_s0_feedbeef"
-    args = ["run", *ARGS, "tracking.backends=[wandb,mlflow,tensorboard]", "--out", str(run_dir)]
+    args = ["run", *ARGS, "tracking.backends=[wandb,mlflow,tensorboard]", "--run-dir", str(run_dir)]
     paused = CliRunner().invoke(app, [*args, "--pause-at", "16"])  # stops at step 2 with a checkpoint
     assert paused.exit_code == 0, paused.output
     finished = CliRunner().invoke(app, args)  # a new process would do the same: resumes from the checkpoint
@@ -93,7 +93,7 @@ def test_a_tracker_that_fails_is_a_warning_and_the_run_finishes(tmp_path):
     for blocked in ("mlruns", "tensorboard"):  # MLflow's file store, TensorBoard's log dirs
         (root / blocked).write_text("a file where the tracker's directory should be")
     result = CliRunner().invoke(app, ["run", *ARGS, "tracking.backends=[mlflow,tensorboard]", f"tracking.dir={root}",
-                                      "--out", str(tmp_path / "run")])
+                                      "--run-dir", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     assert "warning: tracking.backends mlflow: open failed" in result.output
     assert "warning: tracking.backends tensorboard: open failed" in result.output

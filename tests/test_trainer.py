@@ -134,7 +134,7 @@ def test_dr_grpo_is_grpo_with_its_two_knobs(tmp_path):
     args = ["n=4", "B_p=2", "grid.budgets=[16]", "grid.eval_points=1", "eval.problems=8", "eval.samples=4"]
     rows = {}
     for name, extra in (("preset", ["algo=dr_grpo"]), ("knobs", ["algo.std_norm=false", "algo.loss_agg=constant"])):
-        result = CliRunner().invoke(app, ["run", *args, *extra, "--out", str(tmp_path / name)])
+        result = CliRunner().invoke(app, ["run", *args, *extra, "--run-dir", str(tmp_path / name)])
         assert result.exit_code == 0, result.output
         rows[name] = [{k: v for k, v in json.loads(line).items() if k != "wall_s" and not k.startswith(("time_", "reward_cpu"))}
                       for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]

@@ -297,7 +297,7 @@ def test_two_ranks_with_vllm_give_the_losses_of_one_process(tmp_path):
     args = ["n=4", "B_p=4", "eval.problems=8", "eval.samples=4", "grid.budgets=[16,32,48]", "grid.eval_points=1", "algo.kl_coef=0.1",
             "algo.entropy_coef=0.01", "algo.minibatches=2", "algo.top_p=1e-6", "sampler=vllm"]
     for ws in (1, 2):
-        result = CliRunner().invoke(app, ["run", *args, f"learner.world_size={ws}", "--out", str(tmp_path / f"ws{ws}")])
+        result = CliRunner().invoke(app, ["run", *args, f"learner.world_size={ws}", "--run-dir", str(tmp_path / f"ws{ws}")])
         assert result.exit_code == 0, result.output
     one, two = metrics(tmp_path / "ws1"), metrics(tmp_path / "ws2")
     assert [r["step"] for r in one] == [r["step"] for r in two] == [0, 1, 2, 3]
@@ -323,7 +323,7 @@ def test_a_paused_two_rank_run_continues_as_if_never_stopped(tmp_path):
     args = ["sampler=vllm", "learner.world_size=2", "n=4", "B_p=4", "eval.problems=4", "eval.samples=4", "grid.budgets=[16,32]",
             "grid.eval_points=1", "algo.kl_coef=0.1"]
     for out, extra in (("paused", ["--pause-at", "16"]), ("paused", []), ("whole", [])):
-        result = CliRunner().invoke(app, ["run", *args, *extra, "--out", str(tmp_path / out)])
+        result = CliRunner().invoke(app, ["run", *args, *extra, "--run-dir", str(tmp_path / out)])
         assert result.exit_code == 0, result.output
         if extra:  # stopped after step 1, its state kept for the next attempt
             assert metrics(tmp_path / out)[-1]["step"] == 1 and (tmp_path / out / "checkpoint").is_dir()
@@ -334,7 +334,7 @@ def test_a_paused_two_rank_run_continues_as_if_never_stopped(tmp_path):
 
 @pytest.mark.vllm
 def test_grpo_sweep_with_vllm_through_a_local_ray_head(tmp_path):
-    args = ["sweep", "--out", str(tmp_path), "sampler=vllm", "grid.n=[4]", "grid.B_p=[4]", "grid.budgets=[48]", "grid.eval_points=2",
+    args = ["sweep", "--root", str(tmp_path), "sampler=vllm", "grid.n=[4]", "grid.B_p=[4]", "grid.budgets=[48]", "grid.eval_points=2",
             "eval.problems=16", "eval.samples=4"]
     result = subprocess.run([sys.executable, "-m", "isoflop_cli", *args], capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -24,6 +24,7 @@ class Fitted:
     tables: list[Table]
     written: list[Path]
     warnings: list[str]
+    frontier: pd.DataFrame | None  # frontier.csv (`fit --json` prints its rows)
 
 
 def default_out(path: Path) -> Path:
@@ -45,7 +46,7 @@ def fit(paths: list[Path], spec: FitSpec, asked: list[str], out: Path | None) ->
         answer = _trend(df, spec)
         written, front = outputs.write(df, info, spec, results, out, cover, answer)
     _track(paths[0], out, written)
-    return Fitted(answer.lines(spec.axis) if answer else [], tables(results, spec, front, cover), written, notes)
+    return Fitted(answer.lines(spec.axis) if answer else [], tables(results, spec, front, cover), written, notes, front)
 
 
 def _trend(df: pd.DataFrame, spec: FitSpec) -> trend.Trend | None:

@@ -123,7 +123,7 @@ def method_table(method: str, entry: dict, spec: FitSpec) -> Table:
     caption = f"{FORMS[method].format(axis=spec.axis)}; {summary(method, entry, spec)}"
     table = Table(title=f"{method}: estimate, bootstrap median and 90% interval", caption=caption)
     for col in ("parameter", "estimate", "median", "90% interval"):
-        table.add_column(col, justify="left" if col == "parameter" else "right")
+        table.add_column(col, justify="left" if col == "parameter" else "right", overflow="fold")
     for row in param_rows(entry) + extra_rows(method, entry):
         table.add_row(*row)
     return table
@@ -143,7 +143,7 @@ def frontier_table(front: pd.DataFrame, spec: FitSpec, axis_star: list[dict] | N
     band = {_at(r["compute"]): r for r in axis_star or []}
     table = Table(title=f"frontier ({'fitted' if axis_star else 'empirical'}): best {spec.metric} with {spec.compute} <= C, and {spec.axis}*(C)")
     for col in (spec.compute, spec.metric, "measured", f"{spec.axis}*", f"{spec.axis}* 90%", "note"):
-        table.add_column(col, justify="left" if col == "note" else "right")
+        table.add_column(col, justify="left" if col == "note" else "right", overflow="fold")
     shown = front.iloc[sorted({*range(0, len(front), max(1, len(front) // 12)), len(front) - 1})]
     for r in shown.itertuples():
         b = band.get(_at(r.compute))

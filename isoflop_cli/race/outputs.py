@@ -125,7 +125,7 @@ def markdown(report: dict, plots: list[str]) -> str:
 def summary(report: dict) -> Group:
     table = Table(title=f"RACE regimes: target {report['target']} ({report['metric']}); curves in race.md", caption=CAVEAT)
     for col in ("reward", "regime", "effect [90%]", "optimum rho [90%]", "runs"):
-        table.add_column(col, justify="right" if col in ("runs",) else "left", no_wrap=True)
+        table.add_column(col, justify="right" if col in ("runs",) else "left", overflow="fold")
     style = {"undetermined": "yellow"}
     short = lambda v: f"{v:.2g}" if v is not None else "-"  # noqa: E731
     span = lambda lo_hi: f" [{short(lo_hi[0])}, {short(lo_hi[1])}]" if lo_hi else ""  # noqa: E731

@@ -102,7 +102,7 @@ def recommend(entries: list[dict], data: Data, config: str | None, overrides: li
     except ConfigError as e:
         rec.update(overrides=None, command=None, predicted_flops=None, error=str(e))
         return rec
-    args = ["isoflop", "sweep", *(["--config", config] if config else []), *(["--out", out] if out else []), *sweep]
+    args = ["isoflop", "sweep", *(["--config", config] if config else []), *(["--root", out] if out else []), *sweep]
     rec.update(overrides=sweep, command=shlex.join(args), predicted_flops=pilot_mod.total_flops(cells),
                cells=sum(c.feasible for c in cells))
     return rec
