@@ -86,3 +86,29 @@ def test_few_computes_and_bad_options():
         scalerl_method(short, FitSpec(bootstrap=0))
     with pytest.raises(ConfigError, match="holdout"):
         methods.check(FitSpec(holdout_frac=1.0), ["scalerl"])  # options are checked before any data is read
+
+
+def grid(ceilings: dict[int, float], seed: int, seeds: int = 3) -> pd.DataFrame:
+    """Runs of several n, each n its ScaleRL-shaped truth with ceiling A (not the fit's: a shifted
+    exponential saturation in log C), 3 seeds, eval noise 0.015."""
+    rng = np.random.default_rng(seed)
+    c = np.geomspace(1e3, 1e6, 12)
+    frames = []
+    for n, a in ceilings.items():
+        for s in range(seeds):
+            y = 0.2 + (a - 0.2) * (1 - np.exp(-c / 8e4)) + rng.normal(0, 0.015, c.size)
+            frames.append(pd.DataFrame({RUN: f"n{n}s{s}", "n": n, "rollouts": np.r_[0, c], "val_avg@k": np.r_[0.2, y]}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_a_tie_has_no_single_best_and_a_clear_winner_has_one():
+    """Null (n irrelevant, 10 grids): never one best n (before: the highest A at random, and 'Reliable:
+    yes' on 20 of 20 such grids), never reliable. One n with a ceiling 0.1 above: it is the best in
+    every grid."""
+    spec = FitSpec(bootstrap=30)
+    for seed in range(10):
+        results = methods.run(grid({2: 0.7, 4: 0.7, 8: 0.7}, seed), spec, ["scalerl"], explicit=True)
+        entry = results["scalerl"].entry
+        assert entry["best"] is None and len(entry["best_set"]) >= 2 and not entry["reliable"], (seed, entry["best_set"])
+        clear = scalerl_method(grid({2: 0.6, 4: 0.7, 8: 0.6}, seed), spec).entry
+        assert clear["best"] == "n=4" and clear["best_set"] == ["n=4"]

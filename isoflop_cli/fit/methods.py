@@ -162,6 +162,9 @@ def doubts(method: str, entry: dict, spec: FitSpec) -> list[tuple[str, bool]]:
     if flat and spec.bootstrap > 0:
         out.append((f"{method}: the 90% interval of {', '.join(flat)} has zero width: the bootstrap resamples all gave one value, "
                     "which says the fit is stuck, not that it is certain", True))
+    if method == "scalerl" and entry.get("best") is None and len(entry.get("best_set") or []) > 1:
+        out.append((f"{method}: no single best {spec.axis}: the highest ceiling A does not beat {', '.join(entry['best_set'])} beyond the "
+                    "noise" + ("" if spec.bootstrap else " (--bootstrap 0: nothing is told apart)"), True))
     if method == "frontier" and entry.get("curves") is not None and len(entry["curves"]) < MIN_AXIS_VALUES:
         out.append((f"{method}: {spec.axis}*(C) is read from {len(entry['curves'])} {spec.axis} value(s) with a fitted curve; "
                     f"a law of it needs at least {MIN_AXIS_VALUES}", True))

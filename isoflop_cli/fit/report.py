@@ -9,7 +9,7 @@ import pandas as pd
 from rich.table import Table
 
 from isoflop_cli.fit.data import FitSpec
-from isoflop_cli.fit.evidence import label
+from isoflop_cli.fit.evidence import TIE_SD, label
 from isoflop_cli.fit.interference import ALPHA
 
 FORMS = {
@@ -81,7 +81,8 @@ def summary(method: str, entry: dict, spec: FitSpec) -> str:
     if entry.get("noise"):
         parts.append(f"noise model: {entry['noise']['summary']}")
     if method == "scalerl":
-        parts.append(f"curve of {entry['best']} (highest A)")
+        parts.append(f"curve of {entry['best']} (highest A, beyond the noise)" if entry["best"] else
+                     f"no single best: {', '.join(entry['best_set'])} tied (the highest ceiling A is not above theirs by {TIE_SD:g} sd of the noise)")
     if method == "isoflop-slices":
         parts.append(f"preferred law: {entry['preferred']}")
     if method == "surface":

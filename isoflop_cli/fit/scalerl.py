@@ -20,6 +20,7 @@ from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import bootstrap, holdout
 from isoflop_cli.fit.curves import CurveFit, fit_scalerl, scalerl
 from isoflop_cli.fit.data import RUN, FitSpec, MethodResult, plain, warn
+from isoflop_cli.fit.evidence import TIE_SD
 
 NAMES = ["R0", "A", "C_mid", "B", "holdout_error"]
 MIN_COMPUTES = 4  # distinct compute points for three free parameters
@@ -83,7 +84,10 @@ def series(df: pd.DataFrame, spec: FitSpec, runs: pd.Index, held: np.ndarray | N
 
 
 def scalerl_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
-    """Per axis value the ScaleRL curve; the top-level params are the axis value with the highest A."""
+    """Per axis value the ScaleRL curve; the top-level params are the axis value with the highest A.
+    That value is `best` only where its A beats every other's beyond the noise (`_tied`); otherwise
+    `best` is None and `best_set` lists the values it does not beat: a winner picked from a tie
+    would be the noise's."""
     if spec.holdout and spec.holdout_frac:  # their ranges: `methods.check`
         raise ConfigError("scalerl: give --holdout or --holdout-frac, not both")
     runs = pd.Index(df[RUN].unique())
@@ -94,11 +98,13 @@ def scalerl_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     fits = [s.fit() for s in fitted]
     strata = df.drop_duplicates(RUN).set_index(RUN).loc[runs, spec.axis].to_numpy()
     draws = [[] for _ in fitted]
-    for counts in bootstrap.run_counts(spec.bootstrap, strata, spec.seed):
-        for d, s, f in zip(draws, fitted, fits):
+    ceilings = np.full((spec.bootstrap, len(fitted)), np.nan)  # (resamples, curves): A where the refit converged
+    for r, counts in enumerate(bootstrap.run_counts(spec.bootstrap, strata, spec.seed)):
+        for i, (d, s, f) in enumerate(zip(draws, fitted, fits)):
             refit = s.fit(counts, f.params)
             if refit.converged:
                 d.append(refit.params)
+                ceilings[r, i] = refit.params["A"]
     curves = {}
     for s, f, d in zip(fitted, fits, draws):
         median, interval = bootstrap.summarise(d, NAMES)
@@ -111,13 +117,37 @@ def scalerl_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
                                                    "bootstrap": {"resamples": spec.bootstrap, "converged": len(d)}}
         if not f.converged:
             warn(f"scalerl {spec.axis}={plain(s.value)}: the fit did not converge")
-    best = max(curves, key=lambda k: curves[k]["params"]["A"])
-    entry = {**{k: curves[best][k] for k in ("params", "interval90", "median", "converged", "at_bound")}, "best": best,
+    names = list(curves)
+    top = max(names, key=lambda k: curves[k]["params"]["A"])
+    tied = [names[i] for i in _tied(ceilings, np.array([curves[k]["params"]["A"] for k in names]), names.index(top),
+                                    np.array([np.unique(s.run).size for s in fitted]), _residual_sd(fitted, fits))]
+    best = top if tied == [top] else None
+    entry = {**{k: curves[top][k] for k in ("params", "interval90", "median", "converged", "at_bound")}, "best": best, "best_set": tied,
              "curves": curves, "drop_early": spec.drop_early, "holdout_frac": spec.holdout_frac,
              "held": ["R0"]}  # not fitted: the base model's measured value
     if held is not None:
         entry["holdout"] = _holdout(df, spec, held, fitted, fits)
     return MethodResult(entry, {"scalerl": _frame(fitted, fits)})
+
+
+def _tied(ceilings: np.ndarray, fitted: np.ndarray, top: int, runs: np.ndarray, sigma: float) -> list[int]:
+    """The curves whose ceiling A (`fitted`) the top one's does not beat beyond the noise, the
+    frontier's rule for a tie (evidence.TIE_SD): A_top - A_other within TIE_SD times the larger of
+    one eval point's noise about the curves (`sigma`: a ceiling is a level of the metric) and the sd
+    of the difference from the bootstrap (each curve's resamples, scaled by m / (m - 1) for its m
+    runs). Without resamples nothing is told apart: every curve is in the set."""
+    if ceilings.shape[0] < 10:
+        return list(range(ceilings.shape[1]))
+    var = np.nanvar(ceilings, axis=0, ddof=1) * runs / np.maximum(runs - 1, 1)
+    return [i for i in range(ceilings.shape[1])
+            if i == top or not fitted[top] - fitted[i] > TIE_SD * max(sigma, math.sqrt(var[top] + var[i]))]
+
+
+def _residual_sd(fitted: list[Series], fits: list[CurveFit]) -> float:
+    """One eval point's sd about its curve, pooled over every curve's fitted points."""
+    residuals = [s.y - scalerl(s.computes[s.at], **{k: f.params[k] for k in ("R0", "A", "C_mid", "B")}) for s, f in zip(fitted, fits)]
+    kept = np.concatenate([r[s.computes[s.at] <= s.cut] for r, s in zip(residuals, fitted)])
+    return float(np.sqrt(np.mean(kept ** 2))) if kept.size else 0.0
 
 
 def _holdout(df: pd.DataFrame, spec: FitSpec, held: np.ndarray, fitted: list[Series], fits: list[CurveFit]) -> dict:
