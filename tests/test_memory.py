@@ -197,7 +197,7 @@ def test_a_cell_that_cannot_fit_is_refused_with_its_knob(qwen7b):
     axes = "+grid.axes={learner.activation_checkpointing:[true,false]}"
     result = runner.invoke(app, ["plan", "--json", "--config", "seed-easy", *seed_easy(qwen7b, "grid.n=[8]", "grid.B_p=[64]", axes)])
     assert result.exit_code == 0, result.output
-    on, off = json.loads(result.output)["cells"]
+    on, off = json.loads(result.stdout)["cells"]
     assert on["feasible"] and on["predicted"]["gpu_memory_gib"] <= 141
     reason = off["reason"]
     assert not off["feasible"] and reason.startswith("needs 146.1 GiB of cluster.gpu_memory_gib=141 per GPU while learning (activations 114.9")
@@ -219,7 +219,7 @@ def test_plan_needs_no_weights_and_no_vllm_a_sweep_needs_both(qwen7b, tmp_path):
     args = seed_easy(qwen7b, "grid.n=[8,16]", "grid.B_p=[64]")
     result = runner.invoke(app, ["plan", "--json", "--config", "seed-easy", *args])
     assert result.exit_code == 0, result.output
-    assert [r["predicted"]["gpu_memory_gib"] for r in json.loads(result.output)["cells"]] == [pytest.approx(102.56, abs=0.01)] * 2
+    assert [r["predicted"]["gpu_memory_gib"] for r in json.loads(result.stdout)["cells"]] == [pytest.approx(102.56, abs=0.01)] * 2
     table = runner.invoke(app, ["plan", "--config", "seed-easy", *args])
     assert table.exit_code == 0 and "GiB/GPU" in table.output and "103" in table.output
     for command in (["sweep", "--run-dir", str(tmp_path / "out")], ["run", "--run-dir", str(tmp_path / "run")]):
