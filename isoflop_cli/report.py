@@ -24,12 +24,13 @@ class Output(Console):
     """The console every command prints through. Where no terminal reads it (a SLURM log, CI,
     `| tee`, a test) rich would fit each table into 80 columns, ellipsising the run ids and numbers
     a reader copies into the next command: there it is as wide as the widest line, so nothing is
-    cut. On a terminal (or given a width), the terminal's width."""
+    cut, whatever COLUMNS says (the width of the shell's terminal, not of the file). On a terminal,
+    the terminal's width."""
 
     @property
     def size(self) -> ConsoleDimensions:
         size = super().size
-        return size if self.is_terminal or self._width is not None else ConsoleDimensions(UNBOUNDED, size.height)
+        return size if self.is_terminal else ConsoleDimensions(UNBOUNDED, size.height)
 
     @size.setter
     def size(self, new_size: tuple[int, int]) -> None:

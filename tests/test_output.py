@@ -23,8 +23,11 @@ WIDE_PLAN = ["grid.n=[2,4]", "grid.B_p=[8]", "grid.budgets=[8192,32768]", "+grid
 
 @pytest.fixture(autouse=True)
 def narrow(monkeypatch):
-    """A narrow COLUMNS, as a batch job may have: it must not narrow output no terminal reads."""
+    """A narrow COLUMNS, as a batch job may inherit, read when the consoles are made: it must not
+    narrow output no terminal reads."""
     monkeypatch.setenv("COLUMNS", "60")
+    monkeypatch.setattr(cli, "console", cli.report.Output())
+    monkeypatch.setattr(cli, "err", cli.report.Output(stderr=True))
 
 
 def status_sweep(tmp_path) -> SweepDir:
