@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 
 from isoflop_cli import config as config_mod
 from isoflop_cli import grid as grid_mod
+from isoflop_cli import hub
 from isoflop_cli import sweep
 from isoflop_cli.config import identity
 from isoflop_cli.dispatch import sweep_lock
@@ -148,7 +149,7 @@ def merge(cfg: DictConfig, dest: SweepDir, config: str | None, overrides: list[s
     parts = [pd.read_parquet(dest.run(rid).dir / RESULT) for rid in manifest.cells if dest.run(rid).finished()]
     df = pd.concat(parts, ignore_index=True).sort_values("problem_id").reset_index(drop=True) if parts else pd.DataFrame()
     atomic_write(dest.path / RESULT, df.to_parquet(index=False))
-    source = records(Path(cfg.task.train), "task.train")
+    source = records(hub.data_file(cfg.task.train, "task.train"), "task.train")
     summary = {"rows": rows, "calibrated": len(df), "left_out": rows - len(df), "samples": cfg.calibrate.samples,
                "spread": asdict(spread(df["pass_rate"], df["samples"])) if not df.empty else None, "bands": []}
     for band in (Band("easy", *cfg.calibrate.easy), Band("hard", *cfg.calibrate.hard)):

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
+from isoflop_cli import hub
 from isoflop_cli.algorithms import passes
 from isoflop_cli.tasks.arith import ALPHABET, SPECIALS
 
@@ -316,7 +317,7 @@ def epoch_plan(epochs: float, n: int) -> tuple[int, int]:
 def model_shape(model) -> Shape:
     """The shape of a configured model without loading it: its config.json, or the embedded build."""
     if model.path:
-        return Shape.from_config(json.loads((Path(model.path).expanduser() / "config.json").read_text()))
+        return Shape.from_config(json.loads((hub.checkpoint(model.path, "model.path", model.download) / "config.json").read_text()))
     b = model.build
     return Shape(
         layers=b.num_layers, hidden=b.hidden_size, intermediate=b.intermediate_size, heads=b.num_heads,

@@ -31,6 +31,7 @@ import uuid
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from isoflop_cli import hub
 from isoflop_cli.config.schema import cache_dir
 from isoflop_cli.config.validate import builds_embedded, cannot_make
 from isoflop_cli.joblog import job_message, last_exception
@@ -97,6 +98,7 @@ def spec_for(cfg, sweep_dir: Path, interpreter: str) -> Spec:
 
     paths = {key: value for key in PATH_KEYS if key != "tracking.dir" and isinstance(value := _select(cfg, key), str) and value}
     paths.update({f"eval.{part}.{name}": str(p) for part in ("sets", "judges") for name, p in cfg.eval[part].items()})
+    paths = {key: p for key, p in paths.items() if not (hub.takes_ids(key) and hub.hub_id(p))}  # each node's own Hugging Face cache
     writes = {"ISOFLOP_CACHE": ""} if builds_embedded(cfg) else {}
     if cfg.tracking.dir and writes_dir(cfg.tracking):
         writes["tracking.dir"] = cfg.tracking.dir

@@ -18,10 +18,12 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from isoflop_cli import hub
 from isoflop_cli.config.keys import unknown_key
 from isoflop_cli.config.schema import DEFAULT_SWEEP, PATH_KEYS, SweepConfig
 from isoflop_cli.config.validate import check
 from isoflop_cli.errors import ConfigError
+from isoflop_cli.rewards import is_file
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = ROOT / "conf"
@@ -81,12 +83,16 @@ def resolve_device_defaults(cfg: DictConfig) -> None:
 
 def _absolute_paths(cfg: DictConfig) -> None:
     """Files the runs read, as absolute paths: a run is a Ray job whose working directory is not
-    the one the sweep was started from."""
+    the one the sweep was started from. A Hugging Face Hub id stays one (each run finds it in its
+    node's cache); a reward function's file (reward.fn=FILE.py:function) is a path too."""
     keys = [*PATH_KEYS, *(f"eval.{part}.{name}" for part in ("sets", "judges") for name in cfg.eval[part])]
     for key in keys:
         value = OmegaConf.select(cfg, key, throw_on_missing=False)
-        if isinstance(value, str) and value:
+        if isinstance(value, str) and value and not (hub.takes_ids(key) and hub.hub_id(value)):
             OmegaConf.update(cfg, key, str(Path(value).expanduser().absolute()), merge=False)
+    where, _, name = (cfg.reward.fn or "").rpartition(":")
+    if where and is_file(where):
+        cfg.reward.fn = f"{Path(where).expanduser().absolute()}:{name}"
 
 
 def with_values(cfg: DictConfig, values: dict[str, Any], checked: bool = True) -> DictConfig:

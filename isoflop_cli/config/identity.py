@@ -21,7 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from isoflop_cli import tasks
+from isoflop_cli import hub, tasks
 from isoflop_cli.algorithms import ALGORITHMS, spec
 from isoflop_cli.config.schema import cache_dir
 from isoflop_cli.errors import ConfigError
@@ -42,12 +42,13 @@ def run_content(cfg: DictConfig) -> dict[str, Any]:
 
 def applicable(content: dict[str, Any]) -> dict[str, Any]:
     """A plain config without the keys that do not apply to its run (other tasks' keys, an unset
-    custom reward, no held-out sets or judges, vLLM's engine knobs left at null, no stray digits in
-    the warm start) or do not change what it computes (whether its last checkpoint is kept): options
+    custom reward or its signature told from its parameters, no held-out sets or judges, vLLM's
+    engine knobs left at null, no stray digits in the warm start) or do not change what it computes
+    (whether its last checkpoint is kept, whether a Hub checkpoint may be downloaded): options
     added later leave earlier run ids as they were. A new copy where it drops any; with `data`, the
     digests of the data files it reads, where it reads any (`data_files`)."""
     task = {k: v for k, v in content["task"].items() if k in tasks.config_keys(content["task"]["name"])}
-    reward = {k: v for k, v in content["reward"].items() if not (k == "fn" and v is None)}
+    reward = {k: v for k, v in content["reward"].items() if not (k == "fn" and v is None or k == "style" and v == "auto")}
     evaluation = {k: v for k, v in content["eval"].items() if not (k in ("sets", "judges") and not v)}
     epochs = content["algo"]["epochs"]  # whole epochs hash as the integers they were before fractions
     algo = {**content["algo"], "epochs": int(epochs) if float(epochs).is_integer() else epochs}
@@ -59,6 +60,7 @@ def applicable(content: dict[str, Any]) -> dict[str, Any]:
             algo["std_norm"] = effective.std_norm
     sampler = {k: v for k, v in content["sampler"].items() if not (k in ("kv_cache_gib", "enforce_eager") and v is None)}
     build = {k: v for k, v in content["model"]["build"].items() if not (k == "stray" and v == 0)}
+    model = {k: v for k, v in content["model"].items() if k != "download"}  # where the checkpoint came from, not what it is
     kept = {k: v for k, v in content["checkpoint"].items() if k != "keep_final"}  # what a run leaves, not what it computes
     # How the learner splits its work in memory and time, not what it computes: a token-budget
     # micro-batch only when set, the logit chunk and the collective timeout never.
@@ -66,7 +68,7 @@ def applicable(content: dict[str, Any]) -> dict[str, Any]:
                if k not in ("logit_chunk_tokens", "collective_timeout_s") and not (k == "max_tokens_per_micro_batch" and v == 0)}
     data = data_files(task, evaluation)
     return {**content, "task": task, "reward": reward, "eval": evaluation, "algo": algo, "sampler": sampler,
-            "model": {**content["model"], "build": build}, "checkpoint": kept, "learner": learner, **({"data": data} if data else {})}
+            "model": {**model, "build": build}, "checkpoint": kept, "learner": learner, **({"data": data} if data else {})}
 
 
 def data_files(task: dict[str, Any], evaluation: dict[str, Any]) -> dict[str, str]:
@@ -83,7 +85,7 @@ DIGESTS_KEPT = 1000
 def data_digest(path: str, key: str = "data file") -> str:
     """sha1 of a data file's bytes; of a directory (a `save_to_disk` data set), of its files' names
     and digests. Each file is read once per version (path, size, mtime_ns), as the cache keeps it."""
-    root = Path(path).expanduser()
+    root = hub.data_file(path, key)  # a Hub data set: its cached file, by content like any other
     try:
         if root.exists() and not (root.is_file() or root.is_dir()):  # a named pipe: reading it could wait forever
             raise ConfigError(f"{key} {path} is not a regular file (or a data set's directory)")

@@ -70,9 +70,11 @@ class ModelBuildConfig(BuildConfig):
 @dataclass
 class ModelConfig:
     name: str = "tiny-arith"
-    # A local Hugging Face checkpoint directory; null builds the embedded model (`build`) instead.
+    # A local Hugging Face checkpoint directory, or a Hub id org/name[@revision] found in the local
+    # Hugging Face cache (hub.py); null builds the embedded model (`build`) instead.
     # Required (no default): a model group that forgets it is an error, not the embedded model.
     path: Optional[str] = MISSING
+    download: bool = False  # a Hub id not in the local cache is downloaded (never with HF_HUB_OFFLINE=1); false: refused
     build: ModelBuildConfig = field(default_factory=ModelBuildConfig)
 
 
@@ -87,7 +89,9 @@ class TaskConfig:
     ops: list[str] = field(default_factory=lambda: ["+"])
     reverse_answer: bool = True  # answer digits least-significant first: learnable left to right
     steps: bool = False  # show the work: one step per digit column before the answer (additions)
-    # dataset (tasks/dataset.py): verl-style parquet, JSONL, or a datasets save_to_disk directory
+    # dataset (tasks/dataset.py): verl-style parquet, JSONL, or a datasets save_to_disk directory;
+    # or a Hub data set org/name[@revision] (a file in it: hf://datasets/org/name[@revision]/path) in
+    # the local Hugging Face cache (hub.py)
     train: Optional[str] = None
     val: Optional[str] = None  # null: task.val_fraction of task.train, by a stable hash of the prompt
     prompt_key: str = "prompt"  # a string, or a list of chat messages
@@ -97,13 +101,15 @@ class TaskConfig:
     system_prompt: Optional[str] = None
     instruction: Optional[str] = None  # appended to the prompt, e.g. "Put the final answer within \\boxed{}."
     verifier: str = "math"  # math (math-verify), exact, choice
+    download: bool = False  # a Hub data set (task.train, task.val, eval.sets) not in the local cache is downloaded; false: refused
 
 
 @dataclass
 class RewardConfig:
     name: str = "sparse"  # see rewards.py
     format_weight: float = 0.2  # structured: the share of the reward for the answer's form
-    fn: Optional[str] = None  # custom: package.module:function, called with (problems, completions) -> scores
+    fn: Optional[str] = None  # custom: package.module:function or /path/to/file.py:function (rewards.py)
+    style: str = "auto"  # custom: its signature, verl, trl or isoflop (rewards.STYLES); auto: told from its parameters
     # prm: a local PRM checkpoint (a token classifier scoring step ends); null builds the embedded one.
     path: Optional[str] = None
     build: BuildConfig = field(default_factory=lambda: BuildConfig(hidden_size=64, intermediate_size=256, num_layers=2, num_heads=2, num_kv_heads=1, steps=300))

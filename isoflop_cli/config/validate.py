@@ -18,13 +18,13 @@ from typing import Any, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-from isoflop_cli import launchers, tasks
+from isoflop_cli import hub, launchers, tasks
 from isoflop_cli.algorithms import ALGORITHMS, LOSS_AGGS
 from isoflop_cli.config.keys import unknown_key
 from isoflop_cli.config.schema import GROUPS, Schedule, cache_dir
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.flops import PROJECTIONS, Shape, UnsupportedModel
-from isoflop_cli.rewards import REWARDS, load_function
+from isoflop_cli.rewards import REWARDS
 from isoflop_cli.samplers import SAMPLERS
 from isoflop_cli.tasks.arith import ALPHABET
 from isoflop_cli.tracking import BACKENDS, writes_dir
@@ -124,7 +124,7 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
     _check_eval_sets(cfg)
     for part in ("model", "reward"):
         if cfg[part].path is not None:
-            hf_config = _check_checkpoint(f"{part}.path", Path(cfg[part].path).expanduser())
+            hf_config = _check_checkpoint(f"{part}.path", checkpoint_dir(cfg, part))
             positions, what = hf_config.get("max_position_embeddings"), f"{part}.path {cfg[part].path}"
         else:
             positions, what = EMBEDDED_MAX_POSITIONS, f"the embedded {'model' if part == 'model' else 'reward model'} ({part}.build)"
@@ -323,11 +323,10 @@ def _check_reward(cfg: DictConfig, task: tasks.Task) -> None:
         raise ConfigError(f"reward.format_weight must be in [0, 1], got {r.format_weight}")
     if (r.name == "custom") != (r.fn is not None):
         raise ConfigError("reward.fn=package.module:function goes with reward=custom (and reward=custom needs it)")
+    if r.style != "auto" and r.fn is None:
+        raise ConfigError(f"reward.style={r.style} is the signature of reward.fn: it goes with reward=custom reward.fn=...")
     if r.fn is not None:
-        try:
-            load_function(r.fn)
-        except Exception as e:  # the user's module: whatever its import raises
-            raise ConfigError(f"reward.fn '{r.fn}' cannot be loaded: {type(e).__name__}: {e}") from None
+        REWARDS["custom"].scorer(task, r)  # loaded and its style settled: what is wrong is a ConfigError
 
 
 def _check_positions(cfg: DictConfig, task: tasks.Task, positions: Any, what: str, scored: bool) -> None:
@@ -368,16 +367,24 @@ def check_runnable(cfgs: Iterable[DictConfig]) -> None:
     checkpoint's config.json, and plans a vLLM sweep from a machine without vLLM."""
     checked: set = set()
     for cfg in cfgs:
-        paths = {f"{part}.path": cfg[part].path for part in ("model", "reward") if cfg[part].path is not None}
-        paths.update({f"eval.judges.{name}": path for name, path in cfg.eval.judges.items()})
+        paths = {f"{part}.path": checkpoint_dir(cfg, part) for part in ("model", "reward") if cfg[part].path is not None}
+        paths.update({f"eval.judges.{name}": Path(path).expanduser() for name, path in cfg.eval.judges.items()})
         for name, path in paths.items():
             if path not in checked:
-                _check_weights(name, Path(path).expanduser())
+                _check_weights(name, path)
                 checked.add(path)
         package = SAMPLERS[cfg.sampler.name].package
         if package == "vllm" and (package, cfg.cluster.python) not in checked:
             check_vllm(cfg.cluster.python)
             checked.add((package, cfg.cluster.python))
+
+
+def checkpoint_dir(cfg: DictConfig, part: str) -> Path:
+    """model.path's directory (a Hub id's cached snapshot, downloaded first where model.download
+    allows); reward.path's as given."""
+    if part == "model":
+        return hub.checkpoint(cfg.model.path, "model.path", cfg.model.download)
+    return Path(cfg[part].path).expanduser()
 
 
 def _check_weights(name: str, path: Path) -> None:

@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
 
-from isoflop_cli import tasks
+from isoflop_cli import hub, tasks
 from isoflop_cli.config.schema import cache_dir
 from isoflop_cli.recipe.distributed import device
 from isoflop_cli.tasks.arith import ALPHABET, SPECIALS, ArithTask
@@ -74,8 +74,11 @@ def scorer(model_class, path: Path | str):
 
 
 def model_path(model_cfg: DictConfig, task_cfg: DictConfig) -> Path:
-    """The checkpoint directory: the configured path, or the embedded model (built on first use)."""
-    return Path(model_cfg.path).expanduser() if model_cfg.path else ensure_embedded(model_cfg, task_cfg)
+    """The checkpoint directory: the configured path (a Hub id's snapshot in this node's Hugging
+    Face cache), or the embedded model (built on first use)."""
+    if not model_cfg.path:
+        return ensure_embedded(model_cfg, task_cfg)
+    return hub.checkpoint(model_cfg.path, "model.path", model_cfg.get("download", False))
 
 
 def ensure_embedded(model_cfg: DictConfig, task_cfg: DictConfig) -> Path:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
 
 
 class TaskError(ValueError):
@@ -28,6 +28,12 @@ class Problem:
     answer: str  # the reference answer the verifier compares with
     steps: tuple[str, ...] = ()  # reference solution steps, for tasks that check them
     id: str = ""  # a stable name for the problem (a data row's index); the prompt when empty
+    # What a user's reward function is given beside the completion (`rewards.STYLES`), as a problem
+    # file has it: every column of its row but the prompt's (the answer's included: TRL passes it by
+    # its column name, verl's extra_info holds the rest), and the prompt before `prepare` made it
+    # the sampler's text (a string, or chat messages as {role, content} dicts). Not compared.
+    columns: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    given_prompt: Any = field(default=None, compare=False)  # None: `prompt` is as given
 
     @property
     def solution(self) -> str:
@@ -56,6 +62,7 @@ class Task(ABC):
     has_partial_credit: bool = False  # partial_credit works (dense)
     dropped: dict[str, int] = {}  # per split, problems `prepare` left out (prompts over the token limit)
     PROMPT_KNOBS: str = ""  # what shortens the longest prompt, for a message where it leaves no room to answer
+    columns: tuple[str, ...] = ()  # the names of the `Problem.columns` its problems carry (a problem file's other columns)
 
     def check(self, eval_problems: int) -> None:
         """Raise TaskError if a run could not draw what it needs (an empty split, too few validation

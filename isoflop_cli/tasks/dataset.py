@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from isoflop_cli import hub
 from isoflop_cli.tasks.base import Problem, Task, TaskError, Verdict, in_validation
 from isoflop_cli.tasks.verifiers import VERIFIERS
 
@@ -40,16 +41,21 @@ class Row:
     prompt: str | Messages
     answer: str
     response_tokens: float | None = None  # the base model's mean response length, where calibrate measured it
+    columns: dict[str, Any] = field(default_factory=dict, compare=False)  # every other column, for custom rewards (`Problem.columns`)
 
     def text(self) -> str:
         """The prompt's words, for hashing into a split and for plain-text prompts."""
         return self.prompt if isinstance(self.prompt, str) else "\n\n".join(content for _, content in self.prompt)
 
+    def given_prompt(self) -> str | list[dict[str, str]]:
+        """The prompt as the file gives it: the string, or the chat messages as {role, content} dicts."""
+        return self.prompt if isinstance(self.prompt, str) else [{"role": r, "content": c} for r, c in self.prompt]
+
 
 @dataclass
 class DatasetTask(Task):
     CONFIG_KEYS = ("train", "val", "val_fraction", "prompt_key", "answer_key", "max_prompt_tokens", "chat_template",
-                   "system_prompt", "instruction", "verifier")
+                   "system_prompt", "instruction", "verifier")  # not download: the files enter a run's identity by content
     PROMPT_KNOBS = "a lower task.max_prompt_tokens"
     FILE_KEYS = ("train", "val")
     train: str
@@ -62,6 +68,7 @@ class DatasetTask(Task):
     system_prompt: str | None = None
     instruction: str | None = None
     verifier: str = "math"
+    download: bool = False  # task.download: a Hub data set not in the local cache is downloaded (hub.py)
     key: str | None = None  # the config key naming a held-out set's file (eval.sets.NAME); None: task.train / task.val
     dropped: dict[str, int] = field(default_factory=dict)  # per split: prompts over max_prompt_tokens (after `prepare`)
 
@@ -79,15 +86,15 @@ class DatasetTask(Task):
             raise TaskError(f"task.max_prompt_tokens must be >= 1, got {task.max_prompt_tokens}")
         return cls(train=task.train, val=task.val, val_fraction=task.val_fraction, prompt_key=task.prompt_key,
                    answer_key=task.answer_key, prompt_limit=task.max_prompt_tokens, chat_template=task.chat_template,
-                   system_prompt=task.system_prompt, instruction=task.instruction, verifier=task.verifier)
+                   system_prompt=task.system_prompt, instruction=task.instruction, verifier=task.verifier, download=task.download)
 
     def __post_init__(self) -> None:
-        train = read_rows(self.train, self.key or "task.train", self.prompt_key, self.answer_key)
+        train = read_rows(self.train, self.key or "task.train", self.prompt_key, self.answer_key, self.download)
         self.rows_of: dict[str, tuple[Row, ...]]  # each split's rows as read, before prompts are made
         if self.key:  # a held-out set: the whole file is validation
             self.rows_of = {"train": train, "val": train}
         elif self.val:
-            self.rows_of = {"train": train, "val": read_rows(self.val, "task.val", self.prompt_key, self.answer_key)}
+            self.rows_of = {"train": train, "val": read_rows(self.val, "task.val", self.prompt_key, self.answer_key, self.download)}
         else:
             held = [in_validation(row.text(), self.val_fraction) for row in train]
             self.rows_of = {"train": tuple(r for r, h in zip(train, held) if not h), "val": tuple(r for r, h in zip(train, held) if h)}
@@ -97,6 +104,12 @@ class DatasetTask(Task):
     @property
     def max_prompt_tokens(self) -> int:
         return self.prompt_limit
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The files' columns besides the prompt's, in the order first seen: every problem carries
+        each of them (None where its row lacks one, as `datasets` fills a JSONL row)."""
+        return tuple(dict.fromkeys(name for rows in self.rows_of.values() for row in rows for name in row.columns))
 
     @property
     def response_tokens(self) -> float | None:
@@ -140,7 +153,9 @@ class DatasetTask(Task):
         for split, rows in self.rows_of.items():
             texts = [self._render(row, tokenizer if use_template else None) for row in rows]
             lengths = [len(ids) for ids in tokenizer(texts).input_ids] if texts else []
-            keep = [Problem(prompt=t, answer=r.answer, id=str(r.index)) for r, t, n in zip(rows, texts, lengths) if n <= self.max_prompt_tokens]
+            names = self.columns
+            keep = [Problem(prompt=t, answer=r.answer, id=str(r.index), columns={c: r.columns.get(c) for c in names}, given_prompt=r.given_prompt())
+                    for r, t, n in zip(rows, texts, lengths) if n <= self.max_prompt_tokens]
             self.dropped[split] = len(rows) - len(keep)
             if not keep:
                 raise TaskError(f"every prompt of {self.where(split)} is longer than task.max_prompt_tokens={self.max_prompt_tokens} "
@@ -196,19 +211,21 @@ def held_out(task_cfg, path: str, key: str) -> DatasetTask:
     (columns, template, verifier); `key` is the config key that names the file, which errors name."""
     return DatasetTask(train=path, key=key, prompt_key=task_cfg.prompt_key, answer_key=task_cfg.answer_key,
                        prompt_limit=task_cfg.max_prompt_tokens, chat_template=task_cfg.chat_template,
-                       system_prompt=task_cfg.system_prompt, instruction=task_cfg.instruction, verifier=task_cfg.verifier)
+                       system_prompt=task_cfg.system_prompt, instruction=task_cfg.instruction, verifier=task_cfg.verifier,
+                       download=task_cfg.download)
 
 
-def read_rows(path: str, what: str, prompt_key: str, answer_key: str) -> tuple[Row, ...]:
-    """The problems of one file, each row checked; cached per file version (config checks and grid
-    expansion ask again and again)."""
-    p = Path(path).expanduser()
+def read_rows(path: str, what: str, prompt_key: str, answer_key: str, download: bool = False) -> tuple[Row, ...]:
+    """The problems of one file (a Hub data set's, from the local Hugging Face cache: `hub`), each
+    row checked; cached per file version (config checks and grid expansion ask again and again)."""
+    p = hub.data_file(path, what, download)
     if not p.exists():
         raise TaskError(f"{what} {path} does not exist")
     if not (p.is_file() or p.is_dir()):  # a named pipe or a device: reading it could wait forever
         raise TaskError(f"{what} {path} is not a regular file (or a data set's directory)")
     stat = p.stat()
-    return _read_rows(str(p.resolve()), stat.st_mtime_ns, stat.st_size, what, prompt_key, answer_key)
+    # Absolute, links not followed: a Hub cache's file is a link to a blob whose name has no suffix.
+    return _read_rows(str(p.absolute()), stat.st_mtime_ns, stat.st_size, what, prompt_key, answer_key)
 
 
 @functools.lru_cache(maxsize=16)
@@ -290,7 +307,20 @@ def _row(index: int, record: Any, where: str, prompt_key: str, answer_key: str) 
         raise TaskError(f"{where}: no '{answer_key}' (set task.answer_key to the answer's column, dotted for nested ones)")
     measured = record.get(CALIBRATED)
     tokens = float(measured) if isinstance(measured, (int, float)) and not isinstance(measured, bool) and measured > 0 else None
-    return Row(index=index, prompt=_prompt(prompt, where, prompt_key), answer=_answer(answer, where, answer_key), response_tokens=tokens)
+    prompt_column = prompt_key if prompt_key in record else prompt_key.split(".")[0]
+    columns = {name: _plain(value) for name, value in record.items() if name != prompt_column}
+    return Row(index=index, prompt=_prompt(prompt, where, prompt_key), answer=_answer(answer, where, answer_key), response_tokens=tokens,
+               columns=columns)
+
+
+def _plain(value: Any) -> Any:
+    """A column's value as `datasets` gives it to TRL and verl's parquet reader to its reward:
+    Python lists, dicts and scalars (pandas gives numpy arrays and scalars)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if hasattr(value, "tolist") and not isinstance(value, str):
+        value = value.tolist()
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def _prompt(value: Any, where: str, key: str) -> str | Messages:
