@@ -222,7 +222,7 @@ def test_plan_needs_no_weights_and_no_vllm_a_sweep_needs_both(qwen7b, tmp_path):
     assert [r["predicted"]["gpu_memory_gib"] for r in json.loads(result.stdout)["cells"]] == [pytest.approx(102.56, abs=0.01)] * 2
     table = runner.invoke(app, ["plan", "--config", "seed-easy", *args])
     assert table.exit_code == 0 and "GiB/GPU" in table.output and "103" in table.output
-    for command in (["sweep", "--run-dir", str(tmp_path / "out")], ["run", "--run-dir", str(tmp_path / "run")]):
+    for command in (["sweep", "--root", str(tmp_path / "out")], ["run", "--run-dir", str(tmp_path / "run")]):
         refused = runner.invoke(app, [*command, "--config", "seed-easy", *args])
         assert refused.exit_code == 2 and "has no weights" in refused.output, refused.output
         assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()
