@@ -3,14 +3,20 @@ and the run's config, so that `plan` refuses a cell that cannot fit before any G
 
 The placement it models is verl's hybrid engine, colocated: every GPU of the run is one FSDP2
 learner rank (`learner.world_size` = `cluster.gpus_per_run`), and vLLM engines span
-`sampler.tensor_parallel` of the same GPUs each. A step has two phases that never overlap:
+`sampler.tensor_parallel` of the same GPUs each. A step has three phases that never overlap:
 
-- sampling: the learner's resident state, and the sampler awake (its weights, its KV cache);
+- sampling: the learner's resident state, and the sampler awake (its weights, its KV cache, vLLM's
+  CUDA graphs); on rank 0 the buffers its gather of the engines' shares fills;
+- scoring: the resident state, what the sampler keeps, rank 0's broadcast of the rollouts, and a
+  reward model's forward (`reward.max_tokens_per_forward` positions; a rule: nothing);
 - learning: the learner's resident state, the step's per-token tensors, and what one micro-batch's
   forward and backward hold (FSDP's gathered units, activations, one logit chunk). With
-  `sampler.sleep` the engine has released its weights and KV cache by then; without, they stay.
+  `sampler.sleep` the engine has released its weights and KV cache by then (not its CUDA graphs);
+  without, they stay.
 
-The peak is the larger phase, not their sum. Sizes are the bounds `plan` costs FLOPs at: every
+The resident state is the learner's (weights, gradients, optimizer, KL reference) and a reward
+model's weights (`recipe.checkpoint.scorer`: unsharded on every rank, bf16 on a GPU). The peak is
+the largest phase, not their sum. Sizes are the bounds `plan` costs FLOPs at: every
 prompt at the longest prompt's width (P), every completion at task.max_new_tokens (T). Each figure
 is per GPU, for rank 0 where ranks differ (it takes the first share of a split, and with
 sampler=hf it alone samples). Bytes: fp32 master weights, gradients and AdamW states (4 each);
@@ -19,9 +25,10 @@ for the KL reference and a LoRA backbone (frozen, so never updated in fp32), and
 (`recipe.sampler.make_sampler` samples in the learner's compute dtype).
 
 Left out, as small beside what is counted (well under 1% of a 7B run's figure): norm weights and
-biases, a value head, RoPE tables, the attention kernels' log-sum-exp rows, and the transient
-buffers of the optimizer's fused step and of the weight push into the engine (streamed one
-parameter at a time, it holds the engine's weights and one parameter: less than sampling does).
+biases, a value head, a classifier's head, RoPE tables, the attention kernels' log-sum-exp rows,
+and the transient buffers of the optimizer's fused step and of the weight push into the engine
+(streamed one parameter at a time, it holds the engine's weights and one parameter: less than
+sampling does). Not counted: eval.judges' weights and forwards (rank 0, at eval points).
 The reference and old-policy passes hold what the learning passes hold minus the gradients.
 
 A CPU run (no GPU) is checked only for what it certainly holds, its learner state on every rank,
@@ -32,16 +39,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from isoflop_cli import launchers
 from isoflop_cli.algorithms import passes
 from isoflop_cli.config.schema import sharded
 from isoflop_cli.errors import ConfigError
-from isoflop_cli.flops import Shape, epoch_plan, piece_rows
+from isoflop_cli.flops import Shape, epoch_plan, model_shape, piece_rows
+from isoflop_cli.rewards import REWARDS
 from isoflop_cli.samplers import SAMPLERS
 
 GIB = 2**30
@@ -63,6 +72,22 @@ STEP_TENSORS = 5
 # their log-softmax (kept for backward) and its gradient; the entropy bonus adds its exp (kept)
 # and the gradient through it. In bf16 the head's own output and its gradient come on top.
 LOGIT_COPIES, ENTROPY_COPIES = 3, 2
+# A reward model's dtype on a GPU (`recipe.checkpoint.scorer` loads it in bf16 there).
+SCORER_BYTES = 2
+# vLLM's CUDA-graph pool per GPU. vLLM 0.32 keeps it through sleep (ModelConfig.
+# sleep_mode_offload_cudagraph defaults to False: sleep releases weights and KV cache only, as
+# vllm-project/vllm#56373 says of level 1) and, since v0.21, counts its profiled estimate inside
+# gpu_memory_utilization's share (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1; gpu_worker.
+# determine_available_memory), not beside kv_cache_memory_bytes. Size: 1.50e9 bytes captured per
+# GPU in vllm-project/vllm#47654 (TP 8, max_num_seqs 256); the engine logs its own estimate at start.
+VLLM_CUDA_GRAPH_GIB = 1.5
+# Pickled bytes a token takes in a vLLM share gathered to rank 0 (`VllmSampler._take`, gather_object,
+# which NCCL moves through device buffers): its id (pickle's BININT, at most 5) and its log-prob (BINFLOAT, 9).
+PICKLED_ID, PICKLED_LOGPROB = 5, 9
+# UTF-8 bytes of a decoded token in the completions' texts broadcast with the rollouts (about 4
+# characters a token for English and math in BPE vocabularies such as Qwen2.5's).
+TEXT_BYTES = 4
+ROLLOUT_ID = 8  # bytes of an element of the rollouts' token and mask tensors (int64)
 
 
 @dataclass(frozen=True)
@@ -92,18 +117,27 @@ class Memory:
     logits: float  # one logit chunk (`_logits`)
     sampler_weights: float  # the sampler's own copy of the weights on this GPU (`_sampler`)
     kv_cache: float  # the sampler's KV cache (vLLM: the rest of its memory share)
-    sampler_kept: float  # of the sampler's memory, what stays while the learner learns
+    sampler_kept: float  # of the sampler's memory, what stays while the learner learns (and while it scores)
+    engine_graphs: float  # vLLM's CUDA-graph pool outside the KV cache term (`_engine_graphs`)
+    gather_buffers: float  # rank 0's buffers of the gather of the engines' shares, while sampling (`_transfers`)
+    broadcast_buffers: float  # rank 0's buffers of the rollouts' broadcast, before scoring (`_transfers`)
+    reward_weights: float  # a reward model's weights, on every rank (`_reward_model`)
+    reward_forward: float  # one of its scoring forwards (`_reward_model`)
     overhead: float  # OVERHEAD_GIB
     micro_batch: MicroBatch
 
     @property
     def resident(self) -> float:
-        """What the learner holds across a whole step (gradients stay allocated after the optimizer step)."""
-        return self.weights + self.gradients + self.optimizer + self.reference + self.overhead
+        """What a rank holds across a whole step (gradients stay allocated after the optimizer step)."""
+        return self.weights + self.gradients + self.optimizer + self.reference + self.reward_weights + self.overhead
 
     @property
     def sampling(self) -> float:
-        return self.resident + self.sampler_weights + self.kv_cache
+        return self.resident + self.sampler_weights + self.kv_cache + self.engine_graphs + self.gather_buffers
+
+    @property
+    def scoring(self) -> float:
+        return self.resident + self.sampler_kept + self.broadcast_buffers + self.reward_forward
 
     @property
     def learning(self) -> float:
@@ -111,17 +145,18 @@ class Memory:
 
     @property
     def peak(self) -> float:
-        return max(self.sampling, self.learning)
+        return max(self.sampling, self.scoring, self.learning)
 
     @property
     def phase(self) -> str:
-        return "learning" if self.learning >= self.sampling else "sampling"
+        """The phase that peaks (learning first, then sampling, where two are equal)."""
+        return max(("learning", "sampling", "scoring"), key=lambda name: getattr(self, name))
 
     def record(self) -> dict:
         """The breakdown as `plan --json` writes it."""
         out = {k: round(v, 3) for k, v in asdict(self).items() if isinstance(v, float)}
-        return {**out, "sampling": round(self.sampling, 3), "learning": round(self.learning, 3), "phase": self.phase,
-                "micro_batch_tokens": self.micro_batch.tokens}
+        return {**out, "sampling": round(self.sampling, 3), "scoring": round(self.scoring, 3), "learning": round(self.learning, 3),
+                "phase": self.phase, "micro_batch_tokens": self.micro_batch.tokens}
 
 
 def predict(shape: Shape, cfg, n: int, B_p: int, prompt: int) -> Memory | None:
@@ -139,16 +174,19 @@ def predict(shape: Shape, cfg, n: int, B_p: int, prompt: int) -> Memory | None:
     _, k = epoch_plan(cfg.algo.epochs, n)
     micro = micro_batch(cfg, k, B_p, prompt, cfg.task.max_new_tokens)
     weights, gradients, optimizer, reference = _learner_state(shape, cfg, c)
-    sampler_weights, kv_cache, kept = _sampler(shape, cfg, c, n * B_p, prompt + cfg.task.max_new_tokens)
+    sampler_weights, kv_cache, graphs, kept = _sampler(shape, cfg, c, n * B_p, prompt + cfg.task.max_new_tokens)
     step = STEP_TENSORS * B_p * k * (prompt + cfg.task.max_new_tokens - 1) * FP32
     gathered = _gathered(shape, c, bool(shape.lora_rank)) if sharded(cfg) else 0
+    gather, broadcast = _transfers(cfg, n, B_p, prompt, cfg.task.max_new_tokens)
+    reward_weights, reward_forward = _reward_model(cfg, n, B_p, prompt + cfg.task.max_new_tokens + 1)
     return Memory(
         weights=weights / GIB, gradients=gradients / GIB, optimizer=optimizer / GIB, reference=reference / GIB,
         step_tensors=step / GIB, gathered=gathered / GIB,
         activations=_activations(shape, micro, c, bool(cfg.learner.activation_checkpointing)) / GIB,
         logits=_logits(shape, micro, c, cfg.learner.logit_chunk_tokens, cfg.algo.entropy_coef > 0) / GIB,
-        sampler_weights=sampler_weights / GIB, kv_cache=kv_cache / GIB, sampler_kept=kept / GIB, overhead=OVERHEAD_GIB,
-        micro_batch=micro,
+        sampler_weights=sampler_weights / GIB, kv_cache=kv_cache / GIB, sampler_kept=kept / GIB, engine_graphs=graphs / GIB,
+        gather_buffers=gather / GIB, broadcast_buffers=broadcast / GIB,
+        reward_weights=reward_weights / GIB, reward_forward=reward_forward / GIB, overhead=OVERHEAD_GIB, micro_batch=micro,
     )
 
 
@@ -158,14 +196,17 @@ def check(memory: Memory | None, cfg) -> None:
     limit = cfg.cluster.gpu_memory_gib
     if memory is None or limit is None or memory.peak <= limit:
         return
-    learning = memory.phase == "learning"
-    terms = {"weights": memory.weights, "gradients": memory.gradients, "optimizer": memory.optimizer, "reference": memory.reference}
-    if learning:
+    terms = {"weights": memory.weights, "gradients": memory.gradients, "optimizer": memory.optimizer, "reference": memory.reference,
+             "reward_weights": memory.reward_weights}
+    if memory.phase == "learning":
         terms.update(activations=memory.activations, logits=memory.logits, gathered=memory.gathered, step_tensors=memory.step_tensors)
-        if memory.sampler_kept:
-            terms["sampler_kept"] = memory.sampler_kept
+    elif memory.phase == "scoring":
+        terms.update(reward_forward=memory.reward_forward, broadcast_buffers=memory.broadcast_buffers)
     else:
-        terms.update(sampler_weights=memory.sampler_weights, kv_cache=memory.kv_cache)
+        terms.update(sampler_weights=memory.sampler_weights, kv_cache=memory.kv_cache, engine_graphs=memory.engine_graphs,
+                     gather_buffers=memory.gather_buffers)
+    if memory.phase != "sampling" and memory.sampler_kept:
+        terms["sampler_kept"] = memory.sampler_kept
     largest = sorted(terms, key=terms.get, reverse=True)[:3]
     # The knobs of the terms that could make up the excess on their own (else the largest term's).
     enough = [t for t in largest if terms[t] >= memory.peak - limit] or largest[:1]
@@ -320,10 +361,16 @@ def _activations(shape: Shape, micro: MicroBatch, c: int, checkpointing: bool) -
     norm (4 h + c h per position), the hidden states at the logit positions (c h each), the
     gradient flowing back through the residual stream and the one being formed (2 c h per
     position), and the layout's boolean masks."""
-    h, q, i, S = shape.hidden, shape.heads * shape.head_dim, shape.intermediate, micro.tokens
-    layer = S * (2 * (4 * h + c * h) + 2 * c * h + 3 * c * q + 4 * c * i) + micro.keys * 2 * c * q
+    h, S = shape.hidden, micro.tokens
+    layer = _layer_bytes(shape, S, micro.keys, c)
     layers = shape.layers * c * h * S + layer if checkpointing else shape.layers * layer
     return layers + S * (4 * h + c * h) + micro.logit_positions * c * h + 2 * c * h * S + micro.mask_bytes
+
+
+def _layer_bytes(shape: Shape, positions: int, keys: int, c: int) -> float:
+    """What one layer keeps for backward at `positions` query and `keys` key positions (`_activations`)."""
+    h, q, i = shape.hidden, shape.heads * shape.head_dim, shape.intermediate
+    return positions * (2 * (4 * h + c * h) + 2 * c * h + 3 * c * q + 4 * c * i) + keys * 2 * c * q
 
 
 def _logits(shape: Shape, micro: MicroBatch, c: int, chunk_tokens: int, entropy: bool) -> float:
@@ -336,16 +383,17 @@ def _logits(shape: Shape, micro: MicroBatch, c: int, chunk_tokens: int, entropy:
     return tokens * shape.vocab * per_element
 
 
-def _sampler(shape: Shape, cfg, c: int, rows: int, width: int) -> tuple[float, float, float]:
-    """(the sampler's weights, its KV cache, what of them stays while the learner learns) in bytes
-    on the GPU that holds most.
+def _sampler(shape: Shape, cfg, c: int, rows: int, width: int) -> tuple[float, float, float, float]:
+    """(the sampler's weights, its KV cache, its CUDA graphs, what of them stays while the learner
+    learns) in bytes on the GPU that holds most.
 
     vLLM: each engine spans sampler.tensor_parallel GPUs, its weights (the adapter's slot included)
     split over them, c (P + A) / TP. Its KV cache is the rest of its memory share,
-    sampler.gpu_memory_utilization x cluster.gpu_memory_gib less those weights (vLLM sizes the
-    cache that way; its activations come out of the share too), or sampler.kv_cache_gib and
-    ENGINE_WORKSPACE_GIB beside it. With sampler.sleep the engine gives both back while the
-    learner learns; without, both stay.
+    sampler.gpu_memory_utilization x cluster.gpu_memory_gib less those weights and its CUDA graphs
+    (VLLM_CUDA_GRAPH_GIB; vLLM sizes the cache that way; its activations come out of the share
+    too), or sampler.kv_cache_gib and ENGINE_WORKSPACE_GIB, the graphs beside them. With
+    sampler.sleep the engine gives weights and cache back while the learner learns, not its
+    graphs; without, all of it stays.
 
     HF generate (rank 0 samples every row): a sharded learner's sampler keeps its own unsharded
     copy in the compute dtype, c P, which stays (`make_sampler(own_copy=True)`); an unsharded
@@ -358,19 +406,74 @@ def _sampler(shape: Shape, cfg, c: int, rows: int, width: int) -> tuple[float, f
     s = cfg.sampler
     if SAMPLERS[s.name].own_engine:
         weights = c * P / s.tensor_parallel
+        graphs = 0 if s.enforce_eager else VLLM_CUDA_GRAPH_GIB * GIB  # null: eager on the CPU only, graphs on GPUs
         if s.kv_cache_gib is not None:
             kv = (s.kv_cache_gib + ENGINE_WORKSPACE_GIB) * GIB
         else:
             share = s.gpu_memory_utilization * cfg.cluster.gpu_memory_gib * GIB
-            kv = share - weights
+            kv = share - weights - graphs
             if kv <= 0:
                 raise ConfigError(f"sampler.gpu_memory_utilization={s.gpu_memory_utilization:g} of cluster.gpu_memory_gib="
                                   f"{cfg.cluster.gpu_memory_gib:g} ({share / GIB:.1f} GiB) does not hold the engine's weights "
-                                  f"({weights / GIB:.1f} GiB per GPU): raise sampler.gpu_memory_utilization or sampler.tensor_parallel")
-        return weights, kv, 0 if s.sleep else weights + kv
+                                  f"and CUDA graphs ({weights / GIB:.1f} + {graphs / GIB:.1f} GiB per GPU): raise sampler.gpu_memory_utilization "
+                                  "or sampler.tensor_parallel")
+        return weights, kv, graphs, graphs if s.sleep else weights + kv + graphs
     weights = c * P if sharded(cfg) else 0
     kv = rows * width * shape.layers * 2 * shape.kv_heads * shape.head_dim * c + rows * shape.vocab * (c + 3 * FP32)
-    return weights, kv, weights
+    return weights, kv, 0, weights
+
+
+def _transfers(cfg, n: int, B_p: int, prompt: int, new: int) -> tuple[float, float]:
+    """(rank 0's buffers while sampling, before scoring) in bytes: what `distributed.Group`'s
+    collectives hold on rank 0's GPU (NCCL moves even pickled objects through device tensors). One
+    rank: none.
+
+    Sampling (vLLM): each of the E = W / sampler.tensor_parallel engines' shares, ceil(B_p / E)
+    prompts, is pickled, PICKLED_ID bytes a prompt token and PICKLED_ID + PICKLED_LOGPROB a
+    completion token, and gathered: rank 0 holds its own and a buffer of W of the largest, (W + 1)
+    shares. Before scoring rank 0 broadcasts the rollouts (`broadcast_tensors`): the texts pickled,
+    TEXT_BYTES a completion token, and the [B_p n, P + T] int64 tensors one after another, two
+    alive at once (the next allocated before the last is let go)."""
+    world = cfg.learner.world_size
+    if world == 1:
+        return 0, 0
+    gather = 0
+    if SAMPLERS[cfg.sampler.name].own_engine:
+        prompts = math.ceil(B_p / (world // cfg.sampler.tensor_parallel))
+        gather = (world + 1) * prompts * (prompt * PICKLED_ID + n * new * (PICKLED_ID + PICKLED_LOGPROB))
+    rows = B_p * n
+    return gather, rows * new * TEXT_BYTES + 2 * rows * (prompt + new) * ROLLOUT_ID
+
+
+def _reward_model(cfg, n: int, B_p: int, width: int) -> tuple[float, float]:
+    """(a reward model's weights, one of its scoring forwards) in bytes: 0 for a rule.
+
+    The weights: SCORER_BYTES x (its layers' projections and its embeddings), unsharded on every
+    rank. A forward (`recipe.prm.micro_batches`) takes rows = reward.max_tokens_per_forward //
+    width rows of width P + T + 1 (prompt, completion, eos), at least one and at most this rank's
+    share (ceil(B_p / W) groups of n); without gradients it holds at most one layer's tensors at a
+    time, bounded by what a learning pass keeps of one layer (`_layer_bytes`, every key position
+    a query position), with the residual stream and the layer's output (2 c h a position) and the
+    padding mask (a boolean [width, width] a row)."""
+    if not REWARDS[cfg.reward.name].model_based:
+        return 0, 0
+    shape = _reward_shape(cfg.reward)
+    layer, rest, _ = parameters(shape)
+    c = SCORER_BYTES
+    share = math.ceil(B_p / cfg.learner.world_size) * n
+    budget = cfg.reward.max_tokens_per_forward
+    rows = min(share, max(1, budget // width)) if budget else share
+    S = rows * width
+    forward = _layer_bytes(shape, S, S, c) + 2 * c * shape.hidden * S + rows * width * width
+    return c * (shape.layers * layer + rest), forward
+
+
+def _reward_shape(reward) -> Shape:
+    """A reward model's shape for its weights: its embeddings' vocabulary (`flops.reward_model_shape`
+    gives the head's, its labels), one matrix (the classifier's head is its labels wide)."""
+    if reward.path:
+        return replace(Shape.from_config(json.loads((Path(reward.path).expanduser() / "config.json").read_text())), tied=True)
+    return replace(model_shape(reward), tied=True)
 
 
 def _knobs(term: str, memory: Memory, cfg) -> list[str]:
@@ -396,8 +499,14 @@ def _knobs(term: str, memory: Memory, cfg) -> list[str]:
         return ["raise sampler.tensor_parallel"] if SAMPLERS[s.name].own_engine else ["use sampler=vllm"]
     if term == "sampler_kept":
         return ["turn sampler.sleep on"] if SAMPLERS[s.name].own_engine else ["use sampler=vllm"]
-    if term == "step_tensors":
+    if term in ("step_tensors", "gather_buffers", "broadcast_buffers"):
         return ["fewer rollouts per step (grid.n, grid.B_p)"]
+    if term == "reward_forward":
+        return ["lower reward.max_tokens_per_forward"]
+    if term == "reward_weights":
+        return ["a smaller reward model (reward.path)"]
+    if term == "engine_graphs":
+        return ["sampler.enforce_eager=true (no CUDA graphs)"]
     if term in ("weights", "gradients", "optimizer", "reference"):
         return ["more GPUs per run (cluster.gpus_per_run)"] + ([] if cfg.lora.rank else ["or LoRA (lora.rank)"])
     return []

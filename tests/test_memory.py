@@ -8,6 +8,7 @@ import torch
 from typer.testing import CliRunner
 
 from isoflop_cli import config, memory
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.cli import app
 from isoflop_cli.flops import model_shape
 
@@ -89,18 +90,27 @@ def test_7b_full_fine_tuning_over_8_ranks_by_hand(qwen7b):
     # One chunk of 2048 tokens x 152064: 3 fp32 copies, 2 more for the entropy, bf16 output and gradient.
     assert m.logits * GIB == pytest.approx(2048 * 152064 * (4 * (3 + 2) + 2 * 2))
     assert m.step_tensors * GIB == pytest.approx(5 * 64 * 16 * (1024 + 2048 - 1) * 4)
-    # vLLM: one engine per GPU in bf16; its share is 0.6 x 141 GiB, the KV cache what its weights leave.
+    # vLLM: one engine per GPU in bf16; its share is 0.6 x 141 GiB, the KV cache what its weights and
+    # its CUDA graphs (1.5 GiB, inside the share) leave; asleep while learning, it keeps the graphs.
     assert m.sampler_weights * GIB == pytest.approx(2 * params)
-    assert m.kv_cache * GIB == pytest.approx(0.6 * 141 * GIB - 2 * params)
-    assert m.sampler_kept == 0  # asleep while learning
+    assert m.engine_graphs == 1.5 and m.sampler_kept == 1.5
+    assert m.kv_cache * GIB == pytest.approx(0.6 * 141 * GIB - 2 * params - 1.5 * GIB)
+    # Rank 0's buffers: while sampling, the gather of 8 engines' shares of 8 prompts each (a prompt
+    # token pickled in 5 bytes, a completion token in 5 + 9 with its log-prob), its own and 8 more;
+    # before scoring, the broadcast of 1,024 texts of 2,048 tokens (4 bytes each) and two int64
+    # [1024, 3072] tensors at once.
+    gather = 9 * 8 * (1024 * 5 + 16 * 2048 * 14)
+    assert m.gather_buffers * GIB == pytest.approx(gather) and gather == 33_398_784
+    assert m.broadcast_buffers * GIB == pytest.approx(1024 * 2048 * 4 + 2 * 1024 * 3072 * 8)
+    assert m.reward_weights == m.reward_forward == 0  # a rule scores
 
     resident = (4 + 4 + 8 + 2) * params / 8 + 2 * GIB
-    sampling = resident + 0.6 * 141 * GIB
-    learning = (resident + 5 * 64 * 16 * 3071 * 4 + 2 * rest + 4 * layer + 2 * rest + 6 * layer + activations
+    sampling = resident + 0.6 * 141 * GIB + gather
+    learning = (resident + 1.5 * GIB + 5 * 64 * 16 * 3071 * 4 + 2 * rest + 4 * layer + 2 * rest + 6 * layer + activations
                 + 2048 * 152064 * 24)
     assert (m.sampling * GIB, m.learning * GIB) == (pytest.approx(sampling), pytest.approx(learning))
-    assert m.peak == pytest.approx(max(sampling, learning) / GIB) == pytest.approx(102.56, abs=0.01)
-    assert m.phase == "sampling" and m.learning == pytest.approx(45.94, abs=0.01)
+    assert m.peak == pytest.approx(max(sampling, learning) / GIB) == pytest.approx(102.59, abs=0.01)
+    assert m.phase == "sampling" and m.learning == pytest.approx(47.44, abs=0.01)
 
 
 def test_7b_lora_on_one_gpu_by_hand(qwen7b):
@@ -135,9 +145,49 @@ def test_7b_lora_on_one_gpu_by_hand(qwen7b):
     assert m.step_tensors * GIB == pytest.approx(5 * 16 * 8 * (512 + 1024 - 1) * 4)
     assert m.sampler_weights * GIB == pytest.approx(2 * (params + adapter))
     assert m.kv_cache * GIB == pytest.approx((20 + 1) * GIB)  # the cache and the engine's workspace
+    assert m.engine_graphs == 1.5  # beside a cache given in bytes
+    assert m.gather_buffers == m.broadcast_buffers == 0  # one rank: no collectives
     resident = 2 * params + 16 * adapter + 2 * GIB
-    assert m.sampling * GIB == pytest.approx(resident + 2 * (params + adapter) + 21 * GIB)
-    assert m.peak == pytest.approx(52.72, abs=0.01) and m.phase == "sampling"
+    assert m.sampling * GIB == pytest.approx(resident + 2 * (params + adapter) + 21 * GIB + 1.5 * GIB)
+    assert m.peak == pytest.approx(54.22, abs=0.01) and m.phase == "sampling"
+
+
+def test_a_prm_cell_by_hand(qwen7b, tmp_path):
+    """The 7B run of test_7b_full_fine_tuning_over_8_ranks_by_hand scored by a Qwen2.5-1.5B-shaped
+    PRM (a token classifier: 28 layers, hidden 1536, MLP 8960, 12 heads over 2 key/value heads, a
+    151,936-token vocabulary). Every rank holds it whole in bf16 and scores its share, 8 groups of
+    16 completions of 1024 + 2048 + 1 positions, in forwards of 32,768 // 3,073 = 10 rows; a rule
+    holds neither."""
+    from transformers import Qwen2Config
+
+    path, _ = qwen7b
+    Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                num_key_value_heads=2, tie_word_embeddings=True, num_labels=1).save_pretrained(tmp_path / "prm")
+    steps = [a for a in seed_easy(qwen7b) if not a.startswith("task.train=")]  # the pinned knobs on the arithmetic task with steps
+    cfg = config.load("seed-easy", [*steps, "task=arith-steps", "task.train=null", "reward=prm", f"reward.path={tmp_path / 'prm'}"])
+    m = memory.predict(model_shape(cfg.model), cfg, 16, 64, 1024)
+    layer = 1536 * 1536 + 2 * 1536 * 256 + 1536 * 1536 + 3 * 1536 * 8960
+    assert m.reward_weights * GIB == pytest.approx(2 * (28 * layer + 151936 * 1536))  # its embeddings, the head's 1536 x 1 aside
+    rows, width = 10, 1024 + 2048 + 1
+    S = rows * width
+    # One layer's tensors as a learning pass keeps them (2 norms, the projections' inputs and
+    # outputs, repeated keys and values over S key positions), the residual stream and the layer's
+    # output, and the [width, width] boolean padding mask of each row.
+    one_layer = S * (2 * (4 * 1536 + 2 * 1536) + 2 * 2 * 1536 + 3 * 2 * 1536 + 4 * 2 * 8960) + S * 2 * 2 * 1536
+    assert m.reward_forward * GIB == pytest.approx(one_layer + 2 * 2 * 1536 * S + rows * width * width)
+    # The scoring phase: the resident state (the PRM's weights in it), the sleeping engine's CUDA
+    # graphs, rank 0's broadcast of the rollouts, one forward. Below sampling's peak here.
+    assert m.scoring == pytest.approx(m.resident + 1.5 + m.broadcast_buffers + m.reward_forward)
+    rule = predict(config.load("seed-easy", seed_easy(qwen7b)), 16, 64)
+    assert m.resident == pytest.approx(rule.resident + m.reward_weights) and m.peak == pytest.approx(rule.peak + m.reward_weights)
+    print(f"PRM 1.5B: weights {m.reward_weights:.2f} GiB, a forward {m.reward_forward:.2f}; scoring {m.scoring:.2f} of a {m.peak:.2f} peak")
+    # A budget of 0 scores a rank's share in one forward: at n = 64, 512 rows; scoring peaks, and
+    # the knob is named. With the budget, n = 64 scores in the same forwards of 10 rows.
+    whole = memory.predict(model_shape(cfg.model), config.with_values(cfg, {"reward.max_tokens_per_forward": 0}), 64, 64, 1024)
+    assert whole.reward_forward == pytest.approx(m.reward_forward * 512 / 10, rel=0.1) and whole.phase == "scoring"
+    assert memory.predict(model_shape(cfg.model), cfg, 64, 64, 1024).reward_forward == m.reward_forward
+    with pytest.raises(ConfigError, match=r"while scoring \(reward_forward .*lower reward\.max_tokens_per_forward"):
+        memory.check(whole, cfg)
 
 
 def test_the_7b_lora_policy_the_recipe_builds_on_one_gpu_holds_what_the_model_counts(qwen7b):
@@ -181,13 +231,16 @@ def test_each_knob_moves_the_prediction_as_it_claims(qwen7b):
     # stays, the cache takes what the weights gave back. With a KV cache in bytes the phase shrinks.
     tp2 = at(**{"sampler.tensor_parallel": 2})
     assert tp2.sampler_weights == pytest.approx(base.sampler_weights / 2)
-    assert tp2.kv_cache == pytest.approx(base.kv_cache + base.sampler_weights / 2) and tp2.sampling == pytest.approx(base.sampling)
+    assert tp2.kv_cache == pytest.approx(base.kv_cache + base.sampler_weights / 2)
+    assert tp2.sampling - tp2.gather_buffers == pytest.approx(base.sampling - base.gather_buffers)  # 4 engines' shares gathered, not 8
     sized = at(**{"sampler.kv_cache_gib": 30.0}), at(**{"sampler.kv_cache_gib": 30.0, "sampler.tensor_parallel": 2})
-    assert sized[1].sampling == pytest.approx(sized[0].sampling - base.sampler_weights / 2)
+    assert sized[1].sampling - sized[1].gather_buffers == pytest.approx(sized[0].sampling - sized[0].gather_buffers - base.sampler_weights / 2)
     share = at(**{"sampler.gpu_memory_utilization": 0.4})
     assert share.kv_cache == pytest.approx(base.kv_cache - 0.2 * 141) and share.sampling == pytest.approx(base.sampling - 0.2 * 141)
     awake = at(**{"sampler.sleep": False})
-    assert awake.learning == pytest.approx(base.learning + 0.6 * 141)  # the engine's whole share stays
+    assert awake.learning == pytest.approx(base.learning + 0.6 * 141 - 1.5)  # the engine's whole share stays, not only its graphs
+    eager = at(**{"sampler.enforce_eager": True})
+    assert eager.engine_graphs == 0 and eager.kv_cache == pytest.approx(base.kv_cache + 1.5) and eager.learning == pytest.approx(base.learning - 1.5)
     more = config.with_values(cfg, {"cluster.gpus_per_run": 16.0, "learner.world_size": 16})
     assert predict(more, 8, 64).optimizer == pytest.approx(base.optimizer / 2)
 
@@ -200,7 +253,7 @@ def test_a_cell_that_cannot_fit_is_refused_with_its_knob(qwen7b):
     on, off = json.loads(result.stdout)["cells"]
     assert on["feasible"] and on["predicted"]["gpu_memory_gib"] <= 141
     reason = off["reason"]
-    assert not off["feasible"] and reason.startswith("needs 146.1 GiB of cluster.gpu_memory_gib=141 per GPU while learning (activations 114.9")
+    assert not off["feasible"] and reason.startswith("needs 147.6 GiB of cluster.gpu_memory_gib=141 per GPU while learning (activations 114.9")
     assert "turn learner.activation_checkpointing on" in reason
     # Micro-batches by rows hold a prompt group whole: one of 263,168 positions cannot fit, and the
     # message names the knob that splits it.
@@ -219,7 +272,7 @@ def test_plan_needs_no_weights_and_no_vllm_a_sweep_needs_both(qwen7b, tmp_path):
     args = seed_easy(qwen7b, "grid.n=[8,16]", "grid.B_p=[64]")
     result = runner.invoke(app, ["plan", "--json", "--config", "seed-easy", *args])
     assert result.exit_code == 0, result.output
-    assert [r["predicted"]["gpu_memory_gib"] for r in json.loads(result.stdout)["cells"]] == [pytest.approx(102.56, abs=0.01)] * 2
+    assert [r["predicted"]["gpu_memory_gib"] for r in json.loads(result.stdout)["cells"]] == [pytest.approx(102.57, abs=0.01), pytest.approx(102.59, abs=0.01)]
     table = runner.invoke(app, ["plan", "--config", "seed-easy", *args])
     assert table.exit_code == 0 and "GiB/GPU" in table.output and "103" in table.output
     for command in (["sweep", "--root", str(tmp_path / "out")], ["run", "--run-dir", str(tmp_path / "run")]):
@@ -250,8 +303,14 @@ def test_seed_easy_on_8_h200s(qwen7b):
             if 1024 + c.axes["n"] * 2048 > 32768:  # a group over the budget: pieces of (32,768 - 1,024) // 2,048 completions
                 assert (micro.groups, micro.rows) == (1, 15)
     # Every cell peaks while sampling: the learner's resident 16.0 GiB, the engine's share
-    # 0.6 x 141, 2 GiB overhead; learning peaks lower.
-    assert {round(c.plan.gpu_memory.peak, 2) for c in cells if c.feasible} == {102.56}
+    # 0.6 x 141, 2 GiB overhead, and rank 0's gather of 8 engines' shares (as by hand in
+    # test_7b_full_fine_tuning_over_8_ranks_by_hand); learning peaks lower.
+    params = 7_615_283_200
+    for c in (c for c in cells if c.feasible):
+        n, B_p = c.axes["n"], c.axes["B_p"]
+        gather = 9 * -(-B_p // 8) * (1024 * 5 + n * 2048 * 14)
+        assert c.plan.gpu_memory.phase == "sampling"
+        assert c.plan.gpu_memory.peak * GIB == pytest.approx(18 * params / 8 + 2 * GIB + 0.6 * 141 * GIB + gather)
 
 
 def test_a_cpu_run_whose_learner_state_cannot_fit_the_node_is_refused(qwen7b, monkeypatch):

@@ -49,6 +49,7 @@ def applicable(content: dict[str, Any]) -> dict[str, Any]:
     digests of the data files it reads, where it reads any (`data_files`)."""
     task = {k: v for k, v in content["task"].items() if k in tasks.config_keys(content["task"]["name"])}
     reward = {k: v for k, v in content["reward"].items() if not (k == "fn" and v is None or k == "style" and v == "auto")}
+    reward.pop("max_tokens_per_forward", None)  # how a reward model splits its forwards, not what it scores
     evaluation = {k: v for k, v in content["eval"].items() if not (k in ("sets", "judges") and not v)}
     epochs = content["algo"]["epochs"]  # whole epochs hash as the integers they were before fractions
     algo = {**content["algo"], "epochs": int(epochs) if float(epochs).is_integer() else epochs}

@@ -113,6 +113,9 @@ class RewardConfig:
     # prm: a local PRM checkpoint (a token classifier scoring step ends); null builds the embedded one.
     path: Optional[str] = None
     build: BuildConfig = field(default_factory=lambda: BuildConfig(hidden_size=64, intermediate_size=256, num_layers=2, num_heads=2, num_kv_heads=1, steps=300))
+    # A reward model's (the PRM's, eval.judges') padded positions per forward: rows at the batch's
+    # width, a row over it alone (`recipe.prm.micro_batches`); 0: the whole batch in one forward.
+    max_tokens_per_forward: int = 32768
 
 
 @dataclass

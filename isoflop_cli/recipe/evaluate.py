@@ -75,9 +75,10 @@ class Evaluation:
 
 class Judge:
     """A reward model given by path (`eval.judges`): a sequence classifier whose first logit scores
-    prompt + completion, read as plain text with its own tokenizer."""
+    prompt + completion, read as plain text with its own tokenizer, in forwards of at most
+    `max_tokens` padded positions (`prm.micro_batches`; 0: one)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, max_tokens: int = 0):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         from isoflop_cli.recipe.checkpoint import scorer
@@ -90,14 +91,20 @@ class Judge:
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.shape = replace(flops.Shape.from_config(self.model.config), vocab=self.model.config.num_labels)
+        self.max_tokens = max_tokens
 
     @torch.no_grad()
     def __call__(self, prompts: list[str], completions: list[str]) -> tuple[float, float]:
-        """The mean score and the FLOPs it took (the head runs at every position of the padded batch)."""
+        """The mean score and the FLOPs it took (the head runs at every position of each forward's padded rows)."""
+        from isoflop_cli.recipe.prm import micro_batches
+
         enc = self.tokenizer([p + c for p, c in zip(prompts, completions)], padding=True, return_tensors="pt")
-        scores = self.model(**enc.to(self.model.device)).logits[:, 0].float()
-        rows, width = enc.input_ids.shape
-        return scores.mean().item(), flops.reward_model(self.shape, rows, width)
+        scores, spent = [], 0.0
+        for rows, width in micro_batches(enc.attention_mask, self.max_tokens):
+            part = {k: v[rows, :width].to(self.model.device) for k, v in enc.items()}
+            scores.append(self.model(**part).logits[:, 0].float().cpu())
+            spent += flops.reward_model(self.shape, rows.stop - rows.start, width)
+        return torch.cat(scores).mean().item(), spent
 
 
 class Evaluator:

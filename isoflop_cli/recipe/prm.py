@@ -12,6 +12,7 @@ positions.
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -22,6 +23,7 @@ from transformers import AutoModelForTokenClassification, AutoTokenizer
 
 from isoflop_cli import flops
 from isoflop_cli.recipe.checkpoint import cached, char_tokenizer, qwen2_config, scorer, supervised
+from isoflop_cli.recipe.learner import pack
 from isoflop_cli.tasks import Problem
 from isoflop_cli.tasks.arith import ALPHABET, ArithTask
 
@@ -30,8 +32,8 @@ MALFORMED = 0.15  # the chance that a training completion is cut short or replac
 
 
 class ProcessRewardModel:
-    def __init__(self, path: Path, task: ArithTask):
-        self.task = task
+    def __init__(self, path: Path, task: ArithTask, max_tokens: int = 0):
+        self.task, self.max_tokens = task, max_tokens
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.tokenizer.padding_side = "right"
         self.model = scorer(AutoModelForTokenClassification, path)
@@ -40,14 +42,30 @@ class ProcessRewardModel:
 
     @torch.no_grad()
     def score(self, problems: list[Problem], completions: list[str]) -> list[float]:
-        """Rewards; the FLOPs the scoring took (every position of the padded batch) go to `last_flops`."""
+        """Rewards, in forwards of at most `max_tokens` padded positions (`micro_batches`; 0: one);
+        the FLOPs the scoring took (every position of each forward's padded rows) go to `last_flops`."""
         prompts = [p.prompt for p in problems]
         ids, attention = encode(self.tokenizer, prompts, [c.strip() for c in completions])
-        logits = self.model(input_ids=ids.to(self.model.device), attention_mask=attention.to(self.model.device)).logits[..., 0]
-        probs = torch.sigmoid(logits.float()).cpu()
         ends = step_ends(self.tokenizer, ids, attention, prompts)
-        self.last_flops = flops.reward_model(self.shape, *ids.shape)
+        probs, self.last_flops = torch.zeros(ids.shape), 0.0
+        for rows, width in micro_batches(attention, self.max_tokens):
+            part = {"input_ids": ids[rows, :width], "attention_mask": attention[rows, :width]}
+            logits = self.model(**{k: v.to(self.model.device) for k, v in part.items()}).logits[..., 0]
+            probs[rows, :width] = torch.sigmoid(logits.float()).cpu()
+            self.last_flops += flops.reward_model(self.shape, rows.stop - rows.start, width)
         return ((probs * ends).sum(-1) / ends.sum(-1)).tolist()
+
+
+def micro_batches(attention: torch.Tensor, budget: int) -> list[tuple[slice, int]]:
+    """A right-padded batch's rows (`attention` [rows, width]) in the forwards that score them, in
+    order: as many rows as `budget` positions hold at the batch's width, packed as the learner packs
+    its plain rows (`learner.pack`; a row over the budget alone), each forward cut to the width its
+    longest row needs. A scorer's forward holds what grows with its positions (activations, the
+    attention mask), so a real reward model at B_p x n completions needs it; 0: one forward."""
+    rows, width = attention.shape
+    counts = pack(torch.zeros(rows, dtype=torch.long), torch.full((rows, 1), width), budget) if budget else [rows]
+    starts = [0, *itertools.accumulate(counts)]
+    return [(slice(a, b), int(attention[a:b].sum(-1).max())) for a, b in zip(starts, starts[1:])]
 
 
 def encode(tokenizer, prompts: list[str], completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,10 +85,11 @@ def step_ends(tokenizer, ids: torch.Tensor, attention: torch.Tensor, prompts: li
 
 def load(reward_cfg: DictConfig, task: ArithTask) -> ProcessRewardModel:
     """The PRM `reward.path` names, or the embedded one for this task (built on first use)."""
+    budget = reward_cfg.max_tokens_per_forward
     if reward_cfg.path:
-        return ProcessRewardModel(Path(reward_cfg.path).expanduser(), task)
+        return ProcessRewardModel(Path(reward_cfg.path).expanduser(), task, budget)
     recipe = {"prm": OmegaConf.to_container(reward_cfg.build), "task": {"name": "arith", **asdict(task)}, "vocab": ALPHABET, "corrupt": CORRUPT, "malformed": MALFORMED}
-    return ProcessRewardModel(cached("prm", recipe, lambda out: build(reward_cfg.build, task, out)), task)
+    return ProcessRewardModel(cached("prm", recipe, lambda out: build(reward_cfg.build, task, out)), task, budget)
 
 
 def build(b: DictConfig, task: ArithTask, out: Path) -> None:

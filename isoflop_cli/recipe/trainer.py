@@ -588,7 +588,7 @@ def _evaluator(cfg: DictConfig, task, tokenizer, reward, shape) -> Evaluator:
         held = held_out(cfg.task, path, f"eval.sets.{name}")
         held.prepare(tokenizer)
         sets[name] = (held, held.validation_set(cfg.eval.problems))
-    judges = {name: Judge(path) for name, path in cfg.eval.judges.items()}
+    judges = {name: Judge(path, cfg.reward.max_tokens_per_forward) for name, path in cfg.eval.judges.items()}
     return Evaluator(task, task.validation_set(cfg.eval.problems), reward, sets, judges, shape, cfg.eval.samples, cfg.eval.k,
                      cfg.algo.temperature, cfg.algo.top_p, cfg.task.max_new_tokens)
 
