@@ -30,10 +30,13 @@ def test_running_best_hand_computed():
     assert best[best[RUN] == "b"]["m"].tolist() == [0.5, 0.52]
 
 
-def test_measured_is_the_best_up_to_the_next_eval_point():
+def test_measured_is_the_best_at_or_below_c_and_a_fit_is_held_to_the_next_eval_point():
     compute, values = np.array([10.0, 20.0, 40.0]), np.array([0.3, 0.5, 0.4])
-    # at 10 what 10 measured; between 10 and 20, and at 20, what was measured by 20; beyond the last, all of it
-    assert evidence.measured(compute, values, np.array([10.0, 15.0, 20.0, 30.0, 80.0])).tolist() == [0.3, 0.5, 0.5, 0.5, 0.5]
+    grid = np.array([5.0, 10.0, 15.0, 20.0, 30.0, 80.0])
+    # measured: nothing after C is known at C (nothing below the first eval point)
+    assert np.array_equal(evidence.measured(compute, values, grid), [np.nan, 0.3, 0.3, 0.5, 0.5, 0.5], equal_nan=True)
+    # what a value between eval points is held to: what was measured by the next one; beyond the last, all of it
+    assert evidence.measured_next(compute, values, grid).tolist() == [0.3, 0.3, 0.5, 0.5, 0.5, 0.5]
     assert evidence.extrapolated(np.array([0.52, 0.6, np.nan]), np.array([0.5, 0.5, 0.5]), 0.05).tolist() == [False, True, False]
     values = np.array([[0.50, 0.70, -np.inf], [0.48, 0.60, 0.9], [0.30, 0.69, 0.89]])  # three curves at three budgets; -inf: not run there
     assert evidence.tied(values, 0.01).tolist() == [[True, True, False], [True, False, True], [False, True, True]]

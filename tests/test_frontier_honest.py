@@ -52,8 +52,9 @@ def test_an_early_plateau_is_kept_and_the_top_is_a_tie(seed):
     assert 0.005 < sigma < 0.03  # binomial 0.0094, and the sigmoid's lack of fit to a kink
     assert abs(top["value"] - 0.90) <= TIE_SD * sigma  # within the noise of the true plateau
     assert sigmoid_at_top(entry, 2) <= 0.90 + TIE_SD * sigma  # the early plateau not read out upwards
-    for row in entry["axis_star"]:  # never above what was measured by more than 2 sd without a flag
-        assert row["value"] <= row["measured"] + 2 * sigma or row["extrapolated"]
+    for row in entry["axis_star"]:  # never above what was measured by the next eval point by more than 2 sd without a flag
+        assert row["value"] <= row["measured_next"] + 2 * sigma or row["extrapolated"]
+        assert row["measured"] <= row["measured_next"]  # measured: at or below C, nothing after it
     assert {2, 4, 8} <= set(top["axis_star_set"]) and 16 not in top["axis_star_set"]  # a tie, without the trailing cell
     # n = 2 is the only one to win beyond the noise (early), so there is no switch to fit a law to
     assert entry["params"] == {} and "tied" in entry["note"] and entry["budgets_tied"] > 0
@@ -80,7 +81,8 @@ def test_identical_cells_are_a_tie_not_a_winner():
 
 def test_flags_reach_fit_json_and_report(tmp_path):
     """Without enough points to read the noise it is taken as 0 (and said): then any excess of the
-    fit over what was measured is extrapolated, in fit.json, the tables and the plot's dashes."""
+    fit over what was measured by the next eval point is extrapolated, in fit.json, the tables and
+    the plot's dashes."""
     three = {n: EARLY[n] for n in (2, 4, 16)}
     df = sweep(three, runs=1, seed=0, log2c=np.arange(7, 15.01, 2.0))  # 5 eval points and the base per run: 6 residual dof in all
     df.drop(columns=[RUN]).assign(run_id=lambda d: "n" + d["n"].astype(str)).to_csv(tmp_path / "r.csv", index=False)
@@ -89,8 +91,8 @@ def test_flags_reach_fit_json_and_report(tmp_path):
     entry = json.loads((tmp_path / "fit" / "fit.json").read_text())["frontier"]
     assert entry["noise_sd"] == 0 and any("noise" in w and "zero noise" in w for w in entry["warnings"])
     rows = entry["axis_star"]
-    assert all({"axis_star_set", "value", "measured", "extrapolated"} <= set(r) for r in rows)
-    assert all(r["extrapolated"] == (r["value"] > r["measured"]) for r in rows)
+    assert all({"axis_star_set", "value", "measured", "measured_next", "extrapolated"} <= set(r) for r in rows)
+    assert all(r["extrapolated"] == (r["value"] > r["measured_next"]) for r in rows)
     assert entry["budgets_extrapolated"] == sum(r["extrapolated"] for r in rows) > 0
     report = (tmp_path / "fit" / "report.md").read_text()
     assert "extrapolated (+" in report and "above measured" in report and "extrapolated (+" in result.output

@@ -64,9 +64,9 @@ class AxisCurve:
         w = None if counts is None else counts[self.run]
         return fit_sigmoid(self.x, self.y if y is None else y, w, levels=(0.0, 1.0), increasing=True, start=start)
 
-    def measured(self, grid: np.ndarray) -> np.ndarray:
-        """At each log10 C of grid, the best its runs measured up to their next eval point."""
-        return evidence.measured(10**self.x, self.y, 10**grid)
+    def measured_next(self, grid: np.ndarray) -> np.ndarray:
+        """At each log10 C of grid, the best its runs measured by their next eval point (what the curve is held to)."""
+        return evidence.measured_next(10**self.x, self.y, 10**grid)
 
 
 def fit_axis_curves(best: pd.DataFrame, spec: FitSpec, runs: pd.Index, method: str) -> list[AxisCurve]:
@@ -165,10 +165,12 @@ def analyse(df: pd.DataFrame, spec: FitSpec, method: str, sigma: float, noise: N
         if relaw is not None and relaw.converged:
             draw.update(relaw.params, _law_at_bound=relaw.at_bound)
         draws.append(draw)
-    seen = evidence.measured(best[spec.compute].to_numpy(float), best[spec.metric].to_numpy(float), 10**grid)
+    points = best[spec.compute].to_numpy(float), best[spec.metric].to_numpy(float)
+    seen = evidence.measured_next(*points, 10**grid)
     return {"curves": curves, "fits": fits, "grid": grid, "value": value, "star": star, "law": law, "draws": draws,
             "star_band": bootstrap.band(np.array(stars), discrete=True) if stars else None, "best": best, "sigma": sigma, "noise": noise,
-            "measured": seen, "extrapolated": evidence.extrapolated(value, seen, sigma), "tied": ties, "resolved": resolved, "between": between}
+            "measured": evidence.measured(*points, 10**grid), "measured_next": seen, "extrapolated": evidence.extrapolated(value, seen, sigma),
+            "tied": ties, "resolved": resolved, "between": between}
 
 
 def _redrawn(df: pd.DataFrame, spec: FitSpec, plan: Resampling, rng: np.random.Generator, curves: list[AxisCurve]) -> list[np.ndarray]:
@@ -287,14 +289,14 @@ def _bound_shares(draws: list[dict]) -> dict[str, float]:
 
 def _curve_entries(a: dict, axis: str) -> dict:
     """Per curve its parameters with their bootstrap summary, and how far it stands above what its
-    own runs measured (`above_measured`, the most over the budgets it spans; `extrapolated` when
-    that is more than the noise)."""
+    own runs had measured by their next eval point (`above_measured`, the most over the budgets it
+    spans; `extrapolated` when that is more than the noise)."""
     out = {}
     for c, f in zip(a["curves"], a["fits"]):
         names = [f"{c.value}/{k}" for k in LAW]
         median, interval = bootstrap.summarise(a["draws"], names)
         x = a["grid"][(a["grid"] >= c.span[0] - 1e-9) & (a["grid"] <= c.span[1] + 1e-9)]
-        above = float(np.max(sigmoid(x, **f.params) - c.measured(x), initial=-np.inf))
+        above = float(np.max(sigmoid(x, **f.params) - c.measured_next(x), initial=-np.inf))
         out[f"{axis}={plain(c.value)}"] = {"params": f.params, "converged": f.converged, "at_bound": f.at_bound, "points": int(c.x.size),
                                            "median": {k.split("/")[1]: v for k, v in median.items()},
                                            "interval90": {k.split("/")[1]: v for k, v in interval.items()},
@@ -303,7 +305,8 @@ def _curve_entries(a: dict, axis: str) -> dict:
 
 
 def _axis_star_rows(a: dict) -> list[dict]:
-    """Per budget: axis* (the top curve's value), the frontier value, the best measured by then, whether
+    """Per budget: axis* (the top curve's value), the frontier value, `measured` (the best eval point at
+    or below C) and `measured_next` (the best by the next eval point, what the value is held to), whether
     the value is extrapolated, and `axis_star_set`: every axis value tied with the top (one when
     resolved); the bootstrap's 90% interval (low, high) widened to the tie set where that is wider: a
     value within the noise of the top is not one the data exclude, whichever value the resamples favour."""
@@ -313,7 +316,8 @@ def _axis_star_rows(a: dict) -> list[dict]:
     for i, (x, s) in enumerate(zip(a["grid"], a["star"])):
         if np.isfinite(s):
             row = {"compute": float(10**x), "axis_star": float(s), "axis_star_set": [plain(v) for v in sorted(values[a["tied"][:, i]])],
-                   "value": float(a["value"][i]), "measured": float(a["measured"][i]), "extrapolated": bool(a["extrapolated"][i])}
+                   "value": float(a["value"][i]), "measured": float(a["measured"][i]), "measured_next": float(a["measured_next"][i]),
+                   "extrapolated": bool(a["extrapolated"][i])}
             if band is not None:
                 tie = row["axis_star_set"]
                 row.update(median=float(band[0, i]), low=float(min(band[1, i], tie[0])), high=float(max(band[2, i], tie[-1])))
@@ -330,10 +334,10 @@ def _frontier_frame(a: dict, axis_values: pd.Series) -> pd.DataFrame:
 
 
 def _curve_frame(a: dict) -> pd.DataFrame:
-    """80 points of each curve over its span; `extrapolated` where it stands above its runs' best by more than the noise."""
+    """80 points of each curve over its span; `extrapolated` where it stands above its runs' best by the next eval point by more than the noise."""
     parts = []
     for c, f in zip(a["curves"], a["fits"]):
         x = np.linspace(c.span[0], c.span[1], 80)
         y = sigmoid(x, **f.params)
-        parts.append(pd.DataFrame({"axis_value": c.value, "compute": 10**x, "value": y, "extrapolated": evidence.extrapolated(y, c.measured(x), a["sigma"])}))
+        parts.append(pd.DataFrame({"axis_value": c.value, "compute": 10**x, "value": y, "extrapolated": evidence.extrapolated(y, c.measured_next(x), a["sigma"])}))
     return pd.concat(parts, ignore_index=True)

@@ -1,5 +1,12 @@
 """What the eval points say about a fitted frontier: the metric's noise, the best measured up to
-each budget, which fitted values go beyond it (extrapolated), and which axis values are tied.
+each budget, which fitted values go beyond the data (extrapolated), and which axis values are tied.
+
+"Measured" has one meaning wherever it is shown (fit.json's axis_star rows, the frontier tables of
+the terminal and report.md): at budget C, the best eval point at or below C, as the empirical
+frontier reads it; nothing after C is known at C. A fitted value between two eval points
+interpolates them, so it is judged against what was measured by the next eval point
+(`measured_next`: `measured` read at the first eval point at or after C): above that by more than
+the noise it is extrapolated.
 
 A fitted curve is a summary of eval points, not more: where it stands above everything its runs
 measured by more than the noise, it says what the data did not, and is marked extrapolated; where
@@ -40,18 +47,23 @@ def metric_noise(df: pd.DataFrame, spec: FitSpec, method: str, model: Noise) -> 
 
 
 def measured(compute: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    """For each budget C in grid, the best of `values` measured up to the first eval point at or
-    after C (the last one beyond it): between eval points a curve interpolates, and is held to
-    what its runs had measured by the next one. NaN where nothing is measured."""
+    """For each budget C in grid, the best of `values` measured at or below C. NaN where nothing is."""
+    return best_at(compute, values, grid)[0]
+
+
+def measured_next(compute: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """For each budget C in grid, `measured` at the first eval point at or after C (the last one
+    beyond it): what a rising curve between eval points may reach without saying more than its
+    runs had measured by the next one. NaN where nothing is measured."""
     points = np.unique(np.asarray(compute, float))
     if points.size == 0:
         return np.full(np.size(grid), np.nan)
     upto = points[np.minimum(np.searchsorted(points, np.asarray(grid, float) * (1 - 1e-9)), points.size - 1)]
-    return best_at(compute, values, upto)[0]
+    return measured(compute, values, upto)
 
 
 def extrapolated(value: np.ndarray, seen: np.ndarray, sigma: float) -> np.ndarray:
-    """Fitted values above what was measured by more than the noise."""
+    """Fitted values above `seen` (`measured_next`: the best measured by the next eval point) by more than the noise."""
     with np.errstate(invalid="ignore"):
         return np.isfinite(value) & ~(value <= np.nan_to_num(seen, nan=-np.inf) + sigma)
 

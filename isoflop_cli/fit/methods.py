@@ -123,8 +123,8 @@ def doubts(method: str, entry: dict, spec: FitSpec) -> list[tuple[str, bool]]:
     result unreliable: parameters pinned at their bounds (the data did not place them), parameters
     most bootstrap resamples pin at a bound, 90% intervals of zero width (the resamples all landed
     on one value: a bound or too few runs, not certainty), and an axis*(C) law read from fewer than
-    three axis values; and, as notes, curves and frontier values above what was measured by more
-    than the noise (extrapolated) and budgets where axis* is a tie. A law's lower plateau
+    three axis values; and, as notes, curves and frontier values above what was measured by the next
+    eval point by more than the noise (extrapolated) and budgets where axis* is a tie. A law's lower plateau
     at the grid's smallest value is a note, not a doubt: axis* is the smallest value tried there."""
     out = []
     pinned = entry.get("at_bound") or []
@@ -140,10 +140,10 @@ def doubts(method: str, entry: dict, spec: FitSpec) -> list[tuple[str, bool]]:
             out.append((f"{method}: the curve {name} has its midpoint C_mid beyond its largest fitted compute: its ceiling A is "
                         "extrapolated, not measured", name == entry.get("best")))
         if curve.get("extrapolated"):
-            out.append((f"{method}: the curve {name} stands up to {curve['above_measured']:.3f} above the best its runs measured "
-                        f"(noise sd {entry['noise_sd']:.3g}): extrapolated there, dashed in the plot", False))
+            out.append((f"{method}: the curve {name} stands up to {curve['above_measured']:.3f} above the best its runs measured by their "
+                        f"next eval point (noise sd {entry['noise_sd']:.3g}): extrapolated there, dashed in the plot", False))
     if entry.get("budgets_extrapolated"):
-        out.append((f"{method}: the frontier is above the best measured point by more than the noise at {entry['budgets_extrapolated']} of "
+        out.append((f"{method}: the frontier is above the best measured by the next eval point by more than the noise at {entry['budgets_extrapolated']} of "
                     f"{entry['budgets']} budgets: extrapolated there (`extrapolated` in axis_star, dashed in the plot)", False))
     if entry.get("budgets_tied"):
         out.append((f"{method}: {spec.axis}* is tied (curves within {entry['tie_within']:.3g} of the top, {TIE_SD:g} sd of the noise) at "

@@ -111,13 +111,14 @@ def evidence_line(entry: dict, spec: FitSpec) -> str:
     line = (f"noise sd {entry['noise_sd']:.3g}: {spec.axis}* tied (within {entry['tie_within']:.3g} of the top) at {entry['budgets_tied']} of "
             f"{entry['budgets']} budgets" + (f", at the largest {spec.axis}* = {label(top['axis_star_set'])}" if len(top["axis_star_set"]) > 1 else ""))
     if entry["budgets_extrapolated"]:
-        line += f"; the frontier is EXTRAPOLATED (above the best measured by more than the noise) at {entry['budgets_extrapolated']} budgets"
+        line += (f"; the frontier is EXTRAPOLATED (above the best measured by the next eval point by more than the noise) at "
+                 f"{entry['budgets_extrapolated']} budgets")
     return line
 
 
 def _note(row: dict) -> str:
-    """A frontier budget's caveat: its value above what was measured by more than the noise."""
-    return f"extrapolated (+{row['value'] - row['measured']:.3f} over measured)" if row["extrapolated"] else "-"
+    """A frontier budget's caveat: its value above what was measured by the next eval point by more than the noise."""
+    return f"extrapolated (+{row['value'] - row['measured_next']:.3f} over measured by the next eval point)" if row["extrapolated"] else "-"
 
 
 def method_table(method: str, entry: dict, spec: FitSpec) -> Table:
@@ -138,7 +139,7 @@ def _at(compute: float) -> float:
 
 
 def frontier_table(front: pd.DataFrame, spec: FitSpec, axis_star: list[dict] | None) -> Table:
-    """frontier.csv, and where the frontier was fitted: the best measured by then, axis*(C) as the
+    """frontier.csv, and where the frontier was fitted: the best measured at or below C, axis*(C) as the
     set within the noise of the top (a tie is written as one), its bootstrap 90% band, and whether
     the value is extrapolated."""
     band = {_at(r["compute"]): r for r in axis_star or []}
@@ -171,8 +172,9 @@ def markdown(results: dict[str, dict], spec: FitSpec, info: dict, plots: dict[st
     lines += list(readings)
     if front is not None:
         fitted = "frontier" in results
-        source = ("fitted envelope of the per-axis sigmoids; `measured`: the best eval point up to the first at or after C; dashed and "
-                  "`extrapolated` where the fit is above it by more than the noise; the axis* column: every value within the noise of the "
+        source = ("fitted envelope of the per-axis sigmoids; `measured`: the best eval point at or below C; dashed and "
+                  "`extrapolated` where the fit is above the best measured by the next eval point (at or after C: between eval points "
+                  "the fit interpolates) by more than the noise; the axis* column: every value within the noise of the "
                   "top, a tie when more than one (frontier.csv keeps the top one)" if fitted else "empirical: best eval point with compute <= C")
         lines += ["## frontier.csv", "", f"{source}.", "", f"![frontier]({plots['frontier.csv'][0]})", ""]
         if fitted:
@@ -192,7 +194,7 @@ def _method_details(method: str, entry: dict, spec: FitSpec) -> list[str]:
         out += [f"| {r['compute']:.4g} | {fmt(r['axis_star'])} | {label(r['axis_star_set'])} | {fmt(r.get('median'))} | "
                 f"{_interval([r['low'], r['high']]) if 'low' in r else '-'} |" for r in entry["axis_star"]]
         out += ["", "Per-axis sigmoids of the metric against log10 C (through each run's running best, up to its last eval point); "
-                "`above measured`: the most the curve stands above its runs' best by then (extrapolated beyond the noise):", "",
+                "`above measured`: the most the curve stands above its runs' best by their next eval point (extrapolated beyond the noise):", "",
                 "| curve | lower | upper | midpoint | slope | points | converged | above measured |", "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
         out += [f"| {k} | {' | '.join(fmt(c['params'][p]) for p in ('lower', 'upper', 'midpoint', 'slope'))} | {c['points']} | {c['converged']} | "
                 f"{c['above_measured']:+.3f}{' EXTRAPOLATED' if c['extrapolated'] else ''} |" for k, c in entry["curves"].items()]
