@@ -1,5 +1,8 @@
 """Write a fit to disk: fit.json, frontier.csv, the plots (PNG and SVG) and report.md.
 
+The runs' own figures (study.py: mean curves with the spread between seeds, slices at fixed
+budgets) are drawn for every fit whose results have the curve columns, whichever methods ran.
+
 frontier.csv keeps its contract (compute, value, axis_star on a log grid of C): the fitted envelope
 when method `frontier` was fitted, the empirical best-so-far otherwise (fit.json and report.md say
 which).
@@ -15,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from isoflop_cli.fit import coverage, plots
+from isoflop_cli.fit import coverage, plots, study
 from isoflop_cli.fit.data import FitSpec, MethodResult, usable
 from isoflop_cli.fit.frontier import frontier as empirical_frontier
 from isoflop_cli.fit.report import markdown
@@ -27,7 +30,6 @@ PLOTS = {
     "scalerl": lambda r, spec, out: plots.scalerl_plot(r, spec, out / "scalerl"),
     "isoflop-slices": lambda r, spec, out: plots.slices_plot(r, spec, out / "isoflop_slices"),
     "parametric": lambda r, spec, out: plots.parametric_plot(r, out / "parametric"),
-    "frontier": lambda r, spec, out: plots.axis_star_plot(r, spec, out / "axis_star"),
     "surface": lambda r, spec, out: plots.surface_plot(r, spec, out / "surface"),
     "interference": lambda r, spec, out: plots.interference_plot(r, spec, out / "interference"),
 }
@@ -56,23 +58,41 @@ def write(df: pd.DataFrame, info: dict, spec: FitSpec, results: dict[str, Method
         paths = plots.frontier_plot(rows, front, spec, out / "frontier", results.get("frontier"))
         names["frontier.csv"] = [p.name for p in paths]
         written += [out / "frontier.csv", *paths]
+    draw = {**PLOTS, "frontier": lambda r, spec, out: plots.axis_star_plot(r, spec, out / "axis_star", answer)}  # with the verdict
     for method, result in results.items():
-        paths = PLOTS[method](result, spec, out)
+        paths = draw[method](result, spec, out)
         names[method] = [p.name for p in paths]
         written += paths
     entries = {m: {**r.entry, "input": info} for m, r in results.items()}
     if "frontier" in entries:
         entries["frontier"]["frontier_csv"] = "fitted envelope"
-    document, section = ({"n_star_trend": answer.entry()} if answer else {}) | entries, []
+    document = ({"n_star_trend": answer.entry()} if answer else {}) | entries
+    paths, section = runs_figures(df, spec, out)
+    written += paths
     if cover is not None:
         atomic_write(out / "coverage.csv", cover.to_csv(index=False))
         paths = plots.coverage_plot(cover, spec, out / "coverage")
         written += [out / "coverage.csv", *paths]
         document["coverage"] = coverage.entry(cover, spec)
-        section = coverage.markdown(cover, spec, [p.name for p in paths])
+        section += coverage.markdown(cover, spec, [p.name for p in paths])
     atomic_write(out / "fit.json", json.dumps(jsonable(document), indent=1) + "\n")
     atomic_write(out / "report.md", markdown(entries, spec, info, names, front, section, answer.lines(spec.axis) if answer else []))
     return [out / "fit.json", *written, out / "report.md"], front
+
+
+def runs_figures(df: pd.DataFrame, spec: FitSpec, out: Path) -> tuple[list[Path], list[str]]:
+    """curves.png/.svg and slices.png/.svg (study.py) and their report section; nothing without the
+    curve columns (slices: nothing where no budget is reached by two axis values)."""
+    d = study.rows(df, spec)
+    if d is None:
+        return [], []
+    curves, points = study.mean_curves(d, spec), study.slice_points(d, spec)
+    paths = plots.curves_plot(curves, spec, out / "curves")
+    names = {"curves": [p.name for p in paths]}
+    if not points.empty:
+        names["slices"] = [p.name for p in plots.budget_slices_plot(points, spec, out / "slices")]
+        paths += [out / n for n in names["slices"]]
+    return paths, study.markdown(spec, curves, points, names)
 
 
 def jsonable(obj: Any) -> Any:

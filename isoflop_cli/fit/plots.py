@@ -1,5 +1,7 @@
-"""Figures of `isoflop fit`, each written as PNG and SVG: the frontier with the per-axis curves and
-fits, axis*(C) with its law, isoFLOP slices with their parabolas, ScaleRL curves, the parametric fit."""
+"""Figures of `isoflop fit`, each written as PNG and SVG: the runs' mean curves with the spread
+between seeds and their slices at fixed budgets (study.py, every fit), the frontier with the
+per-axis curves and fits, axis*(C) with its ties and the verdict, isoFLOP slices with their
+parabolas, ScaleRL curves, the parametric fit."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import pandas as pd  # noqa: E402
 from isoflop_cli.fit.curves import sigmoid  # noqa: E402
 from isoflop_cli.fit.data import FitSpec, MethodResult, plain  # noqa: E402
 from isoflop_cli.fit.frontier import axis_curves  # noqa: E402
+from isoflop_cli.fit.trend import Trend  # noqa: E402
 from isoflop_cli.store import atomic_write  # noqa: E402
 
 
@@ -55,8 +58,8 @@ def palette(values) -> dict:
 def frontier_plot(df: pd.DataFrame, front: pd.DataFrame, spec: FitSpec, out: Path, fitted: MethodResult | None) -> list[Path]:
     """Eval points per axis value, their fitted sigmoids through the running bests (or best-so-far
     steps without a fit), and the frontier with markers coloured by axis*(C). Where a fitted curve or
-    the frontier stands above what was measured by more than the noise its line is dashed
-    (extrapolated); a budget whose axis* is a tie has a hollow marker."""
+    the frontier stands above what was measured by the next eval point by more than the noise its
+    line is dashed (extrapolated); a budget whose axis* is a tie has a hollow marker."""
     axis, compute, metric = spec.axis, spec.compute, spec.metric
     colour = palette(df[axis].unique())
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
@@ -106,23 +109,60 @@ def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
-def axis_star_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
-    """axis*(C) off the fitted frontier with its bootstrap 90% band, the sigmoid law and its saturation."""
+def axis_star_plot(result: MethodResult, spec: FitSpec, out: Path, answer: Trend | None = None) -> list[Path]:
+    """axis_star_figure, written as PNG and SVG."""
+    return save(axis_star_figure(result, spec, answer), out)
+
+
+def axis_star_figure(result: MethodResult, spec: FitSpec, answer: Trend | None) -> plt.Figure:
+    """axis*(C) as the report reads it: at each budget every axis value within the noise of the top
+    (`axis_star_set`: hollow markers joined by a line where it is a tie, one filled marker where one
+    value wins), the bootstrap 90% band, the sigmoid law and its saturation where one was fitted,
+    and the verdict in the title (verdict). A step through the top curve alone would draw a
+    confident staircase where the report says the values are tied."""
     entry, star = result.entry, result.frames["axis_star"]
-    fig, ax = plt.subplots(figsize=(6.5, 4.2), dpi=120)
+    fig, ax = plt.subplots(figsize=(6.5, 4.4), dpi=120)
     if "low" in star:
-        ax.fill_between(star["compute"], star["low"], star["high"], step="mid", color="tab:blue", alpha=0.15, label="bootstrap 90%")
-    ax.step(star["compute"], star["axis_star"], where="mid", color="tab:blue", lw=1.5, label=f"{spec.axis}*(C)")
+        ax.fill_between(star["compute"], star["low"], star["high"], step="mid", color="tab:blue", alpha=0.12, label="bootstrap 90%")
+    marks = star_marks(star)
+    ties = marks[marks["tied"]]
+    spans = ties.groupby("compute")["axis_value"].agg(["min", "max"])
+    ax.vlines(spans.index, spans["min"], spans["max"], color="tab:blue", lw=1, alpha=0.6)
+    ax.scatter(ties["compute"], ties["axis_value"], s=24, facecolors="white", edgecolors="tab:blue", zorder=3,
+               label=f"{spec.axis}* tied within the noise")
+    alone = marks[~marks["tied"]]
+    ax.scatter(alone["compute"], alone["axis_value"], s=24, color="tab:blue", zorder=3, label=f"{spec.axis}* (one value wins)")
     if entry["params"]:
         c = np.geomspace(star["compute"].min(), star["compute"].max(), 200)
         ax.plot(c, np.exp2(sigmoid(np.log10(c), **entry["params"])), color="black", lw=2, label="sigmoid law")
         sat = entry["saturation"]
         if sat["within_data"]:
             ax.axvline(sat["compute"], color="grey", ls="--", lw=1, label=f"saturates at {sat['compute']:.3g}")
-    ax.set(xscale="log", yscale="log", xlabel=spec.compute, ylabel=f"{spec.axis}*", title=f"compute-optimal {spec.axis}*(C)")
+    ax.set(xscale="log", yscale="log", xlabel=spec.compute, ylabel=f"{spec.axis}*")
+    said = verdict(entry, answer, spec.axis)
+    ax.set_title(f"compute-optimal {spec.axis}*(C)" + (f"\n{said}" if said else ""), fontsize=9)
     plain_ticks(ax.yaxis)
-    ax.legend(fontsize=8)
-    return save(fig, out)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def star_marks(star: pd.DataFrame) -> pd.DataFrame:
+    """What axis_star_figure marks: one row per budget and member of its `axis_star_set` (compute,
+    axis_value, tied: the set has more than one member)."""
+    sets = star[["compute", "axis_star_set"]].explode("axis_star_set").rename(columns={"axis_star_set": "axis_value"})
+    sizes = star["axis_star_set"].map(len)
+    return sets.assign(axis_value=sets["axis_value"].astype(float), tied=sizes.loc[sets.index].to_numpy() > 1).reset_index(drop=True)
+
+
+def verdict(entry: dict, answer: Trend | None, axis: str) -> str:
+    """The report's answer in a line: the trend test's call and p (fit.json `n_star_trend`) and the
+    budgets where axis* is a tie (the frontier's `budgets_tied` of `budgets`)."""
+    parts = []
+    if answer is not None:
+        parts.append(f"trend test: {answer.call} (p = {answer.p_value:.2g})" if answer.p_value is not None else f"trend test: cannot tell ({answer.why})")
+    if entry.get("budgets_tied"):
+        parts.append(f"{axis}* tied at {entry['budgets_tied']} of {entry['budgets']} budgets")
+    return "; ".join(parts)
 
 
 def surface_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
@@ -200,6 +240,38 @@ def slices_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
     right.legend(fontsize=7)
     plain_ticks(left.xaxis)
     plain_ticks(right.yaxis)
+    return save(fig, out)
+
+
+def curves_plot(curves: pd.DataFrame, spec: FitSpec, out: Path) -> list[Path]:
+    """The study figure (study.mean_curves): per axis value the mean metric over its runs against
+    compute, shaded ±1 sd between seeds where a cell has two or more; the base model leftmost."""
+    axis = spec.axis
+    colour = palette(curves[axis].unique())
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for value, g in curves.groupby(axis):
+        ax.plot(g["compute"], g["mean"], marker="o", ms=3, color=colour[value], label=f"{axis}={plain(value)}")
+        ax.fill_between(g["compute"], g["mean"] - g["sd"], g["mean"] + g["sd"], color=colour[value], alpha=0.15, lw=0)
+    ax.set(xscale="log", xlabel=f"{spec.compute} (leftmost point: the base model)", ylabel=spec.metric,
+           title=f"mean over runs per {axis}; band: ±1 sd between seeds")
+    ax.legend(fontsize=7, ncol=2)
+    return save(fig, out)
+
+
+def budget_slices_plot(points: pd.DataFrame, spec: FitSpec, out: Path) -> list[Path]:
+    """isoFLOP slices of the runs (study.slice_points): the metric against the axis at each fixed
+    budget, each run a point and the mean per axis value a line."""
+    axis = spec.axis
+    colour = palette(points["compute"].unique())
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for budget, g in points.groupby("compute"):
+        ax.scatter(g[axis], g["value"], s=10, alpha=0.35, color=colour[budget])
+        mean = g.groupby(axis)["value"].mean()
+        ax.plot(mean.index, mean.to_numpy(), marker="o", ms=4, color=colour[budget], label=f"C={budget:,.4g}")
+    ax.set(xlabel=axis, ylabel=spec.metric, title=f"{spec.metric} against {axis} at fixed {spec.compute}: runs and their mean")
+    ax.set_xscale("log", base=2)
+    plain_ticks(ax.xaxis)
+    ax.legend(fontsize=7)
     return save(fig, out)
 
 
