@@ -212,10 +212,10 @@ def sweep(
         root = renamed(root, old_out, "--root", DEFAULT_ROOT)
         cfg, cells = sweep_mod.load(config, list(overrides or []), root)
         price = _priced(cfg, cells, root, max_gpu_hours)
-        power = _powered(cfg, cells)
         if not dry_run:
             sweep_dir = sweep_mod.check(root, cfg, cells)
             continued = sweep_mod.continuations(sweep_dir, cells, extend)
+        power = _powered(cfg, cells)  # warned of once the sweep is known to run
     console.print(report.plan_table(cfg, cells, price))
     console.print(report.cost_line(price), soft_wrap=True)
     console.print(power.line(), soft_wrap=True)
@@ -638,10 +638,10 @@ def race_pilot(
     validate_with: Optional[Path] = typer.Option(None, "--validate-with", help="Full-scale results (a sweep dir or results file): same_regime_rate compares the pilot's call with the call on them."),
     force: bool = typer.Option(False, "--force", help="Run a pilot that costs more than --cap of the full sweep."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the pilot plan and its cost, and stop."),
-    updates: str = typer.Option("1,2,4,8", help="Allocation levels: updates per rollout batch (algo.epochs, whole), each paired with n = N / "
-                                    "updates rollouts per prompt (N: the sweep's largest n, at least 2x the largest count), so every "
-                                    "level learns from N completions a prompt and more updates buy fewer fresh rollouts: rho rises "
-                                    "with updates at the same FLOPs."),
+    updates: str = typer.Option("0.0625,0.25,1,4", help="Allocation levels: updates per rollout batch (algo.epochs). A whole count u "
+                                    "is paired with n = N / u rollouts per prompt (N: the sweep's largest n, at least 2x the largest count): "
+                                    "more updates buy fewer fresh rollouts. A fraction u < 1 samples N and learns from u N of each group "
+                                    "(rollout down-sampling). rho rises with updates at the same FLOPs."),
     budgets: int = typer.Option(3, help="At most this many FLOP budgets (1-3), read off the same runs."),
     share: float = typer.Option(0.10, help="Target pilot cost as a share of the full sweep's predicted FLOPs."),
     cap: float = typer.Option(0.25, help="Refuse a pilot above this share of the full sweep (unless --force)."),
@@ -653,7 +653,8 @@ def race_pilot(
     """RACE: diagnose the allocation regime (search-, update- or reward-heavy) from a cheap pilot grid
     before the full sweep. Derives the pilot from the sweep's config: levels that trade search
     against learning at the same FLOPs, each n rollouts per prompt learned from `updates` times per
-    batch with n x updates fixed (--updates 1,2,4,8 at N = 16: n 16, 8, 4, 2). Runs it like
+    batch with n x updates fixed, below one update learning from a share of each group (--updates
+    0.0625,0.25,1,4 at N = 16: n 16 learning from 1, 4 and 16 of each group, n 4 four times). Runs it like
     `isoflop sweep` (resumable), fits the target against the log-odds of rho per reward system, and
     recommends what to run at full scale. The pilot identifies a regime; it does not guarantee a
     held-out gain."""

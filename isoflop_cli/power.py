@@ -106,8 +106,6 @@ def design(cells: list) -> Design | None:
 def call_rate(d: Design, seeds: int, doublings: float, gap: float, noise: Noise, grids: int, rng: np.random.Generator) -> float:
     """The share of `grids` simulated sweeps of design `d` (`seeds` per cell) whose trend test calls "rises"."""
     budgets = trend.common_budgets(max(p.min() for p in d.points), min(p.max() for p in d.points))
-    if budgets is None:
-        return 0.0
     zlo, zhi = math.log2(min(p.min() for p in d.points)), math.log2(max(p.max() for p in d.points))
     room = max(d.x.max() - d.x.min() - doublings, 0.0)  # where n*'s path fits inside the grid
     start = d.x.min() + rng.uniform(0.0, 1.0, (grids, 1, 1)) * room - max(doublings - (d.x.max() - d.x.min()), 0.0) / 2
@@ -130,6 +128,8 @@ def analyse(cells: list, seeds: int, doublings: float, gap: float, noise: Noise,
     d = design(cells)
     if d is None or np.unique(d.x).size < 2:
         return Power(None, seeds_for_80=None, why="the grid has one n value", **known)
+    if trend.common_budgets(max(p.min() for p in d.points), min(p.max() for p in d.points)) is None:
+        return Power(None, seeds_for_80=None, why="the runs' eval points share less than one doubling of compute", **known)
     rng = np.random.default_rng(seed)
     rate = call_rate(d, seeds, doublings, gap, noise, grids, rng)
     if rate >= TARGET:

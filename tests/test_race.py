@@ -176,7 +176,7 @@ def test_bad_input_before_any_compute(tmp_path):
     one_error_line(runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--target", "judge"]), "eval.judges")
     one_error_line(runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--metric", "judge_score"]), "judge_score")
     one_error_line(runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--updates", "1"]), "--updates")
-    one_error_line(runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--updates", "0.5,1"]), "--updates")
+    one_error_line(runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--updates", "1.5,2"]), "--updates")
     one_error_line(runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--seed", "-1"]), "--seed must be >= 0, got -1")  # else found after the pilot's compute
     assert not any(tmp_path.iterdir())
     path = tmp_path / "r.parquet"
@@ -207,7 +207,7 @@ def test_pilot_above_the_cap_is_refused_with_exit_2(tmp_path):
 def test_pilot_derivation_on_the_embedded_default():
     pilot = derive(None, ["task=arith-steps", "+grid.axes={reward:[sparse,prm]}"], PilotSpec())
     feasible = [c for c in pilot.cells if c.feasible]
-    assert pilot.levels == [Level(16, 1), Level(8, 2), Level(4, 4), Level(2, 8)] and pilot.rewards == ["sparse", "prm"]
+    assert pilot.levels == [Level(16, 0.0625), Level(16, 0.25), Level(16, 1), Level(4, 4)] and pilot.rewards == ["sparse", "prm"]
     assert len(feasible) == len(pilot.cells) == 16 and len({c.run_id for c in feasible}) == 16  # 4 levels x 2 seeds x 2 rewards
     assert {(c.axes["n"], c.axes["algo.epochs"]) for c in feasible} == {(lv.n, lv.updates) for lv in pilot.levels}
     assert all(c.plan.column == "flops_total" and c.plan.limit == max(pilot.budgets) for c in feasible)
@@ -224,6 +224,9 @@ def test_pilot_derivation_on_the_embedded_default():
     # The default sweep's pilot meets its 10% target, two budgets of 12-15 and 25-30 steps a cell at the plan's bound.
     default = derive(None, [], PilotSpec())
     assert 0.09 <= default.share <= 0.101 and default.steps(min(default.budgets))[0] >= MIN_STEPS
+    # Its levels span the rho where the seed study's optima lie (0.45 and 0.72), inside, not at an end.
+    rho = sorted({round(c.plan.predicted_flops["rho"], 2) for c in default.cells if c.feasible})
+    assert rho == [0.3, 0.51, 0.78, 0.94]
 
 
 def test_several_models_are_validated_leave_one_model_out():
@@ -281,6 +284,7 @@ def test_interior_optima_are_read_as_interior(tmp_path):
         entry = by_reward[reward]
         assert entry["regime"] == "interior" and entry["curve"] == "quadratic", entry["why"]
         assert abs(analysis.log_odds(entry["optimum_rho"]) - analysis.log_odds(best)) <= 0.45  # half a level: 0.76 and 0.49 here
+        assert abs(entry["optimum_rho"] - best) <= 0.05
         low, high = entry["optimum_interval90"]
         assert INTERIOR_RHO[0] < low <= entry["optimum_rho"] <= high < INTERIOR_RHO[-1]
         assert "algo.epochs" in entry["optimum_units"] and "n" not in entry["optimum_units"]  # earlier pilots' n was a replicate, not a lever
@@ -317,7 +321,11 @@ def test_levels_pair_n_with_updates_at_fixed_completions_learned():
     assert levels([1, 2, 4, 8], [2, 4, 8, 16]) == [Level(16, 1), Level(8, 2), Level(4, 4), Level(2, 8)]
     assert levels([1, 2, 4, 8], [2]) == levels([1, 2, 4, 8], [16])  # N at least 2 x the largest count: every group keeps two completions
     assert levels([1, 3], [4]) == [Level(6, 1), Level(2, 3)]  # N a multiple of every count
-    for bad in ([0.25, 0.5, 1], [1, 1], [2]):
+    # Below one update per batch: n = N, learning from that share of each group (rollout down-sampling).
+    assert levels([0.0625, 0.25, 1, 4], [2, 4, 8, 16]) == [Level(16, 0.0625), Level(16, 0.25), Level(16, 1), Level(4, 4)]
+    assert levels([0.25, 0.5], [8]) == [Level(8, 0.25), Level(8, 0.5)]
+    PilotSpec(updates=[0.25, 0.5, 1]).check()
+    for bad in ([0.25, 1.5], [1, 1], [2], [0, 1], [-1, 2]):
         with pytest.raises(ConfigError, match="--updates"):
             PilotSpec(updates=bad).check()
 

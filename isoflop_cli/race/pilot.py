@@ -1,16 +1,21 @@
 """The RACE pilot: a small iso-FLOP grid derived from the sweep the user would run at full scale.
 
 Each allocation level is a pair (n, updates): n rollouts per prompt, and `updates` passes over them
-per rollout batch (`algo.epochs`, whole), with n x updates = N the same at every level. Every level
+per rollout batch (`algo.epochs`), with n x updates = N the same at every whole level. Every level
 therefore learns from N completions per prompt per batch; what it trades is where they come from:
 fresh rollouts (large n, one update: search) or the same rollouts learned from again (small n, many
 updates: learning). At a FLOP budget every level spends the same compute, and the level with more
 updates per batch spends more of it learning: rho = C_learning / C_total rises with updates (its
 log-odds by about one per doubling, so doubling levels are evenly spread where the analysis fits).
-N is the sweep's largest n, raised to twice the largest update count (every group keeps two
-completions for its advantage) and to a multiple of every count. No level trains on fewer
-completions than it sampled, so rho does not go below one update per batch's: the low-rho end is
-the most search per update the recipe runs without discarding rollouts.
+N is the sweep's largest n, raised to twice the largest whole update count (every group keeps two
+completions for its advantage) and to a multiple of every whole count. Below one update per batch
+the lever is the other way round: a level of `updates` u < 1 samples N completions a prompt and
+learns from u N of each group (`algo.epochs` fractional: the recipe's rollout down-sampling; the
+advantages still come from all N), so it spends less on learning at the same search and rho falls
+below one update's. The default levels, 1/16, 1/4, 1 and 4 updates (at N = 16: learning from 1, 4
+and 16 of each group's 16 completions, and n = 4 learnt from four times), span rho 0.30, 0.51, 0.78
+and 0.94 on the embedded model by the plan's bound, so optima such as the seed study's 0.72
+(rule-based rewards) and 0.45 (a PRM) lie inside the pilot's range.
 
 The levels are crossed with every reward system of the sweep and two seeds (the second a
 replicate), and run to one to three FLOP budgets read off the same runs, each budget giving every
@@ -38,33 +43,38 @@ SEEDS = 2  # runs per level and reward system: the sweep's first seed and a repl
 
 @dataclass(frozen=True)
 class Level:
-    """One allocation level: n rollouts per prompt, learned from `updates` times per rollout batch."""
+    """One allocation level: n rollouts per prompt, learned from `updates` times per rollout batch
+    (below 1: one pass over that share of each group's completions)."""
 
     n: int
-    updates: int  # algo.epochs
+    updates: int | float  # algo.epochs
 
     def __str__(self) -> str:
-        return f"n={self.n} x {self.updates}"
+        return f"n={self.n} x {level(self.updates)}"
 
 
-def levels(updates: list[int], sweep_n: list[int]) -> list[Level]:
-    """The levels for these update counts: n = N / updates, N = the sweep's largest n, at least twice
-    the largest count (two completions a group) and a multiple of every count (whole n)."""
-    step = math.lcm(*updates)
-    N = step * math.ceil(max(*sweep_n, 2 * max(updates)) / step)
-    return [Level(N // u, u) for u in sorted(set(updates))]
+def levels(updates: list[float], sweep_n: list[int]) -> list[Level]:
+    """The levels for these update counts: whole counts u get n = N / u, N = the sweep's largest n,
+    at least twice the largest whole count (two completions a group) and a multiple of every whole
+    count (whole n); a fraction u < 1 gets n = N, learning from u N of each group."""
+    whole = [int(u) for u in updates if u >= 1]
+    step = math.lcm(*whole) if whole else 1
+    N = step * math.ceil(max(*sweep_n, 2 * max(whole, default=1)) / step)
+    return [Level(N // int(u), int(u)) if u >= 1 else Level(N, float(u)) for u in sorted(set(updates))]
 
 
 @dataclass
 class PilotSpec:
-    updates: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # allocation levels: updates per rollout batch, each paired with n = N / updates
+    # allocation levels: updates per rollout batch, a whole count u paired with n = N / u, a fraction with n = N
+    updates: list[float] = field(default_factory=lambda: [0.0625, 0.25, 1, 4])
     budgets: int = 3  # FLOP budgets read off the pilot's runs (1 to 3)
     share: float = 0.10  # target: pilot FLOPs / full sweep FLOPs
     cap: float = 0.25  # refuse above this share unless forced
 
     def check(self) -> None:
-        if len(set(self.updates)) < 2 or any(not (u >= 1 and float(u).is_integer()) for u in self.updates):
-            raise ConfigError(f"--updates needs two or more distinct whole numbers of updates per rollout batch (1, 2, 4 ...), got {self.updates}")
+        if len(set(self.updates)) < 2 or any(not (0 < u < 1 or (u >= 1 and float(u).is_integer())) for u in self.updates):
+            raise ConfigError("--updates needs two or more distinct levels: whole numbers of updates per rollout batch (1, 2, 4 ...) or "
+                              f"fractions below 1 (0.0625, 0.25: learning from that share of each group's completions), got {self.updates}")
         if not 1 <= self.budgets <= 3:
             raise ConfigError(f"--budgets must be 1, 2 or 3, got {self.budgets}")
         if not 0 < self.cap <= 1:
@@ -145,7 +155,7 @@ def base_overrides(cfg: DictConfig, levels: list[Level], budgets: list[float]) -
     g = cfg.grid
     return [
         f"name={cfg.name}-pilot",
-        f"grid.n=[{','.join(str(lv.n) for lv in levels)}]",
+        f"grid.n=[{','.join(str(n) for n in dict.fromkeys(lv.n for lv in levels))}]",  # fractional levels share N
         f"grid.B_p=[{min(g.B_p)}]",
         f"grid.seed=[{','.join(str(g.seed[0] + i) for i in range(SEEDS))}]",
         "grid.budget.unit=flops",
@@ -184,7 +194,7 @@ def derive(config: str | None, overrides: list[str], spec: PilotSpec, force: boo
     spec.check()
     full_cfg, full_cells = expand(config, overrides)
     full = total_flops(full_cells)
-    lvls = levels([int(u) for u in spec.updates], list(full_cfg.grid.n))
+    lvls = levels(spec.updates, list(full_cfg.grid.n))
     rewards = rewards_of(full_cfg)
     # A first expansion at a budget every cell can afford gives the most expensive step of the pilot
     # (well below the cap on a run's FLOPs, which would make the largest cells infeasible).
