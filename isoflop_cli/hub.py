@@ -44,9 +44,6 @@ class HubId:
     revision: str | None  # None: main
     path: str | None  # inside the repo (a data set's file or folder)
 
-    def __str__(self) -> str:
-        return self.repo + (f"@{self.revision}" if self.revision else "") + (f"/{self.path}" if self.path else "")
-
 
 def hub_id(value: str | None) -> HubId | None:
     """The Hub id `value` names: hf://[datasets/]org/name[@revision][/path], or a bare

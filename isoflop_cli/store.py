@@ -833,17 +833,18 @@ class SweepDir:
     def collect(self) -> pd.DataFrame:
         """results.parquet from the finished runs of the manifest, and the eval points of those an
         adaptive sweep stopped (the points a full sweep records for them too): axes + eval-point rows."""
-        frames = []
+        frames, metrics = [], set()
         for run_id, cell in self.manifest().cells.items():
             files = self.run(run_id)
             rows = files.finished_rows() or (files.read_metrics() if files.status().state == PAUSED else None)
             if rows:
                 meta = pd.DataFrame([{"run_id": run_id, **cell.columns}] * len(rows))
                 eval_points = pd.DataFrame(rows).drop(columns=[*meta.columns, *IDENTITY_KEYS], errors="ignore")
+                metrics.update(eval_points.columns)
                 frames.append(pd.concat([meta, eval_points], axis=1))
         df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-        if not df.empty:
-            df = df.sort_values(["run_id", "step"]).reset_index(drop=True)
+        if not df.empty:  # a metric no run records (kl without a KL term, value_loss without a value head) is left out
+            df = df.drop(columns=[c for c in metrics if df[c].isna().all()]).sort_values(["run_id", "step"]).reset_index(drop=True)
         atomic_write(self.results_file, df.to_parquet(index=False), root=self.path)
         self._collect_problems(df)
         return df

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ContextManager
 
 from isoflop_cli import config as config_mod
-from isoflop_cli import continuation, launchers
+from isoflop_cli import continuation, launchers, provenance
 from isoflop_cli import grid as grid_mod
 from isoflop_cli.config.schema import Schedule
 from isoflop_cli.dispatch import Dispatcher, nothing_to_run, sweep_lock
@@ -97,9 +97,11 @@ def check_same_grid(sweep_dir: SweepDir, cells: list[grid_mod.Cell], extend: boo
 
 
 def run_columns(cell: grid_mod.Cell) -> dict[str, Any]:
-    """The axis columns of a run's result rows: n, B_p, model, reward, algo, seed, lr and any extra axis."""
+    """The axis columns of a run's result rows: n, B_p, model, reward, algo, seed, lr and any extra
+    axis; and its provenance (the checkpoint, isoflop's version and commit: `provenance`)."""
     cfg = cell.cfg
-    columns = {"n": cfg.n, "B_p": cfg.B_p, "model": cfg.model.name, "reward": cfg.reward.name, "algo": cfg.algo.name, "seed": cfg.seed, "lr": cell.plan.lr}
+    columns = {"n": cfg.n, "B_p": cfg.B_p, "model": cfg.model.name, "reward": cfg.reward.name, "algo": cfg.algo.name, "seed": cfg.seed, "lr": cell.plan.lr,
+               **provenance.columns(cfg.model)}
     for key, value in cell.axes.items():
         columns.setdefault(key, value)
     return columns

@@ -124,4 +124,31 @@ def test_a_local_path_is_never_taken_for_a_hub_id(tmp_path, monkeypatch):
     (tmp_path / "org" / "tiny").mkdir(parents=True)
     assert hub_id("org/tiny") is None  # it exists here
     assert hub_id("runs/calibration/easy.parquet") is None and hub_id("./a/b") is None and hub_id("/a/b") is None
-    assert str(hub_id("org/other@v1")) == "org/other@v1" and hub_id("hf://datasets/org/sums@v1/data").path == "data"
+    assert hub_id("org/other@v1").revision == "v1" and hub_id("hf://datasets/org/sums@v1/data").path == "data"
+
+
+def test_result_rows_record_the_checkpoint_isoflop_version_and_commit_and_no_all_null_metric(hub, tmp_path, monkeypatch):
+    import re
+
+    from isoflop_cli import grid
+    from isoflop_cli.store import CellState, Manifest, SweepDir
+    from isoflop_cli.sweep import run_columns
+
+    monkeypatch.chdir(tmp_path)
+    cfg = config.load(None, [*BASE, "model.path=org/tiny", "task.train=org/sums"])
+    columns = run_columns(next(c for c in grid.expand(cfg) if c.feasible))
+    assert columns["model"] == "local" and columns["checkpoint"] == f"org/tiny@{COMMIT}"  # the commit main named in the cache
+    assert columns["isoflop_version"] and re.fullmatch(r"[0-9a-f]{40}(-dirty)?", columns["isoflop_commit"])  # this checkout's
+    assert run_columns(next(c for c in grid.expand(config.load(None, [])) if c.feasible))["checkpoint"] == "embedded:tiny-arith"
+    # results.parquet: the provenance beside the axes; a metric no run records (kl without a KL term) left out.
+    sweep = SweepDir(tmp_path / "sweep")
+    sweep.write_manifest(Manifest(cells={"a": CellState(columns={"n": 4, "B_p": 2, **{k: columns[k] for k in ("checkpoint", "isoflop_commit")}}, M=4)}))
+    files = sweep.run("a")
+    files.dir.mkdir(parents=True)
+    for step in (0, 2):
+        files.append_metrics({"step": step, "rollouts": 8 * step, "flops_total": 1e9 * step, "val_avg@k": 0.5, "kl": None, "entropy": None})
+    files.finish(files.read_metrics(), step=2, M=4)
+    sweep.collect()
+    df = pd.read_parquet(tmp_path / "sweep" / "results.parquet")
+    assert {"checkpoint", "isoflop_commit", "val_avg@k"} <= set(df.columns) and not {"kl", "entropy"} & set(df.columns)
+    assert set(df["checkpoint"]) == {f"org/tiny@{COMMIT}"}
