@@ -425,7 +425,7 @@ def calibrate(
     overrides = list(overrides or [])
     with user_errors():
         root = renamed(root, old_out, "--root", DEFAULT_ROOT / "calibration")
-        cfg = config_mod.load(config, overrides)
+        cfg = config_mod.load(config, overrides, evaluation=False)
         config_mod.check_runnable([cfg])
         cal.check(cfg)
         launchers.of(cfg.cluster).check()
@@ -482,7 +482,7 @@ def calibrate_shard(
         run_dir = renamed(run_dir, old_out, "--run-dir")
         if run_dir is None:
             raise ConfigError("calibrate-shard needs --run-dir, the job's directory")
-        cfg = config_mod.load(config, [])
+        cfg = config_mod.load(config, [], evaluation=False)
         if cfg.calibrate.rows is None:
             raise ConfigError("calibrate-shard needs calibrate.rows=[start,stop] (isoflop calibrate sets it per job)")
     if os.environ.get(EXIT_WITH_PARENT):

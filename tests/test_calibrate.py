@@ -124,3 +124,16 @@ def test_problems_of_different_difficulty_are_told_apart_and_their_spread_measur
     assert mix.p_value < 1e-6 and mix.difficulty_sd == pytest.approx(0.24, abs=0.015)
     flat = calibrate.spread(pd.Series([0.0] * 50), pd.Series([8] * 50))
     assert flat.shared and flat.dispersion is None and flat.difficulty_sd == 0
+
+
+def test_calibrate_checks_only_the_settings_it_uses(tmp_path, sums):
+    """Issue 46: calibrate refused on eval.problems (above the validation split), a sweep's setting
+    it never reads. Variant: a validation split that holds every row (task.val_fraction) and a held-out
+    set that does not exist; the refusal that remains is calibrate's own (calibrate.samples)."""
+    base = ["calibrate", "--root", str(tmp_path / "out"), "task=dataset", f"task.train={sums}", "task.max_new_tokens=6",
+            "task.max_prompt_tokens=8", "calibrate.samples=0"]
+    for unused in (["eval.problems=100000"], ["task.val_fraction=0.999", "eval.problems=300"], [f"+eval.sets={{gone:{tmp_path / 'gone.parquet'}}}"]):
+        result = CliRunner().invoke(app, [*base, *unused])
+        assert result.exit_code == 2 and "calibrate.samples" in result.output, (unused, result.output)
+    sweep = CliRunner().invoke(app, ["plan", *base[3:], "eval.problems=100000"])
+    assert sweep.exit_code == 2 and "eval.problems" in sweep.output, sweep.output

@@ -285,3 +285,33 @@ def test_every_command_s_help_shows_every_word_of_its_texts(columns, monkeypatch
         for text in texts:
             words = " ".join(text.split())
             assert words in shown, (name, columns, words)
+
+
+def test_a_config_whose_aliases_expand_beyond_the_limit_is_refused_at_once(tmp_path, monkeypatch):
+    """Issue 46: a 9^7-leaf alias bomb of lists printed nothing for 150 s. Variant: a bomb of
+    mappings (9^5 leaves) against a lowered limit, refused in one line within seconds."""
+    import time
+
+    from isoflop_cli.config import compose
+
+    monkeypatch.setattr(compose, "MAX_VALUES", 10_000)
+    levels = ["defaults:\n  - base\n  - _self_\nx0: &a0 {" + ", ".join(f"k{j}: 1" for j in range(9)) + "}\n"]
+    levels += [f"x{i}: &a{i} {{" + ", ".join(f"k{j}: *a{i - 1}" for j in range(9)) + "}\n" for i in range(1, 5)]
+    (tmp_path / "base.yaml").write_text((SWEEPS / "default.yaml").read_text())
+    (tmp_path / "bomb.yaml").write_text("".join(levels))
+    start = time.monotonic()
+    result = runner.invoke(app, ["plan", "--config", str(tmp_path / "bomb.yaml")])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and "expands to more than 10,000 values through its YAML aliases" in lines[0], result.output
+    assert time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize("given, needle", [(".", "is a directory, not a file"), ("/dev/null", "is not a regular file (a device, a pipe or a socket)")])
+def test_a_config_that_is_no_file_says_what_it_is(given, needle, tmp_path):
+    """Issue 46: a directory or /dev/zero as --config was "config file not found". Variants: the
+    current directory, /dev/null; and a dangling link."""
+    one = runner.invoke(app, ["plan", "--config", given])
+    assert one.exit_code == 2 and needle in one.output and "not found" not in one.output, one.output
+    (tmp_path / "gone.yaml").symlink_to(tmp_path / "nowhere.yaml")
+    dangling = runner.invoke(app, ["plan", "--config", str(tmp_path / "gone.yaml")])
+    assert dangling.exit_code == 2 and "is a link to nothing" in dangling.output, dangling.output

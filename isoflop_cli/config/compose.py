@@ -6,6 +6,7 @@ here, so run identity and `plan` see the values the run computes with.
 from __future__ import annotations
 
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ def resolve_sweep_path(name_or_path: str | None) -> Path:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
+            raise ConfigError(f"config file {path} {_what_is(path)}: give a YAML file")
         if path.suffix != ".yaml":  # Hydra composes a config by its name, NAME.yaml
             raise ConfigError(f"config file {path}: name it {path.stem}.yaml (Hydra reads configs by their .yaml name)")
         return path.resolve()
@@ -48,8 +49,19 @@ def resolve_sweep_path(name_or_path: str | None) -> Path:
     return path
 
 
-def load(config: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
-    """Compose `config` with `overrides`, merge into the schema and check values."""
+def _what_is(path: Path) -> str:
+    """What a path given as a config file is instead of one (a directory, a device such as
+    /dev/zero, a pipe): not "not found" where something is there."""
+    if not os.path.lexists(path):
+        return "does not exist"
+    if path.is_dir():
+        return "is a directory, not a file"
+    return "is not a regular file (a device, a pipe or a socket)" if path.exists() else "is a link to nothing"
+
+
+def load(config: str | None = None, overrides: list[str] | tuple[str, ...] = (), evaluation: bool = True) -> DictConfig:
+    """Compose `config` with `overrides`, merge into the schema and check values (`evaluation=False`:
+    not the settings only a sweep's evaluation reads, for calibrate: `validate.check`)."""
     path = resolve_sweep_path(config)
     _check_not_empty(path)
     cfg = _compose(path, list(overrides))
@@ -61,7 +73,7 @@ def load(config: str | None = None, overrides: list[str] | tuple[str, ...] = ())
     OmegaConf.set_readonly(cfg, False)
     _absolute_paths(cfg)
     resolve_device_defaults(cfg)
-    check(cfg)
+    check(cfg, evaluation=evaluation)
     return cfg
 
 
@@ -110,11 +122,18 @@ def with_values(cfg: DictConfig, values: dict[str, Any], checked: bool = True) -
     return out
 
 
+MAX_VALUES = 100_000  # a config file's nodes with every YAML alias expanded: real configs hold hundreds
+
+
 def _check_not_empty(path: Path) -> None:
     """An empty config file (or one of comments only) would compose to the bare schema and fail on
-    whatever the schema leaves unset: say what is wrong instead."""
+    whatever the schema leaves unset: say what is wrong instead. One whose aliases expand beyond
+    MAX_VALUES (an alias bomb: nine aliases of nine aliases ... of a value) is refused before Hydra
+    copies every expanded value, which takes minutes and all memory."""
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        _check_expansion(path, yaml.compose(text, Loader=yaml.SafeLoader))
+        data = yaml.safe_load(text)
     except yaml.YAMLError:
         return  # _compose names the syntax error
     except (OSError, UnicodeDecodeError) as e:
@@ -123,6 +142,29 @@ def _check_not_empty(path: Path) -> None:
         raise ConfigError(f"config file {path} is empty: start it with a defaults list (see sweeps/default.yaml)")
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must be a YAML mapping (defaults, name, grid ...), got a {type(data).__name__}")
+
+
+def _check_expansion(path: Path, root: yaml.Node | None) -> None:
+    """Count the nodes `root` stands for once its aliases are expanded, without expanding them:
+    each distinct node is counted once, from its children's counts (an alias is the node it names)."""
+    counts: dict[int, int] = {}
+
+    def count(node: yaml.Node) -> int:
+        if id(node) not in counts:
+            counts[id(node)] = 0  # a node inside itself counts as nothing here: _compose names it
+            children = [part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) else \
+                node.value if isinstance(node, yaml.SequenceNode) else []
+            counts[id(node)] = 1 + sum(count(child) for child in children)
+            if counts[id(node)] > MAX_VALUES:
+                raise ConfigError(f"config file {path} expands to more than {MAX_VALUES:,} values through its YAML aliases (*name): "
+                                  "a config holds hundreds; write the values out instead of aliasing aliases")
+        return counts[id(node)]
+
+    if root is not None:
+        try:
+            count(root)
+        except RecursionError:
+            return  # nested too deep to count: _compose names it
 
 
 def _compose(path: Path, overrides: list[str]) -> DictConfig:

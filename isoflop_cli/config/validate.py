@@ -33,9 +33,11 @@ from isoflop_cli.tracking import BACKENDS, writes_dir
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model")
 
 
-def check(cfg: DictConfig, axes: bool = True) -> None:
+def check(cfg: DictConfig, axes: bool = True, evaluation: bool = True) -> None:
     """Value checks the schema's types cannot express. `axes=False` leaves out grid.axes (checked
-    once with the sweep; grid.expand checks each combination of their values with it)."""
+    once with the sweep; grid.expand checks each combination of their values with it).
+    `evaluation=False` leaves out what only a sweep's evaluation reads (eval.problems against the
+    validation split, eval.sets): calibrate samples task.train whole and evaluates nothing."""
 
     def positive(name: str, values: list[int] | int) -> None:
         for v in values if isinstance(values, (list, tuple)) or OmegaConf.is_list(values) else [values]:
@@ -115,13 +117,14 @@ def check(cfg: DictConfig, axes: bool = True) -> None:
     if not (axes and "algo.name" in cfg.grid.axes):  # an algorithm on an axis: each of its cells is checked (grid.expand)
         _check_group(cfg)
     positive("task.max_new_tokens", cfg.task.max_new_tokens)
-    if cfg.eval.problems > MAX_EVAL_PROBLEMS:
+    if evaluation and cfg.eval.problems > MAX_EVAL_PROBLEMS:
         raise ConfigError(f"eval.problems must be <= {MAX_EVAL_PROBLEMS:,} (every eval point samples eval.samples completions of each), got {cfg.eval.problems}")
     if OmegaConf.is_missing(cfg.model, "path"):
         raise ConfigError(f"model '{cfg.model.name}' has no checkpoint path: set model.path=/path/to/checkpoint, or model=tiny-arith (the embedded model)")
-    task = _task(cfg)
+    task = _task(cfg, evaluation)
     _check_reward(cfg, task)
-    _check_eval_sets(cfg)
+    if evaluation:
+        _check_eval_sets(cfg)
     for part in ("model", "reward"):
         if cfg[part].path is not None:
             hf_config = _check_checkpoint(f"{part}.path", checkpoint_dir(cfg, part))
@@ -269,7 +272,7 @@ def cannot_make(root: Path) -> str | None:
     return None
 
 
-def _task(cfg: DictConfig) -> tasks.Task:
+def _task(cfg: DictConfig, evaluation: bool = True) -> tasks.Task:
     """The run's task, built (a dataset task reads and checks its files) and able to give what a run
     draws; the embedded model reads only its own few characters."""
     for part in ("task", "reward"):
@@ -285,7 +288,8 @@ def _task(cfg: DictConfig) -> tasks.Task:
         task = tasks.make(cfg.task)
         if cfg.model.path is None:
             task.check_alphabet(ALPHABET, "the embedded model")
-        task.check(cfg.eval.problems)
+        if evaluation:
+            task.check(cfg.eval.problems)
     except tasks.TaskError as e:
         raise ConfigError(str(e)) from None
     return task
