@@ -382,3 +382,32 @@ def test_a_sweep_dirs_results_must_be_its_manifests_runs(tmp_path):
               f"run r2 has n 4 where its cell in {ours.manifest_file} has 2: these are not this sweep's results")
     pd.read_parquet(theirs.results_file).replace({"run_id": {"r4": "r8"}}).to_parquet(ours.results_file, index=False)
     one_error(runner.invoke(app, ["replay", str(ours.path)]), f"run r8 is not a cell of {ours.manifest_file}")
+
+
+# --- rows checked against each other, not only one by one (issue 46) -------------------------------
+
+
+def test_one_prompt_with_two_answers_is_refused_naming_its_rows(tmp_path):
+    """Issue 46: the same prompt twice with two answers in a JSONL file passed, and calibrate put it
+    in both the easy and the hard set. Variant: chat-message prompts in parquet, a number and a
+    string answer; the same prompt with the same answer (3 and "3" read alike) is a duplicate, kept."""
+    chat = [{"role": "user", "content": "1+2="}]
+    rows = [{"prompt": chat, "answer": "3"}, {"prompt": [{"role": "user", "content": "2+2="}], "answer": "4"},
+            {"prompt": chat, "answer": "3"}, {"prompt": [{"role": "user", "content": "2+3="}], "answer": "5"}, {"prompt": chat, "answer": "30"}]
+    pd.DataFrame(rows).to_parquet(tmp_path / "chat.parquet")
+    one_error(runner.invoke(app, [*DATASET, f"task.train={tmp_path / 'chat.parquet'}"]),
+              "chat.parquet rows 0 and 4: the same prompt '1+2=' has two answers ('3', '30')")
+    (tmp_path / "same.jsonl").write_text('{"prompt": "1+2=", "answer": 3}\n{"prompt": "1+2=", "answer": "3"}\n{"prompt": "2+2=", "answer": 4}\n')
+    assert len(read_rows(str(tmp_path / "same.jsonl"), "task.train", "prompt", "answer")) == 3
+
+
+def test_a_validation_file_that_is_the_training_file_is_said(tmp_path):
+    """Issue 46: task.val equal to task.train passed silently. Variant: the same file through a link
+    under another name (one warning line on stderr; the plan goes on: it may be intended)."""
+    (tmp_path / "train.jsonl").write_text("".join(f'{{"prompt": "{a}+1=", "answer": {a + 1}}}\n' for a in range(8)))
+    (tmp_path / "val.jsonl").symlink_to(tmp_path / "train.jsonl")
+    result = runner.invoke(app, [*DATASET, f"task.train={tmp_path / 'train.jsonl'}", f"task.val={tmp_path / 'val.jsonl'}"])
+    warned = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code == 0 and len(warned) == 1 and warned[0].startswith("warning: task.val ") and "is the training file" in warned[0], result.output
+    other = runner.invoke(app, [*DATASET, f"task.train={tmp_path / 'train.jsonl'}", "task.val_fraction=0.5"])
+    assert other.exit_code == 0 and "is the training file" not in other.output, other.output

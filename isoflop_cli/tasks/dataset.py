@@ -20,7 +20,9 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import random
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -95,6 +97,9 @@ class DatasetTask(Task):
             self.rows_of = {"train": train, "val": train}
         elif self.val:
             self.rows_of = {"train": train, "val": read_rows(self.val, "task.val", self.prompt_key, self.answer_key, self.download)}
+            if _same_file(self.train, self.val):
+                _warn_once(f"task.val {self.val} is the training file task.train: the validation score is measured on the problems "
+                           "the runs train on (leave task.val out to hold task.val_fraction of them aside)")
         else:
             held = [in_validation(row.text(), self.val_fraction) for row in train]
             self.rows_of = {"train": tuple(r for r, h in zip(train, held) if not h), "val": tuple(r for r, h in zip(train, held) if h)}
@@ -233,7 +238,33 @@ def _read_rows(path: str, _mtime: int, _size: int, what: str, prompt_key: str, a
     rows = records(Path(path), what)
     if not rows:
         raise TaskError(f"{what} {path} holds no rows")
-    return tuple(_row(i, record, f"{what} {path} row {i}", prompt_key, answer_key) for i, record in enumerate(rows))
+    return _consistent(tuple(_row(i, record, f"{what} {path} row {i}", prompt_key, answer_key) for i, record in enumerate(rows)), f"{what} {path}")
+
+
+def _consistent(rows: tuple[Row, ...], where: str) -> tuple[Row, ...]:
+    """Rows that agree with each other: one prompt given two answers is refused, naming its rows.
+    Each row alone is well formed, but a verifier would mark one of the two right answers wrong, and
+    calibrate would put the prompt in both its easy and its hard set."""
+    first: dict[str | Messages, Row] = {}
+    for row in rows:
+        seen = first.setdefault(row.prompt, row)
+        if seen.answer != row.answer:
+            raise TaskError(f"{where} rows {seen.index} and {row.index}: the same prompt {row.text()[:60]!r} has two answers "
+                            f"({seen.answer!r}, {row.answer!r}); keep one of them")
+    return rows
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # a Hub id, or a file read_rows has named already
+        return a == b
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    """A warning on stderr, once per process (the config is checked again for each grid cell)."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def records(path: Path, what: str) -> list[dict]:
