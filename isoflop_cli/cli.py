@@ -526,9 +526,17 @@ def logs(
         sweep_dir = sweep_mod.existing(path)
         if run_id not in sweep_dir.manifest().cells:
             raise ConfigError(f"no run '{run_id}' in {path}: `isoflop status {path}` lists its runs")
+    with user_errors():  # a log that cannot be read (permissions, a directory in its place) is one line
+        shown = _show_log(sweep_dir, run_id, follow)
+    if not shown:
+        console.print(f"no log yet for {run_id}: its job has not started, or no sweep has watched it", style="dim")
+
+
+def _show_log(sweep_dir: SweepDir, run_id: str, follow: bool) -> str:
+    """Print the run's job.log (with `follow`, as it grows while a sweep watches the run); returns what was shown."""
     files, shown = sweep_dir.run(run_id), ""
     while True:
-        text = files.log.read_text(errors="replace") if files.log.exists() else ""
+        text = files.read_log()
         if not text.startswith(shown):  # a retry's job: its own log from the start
             console.print(f"--- {run_id}: a new attempt's log ---", style="dim")
             shown = ""
@@ -536,13 +544,11 @@ def logs(
         sys.stdout.flush()
         shown = text
         if not follow or sweep_dir.manifest().cells[run_id].state in DONE_WITH:
-            break
+            return shown
         if not watched(sweep_dir.path):  # no sweep copies it any more (ended or killed): what is there is all
-            console.print(f"--- no sweep is watching {path}; rerun the sweep to go on ---", style="dim")
-            break
+            console.print(f"--- no sweep is watching {sweep_dir.path}; rerun the sweep to go on ---", style="dim")
+            return shown
         time.sleep(0.5)
-    if not shown:
-        console.print(f"no log yet for {run_id}: its job has not started, or no sweep has watched it", style="dim")
 
 
 @app.command()

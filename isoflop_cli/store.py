@@ -15,7 +15,10 @@ dispatcher owns the manifest and results. Both sides use this module and nothing
 Every file is written here (`atomic_write`, `_append`), into a directory opened component by
 component below the sweep dir without following a link (`_open_dir`): a link placed in the tree (a
 run dir pointing elsewhere) is refused, never written through; `SweepDir.check_tree` refuses one
-before a sweep computes anything. New files and directories get the umask's mode less o+w
+before a sweep computes anything, and a state file that could not be written there (a directory in
+its place, a read-only or immutable file). Every read and write goes through `on_disk`: an OSError
+the user must fix (permission denied, immutable, a directory where a file belongs, a name too long)
+is one line naming the path, what failed and what to do, never a traceback. New files and directories get the umask's mode less o+w
 (FILE_MODE, DIR_MODE): readable by the team as the user's tools make them, never world-writable.
 
 A run's records carry its identity (`Identity`: its run id and its config's fingerprint), checked
@@ -47,7 +50,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, Iterator, NoReturn
 
 import pandas as pd
 
@@ -59,6 +62,8 @@ PROBLEMS = "problems.parquet"
 MANIFEST = "manifest.json"
 CHECKPOINT_STATE = "run_state.pt"  # a checkpoint's progress, scheduler and RNG states (recipe/resume.py writes it)
 CHECKPOINT_FILES = "files.json"  # the file a whole checkpoint ends with: each of its files and its size
+STATE_FILES = {"sweep.yaml", MANIFEST, RESULTS, PROBLEMS, "cost.json",  # a sweep dir's, then a run dir's
+               "config.yaml", "metrics.jsonl", "status.json", "job.log", "lease.json", "problems.jsonl"}
 
 # Run states, as status.json and the manifest spell them.
 PENDING, SUBMITTED, RUNNING, FINISHED, FAILED, STOPPED = "pending", "submitted", "running", "finished", "failed", "stopped"
@@ -85,6 +90,11 @@ def atomic_write(path: Path, data: str | bytes, durable: bool = True, root: Path
     (`_open_dir`). `durable`: on disk before the rename (an fsync, ~1 ms), so that a crash of the
     machine cannot leave the file empty; what the next write replaces anyway (a running run's
     progress) need not pay for it."""
+    with on_disk(path, "write"):
+        _atomic_write(path, data, durable, root)
+
+
+def _atomic_write(path: Path, data: str | bytes, durable: bool, root: Path | None) -> None:
     directory = _open_dir(path.parent, root)
     tmp = f".{path.name}.{uuid.uuid4().hex[:12]}"
     try:
@@ -156,6 +166,36 @@ def not_own(path: Path, root: Path) -> ConfigError:
     kind = "a symbolic link" if path.is_symlink() else "not a directory"
     return ConfigError(f"{path} is {kind} where {root}'s own files belong: isoflop writes a sweep's state only inside its own "
                        "tree, never through a link; nothing was changed; move it aside and rerun")
+
+
+# What the user does about an OSError on a state file: the errnos the same command meets again
+# until someone changes the file system. Others (EIO, a stale NFS handle) are raised as they are.
+FIXES = {
+    errno.EACCES: "permission denied: fix its permissions or its directory's (chmod), or its immutable attribute (lsattr; chattr -i)",
+    errno.EPERM: "operation not permitted: it may be immutable (lsattr; chattr -i) or another user's",
+    errno.EROFS: "the file system is read-only: give a --root on a writable one",
+    errno.EISDIR: "it is a directory where a file belongs: move it aside",
+    errno.ENOTDIR: "a file stands where a directory of its path belongs: move it aside",
+    errno.ENAMETOOLONG: "a name in its path is too long for the file system: use a shorter --root or sweep name",
+}
+
+
+@contextlib.contextmanager
+def on_disk(path: Path, doing: str) -> Iterator[None]:
+    """Every read and write of a sweep's state goes through here: an OSError the user must fix (FIXES)
+    becomes one line (ConfigError, exit 2) naming `path`, what failed in words and what to do,
+    never a traceback; a full disk is left to its own message (freeing space resumes the sweep)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in FIXES or is_disk_full(e):
+            raise
+        raise fs_error(e, path, doing) from None
+
+
+def fs_error(e: OSError, path: Path, doing: str) -> ConfigError:
+    """`doing` ("read", "write") `path` failed: why in words, and what to do."""
+    return ConfigError(f"cannot {doing} {path}: {FIXES.get(e.errno, e.strerror or type(e).__name__)}")
 
 
 def is_disk_full(e: BaseException) -> bool:
@@ -248,12 +288,15 @@ class RunFiles:
         fit its schema is refused (ConfigError naming the file), never taken for pending or for
         finished: either would rewrite or drop the run's records on a guess."""
         try:
-            status = RunStatus.from_json(json.loads(self.status_file.read_text()))
+            text = self.status_file.read_text()
         except (FileNotFoundError, NotADirectoryError):
             return RunStatus()
-        except (OSError, ValueError, RecursionError) as e:
-            why = _unreadable(e)
-            raise ConfigError(f"{self.status_file} is not a readable run status ({why}): nothing was changed; "
+        except OSError as e:  # it is there but cannot be read: not damaged, and not to be thrown away
+            raise fs_error(e, self.status_file, "read") from None
+        try:
+            status = RunStatus.from_json(json.loads(text))
+        except (ValueError, RecursionError) as e:
+            raise ConfigError(f"{self.status_file} is not a well-formed run status ({_malformed(e)}): nothing was changed; "
                               "fix it or move it aside (the run is then redone)") from None
         self._check_status(status)
         return status
@@ -309,7 +352,7 @@ class RunFiles:
         status = self.status()
         if status.state != FINISHED:
             return None
-        text = self.metrics.read_text() if self.metrics.exists() else ""
+        text = read_text(self.metrics) if self.metrics.exists() else ""
         sealed = status.rows
         if sealed is None:
             rows = self.read_metrics()
@@ -350,7 +393,11 @@ class RunFiles:
         error = self.status().error
         if error:
             return str(error)
-        return last_exception(self.log.read_text(errors="replace")) if self.log.exists() else None
+        return last_exception(self.read_log()) if self.log.exists() else None
+
+    def read_log(self) -> str:
+        """job.log as far as it is written ("" before the sweep copies it)."""
+        return read_text(self.log, errors="replace") if self.log.exists() else ""
 
     def reset_metrics(self) -> None:
         """A run that starts over starts its metrics (and per-problem records) over: no duplicated rows."""
@@ -441,6 +488,11 @@ def _first_difference(kept: list[dict], sealed: list[dict]) -> int:
 
 def _append(path: Path, row: dict, root: Path | None) -> None:
     """One line at the end of `path`, never through a link (it would append to another file)."""
+    with on_disk(path, "write"):
+        _append_line(path, row, root)
+
+
+def _append_line(path: Path, row: dict, root: Path | None) -> None:
     directory = _open_dir(path.parent, root)
     try:
         fd = os.open(path.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE, dir_fd=directory)
@@ -461,7 +513,7 @@ def _read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []
     rows = []
-    for line in path.read_text().splitlines():
+    for line in read_text(path).splitlines():
         try:
             row = json.loads(line)
         except (json.JSONDecodeError, RecursionError):
@@ -469,6 +521,12 @@ def _read_jsonl(path: Path) -> list[dict]:
         if isinstance(row, dict):  # a line that parses to something else is not one of the run's rows either
             rows.append(row)
     return rows
+
+
+def read_text(path: Path, errors: str = "strict") -> str:
+    """A state file's text (`on_disk`: one that cannot be read is one line saying why)."""
+    with on_disk(path, "read"):
+        return path.read_text(errors=errors)
 
 
 def _jsonl(rows: list[dict]) -> str:
@@ -642,9 +700,9 @@ def _is(value: Any, kind: str) -> bool:
     return _CHECKS[kind](value)
 
 
-def _unreadable(e: Exception) -> str:
-    """Why a JSON record (a manifest, a run's status) was not read, for its one-line refusal."""
-    return (e.strerror or str(e)) if isinstance(e, OSError) else "nested too deep" if isinstance(e, RecursionError) else str(e)
+def _malformed(e: Exception) -> str:
+    """Why a JSON record (a manifest, a run's status) that was read does not parse, for its one-line refusal."""
+    return "nested too deep" if isinstance(e, RecursionError) else str(e)
 
 
 def _eval_point(row: Any) -> bool:
@@ -777,13 +835,24 @@ class SweepDir:
         """Before a sweep computes anything: no link where its own files are (the sweep dir, its
         entries, runs/, each run dir and its entries), and no file where a run's directory belongs.
         Writes check this too (`_open_dir`); refused here, nothing is written at all."""
-        for path in self._tree():
-            if path.is_symlink():
-                raise not_own(path, self.path)
-        runs = self.path / "runs"
-        for run_dir in (runs.iterdir() if runs.is_dir() else ()):
-            if not run_dir.is_dir():
-                raise not_own(run_dir, self.path)
+        with on_disk(self.path, "read"):
+            for path in self._tree():
+                if path.is_symlink():
+                    raise not_own(path, self.path)
+                self._check_writable(path)
+            runs = self.path / "runs"
+            for run_dir in (runs.iterdir() if runs.is_dir() else ()):
+                if not run_dir.is_dir():
+                    raise not_own(run_dir, self.path)
+
+    def _check_writable(self, path: Path) -> None:
+        """One of the sweep's own files or directories can be written where the sweep will write it:
+        a state file is a file, not a directory, and nothing is read-only or immutable (a run would
+        meet it only after its compute, as a traceback)."""
+        if path.name in STATE_FILES and path.is_dir():
+            raise fs_error(IsADirectoryError(errno.EISDIR, "is a directory"), path, "write")
+        if path.exists() and not os.access(path, os.W_OK):  # mode bits for others; an immutable file or dir (chattr +i) for root too
+            raise fs_error(PermissionError(errno.EACCES, "permission denied"), path, "write")
 
     def _tree(self):
         yield self.path
@@ -799,12 +868,15 @@ class SweepDir:
         refused (ConfigError naming the file), never taken for empty: a sweep would then write its
         own cells over it, and every other finished run would drop out of results.parquet."""
         try:
-            return Manifest.from_json(json.loads(self.manifest_file.read_text()))
+            text = self.manifest_file.read_text()
         except (FileNotFoundError, NotADirectoryError):  # no manifest there (NotADirectory: the dir's path runs through a file)
             return Manifest()
-        except (OSError, ValueError, RecursionError) as e:  # unreadable, not JSON (a torn, cut or absurdly nested file), or not a manifest
-            why = _unreadable(e)
-            raise ConfigError(f"{self.manifest_file} is not a readable sweep manifest ({why}): nothing was changed; "
+        except OSError as e:  # there, but not readable (permissions, a directory, a name too long): not damaged
+            raise fs_error(e, self.manifest_file, "read") from None
+        try:
+            return Manifest.from_json(json.loads(text))
+        except (ValueError, RecursionError) as e:  # not JSON (a torn, cut or absurdly nested file), or not a manifest
+            raise ConfigError(f"{self.manifest_file} is not a well-formed sweep manifest ({_malformed(e)}): nothing was changed; "
                               "move it aside to rebuild it from the grid (finished runs in runs/ are found again)") from None
 
     def write_manifest(self, manifest: Manifest) -> None:

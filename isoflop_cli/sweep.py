@@ -23,7 +23,7 @@ from isoflop_cli.config.schema import Schedule
 from isoflop_cli.dispatch import Dispatcher, nothing_to_run, sweep_lock
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.config import identity
-from isoflop_cli.store import FINISHED, PAUSED, CellState, Infeasible, Manifest, SweepDir, SweepSchedule
+from isoflop_cli.store import FINISHED, PAUSED, CellState, Infeasible, Manifest, SweepDir, SweepSchedule, on_disk
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -229,7 +229,9 @@ def doctor(sweep_dir: SweepDir, cfg, view: View) -> list:
 
 def existing(path: Path) -> SweepDir:
     """A sweep dir that `status` and `logs` read: it exists and holds a readable manifest."""
-    if not path.is_dir():
+    with on_disk(path, "read"):  # a name too long, a directory it may not enter: said as that
+        there = path.is_dir()
+    if not there:
         raise ConfigError(f"no such sweep directory: {path}")
     sweep_dir = SweepDir(path)
     if not sweep_dir.manifest_file.exists():

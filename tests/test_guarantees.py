@@ -151,7 +151,7 @@ def test_a_manifest_that_cannot_be_read_is_refused_never_written_over(tmp_path):
     before = {p: p.read_bytes() for p in sweep.path.rglob("*") if p.is_file()}
     for command in (["sweep", *args, "grid.n=[4]"], ["sweep", *args, "grid.n=[4]", "--extend"], ["sweep", *args, "grid.n=[2]"],
                     ["plan", *args, "grid.n=[2]"], ["status", str(sweep.path)], ["logs", str(sweep.path), cells[0].run_id]):
-        one_error_line(runner.invoke(app, command), f"{sweep.manifest_file} is not a readable sweep manifest")
+        one_error_line(runner.invoke(app, command), f"{sweep.manifest_file} is not a well-formed sweep manifest")
         assert {p: p.read_bytes() for p in sweep.path.rglob("*") if p.is_file()} == before, command
 
 

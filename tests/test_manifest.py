@@ -125,14 +125,14 @@ def test_a_manifest_that_does_not_fit_its_schema_is_refused_naming_the_file(tmp_
     sweep = sweep_with(tmp_path, text)
     with pytest.raises(ConfigError) as e:
         sweep.manifest()
-    assert str(e.value).startswith(f"{sweep.manifest_file} is not a readable sweep manifest (") and why in str(e.value), str(e.value)
+    assert str(e.value).startswith(f"{sweep.manifest_file} is not a well-formed sweep manifest (") and why in str(e.value), str(e.value)
     assert "\n" not in str(e.value)
 
 
 def test_a_manifest_that_cannot_be_opened_is_refused_too(tmp_path):
     sweep = SweepDir(tmp_path)
     sweep.manifest_file.mkdir()
-    with pytest.raises(ConfigError, match="is not a readable sweep manifest"):
+    with pytest.raises(ConfigError, match="cannot read .*manifest.json: it is a directory where a file belongs: move it aside"):
         sweep.manifest()
     assert SweepDir(tmp_path / "new").manifest() == Manifest()  # none yet: a new sweep dir
 

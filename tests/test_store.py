@@ -172,3 +172,107 @@ def test_files_and_dirs_follow_the_umask_and_are_never_world_writable(tmp_path, 
     modes = {p.name: p.stat().st_mode & 0o777 for p in made}
     want = {True: 0o777 & ~umask & ~0o002, False: 0o666 & ~umask & ~0o002}
     assert modes == {p.name: want[p.is_dir()] for p in made}
+
+
+# --- file-system errors on a sweep's state: one line naming the path and what failed (issue 46) -----
+
+from pathlib import Path  # noqa: E402
+
+from typer.testing import CliRunner  # noqa: E402
+
+from isoflop_cli.cli import app  # noqa: E402
+from isoflop_cli.errors import ConfigError  # noqa: E402
+
+ROWS = [{"step": s, "rollouts": 8 * s, "flops_total": 1e9 * s, "val_avg@k": 0.1 * s} for s in (0, 2, 4)]
+
+
+def _sealed(tmp_path) -> SweepDir:
+    sweep = SweepDir(tmp_path / "sweep")
+    sweep.write_manifest(Manifest(cells={"a": CellState(columns={"n": 4, "B_p": 2}, M=4)}))
+    files = sweep.run("a")
+    files.finish(ROWS, step=4, M=4)
+    files.write_log("the job's log\n")
+    return sweep
+
+
+def _denied(monkeypatch, where: Path, error=PermissionError) -> None:
+    """Reading `where` fails as a file the user may not read does (root reads any mode, so the
+    refusal is injected rather than made with chmod)."""
+    read_text = Path.read_text
+
+    def refuse(self, *args, **kwargs):
+        if self == where:
+            raise error(13 if error is PermissionError else 36, os.strerror(13 if error is PermissionError else 36), str(self))
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", refuse)
+
+
+def _one_line(result, needle: str) -> str:
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize("state_file, command", [("status.json", "status"), ("job.log", "logs"), ("metrics.jsonl", "status")])
+def test_a_state_file_that_cannot_be_read_is_one_line_saying_so_not_a_damaged_record(tmp_path, monkeypatch, state_file, command):
+    """Issue 46: a permissions error on status.json advised "move it aside (the run is then
+    redone)", throwing a finished run away; an unreadable job.log or metrics.jsonl was a traceback.
+    Variants: each file under the command that reads it, read denied; the files are left as they are."""
+    sweep = _sealed(tmp_path)
+    files = sweep.run("a")
+    if state_file == "metrics.jsonl":  # status reads a running run's metrics
+        files.set_status(RUNNING, step=2)
+    before = {p: p.read_bytes() for p in sweep.path.rglob("*") if p.is_file()}
+    _denied(monkeypatch, files.dir / state_file)
+    line = _one_line(CliRunner().invoke(app, [command, str(sweep.path), *(["a"] if command == "logs" else [])]),
+                     f"cannot read {files.dir / state_file}: permission denied: fix its permissions")
+    assert "move it aside" not in line and "redone" not in line
+    monkeypatch.undo()
+    assert {p: p.read_bytes() for p in sweep.path.rglob("*") if p.is_file()} == before
+
+
+def test_state_files_that_cannot_be_written_or_named_are_one_line_naming_them(tmp_path, monkeypatch):
+    """Issue 46: a directory in place of results.parquet, an immutable results.parquet and an
+    --root past the file-name limit were tracebacks (exit 1). Variants through the one writer and
+    readers: problems.parquet a directory, a rename refused as an immutable file refuses it (EPERM),
+    a sweep dir whose name is too long under `status` and under the store's own writes."""
+    sweep = _sealed(tmp_path)
+    (sweep.path / "problems.parquet").mkdir()
+    with pytest.raises(ConfigError, match=r"cannot write .*problems.parquet: it is a directory where a file belongs: move it aside"):
+        sweep.collect()
+    (sweep.path / "problems.parquet").rmdir()
+    replace = os.replace
+
+    def immutable(src, dst, *args, **kwargs):
+        if str(dst).endswith(store.RESULTS):
+            raise PermissionError(1, os.strerror(1), dst)
+        return replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", immutable)
+    with pytest.raises(ConfigError, match=r"cannot write .*results.parquet: operation not permitted: it may be immutable \(lsattr; chattr -i\)"):
+        sweep.collect()
+    monkeypatch.undo()
+    assert [p.name for p in sweep.path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+    too_long = tmp_path / ("x" * 300)
+    _one_line(CliRunner().invoke(app, ["status", str(too_long)]), f"cannot read {too_long}: a name in its path is too long")
+    with pytest.raises(ConfigError, match="a name in its path is too long for the file system: use a shorter --root"):
+        SweepDir(too_long).write_manifest(Manifest())
+    with pytest.raises(ConfigError, match="cannot read .*manifest.json: a name in its path is too long"):
+        _denied(monkeypatch, sweep.manifest_file, OSError)
+        sweep.manifest()
+
+
+def test_a_sweep_refuses_state_it_could_not_write_before_any_compute(tmp_path, monkeypatch):
+    """Issue 46: results.parquet a directory, or a read-only (immutable) run dir, was found only
+    when the sweep wrote there, after its compute. Variants: sweep.yaml a directory; a run dir that
+    is not writable (os.access says so for root too where it is immutable)."""
+    sweep = _sealed(tmp_path)
+    sweep.config_file.mkdir()
+    with pytest.raises(ConfigError, match=r"cannot write .*sweep.yaml: it is a directory where a file belongs"):
+        sweep.check_tree()
+    sweep.config_file.rmdir()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != sweep.run("a").dir and access(path, mode, **kw))
+    with pytest.raises(ConfigError, match=r"cannot write .*runs/a: permission denied: .*chattr -i"):
+        sweep.check_tree()
