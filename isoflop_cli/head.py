@@ -19,6 +19,7 @@ import fcntl
 import json
 import os
 import random
+import resource
 import secrets
 import shutil
 import signal
@@ -139,6 +140,42 @@ def _is_head(pid, info_file: Path, nonce: str | None = None) -> bool:
 def _owns(temp_dir: str | None, info_file: Path, nonce: str | None) -> bool:
     """`temp_dir` was made for the head of this `info_file` with this `nonce` (its marker says so)."""
     return nonce is not None and temp_dir is not None and read_json(Path(temp_dir) / TEMP_MARKER) == {"info": str(info_file), "nonce": nonce}
+
+
+MIN_OPEN_FILES = 1024  # a local head's processes, each with its sockets, pipes and logs: at 64 Ray stalls for minutes
+MIN_ADDRESS_SPACE = 32 << 30  # per process: the raylet alone reserves ~7 GiB it never touches, a job's Python with torch more
+SOCKET_PATH_MAX = 107  # bytes of a unix socket's path (sun_path, less its NUL)
+# The longest socket path a local head binds, below the temp dir: mkdtemp's name, Ray's session dir
+# (its date, microseconds and the pid of `ray start`, PID below), the plasma store's socket.
+RAY_SOCKET = f"/isoflop-ray-xxxxxxxx/{RAY_DIR}/session_2026-01-01_00-00-00_000000_PID/sockets/plasma_store"
+
+
+def _pid_digits() -> int:
+    """The most digits a pid has on this machine (kernel.pid_max)."""
+    try:
+        return len(str(int(Path("/proc/sys/kernel/pid_max").read_text()) - 1))
+    except (OSError, ValueError):
+        return 7  # Linux's largest pid_max, 4194304
+
+
+def check_limits() -> None:
+    """The machine's limits a local Ray head needs, checked before it starts: below them Ray fails
+    minutes later, as "no room" in the cluster or "exited (1)" with the reason deep in its log.
+    Open files (ulimit -n), address space (ulimit -v), and the length of the socket paths Ray binds
+    under the temp dir ($TMPDIR): each refused in one line with what to do."""
+    files, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if files != resource.RLIM_INFINITY and files < MIN_OPEN_FILES:
+        raise ConfigError(f"the open-files limit is {files} (ulimit -n); a local Ray head needs at least {MIN_OPEN_FILES:,}: raise it "
+                          f"(ulimit -n {MIN_OPEN_FILES if hard == resource.RLIM_INFINITY else min(max(hard, 0), 65536)}) and rerun")
+    space, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if space != resource.RLIM_INFINITY and space < MIN_ADDRESS_SPACE:
+        raise ConfigError(f"the address-space limit is {space / 2**30:.3g} GiB (ulimit -v); a local Ray head's processes reserve more than "
+                          f"they use and need at least {MIN_ADDRESS_SPACE >> 30} GiB each: lift it (ulimit -v unlimited) and rerun")
+    longest = len(os.fsencode(os.path.abspath(tempfile.gettempdir()))) + len(RAY_SOCKET.replace("PID", "0" * _pid_digits()))
+    if longest > SOCKET_PATH_MAX:
+        raise ConfigError(f"the temp dir {tempfile.gettempdir()} ($TMPDIR) is too long for a local Ray head's unix sockets: their paths "
+                          f"there reach {longest} bytes, at most {SOCKET_PATH_MAX} are possible; set TMPDIR to a short directory "
+                          "(such as /tmp) and rerun")
 
 
 def _start_head(cluster: DictConfig, info_file: Path, timeout_s: float = 180) -> HeadRecord:
@@ -398,6 +435,7 @@ class RayLauncher:
         if self.cluster.cpus_per_run > self._local_cpus():
             raise ConfigError(f"cluster.cpus_per_run={self.cluster.cpus_per_run} is more than the local head's {self._local_cpus()} CPUs "
                               "(cluster.local_cpus)")
+        check_limits()
 
     def capacity(self, cells: int) -> int:
         """A cluster queues every job; a local head runs what its CPUs hold."""

@@ -340,3 +340,44 @@ def test_a_cluster_asking_for_a_token_the_cli_lacks_is_one_line_before_anything_
     assert result.stderr.strip().splitlines() == [f"error: the Ray cluster at {ray_address} asks for a token: set RAY_AUTH_MODE=token, with the "
                                                   "cluster's token in ~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"]
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("limit, value, needle", [
+    ("RLIMIT_NOFILE", 256, "the open-files limit is 256 (ulimit -n); a local Ray head needs at least 1,024: raise it"),
+    ("RLIMIT_AS", 8 << 30, "the address-space limit is 8 GiB (ulimit -v)"),
+])
+def test_the_machines_limits_for_a_local_head_are_named_before_it_starts(tmp_path, monkeypatch, limit, value, needle):
+    """Issue 46: under `ulimit -n 64` a sweep was silent for 120 s, then "no room even for it";
+    under `ulimit -v` the head "exited (1) ... see ray-head.log". Variants: 256 open files, 8 GiB of
+    address space; one line, exit 2, and no head started (no ray-head.json, no log)."""
+    import resource
+
+    from typer.testing import CliRunner
+
+    from isoflop_cli.cli import app
+
+    getrlimit = resource.getrlimit
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (value, resource.RLIM_INFINITY) if which == getattr(resource, limit) else getrlimit(which))
+    result = CliRunner().invoke(app, ["sweep", "--root", str(tmp_path / "out"), *TINY, "grid.budgets=[16]"])
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 2 and len(lines) == 1 and needle in lines[0], result.output
+    assert not list((tmp_path / "out").rglob("ray-head.*"))
+
+
+def test_a_temp_dir_too_long_for_rays_sockets_is_named_before_a_head_starts(tmp_path, monkeypatch):
+    """Issue 46: a TMPDIR longer than a unix socket's path allows gave "local Ray head exited (1)".
+    Variant: a TMPDIR of nested directories, itself well under the limit (Ray's socket paths below
+    it pass it), refused without starting anything; /tmp passes."""
+    import tempfile
+
+    from isoflop_cli import head
+
+    deep = tmp_path.joinpath(*["d" * 9] * 8)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    monkeypatch.setenv("TMPDIR", str(deep))
+    with pytest.raises(ConfigError, match=rf"the temp dir {deep} \(\$TMPDIR\) is too long for a local Ray head's unix sockets: .* set TMPDIR"):
+        head.check_limits()
+    monkeypatch.setenv("TMPDIR", "/tmp")
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    head.check_limits()
