@@ -411,3 +411,38 @@ def test_a_validation_file_that_is_the_training_file_is_said(tmp_path):
     assert result.exit_code == 0 and len(warned) == 1 and warned[0].startswith("warning: task.val ") and "is the training file" in warned[0], result.output
     other = runner.invoke(app, [*DATASET, f"task.train={tmp_path / 'train.jsonl'}", "task.val_fraction=0.5"])
     assert other.exit_code == 0 and "is the training file" not in other.output, other.output
+
+
+# --- a reader holds a bounded row and file (issue 46) ----------------------------------------------
+
+
+def test_an_oversized_row_is_refused_before_it_is_read_into_python(tmp_path, monkeypatch):
+    """Issue 46: one 200 MB prompt line passed plan and the preflight, then every attempt was
+    OOM-killed. Here a 3 MB row against limits lowered for the test: a JSONL line refused while
+    reading at most the limit of it (json never sees it, the reader's peak memory stays below the
+    row), and the variant, a 3 MB chat message in a parquet file, refused from Arrow's value lengths
+    before pandas converts a row; a file above the file limit is refused from its size alone."""
+    import tracemalloc
+
+    from isoflop_cli.tasks import bounds, dataset
+
+    monkeypatch.setattr(bounds, "ROW_ALLOWANCE", 64 << 10)
+    big = "9" * (3 << 20)
+    (tmp_path / "big.jsonl").write_text('{"prompt": "1+2=", "answer": 3}\n' f'{{"prompt": "{big}+1=", "answer": 4}}\n{{"prompt": "2+2=", "answer": 4}}\n')
+    loads = json.loads
+    monkeypatch.setattr(dataset.json, "loads", lambda text: loads(text) if len(text) < (64 << 10) + 8 * 64 + 2 else pytest.fail("read whole"))
+    line = one_error(runner.invoke(app, [*DATASET, f"task.train={tmp_path / 'big.jsonl'}"]), "big.jsonl line 2 holds 3.0 MiB, above the 64.5 KiB a row may hold")
+    assert "64 bytes per token of task.max_prompt_tokens" in line
+    tracemalloc.start()
+    with pytest.raises(dataset.TaskError, match="line 2 holds 3.0 MiB"):
+        read_rows(str(tmp_path / "big.jsonl"), "task.train", "prompt", "answer", prompt_tokens=8)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < len(big) // 4, peak
+    monkeypatch.setattr(dataset.json, "loads", loads)
+    rows = [{"prompt": [{"role": "user", "content": c}], "answer": a} for c, a in (("1+2=", "3"), (big, "4"), ("2+2=", "4"))]
+    pd.DataFrame(rows).to_parquet(tmp_path / "big.parquet", row_group_size=2)
+    monkeypatch.setattr(pd, "read_parquet", lambda *a, **k: pytest.fail("converted"))
+    one_error(runner.invoke(app, [*DATASET, f"task.train={tmp_path / 'big.parquet'}"]), "big.parquet row 1 holds 3.0 MiB, above the 64.5 KiB")
+    monkeypatch.setattr(bounds, "MAX_FILE_BYTES", 1 << 20)
+    one_error(runner.invoke(app, [*DATASET, f"task.train={tmp_path / 'big.parquet'}"]), "a problem file may hold (every run keeps all its rows in memory)")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from isoflop_cli import hub
+from isoflop_cli.tasks import bounds
 from isoflop_cli.tasks.base import Problem, Task, TaskError, Verdict, in_validation
 from isoflop_cli.tasks.verifiers import VERIFIERS
 
@@ -91,12 +92,12 @@ class DatasetTask(Task):
                    system_prompt=task.system_prompt, instruction=task.instruction, verifier=task.verifier, download=task.download)
 
     def __post_init__(self) -> None:
-        train = read_rows(self.train, self.key or "task.train", self.prompt_key, self.answer_key, self.download)
+        train = read_rows(self.train, self.key or "task.train", self.prompt_key, self.answer_key, self.download, self.prompt_limit)
         self.rows_of: dict[str, tuple[Row, ...]]  # each split's rows as read, before prompts are made
         if self.key:  # a held-out set: the whole file is validation
             self.rows_of = {"train": train, "val": train}
         elif self.val:
-            self.rows_of = {"train": train, "val": read_rows(self.val, "task.val", self.prompt_key, self.answer_key, self.download)}
+            self.rows_of = {"train": train, "val": read_rows(self.val, "task.val", self.prompt_key, self.answer_key, self.download, self.prompt_limit)}
             if _same_file(self.train, self.val):
                 _warn_once(f"task.val {self.val} is the training file task.train: the validation score is measured on the problems "
                            "the runs train on (leave task.val out to hold task.val_fraction of them aside)")
@@ -220,9 +221,10 @@ def held_out(task_cfg, path: str, key: str) -> DatasetTask:
                        download=task_cfg.download)
 
 
-def read_rows(path: str, what: str, prompt_key: str, answer_key: str, download: bool = False) -> tuple[Row, ...]:
+def read_rows(path: str, what: str, prompt_key: str, answer_key: str, download: bool = False, prompt_tokens: int | None = None) -> tuple[Row, ...]:
     """The problems of one file (a Hub data set's, from the local Hugging Face cache: `hub`), each
-    row checked; cached per file version (config checks and grid expansion ask again and again)."""
+    row checked; cached per file version (config checks and grid expansion ask again and again).
+    Rows beyond what a prompt of `prompt_tokens` can be are refused before they are read (`bounds`)."""
     p = hub.data_file(path, what, download)
     if not p.exists():
         raise TaskError(f"{what} {path} does not exist")
@@ -230,12 +232,12 @@ def read_rows(path: str, what: str, prompt_key: str, answer_key: str, download: 
         raise TaskError(f"{what} {path} is not a regular file (or a data set's directory)")
     stat = p.stat()
     # Absolute, links not followed: a Hub cache's file is a link to a blob whose name has no suffix.
-    return _read_rows(str(p.absolute()), stat.st_mtime_ns, stat.st_size, what, prompt_key, answer_key)
+    return _read_rows(str(p.absolute()), stat.st_mtime_ns, stat.st_size, what, prompt_key, answer_key, bounds.max_row_bytes(prompt_tokens))
 
 
 @functools.lru_cache(maxsize=16)
-def _read_rows(path: str, _mtime: int, _size: int, what: str, prompt_key: str, answer_key: str) -> tuple[Row, ...]:
-    rows = records(Path(path), what)
+def _read_rows(path: str, _mtime: int, _size: int, what: str, prompt_key: str, answer_key: str, max_row: int) -> tuple[Row, ...]:
+    rows = records(Path(path), what, max_row)
     if not rows:
         raise TaskError(f"{what} {path} holds no rows")
     return _consistent(tuple(_row(i, record, f"{what} {path} row {i}", prompt_key, answer_key) for i, record in enumerate(rows)), f"{what} {path}")
@@ -267,8 +269,11 @@ def _warn_once(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def records(path: Path, what: str) -> list[dict]:
-    """The rows of a file as they are (every column), for reading problems and for writing subsets."""
+def records(path: Path, what: str, max_row: int | None = None) -> list[dict]:
+    """The rows of a file as they are (every column), for reading problems and for writing subsets;
+    a file or a row larger than a reader may hold is refused first (`bounds`; rows of `max_row`
+    bytes, by default what any prompt may be)."""
+    max_row = max_row or bounds.max_row_bytes(None)
     try:
         if path.is_dir():
             import datasets
@@ -280,16 +285,18 @@ def records(path: Path, what: str) -> list[dict]:
                 if split is None:
                     raise TaskError(f"{what} {path} holds the splits {', '.join(data)}: give the split's own directory")
                 data = data[split]
+            bounds.check_table(data.data.table, f"{what} {path}", max_row)
             return data.to_list()
         if path.suffix == ".parquet":
             import pandas as pd
 
+            bounds.check_parquet(path, f"{what} {path}", max_row)
             return pd.read_parquet(path).to_dict("records")
         if path.suffix in (".jsonl", ".json"):
             rows = []
             _check_not_a_json_array(path, what)
-            with path.open() as f:
-                for line_no, line in enumerate(f, 1):
+            with path.open("rb") as f:
+                for line_no, line in bounds.jsonl_lines(f, f"{what} {path}", max_row):
                     if line.strip():
                         try:
                             rows.append(json.loads(line))
