@@ -271,8 +271,8 @@ def _warn_once(message: str) -> None:
 
 def records(path: Path, what: str, max_row: int | None = None) -> list[dict]:
     """The rows of a file as they are (every column), for reading problems and for writing subsets;
-    a file or a row larger than a reader may hold is refused first (`bounds`; rows of `max_row`
-    bytes, by default what any prompt may be)."""
+    a file or a row larger than a reader may hold is refused first (`bounds`; rows of at most
+    `max_row` bytes, by default the room for a row's answer and columns alone)."""
     max_row = max_row or bounds.max_row_bytes(None)
     try:
         if path.is_dir():
