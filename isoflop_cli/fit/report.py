@@ -19,7 +19,8 @@ FORMS = {
     "isoflop-slices": "{axis}* = coef * C^exponent",
     "parametric": "L(N, D) = E + A / N^alpha + B / D^beta",
     "surface": "y = upper - (upper - lower) exp(-(C_eff / C0)^a), log10 C_eff = log10 C - sum over axes k (log2 x - b0 - b1 "
-               "(log10 C - log10 C_ref))^2; {axis}*(C) = 2^(b0 + b1 (log10 C - log10 C_ref))",
+               "(log10 C - log10 C_ref))^2; {axis}*(C) = 2^(b0 + b1 (log10 C - log10 C_ref)); family per-axis: upper + upper_slope_{axis} "
+               "(log2 {axis} - log2 {axis}_ref) in place of upper, {axis}*(C) searched",
     "interference": "per run: shares of problems whose pass rate rose / regressed by a binomial test, at equal compute and at equal steps; slopes against log2 {axis}",
 }
 
@@ -88,6 +89,7 @@ def summary(method: str, entry: dict, spec: FitSpec) -> str:
     if method == "surface":
         parts.append(f"{spec.axis}*(C) " + ("determined" if entry["axis_star_determined"] else "NOT determined") +
                      f" (log10 C_ref {entry['log10_C_ref']:.3g}; residual sd {entry['noise_sd']:.3g})")
+        parts.append(_family(entry, spec))
     if entry.get("holdout"):
         h = entry["holdout"]
         parts.append(f"fitted below the {h['k']} largest budgets, the worst held-out error is {fmt(h['max_abs_axis_star_log2_error'])} "
@@ -103,6 +105,16 @@ def summary(method: str, entry: dict, spec: FitSpec) -> str:
                         f"{entry['equal_steps']['steps_upto']:.4g}; called only when both are below {ALPHA:g} with one sign)" if None not in p
                         else f" (one {spec.axis} value)"))
     return "; ".join(parts)
+
+
+def _family(entry: dict, spec: FitSpec) -> str:
+    """The surface's family and what chose it: the held-out n* errors, or the BIC difference."""
+    c, ceiling = entry["family_choice"], ("a ceiling per " + spec.axis if entry["family"] == "per-axis" else "a shared ceiling")
+    if c["by"] == "holdout":
+        errors = " against ".join(f"{f} {fmt(s['mean_abs_axis_star_log2_error'])}" for f, s in c["scores"].items())
+        return f"{ceiling}, chosen by the held-out {spec.axis}* error (mean |log2|: {errors})"
+    ahead = c["scores"]["shared"]["bic"] - c["scores"]["per-axis"]["bic"]
+    return f"{ceiling}, chosen by BIC (per-axis ahead by {ahead:.3g}, needed {c['margin']:g}; design effect {c['design_effect']:.3g})"
 
 
 def evidence_line(entry: dict, spec: FitSpec) -> str:
