@@ -4,9 +4,10 @@ by side, where problems need skills of their own (isoflop_cli/recipe/lookup.py s
 1. the pool (512 keys, verl-style parquet) and the warm-started model (built once, cached);
 2. `isoflop calibrate --config lookup`: every key's pass rate over 16 samples, cut into easy
    ([0.3, 0.6]) and hard ([0.0625, 0.125]: one or two successes in 16) sets;
-3. `isoflop sweep --config lookup` on each set (n 2-16, B_p 16, three seeds; budgets doubling from
-   1,024 rollouts to 8,192 on the easy set, to 32,768 on the hard one; validation asks the set's
-   own keys), then `isoflop fit`;
+3. `isoflop sweep --config lookup` on each set (n 2-16, B_p 16; budgets doubling from 1,024 rollouts
+   to 8,192 on the easy set, to 32,768 on the hard one; validation asks the set's own keys), then
+   `isoflop fit`. Seeds: at least three, and as many as the plan's power analysis asks for to make
+   the fit's answer to "does n* rise?" 80% likely (at most MAX_SEEDS); its plan shows the cost;
 4. one table per set: val_avg@k per n and budget (mean and sd over seeds), zero_var_frac, and
    best@k / worst@k at the largest budget (coverage against sharpening); and one figure of both sets
    side by side (`study.png` / `.svg`: val_avg@k against rollouts per n, mean and range over seeds).
@@ -21,6 +22,7 @@ A rerun keeps every finished run (isoflop's own resume).
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +43,11 @@ TOP = {"easy": 8192, "hard": 32768}
 FIRST = 1024
 
 
+# The between-seed sd of val_avg@4 that the hard set's three-seed sweep measured (its fit.json's
+# noise.seed_sd): the power analysis before each sweep reads the noise from it, not the default.
+SEED_SD = 0.033
+
+
 def doubling(top: int) -> list[int]:
     """FIRST, 2 FIRST, 4 FIRST, ... up to `top` (FIRST alone when top is below it)."""
     budgets = [FIRST]
@@ -51,6 +58,22 @@ def doubling(top: int) -> list[int]:
 
 def isoflop(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "isoflop_cli", *args], check=True)
+
+
+MAX_SEEDS = 6  # what this study spends at most per cell on a 2-core machine (each seed of the hard set: ~2.5 min)
+
+
+def powered_seeds(overrides: list[str]) -> int:
+    """The seeds per cell the plan's power analysis asks for (80% that fit calls a rising n* of the
+    size power.* describes), at most MAX_SEEDS; says which, with the figures."""
+    planned = subprocess.run([sys.executable, "-m", "isoflop_cli", "plan", "--config", "lookup", "--json", *overrides],
+                             check=True, capture_output=True, text=True)
+    power = json.loads(planned.stdout)["power"]
+    want = power["seeds_for_80"]
+    seeds = min(want or MAX_SEEDS, MAX_SEEDS)
+    print(f"power: {power['trend']:.0%} with {power['seeds']} seed(s) per cell; {want or f'more than {MAX_SEEDS}'} reach 80%: running {seeds}"
+          + ("" if want and want <= MAX_SEEDS else f" (this study's budget is {MAX_SEEDS} a cell)"), flush=True)
+    return seeds
 
 
 def summary(sweep_dir: Path) -> str:
@@ -93,7 +116,8 @@ def figure(out: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("isoflop-runs/lookup"))
-    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--seeds", default=None, help="seeds per cell, e.g. 0,1,2 (default: at least three, as many as the plan's power "
+                                                      f"analysis asks for, at most {MAX_SEEDS})")
     for name in SETS:
         parser.add_argument(f"--{name}-to", type=int, default=TOP[name], help=f"the {name} set's largest budget (rollouts; budgets double from {FIRST:,})")
     parser.add_argument("--n", default="2,4,8,16")
@@ -108,8 +132,10 @@ def main() -> None:
         problems = out / "calibration" / f"{name}.parquet"
         keys = len(pd.read_parquet(problems))
         budgets = ",".join(map(str, doubling(getattr(args, f"{name}_to"))))
-        isoflop("sweep", "--config", "lookup", "--root", str(out), *common, f"task.train={problems}", f"task.val={problems}",
-                f"name={name}", f"eval.problems={keys}", f"grid.seed=[{args.seeds}]", f"grid.budgets=[{budgets}]", f"grid.n=[{args.n}]")
+        overrides = [*common, f"task.train={problems}", f"task.val={problems}", f"name={name}", f"eval.problems={keys}",
+                     f"grid.budgets=[{budgets}]", f"grid.n=[{args.n}]", f"power.seed_sd={SEED_SD}"]
+        seeds = args.seeds or ",".join(map(str, range(max(3, powered_seeds([*overrides, "grid.seed=[0,1,2]"])))))
+        isoflop("sweep", "--config", "lookup", "--root", str(out), *overrides, f"grid.seed=[{seeds}]")  # its plan: cost and power first
         isoflop("fit", str(out / name))
     for name in SETS:
         print(f"\n== {name} set ==\n{summary(out / name)}")

@@ -44,7 +44,7 @@ from isoflop_cli.fit.noise import SEED
 
 ALPHA = 0.05  # the call's two-sided level: a trend is called when p < ALPHA
 BUDGETS = 6  # common budgets each run is read at (log-spaced over the range every run covers)
-METHOD = ("levels and per-doubling gains of each run at common budgets; quadratic in log2 {axis} (a stratum intercept per "
+METHOD = ("levels and per-doubling gains of each run at common budgets; quadratic in log2 of the axis (a stratum intercept per "
           "designed column); slope of the gains at the levels' optimum; delta-method t test, runs as the unit")
 
 
@@ -79,7 +79,7 @@ class Trend:
                   "none": f"not shown: {self.why}" if self.why else f"not shown: no trend of {axis}* with compute at the {ALPHA:g} level"}[self.call]
         drift = f"; {axis}* moves about {self.drift:+.2f} doublings per doubling of compute" if self.drift is not None else ""
         lo, hi = self.interval90
-        return [question, f"Answer: {answer} (at {axis} ~ {self.axis_at_optimum:g}{drift}).",
+        return [question, f"Answer: {answer} (at {axis} ~ {self.axis_at_optimum:.3g}{drift}).",
                 f"How sure: p = {self.p_value:.3g}; effect {self.effect:+.4g} (90% interval {lo:+.4g} to {hi:+.4g}) from "
                 f"{self.runs} runs in {self.cells} cells, {self.dof} dof."]
 
