@@ -43,7 +43,7 @@ from isoflop_cli.recipe.measure import Meter
 from isoflop_cli.recipe.rewards import make_reward
 from isoflop_cli.recipe.rollouts import Rollouts, make_sampler, sampler_dtype
 from isoflop_cli.samplers import SAMPLERS
-from isoflop_cli.store import FAILED, PAUSED, RUNNING, RunFiles, disk_full_message, is_disk_full
+from isoflop_cli.store import FAILED, PAUSED, RUNNING, Identity, RunFiles, disk_full_message, is_disk_full
 from isoflop_cli.tracking import Tracking, flat, tracker_root
 
 T = TypeVar("T")
@@ -105,7 +105,10 @@ def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str, pause
     """The run to its budget; with `pause_at` (an adaptive sweep's stage), it stops at the first step
     whose ledger reaches it, keeping a checkpoint there, and a later call continues it as if it had
     never stopped (the pause is not part of what the run computes)."""
-    files = RunFiles(run_dir).take_lease()  # this attempt is the run dir's one writer until another takes it over
+    # This attempt is the run dir's one writer until another takes it over; its records carry the
+    # run's identity (the sweep's manifest holds the same fingerprint for its cell).
+    identity = Identity(Path(run_dir).name, fingerprints(cfg, budget.column, lr, budget)[0])
+    files = RunFiles(run_dir, identity=identity).take_lease()
     files.set_status(RUNNING, step=0, M=budget.M, pid=os.getpid())
     try:
         if sharded(cfg):
