@@ -14,6 +14,8 @@ head's own life.
 import atexit
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,6 +41,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # default (most runs, every task=dataset run, the vLLM tests) and test_e2e's PRM sweep (a short
 # warm start on arith-steps, and the PRM that test_prm and test_devices score with).
 EMBEDDED = [[], ["task=arith-steps", "model.build.steps=100", "reward=prm", "reward.build.steps=250"]]
+
+
+def run_isoflop(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it, in a process of its own (what the end-to-end tests drive)."""
+    return subprocess.run([sys.executable, "-m", "isoflop_cli", *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.fixture

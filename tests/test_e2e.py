@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import pytest
+from conftest import run_isoflop
 from test_head import assert_all_gone, head_tree, job_procs, read_head, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -18,10 +19,6 @@ SMALL = ["grid.n=[2,4]", "grid.B_p=[2,4]", "grid.budgets=[64,256]", "grid.eval_p
 COLUMNS = ["run_id", "n", "B_p", "model", "reward", "algo", "seed", "lr", "step", "rollouts", "tokens_generated",
            "train_reward_mean", "val_avg@k", "val_best@k", "val_worst@k", "wall_s",
            "flops_search", "flops_learning", "flops_reward", "flops_total", "rho", "reward_cpu_s", "flops_eval"]
-
-
-def isoflop(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "isoflop_cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def expected_rows(sweep_dir: Path) -> int:
@@ -63,7 +60,7 @@ def assert_a_whole_sweep(sweep_dir: Path, stdout: str, top: float) -> None:
     rewards = df.dropna(subset=["train_reward_mean"])
     assert any(g["train_reward_mean"].iloc[1:].max() > g["train_reward_mean"].iloc[0] for _, g in rewards.groupby("run_id"))
 
-    result = isoflop("fit", str(sweep_dir))
+    result = run_isoflop("fit", str(sweep_dir))
     assert result.returncode == 0, result.stderr
     front = pd.read_csv(sweep_dir / "fit" / "frontier.csv")
     assert list(front.columns) == ["compute", "value", "axis_star"]
@@ -71,7 +68,7 @@ def assert_a_whole_sweep(sweep_dir: Path, stdout: str, top: float) -> None:
     assert front["compute"].max() == pytest.approx(top)
     for ext in ("png", "svg"):
         assert (sweep_dir / "fit" / f"frontier.{ext}").stat().st_size > 1000
-    status = isoflop("status", str(sweep_dir))
+    status = run_isoflop("status", str(sweep_dir))
     assert status.returncode == 0 and status.stdout.count("finished") >= 4
 
 
@@ -176,7 +173,7 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     assert len(final) == 4
     for run_id, before in second.items():
         assert final[run_id] == before, f"finished run {run_id} was run again"
-    assert "resumed from the checkpoint at step" in isoflop("logs", str(sweep_dir), interrupted).stdout
+    assert "resumed from the checkpoint at step" in run_isoflop("logs", str(sweep_dir), interrupted).stdout
     assert not (sweep_dir / "runs" / interrupted / "checkpoint").exists()  # removed once the run finished
     manifest = json.loads((sweep_dir / "manifest.json").read_text())
     assert all(c["state"] == "finished" for c in manifest["cells"].values())
@@ -193,7 +190,7 @@ def test_reward_axis_prm_costs_reward_flops_and_lowers_rho(tmp_path, ray_address
     """A sweep over reward=[sparse,prm] at equal budget and allocation: only the learned PRM spends
     reward FLOPs, so its rho is lower."""
     # FLOPs only: a short warm start for the policy, and test_prm's PRM (one build for both tests).
-    result = isoflop("sweep", "--root", str(tmp_path), f"cluster.address={ray_address}", "task=arith-steps", "grid.n=[4]", "grid.B_p=[4]", "grid.budgets=[64]",
+    result = run_isoflop("sweep", "--root", str(tmp_path), f"cluster.address={ray_address}", "task=arith-steps", "grid.n=[4]", "grid.B_p=[4]", "grid.budgets=[64]",
                      "grid.eval_points=2", "eval.problems=16", "eval.samples=4", "+grid.axes={reward:[sparse,prm]}",
                      "model.build.steps=100", "reward.build.steps=250")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -210,7 +207,7 @@ def test_flop_budget_sweep_stops_every_run_within_one_step(tmp_path, ray_address
 
     overrides = ["grid.n=[2,4]", "grid.B_p=[2]", "grid.budget.unit=flops", "grid.budgets=[1e9,2e9]", "grid.eval_points=2",
                  "eval.problems=16", "eval.samples=4"]
-    result = isoflop("sweep", "--root", str(tmp_path), f"cluster.address={ray_address}", *overrides)
+    result = run_isoflop("sweep", "--root", str(tmp_path), f"cluster.address={ray_address}", *overrides)
     assert result.returncode == 0, result.stdout + result.stderr
     df = pd.read_parquet(tmp_path / "default" / "results.parquet")
     for n, run in df.groupby("n"):
@@ -234,7 +231,7 @@ def test_adaptive_sweep_pauses_cells_behind_the_frontier_and_a_larger_full_sweep
 
     grid = ["grid.n=[2,4]", "grid.B_p=[2]", "grid.eval_points=6", "eval.problems=64", "eval.samples=4",
             "+grid.axes={algo.temperature:[0.6,30.0]}", "checkpoint.keep_final=true", f"cluster.address={ray_address}"]
-    result = isoflop("sweep", "--root", str(tmp_path), *grid, "grid.budgets=[64,128,256]", "grid.schedule=adaptive")
+    result = run_isoflop("sweep", "--root", str(tmp_path), *grid, "grid.budgets=[64,128,256]", "grid.schedule=adaptive")
     assert result.returncode == 0, result.stdout + result.stderr
     sweep_dir = tmp_path / "default"
     manifest = json.loads((sweep_dir / "manifest.json").read_text())
@@ -260,7 +257,7 @@ def test_adaptive_sweep_pauses_cells_behind_the_frontier_and_a_larger_full_sweep
     assert all((sweep_dir / "runs" / rid / "checkpoint").is_dir() for rid in manifest["cells"])  # checkpoint.keep_final
     before = {rid: read(sweep_dir / "runs" / rid / "metrics.jsonl") for rid in manifest["cells"]}
 
-    result = isoflop("sweep", "--root", str(tmp_path), *grid, "grid.budgets=[64,128,256,512]")  # grid.schedule=full
+    result = run_isoflop("sweep", "--root", str(tmp_path), *grid, "grid.budgets=[64,128,256,512]")  # grid.schedule=full
     assert result.returncode == 0, result.stdout + result.stderr
     assert "4 runs continue from where an earlier, smaller budget left them" in result.stdout
     cells = json.loads((sweep_dir / "manifest.json").read_text())["cells"]

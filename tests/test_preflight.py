@@ -3,7 +3,6 @@ names, and none for a node that has everything), and the probe for real on a loc
 
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -11,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import run_isoflop
 
 from isoflop_cli.preflight import Node, Spec, problems, unplaceable
 
@@ -148,8 +148,7 @@ def test_doctor_on_a_busy_cluster_and_a_sweep_whose_nodes_lack_isoflop(tmp_path,
     from ray.job_submission import JobStatus
 
     def isoflop(*args):
-        return subprocess.run([sys.executable, "-m", "isoflop_cli", *args, f"cluster.address={ray_address}"], capture_output=True, text=True,
-                              timeout=300)
+        return run_isoflop(*args, f"cluster.address={ray_address}", timeout=300)
 
     held = ray_jobs.submit_job(entrypoint="sleep 900", entrypoint_num_cpus=os.cpu_count())  # the shared head has os.cpu_count() CPUs
     try:

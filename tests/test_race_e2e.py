@@ -3,12 +3,11 @@ Ray head (the suite's shared one; real torch training), write a valid regime.jso
 and repeats nothing."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import run_isoflop
 
 from isoflop_cli.race.pilot import MIN_STEPS
 
@@ -18,16 +17,12 @@ SMALL_EVAL = ["eval.problems=32", "eval.samples=4"]  # the embedded default swee
 REGIMES = {"search-heavy", "update-heavy", "reward-heavy", "interior", "undetermined"}
 
 
-def isoflop(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "isoflop_cli", *args], capture_output=True, text=True, timeout=timeout)
-
-
 def finished_metrics(sweep_dir: Path) -> dict[str, int]:
     return {p.parent.name: p.stat().st_mtime_ns for p in (sweep_dir / "runs").glob("*/metrics.jsonl")}
 
 
 def test_pilot_on_the_embedded_default_writes_a_valid_regime(tmp_path, ray_address):
-    result = isoflop("race-pilot", "--root", str(tmp_path), *SMALL_EVAL, f"cluster.address={ray_address}")
+    result = run_isoflop("race-pilot", "--root", str(tmp_path), *SMALL_EVAL, f"cluster.address={ray_address}")
     assert result.returncode == 0, result.stdout + result.stderr
 
     sweep_dir = tmp_path / "default-pilot"
@@ -53,7 +48,7 @@ def test_pilot_on_the_embedded_default_writes_a_valid_regime(tmp_path, ray_addre
     assert (sweep_dir / "race" / "race.png").stat().st_size > 1000
 
     before = finished_metrics(sweep_dir)
-    again = isoflop("race-pilot", "--root", str(tmp_path), *SMALL_EVAL, f"cluster.address={ray_address}")
+    again = run_isoflop("race-pilot", "--root", str(tmp_path), *SMALL_EVAL, f"cluster.address={ray_address}")
     assert again.returncode == 0, again.stdout + again.stderr
     assert finished_metrics(sweep_dir) == before  # resumed: every run was finished, none ran again
     assert json.loads((sweep_dir / "race" / "regime.json").read_text())["regimes"][0]["regime"] == entry["regime"]

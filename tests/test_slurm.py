@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import pytest
+from conftest import run_isoflop
 from omegaconf import OmegaConf
 from typer.testing import CliRunner
 
@@ -63,7 +64,7 @@ def test_a_sweep_through_submitit_jobs(tmp_path):
     """Two cells as submitit jobs: both finish, their logs are in their run dirs, status reads them."""
     args = ["--root", str(tmp_path), "grid.n=[2,4]", "grid.B_p=[2]", "grid.budgets=[16]", "grid.eval_points=1", "eval.problems=8",
             "eval.samples=4", "cluster.launcher=slurm", "cluster.slurm.executor=local"]
-    result = subprocess.run([sys.executable, "-m", "isoflop_cli", "sweep", *args], capture_output=True, text=True, timeout=300)
+    result = run_isoflop("sweep", *args, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     sweep = tmp_path / "default"
     cells = json.loads((sweep / "manifest.json").read_text())["cells"]
@@ -165,8 +166,8 @@ def test_the_preflight_on_a_real_slurm(slurm, tmp_path):
     request SLURM cannot place (more CPUs than any node, GPUs it has none of) stops the sweep in its
     preflight, one line per problem, exit 2, before any run's job is submitted."""
     def isoflop(command, *overrides):
-        return subprocess.run([sys.executable, "-m", "isoflop_cli", command, "--root", str(tmp_path), "cluster=slurm", f"cluster.python={sys.executable}",
-                               "cluster.cpus_per_run=1", "cluster.gpus_per_run=0", *overrides], capture_output=True, text=True, timeout=300, env=slurm)
+        return run_isoflop(command, "--root", str(tmp_path), "cluster=slurm", f"cluster.python={sys.executable}", "cluster.cpus_per_run=1",
+                           "cluster.gpus_per_run=0", *overrides, timeout=300, env=slurm)
 
     ok = isoflop("doctor")
     assert ok.returncode == 0, ok.stdout + ok.stderr
