@@ -153,11 +153,11 @@ def test_every_output_file_replaces_a_link_at_its_path_instead_of_writing_throug
     assert (tmp_path / "race.svg").read_text().lstrip().startswith("<?xml")
 
 
-@pytest.mark.parametrize("umask", [0o027, 0o000])
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o000])
 def test_files_and_dirs_follow_the_umask_and_are_never_world_writable(tmp_path, umask):
     """Once: under umask 000 the sweep dir, runs/ and each run dir were 0777, and results made by
-    mkstemp were 0600 whatever the umask (teammates could not read them). Variant: umask 027 gives
-    0640 files and 0750 dirs; umask 000 leaves out o+w only."""
+    mkstemp were 0600 whatever the umask (teammates could not read them). Umask 022 gives 0644 files
+    and 0755 dirs; umask 027 0640 and 0750; umask 000 leaves out o+w only."""
     previous = os.umask(umask)
     try:
         sweep = SweepDir(tmp_path / "out" / "sweep")
