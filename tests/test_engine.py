@@ -254,7 +254,11 @@ def test_an_attempt_taken_over_stops_without_writing_and_the_run_is_one_uninterr
 
 
 @pytest.mark.slow
-def test_changed_config_does_not_resume_from_another_runs_checkpoint(tmp_path):
+def test_changed_config_neither_resumes_from_nor_overwrites_another_runs_records(tmp_path):
+    """A run dir holding a killed run of another config (here another seed) is neither resumed from
+    nor started over: its records and checkpoint prove they are another run's, so `run` refuses in
+    one line (exit 2), naming how to run this cell, and leaves every byte (issue 46: before, it
+    started over and erased them)."""
     args = [*SMALL, "grid.budgets=[64]", "grid.eval_points=2", "checkpoint.every=2"]
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "isoflop_cli", "run", *args, "--run-dir", str(run_dir)],
@@ -263,10 +267,12 @@ def test_changed_config_does_not_resume_from_another_runs_checkpoint(tmp_path):
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    before = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "lease.json"}
     result = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", *args, "seed=1", "--run-dir", str(run_dir)],
                             capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0 and "resumed" not in result.stdout
-    assert [r["step"] for r in metrics(run_dir)] == [0, 4, 8]
+    assert result.returncode == 2 and "resumed" not in result.stdout and "aside" in result.stderr, result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "lease.json"} == before
 
 
 def test_a_save_after_a_swap_killed_in_its_clean_up_keeps_the_newest_state(tmp_path):

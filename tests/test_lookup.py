@@ -8,7 +8,7 @@ import hashlib
 import pandas as pd
 import pytest
 import torch
-from test_e2e import isoflop
+from conftest import run_isoflop
 from test_embedded import base_scores
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -85,7 +85,7 @@ def test_on_the_calibrated_hard_set_every_seed_of_n16_ends_above_every_seed_of_n
     common = ["--config", "lookup", "--root", str(tmp_path), model, f"cluster.address={ray_address}"]
     # One slice, as the study's: the slice's start seeds its sampling, so other slices cut other sets.
     calibrate = ["calibrate", *common, *on_pool, "name=calibration", "eval.problems=8"]
-    calibrated = isoflop(*calibrate)
+    calibrated = run_isoflop(*calibrate)
     assert calibrated.returncode == 0, calibrated.stdout + calibrated.stderr
     out = tmp_path / "calibration"
     df = pd.read_parquet(out / "calibration.parquet")
@@ -94,7 +94,7 @@ def test_on_the_calibrated_hard_set_every_seed_of_n16_ends_above_every_seed_of_n
     assert set((df["pass_rate"] * samples).round(9)) <= set(range(samples + 1)) and (df["mean_response_tokens"] > 0).all()
     slices = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/calibration.parquet")}
     assert len(slices) == 1
-    again = isoflop(*calibrate)
+    again = run_isoflop(*calibrate)
     assert again.returncode == 0 and {p: p.stat().st_mtime_ns for p in slices} == slices, again.stdout + again.stderr  # nothing sampled twice
     rates = df.set_index("prompt")["pass_rate"]
     hard = out / "hard.parquet"
@@ -103,7 +103,7 @@ def test_on_the_calibrated_hard_set_every_seed_of_n16_ends_above_every_seed_of_n
     assert set(keys) == set(rates[rates.between(low, high)].index)  # the band's keys, all of them
 
     # The sweep trains on the set calibrate wrote.
-    swept = isoflop("sweep", *common, f"task.train={hard}", f"task.val={hard}", "name=hard", f"eval.problems={len(keys)}",
+    swept = run_isoflop("sweep", *common, f"task.train={hard}", f"task.val={hard}", "name=hard", f"eval.problems={len(keys)}",
                     "grid.n=[2,16]", "grid.seed=[0,1]", "grid.budgets=[32768]", "grid.eval_points=1")
     assert swept.returncode == 0, swept.stdout + swept.stderr
     df = pd.read_parquet(tmp_path / "hard" / "results.parquet")

@@ -130,13 +130,14 @@ def test_a_new_algorithm_is_one_spec(tmp_path, monkeypatch):
 
 
 def test_dr_grpo_is_grpo_with_its_two_knobs(tmp_path):
-    """The preset and the knobs run the same computation, row for row."""
+    """The preset and the knobs run the same computation, row for row (their records' fingerprints
+    differ: they are two configs)."""
     args = ["n=4", "B_p=2", "grid.budgets=[16]", "grid.eval_points=1", "eval.problems=8", "eval.samples=4"]
     rows = {}
     for name, extra in (("preset", ["algo=dr_grpo"]), ("knobs", ["algo.std_norm=false", "algo.loss_agg=constant"])):
         result = CliRunner().invoke(app, ["run", *args, *extra, "--run-dir", str(tmp_path / name)])
         assert result.exit_code == 0, result.output
-        rows[name] = [{k: v for k, v in json.loads(line).items() if k != "wall_s" and not k.startswith(("time_", "reward_cpu"))}
+        rows[name] = [{k: v for k, v in json.loads(line).items() if k not in ("wall_s", "fingerprint") and not k.startswith(("time_", "reward_cpu"))}
                       for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     assert rows["preset"] == rows["knobs"]
 
