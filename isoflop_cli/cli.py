@@ -605,6 +605,7 @@ def replay(
     axis: str = typer.Option("n", help="Grid axis whose compute-optimal value is compared."),
     compute: str = typer.Option("rollouts", help="Compute column: rollouts or flops_total."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir (default: <sweep>/replay, or replay/ beside the file)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: replay.json's, with the files written."),
 ) -> None:
     """Simulate a schedule on a recorded full grid (no compute): which cells it stops and when, the
     share of the full grid's compute it spends, and how its frontier and axis*(C) compare: replay.json, plots."""
@@ -627,6 +628,9 @@ def replay(
             written = replay_mod.write(result, info, axis, compute, dest)
     for note in notes:
         err.print(Text.assemble(("warning: ", "bold yellow"), note), soft_wrap=True)
+    if as_json:
+        print_json({**json.loads(written[0].read_text()), "written": list(map(str, written))})
+        return
     console.print(report.replay_table(result, axis))
     console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
 

@@ -114,6 +114,19 @@ def test_fit_json_is_fit_json_with_its_frontier(tmp_path):
     assert "…" not in shown.output
 
 
+def test_replay_json_is_replay_json_and_its_table(tmp_path):
+    from test_fit_cli import results
+
+    results().to_csv(tmp_path / "r.csv", index=False)
+    args = ["replay", str(tmp_path / "r.csv"), "--out", str(tmp_path / "replay")]
+    shown = runner.invoke(app, args)
+    result = runner.invoke(app, [*args, "--json"])
+    assert shown.exit_code == 0 and result.exit_code == 0, shown.output + result.output
+    data = json.loads(result.stdout)
+    assert {k: v for k, v in data.items() if k != "written"} == json.loads((tmp_path / "replay" / "replay.json").read_text())
+    assert f"{data['compute_share']:.1%} of the full grid's" in shown.output and str(len(data["stopped_cells"])) + " cells stopped" in shown.output
+
+
 def test_calibrate_json_is_its_bands(tmp_path, monkeypatch):
     """The calibration's jobs stubbed: what it prints of the summary they make."""
     from isoflop_cli import calibrate
