@@ -57,11 +57,18 @@ class Passes:
 
     epochs: int  # forward and backward passes over the batch
     reference: bool  # a forward of the KL reference (algo.kl_coef > 0)
-    old_policy: bool  # a forward of the sampling-time policy: the batch is reused, or a value head needs its old estimates
+    old_policy: (
+        bool  # a forward of the sampling-time policy: the batch is reused, or a value head needs its old estimates
+    )
     value_head: bool
 
 
 def passes(algo) -> Passes:
     epochs = int(max(1, algo.epochs))
     value_head = spec(algo).value_head
-    return Passes(epochs=epochs, reference=algo.kl_coef > 0, old_policy=value_head or epochs * algo.minibatches > 1, value_head=value_head)
+    return Passes(
+        epochs=epochs,
+        reference=algo.kl_coef > 0,
+        old_policy=value_head or epochs * algo.minibatches > 1,
+        value_head=value_head,
+    )

@@ -25,8 +25,7 @@ from omegaconf import DictConfig
 
 from isoflop_cli import config as config_mod
 from isoflop_cli import grid as grid_mod
-from isoflop_cli import hub
-from isoflop_cli import sweep
+from isoflop_cli import hub, sweep
 from isoflop_cli.config import identity
 from isoflop_cli.dispatch import sweep_lock
 from isoflop_cli.errors import ConfigError
@@ -81,8 +80,12 @@ def spread(rates: pd.Series, samples: pd.Series) -> Spread:
     chi2 = float((((right - m * mean) ** 2) / (m * mean * (1 - mean))).sum())
     inv = float((1 / m).mean())
     between = (float(rates.var(ddof=1)) - mean * (1 - mean) * inv) / (1 - inv)
-    return Spread(mean=float(mean), difficulty_sd=math.sqrt(max(0.0, between)), dispersion=chi2 / (len(m) - 1),
-                  p_value=float(stats.chi2.sf(chi2, len(m) - 1)))
+    return Spread(
+        mean=float(mean),
+        difficulty_sd=math.sqrt(max(0.0, between)),
+        dispersion=chi2 / (len(m) - 1),
+        p_value=float(stats.chi2.sf(chi2, len(m) - 1)),
+    )
 
 
 def check(cfg: DictConfig) -> None:
@@ -118,7 +121,9 @@ def prepare(cfg: DictConfig, dest: SweepDir) -> Manifest:
         part.calibrate.rows = [start, stop]
         dest.run(rid).write_config(config_mod.to_yaml(part))
         before = old.get(rid, CellState())
-        manifest.cells[rid] = CellState(rows=[start, stop], state=before.state, submission_id=before.submission_id, attempts=before.attempts)
+        manifest.cells[rid] = CellState(
+            rows=[start, stop], state=before.state, submission_id=before.submission_id, attempts=before.attempts
+        )
     dest.write_manifest(manifest)
     return manifest
 
@@ -128,7 +133,9 @@ def total_rows(manifest: Manifest) -> int:
     return max((cell.rows[1] for cell in manifest.cells.values()), default=0)
 
 
-def run(cfg: DictConfig, dest: SweepDir, config: str | None, overrides: list[str], view: sweep.View) -> tuple[dict, dict[str, str]]:
+def run(
+    cfg: DictConfig, dest: SweepDir, config: str | None, overrides: list[str], view: sweep.View
+) -> tuple[dict, dict[str, str]]:
     """Slice task.train, run every unfinished slice as a job (`isoflop calibrate-shard`, no
     preflight), merge the finished ones: the summary, and the slices that did not finish with why.
     The dir has one owner, as a sweep's."""
@@ -147,19 +154,39 @@ def merge(cfg: DictConfig, dest: SweepDir, config: str | None, overrides: list[s
     manifest = dest.manifest()
     rows = total_rows(manifest)
     parts = [pd.read_parquet(dest.run(rid).dir / RESULT) for rid in manifest.cells if dest.run(rid).finished()]
-    df = pd.concat(parts, ignore_index=True).sort_values("problem_id").reset_index(drop=True) if parts else pd.DataFrame()
+    df = (
+        pd.concat(parts, ignore_index=True).sort_values("problem_id").reset_index(drop=True)
+        if parts
+        else pd.DataFrame()
+    )
     atomic_write(dest.path / RESULT, df.to_parquet(index=False))
     source = records(hub.data_file(cfg.task.train, "task.train"), "task.train")
-    summary = {"rows": rows, "calibrated": len(df), "left_out": rows - len(df), "samples": cfg.calibrate.samples,
-               "spread": asdict(spread(df["pass_rate"], df["samples"])) if not df.empty else None, "bands": []}
+    summary = {
+        "rows": rows,
+        "calibrated": len(df),
+        "left_out": rows - len(df),
+        "samples": cfg.calibrate.samples,
+        "spread": asdict(spread(df["pass_rate"], df["samples"])) if not df.empty else None,
+        "bands": [],
+    }
     for band in (Band("easy", *cfg.calibrate.easy), Band("hard", *cfg.calibrate.hard)):
         chosen = df[band.holds(df["pass_rate"])] if not df.empty else df
         path = dest.path / f"{band.name}.parquet"
-        subset = pd.DataFrame([source[i] for i in chosen["problem_id"]]).assign(**{CALIBRATED: chosen["mean_response_tokens"].to_numpy()})
+        subset = pd.DataFrame([source[i] for i in chosen["problem_id"]]).assign(
+            **{CALIBRATED: chosen["mean_response_tokens"].to_numpy()}
+        )
         atomic_write(path, subset.to_parquet(index=False) if len(chosen) else pd.DataFrame().to_parquet())
         tokens = float(chosen["mean_response_tokens"].mean()) if len(chosen) else None
-        summary["bands"].append({"name": band.name, "range": [band.low, band.high], "problems": len(chosen), "path": str(path),
-                                 "mean_response_tokens": tokens, **_sweep_flops(config, overrides, path, tokens)})
+        summary["bands"].append(
+            {
+                "name": band.name,
+                "range": [band.low, band.high],
+                "problems": len(chosen),
+                "path": str(path),
+                "mean_response_tokens": tokens,
+                **_sweep_flops(config, overrides, path, tokens),
+            }
+        )
     write_json(dest.path / "summary.json", summary)
     if not df.empty:
         _histogram(df, summary, dest.path / "calibration")
@@ -170,10 +197,18 @@ def _sweep_flops(config: str | None, overrides: list[str], path: Path, tokens: f
     """Predicted FLOPs of the sweep on this set: at the config's bounds, and with task.max_new_tokens
     at the measured mean response length; or why it cannot be planned (too few problems ...)."""
     out = {}
-    for key, extra in (("sweep_flops_bound", []), ("sweep_flops_measured", [f"task.max_new_tokens={max(1, math.ceil(tokens or 1))}"])):
+    for key, extra in (
+        ("sweep_flops_bound", []),
+        ("sweep_flops_measured", [f"task.max_new_tokens={max(1, math.ceil(tokens or 1))}"]),
+    ):
         try:
             cfg = config_mod.load(config, [*overrides, f"task.train={path}", "task.val=null", *extra])
-            cells = grid_mod.expand(cfg, recompose=lambda more, e=extra: config_mod.load(config, [*overrides, f"task.train={path}", "task.val=null", *e, *more]))
+            cells = grid_mod.expand(
+                cfg,
+                recompose=lambda more, e=extra: config_mod.load(
+                    config, [*overrides, f"task.train={path}", "task.val=null", *e, *more]
+                ),
+            )
             out[key] = sum(c.plan.predicted_flops["flops_total"] for c in cells if c.feasible)
         except ConfigError as e:
             out[key], out["why_not"] = None, str(e)
@@ -196,11 +231,22 @@ def _histogram(df: pd.DataFrame, summary: dict, stem: Path) -> None:
         from scipy import stats
 
         counts = range(samples + 1)
-        ax.plot([k / samples for k in counts], len(df) * stats.binom.pmf(counts, samples, summary["spread"]["mean"]), "k.--", lw=1,
-                label=f"one shared rate ({summary['spread']['mean']:.3f}): sampling alone")
+        ax.plot(
+            [k / samples for k in counts],
+            len(df) * stats.binom.pmf(counts, samples, summary["spread"]["mean"]),
+            "k.--",
+            lw=1,
+            label=f"one shared rate ({summary['spread']['mean']:.3f}): sampling alone",
+        )
     for band, color in zip(summary["bands"], ("#55a868", "#c44e52")):
         low, high = band["range"]
-        ax.axvspan(low - 0.5 / samples, high + 0.5 / samples, color=color, alpha=0.15, label=f"{band['name']} [{low:g}, {high:g}]: {band['problems']}")
+        ax.axvspan(
+            low - 0.5 / samples,
+            high + 0.5 / samples,
+            color=color,
+            alpha=0.15,
+            label=f"{band['name']} [{low:g}, {high:g}]: {band['problems']}",
+        )
     ax.set_xlabel(f"base model pass rate (avg@{samples})")
     ax.set_ylabel("problems")
     ax.legend(fontsize=8)

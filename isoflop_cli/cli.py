@@ -17,8 +17,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 import typer
 from rich.live import Live
@@ -34,7 +34,19 @@ from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, DEFAULT_MARGIN, Sche
 from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, sweep_lock, watched
 from isoflop_cli.errors import ConfigError, LauncherError
 from isoflop_cli.processes import die_with_parent
-from isoflop_cli.store import FAILED, FINISHED, PAUSED, STOPPED, LeaseLost, RunFiles, SweepDir, disk_full_message, is_disk_full, no_world_writes, read_json
+from isoflop_cli.store import (
+    FAILED,
+    FINISHED,
+    PAUSED,
+    STOPPED,
+    LeaseLost,
+    RunFiles,
+    SweepDir,
+    disk_full_message,
+    is_disk_full,
+    no_world_writes,
+    read_json,
+)
 
 app = typer.Typer(
     help="IsoFLOP sweeps of LLM RL post-training: plan a grid, run it as Ray jobs, fit the frontier.",
@@ -47,11 +59,17 @@ console = report.Output()
 err = report.Output(stderr=True)
 
 OVERRIDES = typer.Argument(None, help="Hydra overrides, e.g. grid.n=[4,8,16] grid.budgets=[512,2048] model=tiny-arith")
-CONFIG = typer.Option(None, "--config", "-c", help="A ready-made sweep in sweeps/ (by name) or a YAML path (default: default)")
+CONFIG = typer.Option(
+    None, "--config", "-c", help="A ready-made sweep in sweeps/ (by name) or a YAML path (default: default)"
+)
 DEFAULT_ROOT = Path("isoflop-runs")
 OLD_OUT = typer.Option(None, "--out", "-o", hidden=True, help="The old spelling (deprecated).")
-MAX_GPU_HOURS = typer.Option(None, "--max-gpu-hours", help="Refuse (exit 2) a sweep predicted to cost more than this many GPU-hours "
-                                                          "(CPU-hours on a cluster without GPUs), before any compute.")
+MAX_GPU_HOURS = typer.Option(
+    None,
+    "--max-gpu-hours",
+    help="Refuse (exit 2) a sweep predicted to cost more than this many GPU-hours "
+    "(CPU-hours on a cluster without GPUs), before any compute.",
+)
 
 
 def version() -> str:
@@ -65,8 +83,15 @@ def version() -> str:
     if not (root / ".git").exists():
         return text
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10)
-        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        changed = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):  # no git here: the version is what can be said
         return text
     if commit.returncode != 0:
@@ -82,8 +107,13 @@ def _print_version(asked: bool) -> None:
 
 @app.callback()
 def _options(
-    _version: bool = typer.Option(False, "--version", help="Print isoflop's version (and the git commit it runs from) and exit.",
-                                  is_eager=True, callback=_print_version),
+    _version: bool = typer.Option(
+        False,
+        "--version",
+        help="Print isoflop's version (and the git commit it runs from) and exit.",
+        is_eager=True,
+        callback=_print_version,
+    ),
 ) -> None:
     # The app's own options; each command's are its own.
     pass
@@ -91,7 +121,9 @@ def _options(
 
 def root_option(what: str) -> typer.Option:
     """--root: the output root every sweep lives in, as ROOT/<name> (`what`: what this command does there)."""
-    return typer.Option(None, "--root", help=f"Output root; the sweep lives in ROOT/<name> (default: {DEFAULT_ROOT}). {what}")
+    return typer.Option(
+        None, "--root", help=f"Output root; the sweep lives in ROOT/<name> (default: {DEFAULT_ROOT}). {what}"
+    )
 
 
 def renamed(new, old, name: str, default=None):
@@ -101,7 +133,9 @@ def renamed(new, old, name: str, default=None):
         return default if new is None else new
     if new is not None:
         raise ConfigError(f"--out and {name} are one option (--out is its old spelling): give {name} only")
-    err.print(Text.assemble(("warning: ", "bold yellow"), f"--out is deprecated here: it is now {name}"), soft_wrap=True)
+    err.print(
+        Text.assemble(("warning: ", "bold yellow"), f"--out is deprecated here: it is now {name}"), soft_wrap=True
+    )
     return old
 
 
@@ -124,15 +158,23 @@ def user_errors() -> Iterator[None]:
 
 @app.command()
 def plan(
-    overrides: Optional[list[str]] = OVERRIDES,
-    config: Optional[str] = CONFIG,
+    overrides: list[str] | None = OVERRIDES,
+    config: str | None = CONFIG,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
-    root: Optional[Path] = root_option("Its finished runs there refine the FLOP predictions."),
-    old_out: Optional[Path] = OLD_OUT,
-    replayed: Optional[Path] = typer.Option(None, "--replay", help="A replay.json of a similar sweep (isoflop replay): the share of the full grid an adaptive schedule spent there."),
-    max_gpu_hours: Optional[float] = MAX_GPU_HOURS,
-    noise_from: Optional[Path] = typer.Option(None, "--noise-from", help="Results of a pilot or a similar sweep (a sweep dir, parquet or CSV): "
-                                              "the power analysis reads its noise between seeds and in evaluation there (else power.seed_sd, power.eval_sd)."),
+    root: Path | None = root_option("Its finished runs there refine the FLOP predictions."),
+    old_out: Path | None = OLD_OUT,
+    replayed: Path | None = typer.Option(
+        None,
+        "--replay",
+        help="A replay.json of a similar sweep (isoflop replay): the share of the full grid an adaptive schedule spent there.",
+    ),
+    max_gpu_hours: float | None = MAX_GPU_HOURS,
+    noise_from: Path | None = typer.Option(
+        None,
+        "--noise-from",
+        help="Results of a pilot or a similar sweep (a sweep dir, parquet or CSV): "
+        "the power analysis reads its noise between seeds and in evaluation there (else power.seed_sd, power.eval_sd).",
+    ),
 ) -> None:
     """The grid as a table: every cell, its steps M, eval points, rollouts, predicted FLOPs (search,
     learning, reward, rho), wall time and GPU-hours; infeasible cells and why; the schedule's worst
@@ -153,21 +195,30 @@ def plan(
         console.print(power.line(), soft_wrap=True)
 
 
-def _powered(cfg, cells: list[grid_mod.Cell], noise_from: Optional[Path] = None):
+def _powered(cfg, cells: list[grid_mod.Cell], noise_from: Path | None = None):
     """The sweep's power analysis (power.py), with a warning before any compute where it is below
     one in two: such a sweep will most likely end without an answer."""
     from isoflop_cli import power
 
     found = power.of_sweep(cfg, cells, noise_from)
     if found.trend is not None and found.trend < power.WARN_BELOW:
-        more = (f"{found.seeds_for_80} seeds per cell (grid.seed) reach {power.TARGET:.0%}" if found.seeds_for_80 is not None
-                else f"not even {power.MAX_SEEDS} seeds per cell reach {power.TARGET:.0%}: widen the grid's budgets or n")
-        err.print(Text.assemble(("warning: ", "bold yellow"), f"this sweep has a {found.trend:.0%} chance to show a rising n* of the "
-                                f"size power.doublings / power.gap describe; {more}"), soft_wrap=True)
+        more = (
+            f"{found.seeds_for_80} seeds per cell (grid.seed) reach {power.TARGET:.0%}"
+            if found.seeds_for_80 is not None
+            else f"not even {power.MAX_SEEDS} seeds per cell reach {power.TARGET:.0%}: widen the grid's budgets or n"
+        )
+        err.print(
+            Text.assemble(
+                ("warning: ", "bold yellow"),
+                f"this sweep has a {found.trend:.0%} chance to show a rising n* of the "
+                f"size power.doublings / power.gap describe; {more}",
+            ),
+            soft_wrap=True,
+        )
     return found
 
 
-def _priced(cfg, cells: list[grid_mod.Cell], root: Path, max_hours: Optional[float]) -> cost_mod.Price:
+def _priced(cfg, cells: list[grid_mod.Cell], root: Path, max_hours: float | None) -> cost_mod.Price:
     """The sweep's predicted cost (calibrated by its finished runs in ROOT/<name>); refused (ConfigError)
     above `max_hours`, naming the total and the costliest cells."""
     if max_hours is not None and not (math.isfinite(max_hours) and max_hours > 0):
@@ -175,8 +226,10 @@ def _priced(cfg, cells: list[grid_mod.Cell], root: Path, max_hours: Optional[flo
     price = cost_mod.price(cfg, cells, SweepDir(root / cfg.name))
     if max_hours is not None and price.hours > max_hours:
         top = ", ".join(f"{rid} {hours:.3g}" for rid, hours in price.costliest(cells))
-        raise ConfigError(f"the sweep is predicted to cost {price.hours:.3g} {price.unit}, above --max-gpu-hours={max_hours:g} "
-                          f"(costliest: {top}; {price.source})")
+        raise ConfigError(
+            f"the sweep is predicted to cost {price.hours:.3g} {price.unit}, above --max-gpu-hours={max_hours:g} "
+            f"(costliest: {top}; {price.source})"
+        )
     return price
 
 
@@ -188,19 +241,25 @@ def _replayed_share(path: Path) -> float:
         raise ConfigError(f"--replay {path}: not a replay.json written by isoflop replay (no compute_share)")
     share = float(data["compute_share"])
     if not 0 < share <= 1:
-        raise ConfigError(f"--replay {path}: compute_share must be in (0, 1] (a share of the full grid's compute), got {share:g}")
+        raise ConfigError(
+            f"--replay {path}: compute_share must be in (0, 1] (a share of the full grid's compute), got {share:g}"
+        )
     return share
 
 
 @app.command()
 def sweep(
-    overrides: Optional[list[str]] = OVERRIDES,
-    config: Optional[str] = CONFIG,
-    root: Optional[Path] = root_option(""),
-    old_out: Optional[Path] = OLD_OUT,
+    overrides: list[str] | None = OVERRIDES,
+    config: str | None = CONFIG,
+    root: Path | None = root_option(""),
+    old_out: Path | None = OLD_OUT,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and stop."),
-    extend: bool = typer.Option(False, "--extend", help="Add this grid's cells to a sweep dir that holds other cells (they are kept, and run if unfinished)."),
-    max_gpu_hours: Optional[float] = MAX_GPU_HOURS,
+    extend: bool = typer.Option(
+        False,
+        "--extend",
+        help="Add this grid's cells to a sweep dir that holds other cells (they are kept, and run if unfinished).",
+    ),
+    max_gpu_hours: float | None = MAX_GPU_HOURS,
 ) -> None:
     """Expand the grid, run every cell as a Ray job, watch, collect results.parquet, print the frontier.
 
@@ -224,7 +283,9 @@ def sweep(
     with user_errors(), sweep_lock(sweep_dir.path):  # only the sweep that owns the dir writes what it plans to spend
         cost_mod.write(sweep_dir, cells, price)
     if continued:
-        console.print(f"{len(continued)} runs continue from where an earlier, smaller budget left them (their checkpoints)")
+        console.print(
+            f"{len(continued)} runs continue from where an earlier, smaller budget left them (their checkpoints)"
+        )
     outcome = _run_sweep(sweep_dir, cfg, cells, continued)
     if not outcome.results.empty:
         compute = "flops_total" if cfg.grid.budget.unit == "flops" else "rollouts"
@@ -313,7 +374,9 @@ def _view(out: report.Output | None = None) -> Terminal:
     return Terminal(out) if out.is_terminal else LogLines(out)
 
 
-def _run_sweep(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued=(), out: report.Output | None = None) -> sweep_mod.Outcome:
+def _run_sweep(
+    sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued=(), out: report.Output | None = None
+) -> sweep_mod.Outcome:
     """`sweep.run` under a live table, then how many runs finished and why the others did not
     (on stdout unless `out` is given). Ctrl-C or SIGTERM stops the jobs and exits 130 (rerunning
     resumes); a second sweep on the dir is refused (exit 2); a lost Ray head is one line (exit 1)."""
@@ -321,9 +384,16 @@ def _run_sweep(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued=(
     with dispatch_errors(), user_errors():
         outcome = sweep_mod.run(sweep_dir, cfg, cells, continued, _view(out))
     out.print()
-    out.print(f"{outcome.finished}/{len(outcome.states)} runs finished"
-                  + (f", {outcome.paused} stopped by the adaptive schedule (paused at their checkpoints; grid.schedule=full or larger grid.budgets continue them)" if outcome.paused else "")
-                  + f"; {len(outcome.results)} eval points in {sweep_dir.results_file}", soft_wrap=True)
+    out.print(
+        f"{outcome.finished}/{len(outcome.states)} runs finished"
+        + (
+            f", {outcome.paused} stopped by the adaptive schedule (paused at their checkpoints; grid.schedule=full or larger grid.budgets continue them)"
+            if outcome.paused
+            else ""
+        )
+        + f"; {len(outcome.results)} eval points in {sweep_dir.results_file}",
+        soft_wrap=True,
+    )
     for rid, why in outcome.failed.items():
         err.print(Text.assemble(("failed ", "red"), f"{rid}: {why}"), soft_wrap=True)
     return outcome
@@ -331,10 +401,10 @@ def _run_sweep(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued=(
 
 @app.command()
 def doctor(
-    overrides: Optional[list[str]] = OVERRIDES,
-    config: Optional[str] = CONFIG,
-    root: Optional[Path] = root_option("The shared-dir check writes there."),
-    old_out: Optional[Path] = OLD_OUT,
+    overrides: list[str] | None = OVERRIDES,
+    config: str | None = CONFIG,
+    root: Path | None = root_option("The shared-dir check writes there."),
+    old_out: Path | None = OLD_OUT,
 ) -> None:
     """The sweep's preflight alone: on a node of each type, isoflop and Python as the CLI's, the sweep
     dir shared, the model and data readable, vLLM importable (sampler=vllm); and a node with the
@@ -346,15 +416,24 @@ def doctor(
         sweep_dir = sweep_mod.check(root, cfg, cells)
         nodes = sweep_mod.doctor(sweep_dir, cfg, _view())
     for n in nodes:
-        console.print(f"node {n.host}{f' x{n.count}' if n.count > 1 else ''}: {n.cpus:g} CPU, {n.gpus:g} GPU, isoflop {n.version}, Python {n.python}, "
-                      "sweep dir shared, run files readable" + (", vLLM imports" if n.vllm else ""), soft_wrap=True)
-    console.print(f"ready: a run asks for {cfg.cluster.cpus_per_run:g} CPU and {cfg.cluster.gpus_per_run:g} GPU", soft_wrap=True)
+        console.print(
+            f"node {n.host}{f' x{n.count}' if n.count > 1 else ''}: {n.cpus:g} CPU, {n.gpus:g} GPU, isoflop {n.version}, Python {n.python}, "
+            "sweep dir shared, run files readable" + (", vLLM imports" if n.vllm else ""),
+            soft_wrap=True,
+        )
+    console.print(
+        f"ready: a run asks for {cfg.cluster.cpus_per_run:g} CPU and {cfg.cluster.gpus_per_run:g} GPU", soft_wrap=True
+    )
 
 
 @app.command("preflight-probe", hidden=True)
 def preflight_probe(
     spec: str = typer.Argument(..., help="The checks, as preflight.check encodes them."),
-    here: bool = typer.Option(False, "--here", help="Check this node only (SLURM chose it), instead of a node of each type of the Ray cluster."),
+    here: bool = typer.Option(
+        False,
+        "--here",
+        help="Check this node only (SLURM chose it), instead of a node of each type of the Ray cluster.",
+    ),
 ) -> None:
     """The preflight's probe job (what `doctor` and `sweep` submit)."""
     from isoflop_cli import preflight
@@ -369,11 +448,17 @@ def preflight_probe(
 
 @app.command()
 def run(
-    overrides: Optional[list[str]] = OVERRIDES,
-    config: Optional[str] = CONFIG,
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help=f"The run's directory (default: {DEFAULT_ROOT}/single/<run id>)."),
-    old_out: Optional[Path] = OLD_OUT,
-    pause_at: Optional[float] = typer.Option(None, "--pause-at", help="Stop at the first step whose ledger reaches this budget, keeping a checkpoint; a later run continues (adaptive sweeps)."),
+    overrides: list[str] | None = OVERRIDES,
+    config: str | None = CONFIG,
+    run_dir: Path | None = typer.Option(
+        None, "--run-dir", help=f"The run's directory (default: {DEFAULT_ROOT}/single/<run id>)."
+    ),
+    old_out: Path | None = OLD_OUT,
+    pause_at: float | None = typer.Option(
+        None,
+        "--pause-at",
+        help="Stop at the first step whose ledger reaches this budget, keeping a checkpoint; a later run continues (adaptive sweeps).",
+    ),
 ) -> None:
     """One GRPO run in this process: what each Ray job executes, and how to debug a single cell (n=..., B_p=...).
     A run dir that holds a finished run is left as it is (exit 0)."""
@@ -391,10 +476,14 @@ def run(
         files = RunFiles(run_dir)
         finished = files.finished_rows()
     if finished and (plan.reached_by(finished) or not files.has_checkpoint()):
-        console.print(f"{run_dir} holds a finished run: nothing to do (give another --run-dir to run it again)", soft_wrap=True)
+        console.print(
+            f"{run_dir} holds a finished run: nothing to do (give another --run-dir to run it again)", soft_wrap=True
+        )
         console.print(report.metrics_table(finished))
         return
-    console.print(f"run: n={cfg.n} B_p={cfg.B_p} seed={cfg.seed} M={plan.M} lr={plan.lr:.3g}, to {plan.limit:.4g} {plan.column} -> {run_dir}")
+    console.print(
+        f"run: n={cfg.n} B_p={cfg.B_p} seed={cfg.seed} M={plan.M} lr={plan.lr:.3g}, to {plan.limit:.4g} {plan.column} -> {run_dir}"
+    )
     if os.environ.get(EXIT_WITH_PARENT):
         _exit_with_parent()
     from isoflop_cli.recipe.trainer import Budget, train
@@ -410,11 +499,15 @@ def run(
 
 @app.command()
 def calibrate(
-    overrides: Optional[list[str]] = OVERRIDES,
-    config: Optional[str] = CONFIG,
-    root: Optional[Path] = typer.Option(None, "--root", help=f"Output root: results go to ROOT/<name>/ (default: {DEFAULT_ROOT / 'calibration'})."),
-    old_out: Optional[Path] = OLD_OUT,
-    as_json: bool = typer.Option(False, "--json", help="Print the bands of the table as one JSON object (progress on stderr)."),
+    overrides: list[str] | None = OVERRIDES,
+    config: str | None = CONFIG,
+    root: Path | None = typer.Option(
+        None, "--root", help=f"Output root: results go to ROOT/<name>/ (default: {DEFAULT_ROOT / 'calibration'})."
+    ),
+    old_out: Path | None = OLD_OUT,
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the bands of the table as one JSON object (progress on stderr)."
+    ),
 ) -> None:
     """The first seed study's easy and hard sets: sample calibrate.samples completions per problem of
     task.train from the base model (the sweep's model, sampler and verifier), as Ray jobs of
@@ -432,7 +525,10 @@ def calibrate(
         dest = SweepDir(config_mod.check_writable(root / cfg.name))
     with dispatch_errors(), user_errors():
         summary, failed = cal.run(cfg, dest, config, overrides, CalibrationProgress(cfg, err if as_json else console))
-    written = [dest.path / name for name in (cal.RESULT, "easy.parquet", "hard.parquet", "calibration.png", "calibration.svg", "summary.json")]
+    written = [
+        dest.path / name
+        for name in (cal.RESULT, "easy.parquet", "hard.parquet", "calibration.png", "calibration.svg", "summary.json")
+    ]
     if as_json:
         print_json({**summary, "written": list(map(str, written)), "failed": failed})
     else:
@@ -455,8 +551,11 @@ class CalibrationProgress(sweep_mod.View):
         from isoflop_cli import calibrate as cal
 
         manifest, c = dest.manifest(), self.cfg.calibrate
-        self.out.print(f"calibrating {cal.total_rows(manifest):,} problems of {self.cfg.task.train}: {c.samples} samples each, "
-                      f"{len(manifest.cells)} job(s) of {c.shard} -> {dest.path}", soft_wrap=True)
+        self.out.print(
+            f"calibrating {cal.total_rows(manifest):,} problems of {self.cfg.task.train}: {c.samples} samples each, "
+            f"{len(manifest.cells)} job(s) of {c.shard} -> {dest.path}",
+            soft_wrap=True,
+        )
 
     @contextlib.contextmanager
     def watching(self, dispatcher: Dispatcher) -> Iterator[None]:
@@ -465,7 +564,9 @@ class CalibrationProgress(sweep_mod.View):
         from isoflop_cli import calibrate as cal
 
         dest = dispatcher.sweep
-        with Progress(TextColumn("jobs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self.out) as progress:
+        with Progress(
+            TextColumn("jobs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self.out
+        ) as progress:
             bar = progress.add_task("calibrate", total=len(dest.manifest().cells), completed=cal.finished_slices(dest))
             dispatcher.on_poll = lambda: progress.update(bar, completed=cal.finished_slices(dest))
             yield
@@ -473,9 +574,9 @@ class CalibrationProgress(sweep_mod.View):
 
 @app.command("calibrate-shard", hidden=True)
 def calibrate_shard(
-    config: Optional[str] = CONFIG,
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="The job's directory (required)."),
-    old_out: Optional[Path] = OLD_OUT,
+    config: str | None = CONFIG,
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="The job's directory (required)."),
+    old_out: Path | None = OLD_OUT,
 ) -> None:
     """One calibration job (what `calibrate` submits): its rows of task.train, in this process."""
     with user_errors():
@@ -517,8 +618,12 @@ DONE_WITH = (FINISHED, FAILED, STOPPED, PAUSED)  # a cell in these states gets n
 @app.command()
 def logs(
     path: Path = typer.Argument(..., help="A sweep directory (ROOT/<name>)."),
-    run_id: str = typer.Argument(..., metavar="RUN", help="A run's id, as `isoflop status` lists them in its run column."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing as the log grows, until the sweep is done with the run."),
+    run_id: str = typer.Argument(
+        ..., metavar="RUN", help="A run's id, as `isoflop status` lists them in its run column."
+    ),
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Keep printing as the log grows, until the sweep is done with the run."
+    ),
 ) -> None:
     """A run's job log, as the sweep copies it into the run dir (every cluster.log_every_s while the
     job runs, and whole when it ends). --follow shows it live while a sweep is watching the run."""
@@ -540,7 +645,7 @@ def _show_log(sweep_dir: SweepDir, run_id: str, follow: bool) -> str:
         if not text.startswith(shown):  # a retry's job: its own log from the start
             console.print(f"--- {run_id}: a new attempt's log ---", style="dim")
             shown = ""
-        sys.stdout.write(text[len(shown):])
+        sys.stdout.write(text[len(shown) :])
         sys.stdout.flush()
         shown = text
         if not follow or sweep_dir.manifest().cells[run_id].state in DONE_WITH:
@@ -553,36 +658,71 @@ def _show_log(sweep_dir: SweepDir, run_id: str, follow: bool) -> str:
 
 @app.command()
 def fit(
-    paths: list[Path] = typer.Argument(..., help="Sweep directories, results parquets or CSVs with the same columns (concatenated)."),
-    method: Optional[list[str]] = typer.Option(None, "--method", "-m", help="frontier, fixed-batch, scalerl, isoflop-slices, surface, parametric or interference; "
-                                                       "repeat for several (default: what the data supports)."),
+    paths: list[Path] = typer.Argument(
+        ..., help="Sweep directories, results parquets or CSVs with the same columns (concatenated)."
+    ),
+    method: list[str] | None = typer.Option(
+        None,
+        "--method",
+        "-m",
+        help="frontier, fixed-batch, scalerl, isoflop-slices, surface, parametric or interference; "
+        "repeat for several (default: what the data supports).",
+    ),
     metric: str = typer.Option("val_avg@k", help="Metric column (the loss column for parametric)."),
-    axis: str = typer.Option("n", help="Grid axis whose compute-optimal value is fitted (n, B_p, model size, rho ...)."),
+    axis: str = typer.Option(
+        "n", help="Grid axis whose compute-optimal value is fitted (n, B_p, model size, rho ...)."
+    ),
     compute: str = typer.Option("rollouts", help="Compute column: rollouts or flops_total."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir (default: <sweep>/fit, or fit/ beside the file)."),
-    size_col: Optional[str] = typer.Option(None, help="parametric: the parameter-count column N."),
-    tokens_col: Optional[str] = typer.Option(None, help="parametric: the training-token column D."),
-    compute_col: Optional[str] = typer.Option(None, help="parametric: a FLOPs column C, with D = C / (6 N)."),
-    holdout: int = typer.Option(0, help="frontier, surface, scalerl: fit on all but the K largest budgets (distinct compute values of "
-                                          "the eval points) and report the error of axis* and of the value predicted at them."),
-    holdout_frac: float = typer.Option(0.0, help="scalerl: hold out this top share of the log-compute range and report the extrapolation error."),
-    drop_early: float = typer.Option(0.0, help="scalerl: leave out eval points below this fraction of the largest compute."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Output dir (default: <sweep>/fit, or fit/ beside the file)."
+    ),
+    size_col: str | None = typer.Option(None, help="parametric: the parameter-count column N."),
+    tokens_col: str | None = typer.Option(None, help="parametric: the training-token column D."),
+    compute_col: str | None = typer.Option(None, help="parametric: a FLOPs column C, with D = C / (6 N)."),
+    holdout: int = typer.Option(
+        0,
+        help="frontier, surface, scalerl: fit on all but the K largest budgets (distinct compute values of "
+        "the eval points) and report the error of axis* and of the value predicted at them.",
+    ),
+    holdout_frac: float = typer.Option(
+        0.0, help="scalerl: hold out this top share of the log-compute range and report the extrapolation error."
+    ),
+    drop_early: float = typer.Option(
+        0.0, help="scalerl: leave out eval points below this fraction of the largest compute."
+    ),
     bootstrap: int = typer.Option(200, help="Bootstrap resamples over runs for the 90% intervals (0: none)."),
     seed: int = typer.Option(0, help="Bootstrap seed."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: fit.json's, with the answer's lines, frontier.csv's rows (frontier_csv) and the files written."),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help="Print one JSON object: fit.json's, with the answer's lines, frontier.csv's rows (frontier_csv) and the files written.",
+    ),
 ) -> None:
     """Fit frontiers and allocation laws with bootstrap intervals: fit.json, frontier.csv, plots, report.md."""
     from isoflop_cli.fit.command import fit as run_fit
     from isoflop_cli.fit.data import FitSpec
 
-    spec = FitSpec(metric=metric, axis=axis, compute=compute, size_col=size_col, tokens_col=tokens_col, compute_col=compute_col,
-                   holdout=holdout, holdout_frac=holdout_frac, drop_early=drop_early, bootstrap=bootstrap, seed=seed)
+    spec = FitSpec(
+        metric=metric,
+        axis=axis,
+        compute=compute,
+        size_col=size_col,
+        tokens_col=tokens_col,
+        compute_col=compute_col,
+        holdout=holdout,
+        holdout_frac=holdout_frac,
+        drop_early=drop_early,
+        bootstrap=bootstrap,
+        seed=seed,
+    )
     with user_errors():
         fitted = run_fit(paths, spec, list(method or []), out)
     if as_json:
         document = json.loads(next(p for p in fitted.written if p.name == "fit.json").read_text())
         front = fitted.frontier.to_dict("records") if fitted.frontier is not None else None
-        print_json({"answer": fitted.answer, **document, "frontier_csv": front, "written": list(map(str, fitted.written))})
+        print_json(
+            {"answer": fitted.answer, **document, "frontier_csv": front, "written": list(map(str, fitted.written))}
+        )
     else:
         for line in fitted.answer:
             console.print(line, soft_wrap=True)
@@ -598,13 +738,24 @@ def fit(
 def replay(
     path: Path = typer.Argument(..., help="A recorded full grid: a sweep directory, results parquet or CSV."),
     schedule: str = typer.Option("adaptive", help="The schedule to simulate: adaptive or full."),
-    margin: float = typer.Option(DEFAULT_MARGIN, help="adaptive: how far a cell may trail the frontier, in sd of the metric's noise (grid.margin)."),
-    indifference: float = typer.Option(DEFAULT_INDIFFERENCE, help="adaptive: a cell that could beat the frontier by no more than this stops, in the metric's units (grid.indifference)."),
-    budgets: Optional[str] = typer.Option(None, help="Stage budgets, comma-separated (default: the largest compute halved down to every run's first point)."),
+    margin: float = typer.Option(
+        DEFAULT_MARGIN,
+        help="adaptive: how far a cell may trail the frontier, in sd of the metric's noise (grid.margin).",
+    ),
+    indifference: float = typer.Option(
+        DEFAULT_INDIFFERENCE,
+        help="adaptive: a cell that could beat the frontier by no more than this stops, in the metric's units (grid.indifference).",
+    ),
+    budgets: str | None = typer.Option(
+        None,
+        help="Stage budgets, comma-separated (default: the largest compute halved down to every run's first point).",
+    ),
     metric: str = typer.Option("val_avg@k", help="Metric column."),
     axis: str = typer.Option("n", help="Grid axis whose compute-optimal value is compared."),
     compute: str = typer.Option("rollouts", help="Compute column: rollouts or flops_total."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir (default: <sweep>/replay, or replay/ beside the file)."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Output dir (default: <sweep>/replay, or replay/ beside the file)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: replay.json's, with the files written."),
 ) -> None:
     """Simulate a schedule on a recorded full grid (no compute): which cells it stops and when, the
@@ -637,28 +788,53 @@ def replay(
 
 @app.command("race-pilot")
 def race_pilot(
-    overrides: Optional[list[str]] = OVERRIDES,
-    config: Optional[str] = CONFIG,
-    root: Optional[Path] = typer.Option(None, "--root", help=f"Output root; the pilot lives in ROOT/<name>-pilot, its analysis in race/ there (default: {DEFAULT_ROOT})."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="With --from-results: the output dir (default: race/ beside the results). "
-                                                                 "Without, the old spelling of --root (deprecated)."),
-    target: str = typer.Option("native", help="native (val_native: validation scored by the training reward), downstream (a held-out set's downstream_*_pass@1, else val_avg@k) or judge (judge_*)."),
-    metric: Optional[str] = typer.Option(None, help="The target column itself (default: the target's column)."),
-    from_results: Optional[Path] = typer.Option(None, "--from-results", help="Analyse this results file or sweep dir (steps 3-6): no compute."),
-    validate_with: Optional[Path] = typer.Option(None, "--validate-with", help="Full-scale results (a sweep dir or results file): same_regime_rate compares the pilot's call with the call on them."),
+    overrides: list[str] | None = OVERRIDES,
+    config: str | None = CONFIG,
+    root: Path | None = typer.Option(
+        None,
+        "--root",
+        help=f"Output root; the pilot lives in ROOT/<name>-pilot, its analysis in race/ there (default: {DEFAULT_ROOT}).",
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="With --from-results: the output dir (default: race/ beside the results). "
+        "Without, the old spelling of --root (deprecated).",
+    ),
+    target: str = typer.Option(
+        "native",
+        help="native (val_native: validation scored by the training reward), downstream (a held-out set's downstream_*_pass@1, else val_avg@k) or judge (judge_*).",
+    ),
+    metric: str | None = typer.Option(None, help="The target column itself (default: the target's column)."),
+    from_results: Path | None = typer.Option(
+        None, "--from-results", help="Analyse this results file or sweep dir (steps 3-6): no compute."
+    ),
+    validate_with: Path | None = typer.Option(
+        None,
+        "--validate-with",
+        help="Full-scale results (a sweep dir or results file): same_regime_rate compares the pilot's call with the call on them.",
+    ),
     force: bool = typer.Option(False, "--force", help="Run a pilot that costs more than --cap of the full sweep."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the pilot plan and its cost, and stop."),
-    updates: str = typer.Option("0.0625,0.25,1,4", help="Allocation levels: updates per rollout batch (algo.epochs). A whole count u "
-                                    "is paired with n = N / u rollouts per prompt (N: the sweep's largest n, at least 2x the largest count): "
-                                    "more updates buy fewer fresh rollouts. A fraction u < 1 samples N and learns from u N of each group "
-                                    "(rollout down-sampling). rho rises with updates at the same FLOPs."),
+    updates: str = typer.Option(
+        "0.0625,0.25,1,4",
+        help="Allocation levels: updates per rollout batch (algo.epochs). A whole count u "
+        "is paired with n = N / u rollouts per prompt (N: the sweep's largest n, at least 2x the largest count): "
+        "more updates buy fewer fresh rollouts. A fraction u < 1 samples N and learns from u N of each group "
+        "(rollout down-sampling). rho rises with updates at the same FLOPs.",
+    ),
     budgets: int = typer.Option(3, help="At most this many FLOP budgets (1-3), read off the same runs."),
     share: float = typer.Option(0.10, help="Target pilot cost as a share of the full sweep's predicted FLOPs."),
     cap: float = typer.Option(0.25, help="Refuse a pilot above this share of the full sweep (unless --force)."),
     bootstrap: int = typer.Option(200, help="Bootstrap resamples over runs for the 90% intervals."),
     seed: int = typer.Option(0, help="Bootstrap seed."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: the pilot's cells and totals (--dry-run), else regime.json's "
-                                                       "with the files written; the pilot's progress on stderr."),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help="Print one JSON object: the pilot's cells and totals (--dry-run), else regime.json's "
+        "with the files written; the pilot's progress on stderr.",
+    ),
 ) -> None:
     """RACE: diagnose the allocation regime (search-, update- or reward-heavy) from a cheap pilot grid
     before the full sweep. Derives the pilot from the sweep's config: levels that trade search
@@ -675,7 +851,9 @@ def race_pilot(
     overrides = list(overrides or [])
     with user_errors():
         if bootstrap < MIN_DRAWS:
-            raise ConfigError(f"--bootstrap must be >= {MIN_DRAWS}, got {bootstrap}: the regime is called from 90% bootstrap intervals")
+            raise ConfigError(
+                f"--bootstrap must be >= {MIN_DRAWS}, got {bootstrap}: the regime is called from 90% bootstrap intervals"
+            )
         if seed < 0:
             raise ConfigError(f"--seed must be >= 0, got {seed}")
         full_results = race.read_results(validate_with) if validate_with is not None else None
@@ -686,8 +864,20 @@ def race_pilot(
             race.check_full(full_results, column, validate_with)
             base = from_results if from_results.is_dir() else from_results.parent
             dest = config_mod.check_writable(out or base / "race")
-            result, written = race.analyse(df, target, column, None, config, overrides, {"pilot_flops": race.pilot_flops(df), "pilot_share": None},
-                                           dest, None, bootstrap, seed, full_results)
+            result, written = race.analyse(
+                df,
+                target,
+                column,
+                None,
+                config,
+                overrides,
+                {"pilot_flops": race.pilot_flops(df), "pilot_share": None},
+                dest,
+                None,
+                bootstrap,
+                seed,
+                full_results,
+            )
             _race_result(result, written, as_json)
             return
         root = renamed(root, out, "--root")
@@ -717,9 +907,27 @@ def race_pilot(
         scale = sweep_dir.flops_scale()
         spent = race.pilot_flops(outcome.results)
         full = race.full_sweep_flops(config, overrides, scale)
-        cost = {"pilot_flops": spent, "pilot_share": spent / full, "full_flops": full, "pilot_share_planned": pilot.share, "scale": scale}
-        result, written = race.analyse(outcome.results, target, column, pilot.budgets, config, overrides, cost, sweep_dir.path / "race",
-                                       str(root) if root else None, bootstrap, seed, full_results)
+        cost = {
+            "pilot_flops": spent,
+            "pilot_share": spent / full,
+            "full_flops": full,
+            "pilot_share_planned": pilot.share,
+            "scale": scale,
+        }
+        result, written = race.analyse(
+            outcome.results,
+            target,
+            column,
+            pilot.budgets,
+            config,
+            overrides,
+            cost,
+            sweep_dir.path / "race",
+            str(root) if root else None,
+            bootstrap,
+            seed,
+            full_results,
+        )
     _race_result(result, written, as_json)
 
 
@@ -727,11 +935,17 @@ def _pilot_line(pilot, spec) -> str:
     """The pilot's design and predicted cost, in one line under its plan table."""
     from isoflop_cli.race.pilot import SEEDS
 
-    return (f"pilot: {len(pilot.rewards)} reward system(s) {pilot.rewards} x levels (n x updates per batch) {', '.join(map(str, pilot.levels))} "
-            f"x {SEEDS} seeds, budgets {', '.join(f'{b:.3g}' for b in pilot.budgets)} FLOPs "
-            f"({'; '.join('{}-{}'.format(*pilot.steps(b)) for b in pilot.budgets)} steps a cell at the plan's bound): {pilot.flops:.3g} FLOPs predicted, "
-            f"{pilot.share:.1%} of the full sweep's {pilot.full_flops:.3g} (target {spec.share:.0%}, cap {spec.cap:.0%})"
-            + ("; the full sweep's FLOPs are per-step upper bounds, so the share measured after the pilot is higher" if pilot.full_by_bound else ""))
+    return (
+        f"pilot: {len(pilot.rewards)} reward system(s) {pilot.rewards} x levels (n x updates per batch) {', '.join(map(str, pilot.levels))} "
+        f"x {SEEDS} seeds, budgets {', '.join(f'{b:.3g}' for b in pilot.budgets)} FLOPs "
+        f"({'; '.join('{}-{}'.format(*pilot.steps(b)) for b in pilot.budgets)} steps a cell at the plan's bound): {pilot.flops:.3g} FLOPs predicted, "
+        f"{pilot.share:.1%} of the full sweep's {pilot.full_flops:.3g} (target {spec.share:.0%}, cap {spec.cap:.0%})"
+        + (
+            "; the full sweep's FLOPs are per-step upper bounds, so the share measured after the pilot is higher"
+            if pilot.full_by_bound
+            else ""
+        )
+    )
 
 
 def _pilot_json(pilot, spec) -> dict:
@@ -740,10 +954,24 @@ def _pilot_json(pilot, spec) -> dict:
     from isoflop_cli.race.pilot import SEEDS
 
     feasible = [c for c in pilot.cells if c.feasible]
-    totals = {"cells": len(pilot.cells), "feasible": len(feasible), "rollouts": sum(c.plan.rollouts for c in feasible), "flops": pilot.flops}
-    design = {"rewards": list(pilot.rewards), "levels": [{"n": level.n, "updates": level.updates} for level in pilot.levels], "seeds": SEEDS, "budgets": list(pilot.budgets),
-              "steps": [list(pilot.steps(b)) for b in pilot.budgets], "share": pilot.share, "full_flops": pilot.full_flops,
-              "full_by_bound": pilot.full_by_bound, "target_share": spec.share, "cap": spec.cap}
+    totals = {
+        "cells": len(pilot.cells),
+        "feasible": len(feasible),
+        "rollouts": sum(c.plan.rollouts for c in feasible),
+        "flops": pilot.flops,
+    }
+    design = {
+        "rewards": list(pilot.rewards),
+        "levels": [{"n": level.n, "updates": level.updates} for level in pilot.levels],
+        "seeds": SEEDS,
+        "budgets": list(pilot.budgets),
+        "steps": [list(pilot.steps(b)) for b in pilot.budgets],
+        "share": pilot.share,
+        "full_flops": pilot.full_flops,
+        "full_by_bound": pilot.full_by_bound,
+        "target_share": spec.share,
+        "cap": spec.cap,
+    }
     return {"cells": report.plan_records(pilot.cells), "totals": totals, "pilot": design}
 
 

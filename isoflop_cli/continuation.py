@@ -69,7 +69,11 @@ def restarted(sweep_dir: SweepDir, cells: list[grid.Cell], gone: list[str]) -> i
     """How many of the cells `gone` from the sweep dir's grid this grid would run again from the
     start: the same trajectory, without a checkpoint to continue from."""
     keys = {trajectory(c.cfg) for c in cells if c.feasible}
-    return sum(1 for rid in gone if sweep_dir.run(rid).config.exists() and trajectory(OmegaConf.load(sweep_dir.run(rid).config)) in keys)
+    return sum(
+        1
+        for rid in gone
+        if sweep_dir.run(rid).config.exists() and trajectory(OmegaConf.load(sweep_dir.run(rid).config)) in keys
+    )
 
 
 def take_over(sweep_dir: SweepDir, manifest: Manifest) -> None:
@@ -85,5 +89,7 @@ def take_over(sweep_dir: SweepDir, manifest: Manifest) -> None:
         if status.state == FINISHED:  # finished at the smaller budget: paused short of this one
             rows = old.read_metrics()
             column = grid.budget_column(OmegaConf.load(old.config).grid)
-            old.set_status(PAUSED, step=rows[-1]["step"], M=status.M, paused_at=rows[-1][column], **{column: rows[-1][column]})
+            old.set_status(
+                PAUSED, step=rows[-1]["step"], M=status.M, paused_at=rows[-1][column], **{column: rows[-1][column]}
+            )
         old.dir.rename(new.dir)

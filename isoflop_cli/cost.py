@@ -108,7 +108,7 @@ class Seconds:
     def wall(self) -> float:
         return self.search + self.learning + self.reward + self.eval + self.other
 
-    def scaled(self, factors: dict[str, float]) -> "Seconds":
+    def scaled(self, factors: dict[str, float]) -> Seconds:
         return Seconds(**{p: getattr(self, p) * factors.get(p, 1.0) for p in (*PARTS, "other")})
 
 
@@ -133,17 +133,26 @@ class Setup:
     cpus: float  # CPUs per run (cluster.cpus_per_run)
 
     @classmethod
-    def of(cls, cfg) -> "Setup":
+    def of(cls, cfg) -> Setup:
         spec, gpus = SAMPLERS[cfg.sampler.name], cfg.cluster.gpus_per_run
         world = cfg.learner.world_size or 1
         tp = cfg.sampler.tensor_parallel if spec.own_engine and gpus else 1
         return cls(
-            shape=flops.model_shape(cfg.model), prompt=tasks.make(cfg.task).max_prompt_tokens, new_tokens=cfg.task.max_new_tokens,
-            engines=max(1, world // tp) if spec.own_engine else 1, engine_devices=tp, eager=not spec.own_engine,
-            shared_prefill=spec.always_shares_prefill or bool(cfg.sampler.shared_prefill), learners=world,
-            weight_bytes=2 if cfg.learner.bf16 else 4, rule_reward=not REWARDS[cfg.reward.name].model_based,
-            eval_rows=cfg.eval.problems * cfg.eval.samples, eval_prompts=cfg.eval.problems,
-            devices_per_run=float(gpus or cfg.cluster.cpus_per_run), gpu=bool(gpus), cpus=float(cfg.cluster.cpus_per_run),
+            shape=flops.model_shape(cfg.model),
+            prompt=tasks.make(cfg.task).max_prompt_tokens,
+            new_tokens=cfg.task.max_new_tokens,
+            engines=max(1, world // tp) if spec.own_engine else 1,
+            engine_devices=tp,
+            eager=not spec.own_engine,
+            shared_prefill=spec.always_shares_prefill or bool(cfg.sampler.shared_prefill),
+            learners=world,
+            weight_bytes=2 if cfg.learner.bf16 else 4,
+            rule_reward=not REWARDS[cfg.reward.name].model_based,
+            eval_rows=cfg.eval.problems * cfg.eval.samples,
+            eval_prompts=cfg.eval.problems,
+            devices_per_run=float(gpus or cfg.cluster.cpus_per_run),
+            gpu=bool(gpus),
+            cpus=float(cfg.cluster.cpus_per_run),
         )
 
 
@@ -159,8 +168,12 @@ def sampling_seconds(setup: Setup, device: Device, prompts: int, n: int) -> floa
     prefill = flops.forward(s, prefill_rows, setup.prompt, setup.prompt, 1).total / engine_flops
     if steps <= 0:
         return prefill
-    weights = (s.layers * s.linear_macs + s.hidden * s.vocab) * setup.weight_bytes  # projections and LM head, read once a step
-    kv_per_position = 2 * s.layers * s.kv_heads * s.head_dim * setup.weight_bytes  # K and V of one position, every layer
+    weights = (
+        s.layers * s.linear_macs + s.hidden * s.vocab
+    ) * setup.weight_bytes  # projections and LM head, read once a step
+    kv_per_position = (
+        2 * s.layers * s.kv_heads * s.head_dim * setup.weight_bytes
+    )  # K and V of one position, every layer
     positions = steps * setup.prompt + steps * (steps + 1) // 2  # one row's context summed over the decode steps
     read = steps * weights + rows * positions * kv_per_position
     per_step = s.layers * device.hf_layer_s if setup.eager else device.engine_step_s
@@ -171,8 +184,11 @@ def step_seconds(setup: Setup, device: Device, step: flops.StepCost, prompts: in
     """One step at the bound: sampling, learning (`step.learning` FLOPs over the learner ranks) and
     reward (a model's `step.reward` FLOPs on one device, or a rule's CPU cost per completion)."""
     reward = prompts * n * device.rule_s if setup.rule_reward else step.reward / (device.peak_flops * device.mfu)
-    return Seconds(search=sampling_seconds(setup, device, prompts, n), learning=step.learning / (setup.learners * device.peak_flops * device.mfu),
-                   reward=reward)
+    return Seconds(
+        search=sampling_seconds(setup, device, prompts, n),
+        learning=step.learning / (setup.learners * device.peak_flops * device.mfu),
+        reward=reward,
+    )
 
 
 def eval_seconds(setup: Setup, device: Device) -> float:
@@ -210,8 +226,12 @@ class CellCost:
         return self.wall_s * self.devices / 3600
 
     def record(self) -> dict[str, float]:
-        return {"wall_s": round(self.wall_s, 3), "gpu_hours": self.hours if self.gpu else 0.0, "cpu_hours": self.wall_s * self.cpus / 3600,
-                **{f"{p}_s": round(getattr(self.seconds, p), 3) for p in (*PARTS, "other")}}
+        return {
+            "wall_s": round(self.wall_s, 3),
+            "gpu_hours": self.hours if self.gpu else 0.0,
+            "cpu_hours": self.wall_s * self.cpus / 3600,
+            **{f"{p}_s": round(getattr(self.seconds, p), 3) for p in (*PARTS, "other")},
+        }
 
 
 @dataclass(frozen=True)
@@ -251,9 +271,14 @@ class Price:
 
     def totals(self, cells: list[Cell]) -> dict[str, float | int | str]:
         gpu = self.unit == "GPU-h"
-        return {"gpu_hours": self.hours if gpu else 0.0, "cpu_hours": sum(c.record()["cpu_hours"] for c in self.cells if c is not None),
-                "wall_s": round(self.wall_s, 3), "parallel_runs": self.parallel,
-                "flops": sum(c.plan.predicted_flops["flops_total"] for c in cells if c.feasible), "source": self.source}
+        return {
+            "gpu_hours": self.hours if gpu else 0.0,
+            "cpu_hours": sum(c.record()["cpu_hours"] for c in self.cells if c is not None),
+            "wall_s": round(self.wall_s, 3),
+            "parallel_runs": self.parallel,
+            "flops": sum(c.plan.predicted_flops["flops_total"] for c in cells if c.feasible),
+            "source": self.source,
+        }
 
     def costliest(self, cells: list[Cell], k: int = 3) -> list[tuple[str, float]]:
         ranked = sorted(((c.run_id, p.hours) for c, p in zip(cells, self.cells) if p is not None), key=lambda x: -x[1])
@@ -275,9 +300,13 @@ def predict(cells: list[Cell], calibration: Calibration, device: Device) -> list
         setup, per_eval = setups[id(c.combo)]
         p = c.plan
         step = step_seconds(setup, device, p.step_bound, c.axes["B_p"], c.axes["n"])
-        seconds = Seconds(search=step.search * p.flops_scale * p.M, learning=step.learning * p.flops_scale * p.M,
-                          reward=step.reward * p.flops_scale * p.M, eval=per_eval * len(p.eval_steps),
-                          other=calibration.other_per_step * p.M).scaled(calibration.factors)
+        seconds = Seconds(
+            search=step.search * p.flops_scale * p.M,
+            learning=step.learning * p.flops_scale * p.M,
+            reward=step.reward * p.flops_scale * p.M,
+            eval=per_eval * len(p.eval_steps),
+            other=calibration.other_per_step * p.M,
+        ).scaled(calibration.factors)
         out.append(CellCost(seconds, setup.devices_per_run, setup.gpu, setup.cpus))
     return out
 
@@ -309,7 +338,11 @@ def calibrate(cells: list[Cell], sweep: SweepDir, device: Device) -> Calibration
         for part in ("search", "learning"):
             per_flop = getattr(step, part) / getattr(bound, part) if getattr(bound, part) else 0.0
             modelled[part] += per_flop * last[f"flops_{part}"]
-        modelled["reward"] += last["rollouts"] * device.rule_s if setup.rule_reward else last["flops_reward"] / (device.peak_flops * device.mfu)
+        modelled["reward"] += (
+            last["rollouts"] * device.rule_s
+            if setup.rule_reward
+            else last["flops_reward"] / (device.peak_flops * device.mfu)
+        )
         modelled["eval"] += eval_seconds(setup, device) * len(rows)
         seen = measured(rows)
         for part in spent:
@@ -341,8 +374,16 @@ def price(cfg, cells: list[Cell], sweep: SweepDir) -> Price:
 def write(sweep: SweepDir, cells: list[Cell], price: Price) -> None:
     """The plan's cost in the sweep dir (PLAN_FILE), for `status` to set what runs spent against."""
     runs = {c.run_id: p.hours for c, p in zip(cells, price.cells) if p is not None}
-    write_json(sweep.path / PLAN_FILE, {"unit": price.unit, "devices_per_run": next((p.devices for p in price.cells if p is not None), 0.0),
-                                        "hours": price.hours, "runs": runs, "source": price.source})
+    write_json(
+        sweep.path / PLAN_FILE,
+        {
+            "unit": price.unit,
+            "devices_per_run": next((p.devices for p in price.cells if p is not None), 0.0),
+            "hours": price.hours,
+            "runs": runs,
+            "source": price.source,
+        },
+    )
 
 
 def spent_seconds(files) -> float:
@@ -358,11 +399,18 @@ def spent_seconds(files) -> float:
 def status_line(sweep: SweepDir) -> str:
     """Device-hours the sweep's runs spent (from their records) against what `sweep` planned (PLAN_FILE)."""
     plan = read_json(sweep.path / PLAN_FILE)
-    numbers = isinstance(plan, dict) and all(isinstance(plan.get(k), (int, float)) for k in ("devices_per_run", "hours")) \
-        and isinstance(plan.get("runs"), dict) and plan.get("unit") in ("GPU-h", "CPU-h")
+    numbers = (
+        isinstance(plan, dict)
+        and all(isinstance(plan.get(k), (int, float)) for k in ("devices_per_run", "hours"))
+        and isinstance(plan.get("runs"), dict)
+        and plan.get("unit") in ("GPU-h", "CPU-h")
+    )
     if not numbers:
         return f"cost: no readable {PLAN_FILE} (written by `isoflop sweep`): nothing planned to compare with"
     ids = [rid for rid in sweep.manifest().cells if rid in plan["runs"]]
     spent = sum(spent_seconds(sweep.run(rid)) for rid in ids) * plan["devices_per_run"] / 3600
-    return (f"cost: {spent:.3g} {plan['unit']} spent of {plan['hours']:.3g} planned ({spent / plan['hours']:.0%})"
-            if plan["hours"] > 0 else f"cost: {spent:.3g} {plan['unit']} spent, none planned")
+    return (
+        f"cost: {spent:.3g} {plan['unit']} spent of {plan['hours']:.3g} planned ({spent / plan['hours']:.0%})"
+        if plan["hours"] > 0
+        else f"cost: {spent:.3g} {plan['unit']} spent, none planned"
+    )

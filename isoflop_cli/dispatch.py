@@ -22,9 +22,10 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pandas as pd
 from omegaconf import DictConfig
@@ -35,7 +36,20 @@ from isoflop_cli.errors import ConfigError, HeadLost
 from isoflop_cli.fit.noise import variance_column
 from isoflop_cli.fit.schedule import SIGNAL, decide
 from isoflop_cli.joblog import job_message
-from isoflop_cli.store import FAILED, FINISHED, PAUSED, RETRYING, STOPPED, SUBMITTED, CellState, Failure, Manifest, RunFiles, SweepDir, SweepSchedule
+from isoflop_cli.store import (
+    FAILED,
+    FINISHED,
+    PAUSED,
+    RETRYING,
+    STOPPED,
+    SUBMITTED,
+    CellState,
+    Failure,
+    Manifest,
+    RunFiles,
+    SweepDir,
+    SweepSchedule,
+)
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 # Set in a job's environment: `isoflop run` then dies with the job supervisor that started it, so
@@ -65,8 +79,12 @@ def sweep_lock(path: Path) -> Iterator[None]:
             raise ConfigError(f"sweep dir {path} is in use by {_holder(lock)}; wait for it or stop it") from None
         except OSError as e:
             raise ConfigError(f"cannot lock sweep dir {path} ({lock}: {e.strerror})") from None
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "command": shlex.join(["isoflop", *sys.argv[1:]]),
-              "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": shlex.join(["isoflop", *sys.argv[1:]]),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
         try:
@@ -91,7 +109,9 @@ def _open_lock(lock: Path, flags: int) -> int:
         if fd is not None:
             os.close(fd)
         kind = "a symbolic link" if lock.is_symlink() else "a directory" if lock.is_dir() else "a special file"
-        raise ConfigError(f"{lock} is {kind} where the sweep dir's lock file belongs: nothing was changed; remove it and rerun")
+        raise ConfigError(
+            f"{lock} is {kind} where the sweep dir's lock file belongs: nothing was changed; remove it and rerun"
+        )
     return fd
 
 
@@ -129,7 +149,9 @@ def should_retry(tries: int, max_attempts: int, exit_code: int | None, reason: s
 
 def log_behind(files: RunFiles, cell: CellState) -> bool:
     """A finished run whose job's log was last copied before it finished (while no CLI watched)."""
-    return cell.submission_id is not None and (not files.log.exists() or files.log.stat().st_mtime < files.status_file.stat().st_mtime)
+    return cell.submission_id is not None and (
+        not files.log.exists() or files.log.stat().st_mtime < files.status_file.stat().st_mtime
+    )
 
 
 def nothing_to_run(sweep: SweepDir, logs_kept: bool) -> dict[str, str] | None:
@@ -137,7 +159,10 @@ def nothing_to_run(sweep: SweepDir, logs_kept: bool) -> dict[str, str] | None:
     head that ran it is gone, and a new head would not have it): their states, and no cluster need
     start (a rerun of a finished sweep starts no Ray head); else None."""
     cells = sweep.manifest().cells
-    if cells and all(sweep.run(rid).finished() and not (logs_kept and log_behind(sweep.run(rid), cell)) for rid, cell in cells.items()):
+    if cells and all(
+        sweep.run(rid).finished() and not (logs_kept and log_behind(sweep.run(rid), cell))
+        for rid, cell in cells.items()
+    ):
         return dict.fromkeys(cells, FINISHED)
     return None
 
@@ -164,11 +189,17 @@ class Dispatcher:
     on_poll: Callable[[], None] = lambda: None
     active: dict[str, str] = field(default_factory=dict)  # run_id -> submission_id
     failed: set[str] = field(default_factory=set)  # runs that failed in this dispatch: not submitted again in it
-    tries: dict[str, int] = field(default_factory=dict)  # jobs submitted per run in this dispatch (cluster.max_attempts bounds it)
+    tries: dict[str, int] = field(
+        default_factory=dict
+    )  # jobs submitted per run in this dispatch (cluster.max_attempts bounds it)
     head_grace_s: float = HEAD_GRACE_S  # a head that does not answer for this long is lost
     command: str = "run"  # the isoflop command each job runs on its directory (calibrate-shard for calibration)
-    logged: dict[str, float] = field(default_factory=dict)  # run_id -> when its running job's log was last copied (monotonic)
-    log_sizes: dict[str, tuple[str, int]] = field(default_factory=dict)  # run_id -> (submission, characters) of the log last written
+    logged: dict[str, float] = field(
+        default_factory=dict
+    )  # run_id -> when its running job's log was last copied (monotonic)
+    log_sizes: dict[str, tuple[str, int]] = field(
+        default_factory=dict
+    )  # run_id -> (submission, characters) of the log last written
     job_states: dict[str, str | None] = field(default_factory=dict)  # run_id -> its job's state at the last poll
     client: launchers.Jobs | None = None  # the launcher's job client at `address` (made here when not given)
 
@@ -246,7 +277,11 @@ class Dispatcher:
         """Run every cell still in the race to `pause_at` (None: to its budget), as many at once as
         the capacity allows; reattach to jobs a killed CLI left running."""
         cells = manifest.cells
-        queue = [rid for rid, c in cells.items() if c.stopped_at is None and rid not in self.failed and not self._reached(rid, pause_at)]
+        queue = [
+            rid
+            for rid, c in cells.items()
+            if c.stopped_at is None and rid not in self.failed and not self._reached(rid, pause_at)
+        ]
         waiting: dict[str, float] = {}  # runs to resubmit after a failure -> when (monotonic)
         for rid in list(queue):
             sid = cells[rid].submission_id
@@ -279,7 +314,9 @@ class Dispatcher:
                         reason = self._failure(rid, sid, job_state)
                         earlier = [f.reason for f in cell.failures]
                         cell.failures.append(Failure(attempt=cell.attempts, reason=reason, at=time.time()))
-                        if should_retry(self.tries.get(rid, 0), self.cluster.max_attempts, self._exit_code(sid), reason, earlier):
+                        if should_retry(
+                            self.tries.get(rid, 0), self.cluster.max_attempts, self._exit_code(sid), reason, earlier
+                        ):
                             cell.state = RETRYING
                             # Backoff doubles with each try of this dispatch; a job a killed CLI left (reattached) is its first.
                             wait = min(RETRY_WAIT_S[0] * 2 ** (self.tries.get(rid, 1) - 1), RETRY_WAIT_S[1])
@@ -301,7 +338,12 @@ class Dispatcher:
         # Each run's points with what the rule reads: the learning signal, the evaluation's variance,
         # and the cell's axes (the variance model tells seed replicates of one cell by them).
         wanted = [column, metric, SIGNAL, variance_column(metric)]
-        frames = [pd.DataFrame(self.sweep.run(rid).read_metrics(), columns=wanted).assign(run_id=rid, **{k: str(v) for k, v in cells[rid].axes.items()}) for rid in racing]
+        frames = [
+            pd.DataFrame(self.sweep.run(rid).read_metrics(), columns=wanted).assign(
+                run_id=rid, **{k: str(v) for k, v in cells[rid].axes.items()}
+            )
+            for rid in racing
+        ]
         points = pd.concat(frames, ignore_index=True).dropna(subset=[column, metric]) if frames else pd.DataFrame()
         if points.empty:
             return
@@ -309,9 +351,11 @@ class Dispatcher:
             if not d.go:
                 cell = cells[d.run]
                 cell.state, cell.stopped_at = PAUSED, budget
-                cell.why = (f"stopped at {budget:g}: best {d.best:.3f}; at {d.at:g} it could reach {d.reach:.3f}"
-                            f"{'' if d.learns else ' (no group with unequal rewards yet: it has not learned)'}, "
-                            f"not above the frontier's {d.frontier:.3f} there by more than {schedule.indifference:g}")
+                cell.why = (
+                    f"stopped at {budget:g}: best {d.best:.3f}; at {d.at:g} it could reach {d.reach:.3f}"
+                    f"{'' if d.learns else ' (no group with unequal rewards yet: it has not learned)'}, "
+                    f"not above the frontier's {d.frontier:.3f} there by more than {schedule.indifference:g}"
+                )
         self.sweep.write_manifest(manifest)
 
     def _submit(self, run_id: str, cell: CellState, pause_at: float | None = None) -> str:
@@ -320,8 +364,19 @@ class Dispatcher:
         attempt = cell.attempts
         self.tries[run_id] = self.tries.get(run_id, 0) + 1
         # exec: the run is the job's process, so it ends with its job (see EXIT_WITH_PARENT).
-        command = [self.python, "-m", "isoflop_cli", self.command, "--config", str(files.config), "--run-dir", str(files.dir)]
-        entrypoint = "exec " + shlex.join(command + (["--pause-at", repr(float(pause_at))] if pause_at is not None else []))
+        command = [
+            self.python,
+            "-m",
+            "isoflop_cli",
+            self.command,
+            "--config",
+            str(files.config),
+            "--run-dir",
+            str(files.dir),
+        ]
+        entrypoint = "exec " + shlex.join(
+            command + (["--pause-at", repr(float(pause_at))] if pause_at is not None else [])
+        )
         env = {**self.env(), EXIT_WITH_PARENT: "1"}
         # The sweep dir's tag: two sweeps of the same cells in different dirs (a run id is the cell's
         # content) share a cluster without one taking the other's job for its own.
@@ -359,7 +414,14 @@ class Dispatcher:
         environment: the node types it saw, and one line per problem. Its requests are patient as
         the dispatcher's: a head lost while it probes is HeadLost (one line), not a traceback."""
         try:
-            return preflight.check(self.launcher, Patient(self._ask, self.client), cfg, self.sweep.path, self.python, {**self.env(), EXIT_WITH_PARENT: "1"})
+            return preflight.check(
+                self.launcher,
+                Patient(self._ask, self.client),
+                cfg,
+                self.sweep.path,
+                self.python,
+                {**self.env(), EXIT_WITH_PARENT: "1"},
+            )
         except HeadLost:
             self._lost(self.sweep.manifest())
             raise
@@ -392,7 +454,10 @@ class Dispatcher:
         reads it): a run's output is there while it runs, not only when its job ends."""
         now = time.monotonic()
         for rid, sid in self.active.items():
-            if self.job_states.get(rid) == "RUNNING" and now - self.logged.get(rid, float("-inf")) >= self.cluster.log_every_s:
+            if (
+                self.job_states.get(rid) == "RUNNING"
+                and now - self.logged.get(rid, float("-inf")) >= self.cluster.log_every_s
+            ):
                 self.logged[rid] = now
                 self._save_log(rid, sid)
 
@@ -415,4 +480,6 @@ class Dispatcher:
             message = self.client.get_job_info(submission_id).message
         except Exception:  # the cluster no longer knows the job
             message = None
-        return f"job {submission_id} ended {job_state or 'lost'}" + (f": {job_message(message, files.log)}" if message else "")
+        return f"job {submission_id} ended {job_state or 'lost'}" + (
+            f": {job_message(message, files.log)}" if message else ""
+        )

@@ -29,8 +29,10 @@ class HeadLost(HeadError):
 
     def __init__(self, address: str, cause: BaseException, grace_s: float):
         why = "connection refused" if "refused" in str(cause).lower() else type(cause).__name__
-        super().__init__(f"lost the Ray head at {address} (no answer for {grace_s:.0f}s: {why}); its jobs are gone, "
-                         "finished runs are kept; rerun the same command to resume")
+        super().__init__(
+            f"lost the Ray head at {address} (no answer for {grace_s:.0f}s: {why}); its jobs are gone, "
+            "finished runs are kept; rerun the same command to resume"
+        )
 
 
 class SlurmRefused(LauncherError):

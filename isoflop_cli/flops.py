@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
 
 from isoflop_cli import hub
 from isoflop_cli.algorithms import passes
@@ -45,16 +45,18 @@ class Shape:
     lora_rank: int = 0  # 0: full fine-tuning
     lora_targets: tuple[str, ...] = ()  # projections with an adapter (names in PROJECTIONS)
 
-    def with_lora(self, rank: int, targets: tuple[str, ...] | list[str]) -> "Shape":
+    def with_lora(self, rank: int, targets: tuple[str, ...] | list[str]) -> Shape:
         return replace(self, lora_rank=rank, lora_targets=tuple(targets) if rank else ())
 
     @classmethod
-    def from_config(cls, config) -> "Shape":
+    def from_config(cls, config) -> Shape:
         """From a transformers config object or a config.json dict."""
         get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
         model_type = get("model_type")
         if model_type not in SUPPORTED:
-            raise UnsupportedModel(f"the FLOP ledger does not support model_type '{model_type}' (supported: {', '.join(SUPPORTED)})")
+            raise UnsupportedModel(
+                f"the FLOP ledger does not support model_type '{model_type}' (supported: {', '.join(SUPPORTED)})"
+            )
         needed = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
 
         def count(v) -> bool:  # JSON's true is a Python int too
@@ -62,11 +64,15 @@ class Shape:
 
         missing = [k for k in needed if not count(get(k))]
         if missing:
-            raise UnsupportedModel(f"its config ({model_type}) lacks {', '.join(missing)} (a positive integer each): the FLOP ledger "
-                                   "counts a decoder from them")
+            raise UnsupportedModel(
+                f"its config ({model_type}) lacks {', '.join(missing)} (a positive integer each): the FLOP ledger "
+                "counts a decoder from them"
+            )
         odd = [k for k in ("num_key_value_heads", "head_dim") if get(k) is not None and not count(get(k))]
         if odd:
-            raise UnsupportedModel(f"its config ({model_type}) has {odd[0]}={get(odd[0])!r}: a positive integer (or absent) the FLOP ledger counts with")
+            raise UnsupportedModel(
+                f"its config ({model_type}) has {odd[0]}={get(odd[0])!r}: a positive integer (or absent) the FLOP ledger counts with"
+            )
         heads = get("num_attention_heads")
         return cls(
             layers=get("num_hidden_layers"),
@@ -83,8 +89,15 @@ class Shape:
     def projections(self) -> dict[str, tuple[int, int]]:
         """(in, out) features of one layer's projections: attention q, k, v, o and a gated MLP."""
         h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
 
     @property
     def linear_macs(self) -> int:
@@ -140,7 +153,9 @@ class StepBatch:
     tree_tokens: int  # positions of the learned rows as prompt trees: each prompt once, then its completions
     learned_tokens: int  # completion tokens the updates learn from: their logit positions
     decode_rows: tuple[int, ...] | None = None  # rows still running at each decode step; None: all (the bound)
-    trees: int | None = None  # prompt trees the learning passes lay out: `prompts`, more when a token budget splits groups
+    trees: int | None = (
+        None  # prompt trees the learning passes lay out: `prompts`, more when a token budget splits groups
+    )
 
 
 @dataclass(frozen=True)
@@ -155,7 +170,7 @@ class StepCost:
     def __iter__(self) -> Iterator[float]:
         return iter((self.search, self.learning, self.reward))
 
-    def scaled(self, factor: float) -> "StepCost":
+    def scaled(self, factor: float) -> StepCost:
         return StepCost(self.search * factor, self.learning * factor, self.reward * factor)
 
     @property
@@ -174,11 +189,11 @@ class Ledger:
     reward: float = 0.0
 
     @classmethod
-    def of(cls, columns: Mapping[str, float]) -> "Ledger":
+    def of(cls, columns: Mapping[str, float]) -> Ledger:
         """The ledger a run's metrics (or its running ledger) hold in their flops_* columns."""
         return cls(columns["flops_search"], columns["flops_learning"], columns["flops_reward"])
 
-    def add(self, cost: StepCost, steps: float = 1) -> "Ledger":
+    def add(self, cost: StepCost, steps: float = 1) -> Ledger:
         self.search += steps * cost.search
         self.learning += steps * cost.learning
         self.reward += steps * cost.reward
@@ -194,8 +209,13 @@ class Ledger:
         return self.learning / self.total if self.total else None
 
     def columns(self) -> dict[str, float | None]:
-        return {"flops_search": self.search, "flops_learning": self.learning, "flops_reward": self.reward,
-                "flops_total": self.total, "rho": self.rho}
+        return {
+            "flops_search": self.search,
+            "flops_learning": self.learning,
+            "flops_reward": self.reward,
+            "flops_total": self.total,
+            "rho": self.rho,
+        }
 
 
 def step_cost(shape: Shape, algo, batch: StepBatch, shared_prompt: bool, reward: float = 0.0) -> StepCost:
@@ -203,7 +223,9 @@ def step_cost(shape: Shape, algo, batch: StepBatch, shared_prompt: bool, reward:
     measured sizes, so predicted and spent compute are assembled the same way. `shared_prompt`:
     the learner's passes run over prompt trees (`learner.shared_prompt`), else over padded rows.
     `reward`: the reward model's FLOPs (`reward_model`), 0 for a rule."""
-    search = generate(shape, batch.prompts * batch.n, batch.prompt_width, batch.generated_width, batch.prefill_rows, batch.decode_rows)
+    search = generate(
+        shape, batch.prompts * batch.n, batch.prompt_width, batch.generated_width, batch.prefill_rows, batch.decode_rows
+    )
     width = batch.prompt_width + batch.generated_width
     if shared_prompt:
         work = tree_work(batch.prompts, batch.n_learn, batch.prompt_width, width, batch.tree_tokens, batch.trees)
@@ -218,8 +240,14 @@ def reward_model(shape: Shape, rows: int, width: int) -> float:
     return forward(shape, rows, width, width, width).total
 
 
-def generate(shape: Shape, rows: int, prompt_len: int, new_tokens: int, prefill_rows: int | None = None,
-             decode_rows: Sequence[int] | None = None) -> float:
+def generate(
+    shape: Shape,
+    rows: int,
+    prompt_len: int,
+    new_tokens: int,
+    prefill_rows: int | None = None,
+    decode_rows: Sequence[int] | None = None,
+) -> float:
     """Sampling with a KV cache: a prefill at the padded prompt width (logits of its last position),
     then one decode step per further token, each attending to the growing context.
 
@@ -244,8 +272,16 @@ def generate(shape: Shape, rows: int, prompt_len: int, new_tokens: int, prefill_
     return flops + row_steps * fixed + 2.0 * shape.layers * shape.attention_macs(keys)
 
 
-def learning(shape: Shape, tokens: int, pairs: int, epochs: int = 1, reference: bool = False, old_policy: bool = False,
-             value_head: bool = False, logits: int | None = None) -> float:
+def learning(
+    shape: Shape,
+    tokens: int,
+    pairs: int,
+    epochs: int = 1,
+    reference: bool = False,
+    old_policy: bool = False,
+    value_head: bool = False,
+    logits: int | None = None,
+) -> float:
     """One rollout batch's updates: per epoch a forward and backward over every trained position
     (`tokens` of them, their attention over `pairs` query-key pairs, from `plain_work` or
     `tree_work`; mini-batches split the rows, not the work), with logits at `logits` positions
@@ -275,7 +311,11 @@ def learning(shape: Shape, tokens: int, pairs: int, epochs: int = 1, reference: 
     else:
         backward = 2 * (fwd.linear + fwd.head) + 2.5 * fwd.attention
     value = value_head * 2.0 * positions * shape.hidden
-    return epochs * (fwd.total + backward + 3 * value) + reference * (fwd.total - fwd.adapter) + old_policy * (fwd.total + value)
+    return (
+        epochs * (fwd.total + backward + 3 * value)
+        + reference * (fwd.total - fwd.adapter)
+        + old_policy * (fwd.total + value)
+    )
 
 
 def plain_work(rows: int, width: int) -> tuple[int, int]:
@@ -284,7 +324,9 @@ def plain_work(rows: int, width: int) -> tuple[int, int]:
     return rows * width, rows * width * width
 
 
-def tree_work(prompts: int, n: int, prompt_width: int, width: int, tokens: int, trees: int | None = None) -> tuple[int, int]:
+def tree_work(
+    prompts: int, n: int, prompt_width: int, width: int, tokens: int, trees: int | None = None
+) -> tuple[int, int]:
     """(positions, attention query-key pairs) of a pass over prompt trees (`learner.Layout.tree`):
     `tokens` positions (each prompt once per tree, then its completions, no padding); each tree's
     `prompt_width` prompt slots against themselves (`trees`: `prompts`, or more when a token budget
@@ -317,11 +359,19 @@ def epoch_plan(epochs: float, n: int) -> tuple[int, int]:
 def model_shape(model) -> Shape:
     """The shape of a configured model without loading it: its config.json, or the embedded build."""
     if model.path:
-        return Shape.from_config(json.loads((hub.checkpoint(model.path, "model.path", model.download) / "config.json").read_text()))
+        return Shape.from_config(
+            json.loads((hub.checkpoint(model.path, "model.path", model.download) / "config.json").read_text())
+        )
     b = model.build
     return Shape(
-        layers=b.num_layers, hidden=b.hidden_size, intermediate=b.intermediate_size, heads=b.num_heads,
-        kv_heads=b.num_kv_heads, head_dim=b.hidden_size // b.num_heads, vocab=len(SPECIALS) + len(ALPHABET), tied=True,
+        layers=b.num_layers,
+        hidden=b.hidden_size,
+        intermediate=b.intermediate_size,
+        heads=b.num_heads,
+        kv_heads=b.num_kv_heads,
+        head_dim=b.hidden_size // b.num_heads,
+        vocab=len(SPECIALS) + len(ALPHABET),
+        tied=True,
     )
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -40,7 +41,9 @@ class RunPlan:
     column: str  # the ledger column budgets are in: rollouts or flops_total
     limit: float  # the run ends at this ledger value (FLOPs: at the first step that reaches it)
     eval_at: tuple[float, ...]  # evaluate where the ledger column first reaches each of these
-    step_bound: flops.StepCost  # upper bound of one step's FLOPs per part: longest prompt, every completion at max_new_tokens
+    step_bound: (
+        flops.StepCost
+    )  # upper bound of one step's FLOPs per part: longest prompt, every completion at max_new_tokens
     gpu_memory: memory.Memory | None = None  # the predicted memory of one GPU (None on CPU)
     flops_scale: float = 1.0  # measured / bound FLOPs of finished runs (or calibrated response lengths)
 
@@ -77,7 +80,7 @@ class Cell:
     reason: str = ""  # why the cell is infeasible
     run_id: str = field(default="")
     # The cell's axes combination: its config is made on demand (`cfg`), not held per cell.
-    combo: "_Combo | None" = field(default=None, repr=False, compare=False)
+    combo: _Combo | None = field(default=None, repr=False, compare=False)
 
     @property
     def feasible(self) -> bool:
@@ -132,7 +135,7 @@ class _Shapes:
     reward: flops.Shape | None
 
     @classmethod
-    def of(cls, cfg) -> "_Shapes":
+    def of(cls, cfg) -> _Shapes:
         return cls(
             policy=flops.model_shape(cfg.model).with_lora(cfg.lora.rank, cfg.lora.targets),
             prompt=tasks.make(cfg.task).max_prompt_tokens,
@@ -148,8 +151,17 @@ def _step_flops(cfg, n: int, B_p: int, shapes: _Shapes | None = None) -> flops.S
     _, k = flops.epoch_plan(cfg.algo.epochs, n)  # completions per group the updates learn from
     # At the bound a group over the token budget splits into pieces of `per_piece` completions, each with its prompt.
     trees = B_p * -(-k // flops.piece_rows(cfg.learner.max_tokens_per_micro_batch, prompt, new, k))
-    batch = flops.StepBatch(prompts=B_p, n=n, prompt_width=prompt, generated_width=new, prefill_rows=B_p if shared else rows,
-                            n_learn=k, tree_tokens=trees * prompt + B_p * k * new, learned_tokens=B_p * k * new, trees=trees)
+    batch = flops.StepBatch(
+        prompts=B_p,
+        n=n,
+        prompt_width=prompt,
+        generated_width=new,
+        prefill_rows=B_p if shared else rows,
+        n_learn=k,
+        tree_tokens=trees * prompt + B_p * k * new,
+        learned_tokens=B_p * k * new,
+        trees=trees,
+    )
     reward = flops.reward_model(shapes.reward, rows, prompt + new + 1) if shapes.reward is not None else 0.0
     return flops.step_cost(shape, cfg.algo, batch, cfg.learner.shared_prompt, reward)
 
@@ -174,8 +186,14 @@ def plan_run(cfg: DictConfig, flops_scale: float = 1.0) -> RunPlan:
     return _plan_run(cfg, cfg.n, cfg.B_p, flops_scale)
 
 
-def _plan_run(cfg, n: int, B_p: int, flops_scale: float = 1.0, shapes: _Shapes | None = None,
-              checkpoints: list[float] | None = None) -> RunPlan:
+def _plan_run(
+    cfg,
+    n: int,
+    B_p: int,
+    flops_scale: float = 1.0,
+    shapes: _Shapes | None = None,
+    checkpoints: list[float] | None = None,
+) -> RunPlan:
     """plan_run for `n`, `B_p` on `cfg` (a DictConfig or a `_Plain` view of one). Values derived
     here are checked like the config's own (a learning rate, FLOPs that overflow): every run of a
     plan can start."""
@@ -186,23 +204,31 @@ def _plan_run(cfg, n: int, B_p: int, flops_scale: float = 1.0, shapes: _Shapes |
         raise ConfigError(f"B_p*n = {batch} exceeds grid.max_batch = {g.max_batch}")
     groups_per_update = B_p // cfg.algo.minibatches  # mini-batches and ranks take whole prompt groups
     if groups_per_update < cfg.learner.world_size:
-        raise ConfigError(f"B_p = {B_p} prompts do not fill algo.minibatches = {cfg.algo.minibatches} x "
-                          f"learner.world_size = {cfg.learner.world_size} (each rank trains on whole prompt groups)")
+        raise ConfigError(
+            f"B_p = {B_p} prompts do not fill algo.minibatches = {cfg.algo.minibatches} x "
+            f"learner.world_size = {cfg.learner.world_size} (each rank trains on whole prompt groups)"
+        )
     c_max = max(g.budgets)
     bound = _step_flops(cfg, n, B_p, shapes)
     per_step = bound.scaled(flops_scale)
     by_flops = BudgetUnit(g.budget.unit) is BudgetUnit.flops
     cost, what = (per_step.total, f"~{per_step.total:.3g} FLOPs (upper bound)") if by_flops else (batch, f"B = {batch}")
     M = int(c_max // cost)
-    if M < g.min_steps:
-        raise ConfigError(f"budget {c_max:g} {BudgetUnit(g.budget.unit).value} allows M = {M} steps of {what}, below grid.min_steps = {g.min_steps}")
+    if g.min_steps > M:
+        raise ConfigError(
+            f"budget {c_max:g} {BudgetUnit(g.budget.unit).value} allows M = {M} steps of {what}, below grid.min_steps = {g.min_steps}"
+        )
     if not M * per_step.total <= MAX_RUN_FLOPS:
-        raise ConfigError(f"budget {c_max:g} {BudgetUnit(g.budget.unit).value} is M = {M:.3g} steps of ~{per_step.total:.3g} FLOPs, "
-                          f"{M * per_step.total:.3g} FLOPs a run: above {MAX_RUN_FLOPS:.0e}; lower grid.budgets")
+        raise ConfigError(
+            f"budget {c_max:g} {BudgetUnit(g.budget.unit).value} is M = {M:.3g} steps of ~{per_step.total:.3g} FLOPs, "
+            f"{M * per_step.total:.3g} FLOPs a run: above {MAX_RUN_FLOPS:.0e}; lower grid.budgets"
+        )
     lr = learning_rate(cfg.algo, batch)
     if not (math.isfinite(lr) and lr > 0):
-        raise ConfigError(f"algo.base_lr={cfg.algo.base_lr:g} scaled by algo.lr_scaling={LrScaling(cfg.algo.lr_scaling).value} to B = {batch} "
-                          f"(algo.ref_batch={cfg.algo.ref_batch}) is a learning rate of {lr:g}: it must be a finite number > 0")
+        raise ConfigError(
+            f"algo.base_lr={cfg.algo.base_lr:g} scaled by algo.lr_scaling={LrScaling(cfg.algo.lr_scaling).value} to B = {batch} "
+            f"(algo.ref_batch={cfg.algo.ref_batch}) is a learning rate of {lr:g}: it must be a finite number > 0"
+        )
     shared = eval_budgets(g) if checkpoints is None else checkpoints
     checkpoints = shared if by_flops else [c for c in shared if c >= cost]
     steps = {0, M} | {int(c // cost) for c in checkpoints if c >= cost}
@@ -210,11 +236,16 @@ def _plan_run(cfg, n: int, B_p: int, flops_scale: float = 1.0, shapes: _Shapes |
     memory.check(gpu_memory, cfg)
     memory.check_node(shapes.policy, cfg)
     return RunPlan(
-        batch=batch, M=M, eval_steps=tuple(sorted(steps)), lr=lr,
+        batch=batch,
+        M=M,
+        eval_steps=tuple(sorted(steps)),
+        lr=lr,
         column=budget_column(g),
         limit=float(c_max) if by_flops else float(M * batch),
         eval_at=tuple(sorted({0.0, *checkpoints})) if by_flops else tuple(float(s * batch) for s in sorted(steps)),
-        step_bound=bound, flops_scale=flops_scale, gpu_memory=gpu_memory,
+        step_bound=bound,
+        flops_scale=flops_scale,
+        gpu_memory=gpu_memory,
     )
 
 
@@ -258,7 +289,9 @@ class _Combo:
     def run_config(self, n: int, B_p: int, seed: int) -> DictConfig:
         key = (n, B_p, seed)
         if not self.last or self.last[0] is not self or self.last[1] != key:
-            cfg = self.base.copy() if self.base is not None else config.with_values(self.root, self.choice, checked=False)
+            cfg = (
+                self.base.copy() if self.base is not None else config.with_values(self.root, self.choice, checked=False)
+            )
             cfg.n, cfg.B_p, cfg.seed = n, B_p, seed
             self.last[:] = [self, key, cfg]
         return self.last[2]
@@ -294,8 +327,10 @@ def _set_axes(work: DictConfig, root_plain: dict[str, Any], choice: dict[str, An
 def _same_run(first: dict[str, Any], second: dict[str, Any], run: str) -> ConfigError:
     differ = [k for k in second if first.get(k) != second[k]] or list(second)
     pairs = " and ".join(", ".join(f"{k}={axes[k]}" for k in differ) for axes in (first, second))
-    return ConfigError(f"grid.axes: {pairs} are the same run ({run}): every axis value must change what a run "
-                       f"computes ({', '.join(identity.SWEEP_ONLY)} settings do not)")
+    return ConfigError(
+        f"grid.axes: {pairs} are the same run ({run}): every axis value must change what a run "
+        f"computes ({', '.join(identity.SWEEP_ONLY)} settings do not)"
+    )
 
 
 def expand(
@@ -351,20 +386,27 @@ def expand(
             try:
                 plan = _plan_run(view, n, B_p, scale, shapes, checkpoints)
             except ConfigError as e:
-                cells.extend(Cell(axes={"n": n, "B_p": B_p, "seed": seed, **choice}, plan=None, reason=str(e), combo=spec) for seed in seeds)
+                cells.extend(
+                    Cell(axes={"n": n, "B_p": B_p, "seed": seed, **choice}, plan=None, reason=str(e), combo=spec)
+                    for seed in seeds
+                )
                 continue
             for seed, digest, rid in hashes.cells(n, B_p, seeds, plan.key):
                 axes = {"n": n, "B_p": B_p, "seed": seed, **choice}
                 if digest in runs:
                     raise _same_run(runs[digest], axes, rid)
                 if rid in ids:
-                    raise ConfigError(f"grid: cells {_axes_text(ids[rid])} and {_axes_text(axes)} share the run id {rid}; "
-                                      "shorten the axis values or rename the sweep's axes")
+                    raise ConfigError(
+                        f"grid: cells {_axes_text(ids[rid])} and {_axes_text(axes)} share the run id {rid}; "
+                        "shorten the axis values or rename the sweep's axes"
+                    )
                 runs[digest] = ids[rid] = axes
                 cells.append(Cell(axes=axes, plan=plan, run_id=rid, combo=spec))
     if not any(c.feasible for c in cells):
         reasons = sorted({c.reason for c in cells})
-        raise ConfigError(f"no feasible cell: {reasons[0]}" + (f" (and {len(reasons) - 1} more reasons)" if len(reasons) > 1 else ""))
+        raise ConfigError(
+            f"no feasible cell: {reasons[0]}" + (f" (and {len(reasons) - 1} more reasons)" if len(reasons) > 1 else "")
+        )
     return cells
 
 

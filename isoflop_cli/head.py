@@ -31,9 +31,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -66,11 +67,15 @@ class HeadRecord:
     def from_json(cls, data: Any) -> HeadRecord:
         if not isinstance(data, dict):
             raise Malformed("not a JSON object")
-        values = {**schema_fields(data, {"address": "str", "pid": "int"}, required=True),
-                  **schema_fields(data, {"temp_dir": "str", "gcs_address": "str", "nonce": "str", "version": "int"})}
+        values = {
+            **schema_fields(data, {"address": "str", "pid": "int"}, required=True),
+            **schema_fields(data, {"temp_dir": "str", "gcs_address": "str", "nonce": "str", "version": "int"}),
+        }
         record = cls(**{"version": 0, **values})
         if record.version > HEAD_VERSION:
-            raise Malformed(f"version {record.version}, written by a newer isoflop: this one reads up to version {HEAD_VERSION}")
+            raise Malformed(
+                f"version {record.version}, written by a newer isoflop: this one reads up to version {HEAD_VERSION}"
+            )
         return record
 
 
@@ -84,8 +89,10 @@ def read_head(info_file: Path) -> HeadRecord | None:
         return None
     except (OSError, ValueError) as e:
         why = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
-        raise ConfigError(f"{info_file} is not a readable Ray head record ({why}): nothing was changed; "
-                          "if no isoflop head of this sweep dir runs, move it aside") from None
+        raise ConfigError(
+            f"{info_file} is not a readable Ray head record ({why}): nothing was changed; "
+            "if no isoflop head of this sweep dir runs, move it aside"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -139,11 +146,17 @@ def _is_head(pid, info_file: Path, nonce: str | None = None) -> bool:
 
 def _owns(temp_dir: str | None, info_file: Path, nonce: str | None) -> bool:
     """`temp_dir` was made for the head of this `info_file` with this `nonce` (its marker says so)."""
-    return nonce is not None and temp_dir is not None and read_json(Path(temp_dir) / TEMP_MARKER) == {"info": str(info_file), "nonce": nonce}
+    return (
+        nonce is not None
+        and temp_dir is not None
+        and read_json(Path(temp_dir) / TEMP_MARKER) == {"info": str(info_file), "nonce": nonce}
+    )
 
 
 MIN_OPEN_FILES = 1024  # a local head's processes, each with its sockets, pipes and logs: at 64 Ray stalls for minutes
-MIN_ADDRESS_SPACE = 32 << 30  # per process: the raylet alone reserves ~7 GiB it never touches, a job's Python with torch more
+MIN_ADDRESS_SPACE = (
+    32 << 30
+)  # per process: the raylet alone reserves ~7 GiB it never touches, a job's Python with torch more
 SOCKET_PATH_MAX = 107  # bytes of a unix socket's path (sun_path, less its NUL)
 # The longest socket path a local head binds, below the temp dir: mkdtemp's name, Ray's session dir
 # (its date, microseconds and the pid of `ray start`, PID below), the plasma store's socket.
@@ -165,17 +178,25 @@ def check_limits() -> None:
     under the temp dir ($TMPDIR): each refused in one line with what to do."""
     files, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if files != resource.RLIM_INFINITY and files < MIN_OPEN_FILES:
-        raise ConfigError(f"the open-files limit is {files} (ulimit -n); a local Ray head needs at least {MIN_OPEN_FILES:,}: raise it "
-                          f"(ulimit -n {MIN_OPEN_FILES if hard == resource.RLIM_INFINITY else min(max(hard, 0), 65536)}) and rerun")
+        raise ConfigError(
+            f"the open-files limit is {files} (ulimit -n); a local Ray head needs at least {MIN_OPEN_FILES:,}: raise it "
+            f"(ulimit -n {MIN_OPEN_FILES if hard == resource.RLIM_INFINITY else min(max(hard, 0), 65536)}) and rerun"
+        )
     space, _ = resource.getrlimit(resource.RLIMIT_AS)
     if space != resource.RLIM_INFINITY and space < MIN_ADDRESS_SPACE:
-        raise ConfigError(f"the address-space limit is {space / 2**30:.3g} GiB (ulimit -v); a local Ray head's processes reserve more than "
-                          f"they use and need at least {MIN_ADDRESS_SPACE >> 30} GiB each: lift it (ulimit -v unlimited) and rerun")
-    longest = len(os.fsencode(os.path.abspath(tempfile.gettempdir()))) + len(RAY_SOCKET.replace("PID", "0" * _pid_digits()))
+        raise ConfigError(
+            f"the address-space limit is {space / 2**30:.3g} GiB (ulimit -v); a local Ray head's processes reserve more than "
+            f"they use and need at least {MIN_ADDRESS_SPACE >> 30} GiB each: lift it (ulimit -v unlimited) and rerun"
+        )
+    longest = len(os.fsencode(os.path.abspath(tempfile.gettempdir()))) + len(
+        RAY_SOCKET.replace("PID", "0" * _pid_digits())
+    )
     if longest > SOCKET_PATH_MAX:
-        raise ConfigError(f"the temp dir {tempfile.gettempdir()} ($TMPDIR) is too long for a local Ray head's unix sockets: their paths "
-                          f"there reach {longest} bytes, at most {SOCKET_PATH_MAX} are possible; set TMPDIR to a short directory "
-                          "(such as /tmp) and rerun")
+        raise ConfigError(
+            f"the temp dir {tempfile.gettempdir()} ($TMPDIR) is too long for a local Ray head's unix sockets: their paths "
+            f"there reach {longest} bytes, at most {SOCKET_PATH_MAX} are possible; set TMPDIR to a short directory "
+            "(such as /tmp) and rerun"
+        )
 
 
 def _start_head(cluster: DictConfig, info_file: Path, timeout_s: float = 180) -> HeadRecord:
@@ -185,10 +206,27 @@ def _start_head(cluster: DictConfig, info_file: Path, timeout_s: float = 180) ->
     nonce = secrets.token_hex(8)
     temp_dir = tempfile.mkdtemp(prefix="isoflop-ray-")  # short: Ray's unix sockets live under it
     write_json(Path(temp_dir) / TEMP_MARKER, {"info": str(info_file), "nonce": nonce})
-    with open(os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE), "w") as log:  # never world-writable
+    with open(
+        os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE), "w"
+    ) as log:  # never world-writable
         proc = subprocess.Popen(
-            [sys.executable, "-m", "isoflop_cli.head", "--cpus", str(cpus), "--info", str(info_file), "--temp-dir", temp_dir, "--nonce", nonce],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "isoflop_cli.head",
+                "--cpus",
+                str(cpus),
+                "--info",
+                str(info_file),
+                "--temp-dir",
+                temp_dir,
+                "--nonce",
+                nonce,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     try:
         deadline = time.time() + timeout_s
@@ -247,14 +285,27 @@ def _remove_temp_dir(path: str | None, info_file: Path, nonce: str | None) -> No
 
 
 # `ray start` flags that take a port: all are given one, so no two heads meet on Ray's defaults.
-RAY_PORT_FLAGS = ("port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
-                  "metrics-export-port", "ray-client-server-port", "node-manager-port", "object-manager-port")
+RAY_PORT_FLAGS = (
+    "port",
+    "dashboard-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "runtime-env-agent-port",
+    "metrics-export-port",
+    "ray-client-server-port",
+    "node-manager-port",
+    "object-manager-port",
+)
 # Prometheus metrics are served without the token to anyone on the machine, so none are served:
 # RAY_enable_metrics_collection=0 keeps the dashboard agent's exporter (metrics-export-port) shut,
 # and the autoscaler's and dashboard's own servers, which Ray 2.60 starts without a switch on fixed
 # ports taken from the environment (44217, 44227), are given a port no socket can bind: each start
 # fails, which Ray logs and goes on from. tests/test_head.py asks every listener without the token.
-RAY_METRICS_OFF = {"RAY_enable_metrics_collection": "0", "AUTOSCALER_METRIC_PORT": "65536", "DASHBOARD_METRIC_PORT": "65536"}
+RAY_METRICS_OFF = {
+    "RAY_enable_metrics_collection": "0",
+    "AUTOSCALER_METRIC_PORT": "65536",
+    "DASHBOARD_METRIC_PORT": "65536",
+}
 # When its first driver connects, a raylet starts one idle default worker per CPU so that tasks
 # start warm. Everything a sweep asks of Ray (its jobs' supervisors, the preflight's tasks) carries
 # a job's runtime env, which no default worker matches: those workers start (~0.8 CPU-s each), idle
@@ -274,16 +325,39 @@ def serve_head(cpus: int, info_file: Path, temp_dir: Path, nonce: str) -> None:
     # machine's address (services.resolve_ip_for_localhost), and gcs_server, raylet, the dashboard
     # agent, the runtime-env agent, the client server and every worker then listen on it or on all
     # interfaces; with it they take 127.0.0.1 (Ray then also refuses other nodes joining).
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", **RAY_METRICS_OFF, **RAY_NO_PRESTART)
+    env = dict(
+        os.environ,
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_AUTH_MODE="token",
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+        **RAY_METRICS_OFF,
+        **RAY_NO_PRESTART,
+    )
     _ensure_token()
     for attempt in range(3):
         flags = dict(zip(RAY_PORT_FLAGS, free_ports(len(RAY_PORT_FLAGS))))
         ray = subprocess.Popen(
-            [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--node-ip-address=127.0.0.1",
-             "--dashboard-host=127.0.0.1", "--include-dashboard=true", f"--num-cpus={cpus}", "--num-gpus=0",
-             "--disable-usage-stats", f"--temp-dir={temp_dir / RAY_DIR}", "--min-worker-port=0", "--max-worker-port=0",
-             *(f"--{flag}={port}" for flag, port in flags.items())],
-            env=env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
+            [
+                sys.executable,
+                "-m",
+                "ray.scripts.scripts",
+                "start",
+                "--head",
+                "--block",
+                "--node-ip-address=127.0.0.1",
+                "--dashboard-host=127.0.0.1",
+                "--include-dashboard=true",
+                f"--num-cpus={cpus}",
+                "--num-gpus=0",
+                "--disable-usage-stats",
+                f"--temp-dir={temp_dir / RAY_DIR}",
+                "--min-worker-port=0",
+                "--max-worker-port=0",
+                *(f"--{flag}={port}" for flag, port in flags.items()),
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
         )
         address = f"http://127.0.0.1:{flags['dashboard-port']}"
         if _wait_ready(ray, address, flags["dashboard-agent-listen-port"], stop):
@@ -294,8 +368,18 @@ def serve_head(cpus: int, info_file: Path, temp_dir: Path, nonce: str) -> None:
         print(f"isoflop: the Ray head did not come up (try {attempt + 1} of 3)", flush=True)
     else:
         raise SystemExit(1)
-    write_json(info_file, asdict(HeadRecord(address=address, pid=os.getpid(), temp_dir=str(temp_dir), gcs_address=f"127.0.0.1:{flags['port']}",
-                                            nonce=nonce)))
+    write_json(
+        info_file,
+        asdict(
+            HeadRecord(
+                address=address,
+                pid=os.getpid(),
+                temp_dir=str(temp_dir),
+                gcs_address=f"127.0.0.1:{flags['port']}",
+                nonce=nonce,
+            )
+        ),
+    )
     while not stop.is_set() and ray.poll() is None:
         stop.wait(1)
     _end(ray)
@@ -363,7 +447,9 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def _wait_ready(ray: subprocess.Popen, address: str, agent_port: int, stop: threading.Event, timeout_s: float = 120) -> bool:
+def _wait_ready(
+    ray: subprocess.Popen, address: str, agent_port: int, stop: threading.Event, timeout_s: float = 120
+) -> bool:
     """The dashboard answers and the dashboard agent (which runs the jobs) listens."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not stop.is_set() and ray.poll() is None:
@@ -425,16 +511,22 @@ class RayLauncher:
             try:
                 JobSubmissionClient(self.address)
             except AuthenticationError:
-                raise ConfigError(f"the Ray cluster at {self.address} asks for a token: set RAY_AUTH_MODE=token, with the cluster's "
-                                  "token in ~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH") from None
+                raise ConfigError(
+                    f"the Ray cluster at {self.address} asks for a token: set RAY_AUTH_MODE=token, with the cluster's "
+                    "token in ~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"
+                ) from None
             except (ConnectionError, ValueError, RuntimeError) as e:
                 raise ConfigError(f"cannot reach the Ray cluster at {self.address}: {str(e).splitlines()[0]}") from None
             return
         if self.cluster.gpus_per_run:
-            raise ConfigError("cluster.gpus_per_run > 0 needs a Ray cluster with GPUs (cluster.address): the local head has none")
+            raise ConfigError(
+                "cluster.gpus_per_run > 0 needs a Ray cluster with GPUs (cluster.address): the local head has none"
+            )
         if self.cluster.cpus_per_run > self._local_cpus():
-            raise ConfigError(f"cluster.cpus_per_run={self.cluster.cpus_per_run} is more than the local head's {self._local_cpus()} CPUs "
-                              "(cluster.local_cpus)")
+            raise ConfigError(
+                f"cluster.cpus_per_run={self.cluster.cpus_per_run} is more than the local head's {self._local_cpus()} CPUs "
+                "(cluster.local_cpus)"
+            )
         check_limits()
 
     def capacity(self, cells: int) -> int:

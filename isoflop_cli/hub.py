@@ -51,7 +51,7 @@ def hub_id(value: str | None) -> HubId | None:
     url = next((prefix for prefix in URL if value and value.startswith(prefix)), None)
     if url is None and (not value or value.startswith(("/", "~", ".")) or Path(value).exists()):
         return None
-    m = ID.fullmatch(value[len(url):] if url else value)
+    m = ID.fullmatch(value[len(url) :] if url else value)
     if m is None or (m["path"] and url is None):
         return None
     return HubId(m["repo"], m["revision"], m["path"].strip("/") or None if m["path"] else None)
@@ -94,14 +94,18 @@ def data_file(value: str, key: str, download: bool = False) -> Path:
         raise ConfigError(f"{key} {value}: the data set {ref.repo} (commit {root.name[:12]}) has no {ref.path}")
     files = sorted(str(f.relative_to(root)) for f in target.rglob("*") if f.suffix in DATA_SUFFIXES and f.is_file())
     if not files:
-        raise ConfigError(f"{key} {value}: the data set holds no {', '.join(DATA_SUFFIXES)} file there (commit {root.name[:12]})")
+        raise ConfigError(
+            f"{key} {value}: the data set holds no {', '.join(DATA_SUFFIXES)} file there (commit {root.name[:12]})"
+        )
     chosen = _split_files(files, SPLIT_WORDS.get(key, HELD_OUT_WORDS))
     if len(chosen) == 1:
         return root / chosen[0]
     listed = ", ".join(chosen[:6]) + (" ..." if len(chosen) > 6 else "")
     revision = f"@{ref.revision}" if ref.revision else ""
-    raise ConfigError(f"{key} {value}: {len(chosen)} files could be it ({listed}); name one, e.g. "
-                      f"{key}=hf://datasets/{ref.repo}{revision}/{chosen[0]}")
+    raise ConfigError(
+        f"{key} {value}: {len(chosen)} files could be it ({listed}); name one, e.g. "
+        f"{key}=hf://datasets/{ref.repo}{revision}/{chosen[0]}"
+    )
 
 
 def _split_files(files: list[str], words: tuple[str, ...]) -> list[str]:
@@ -122,19 +126,37 @@ def snapshot(ref: HubId, kind: str, key: str, download: bool) -> Path:
 
 
 @functools.lru_cache(maxsize=64)
-def _snapshot(repo: str, revision: str | None, kind: str, key: str, download: bool, offline: bool, cache_dir: str) -> Path:
+def _snapshot(
+    repo: str, revision: str | None, kind: str, key: str, download: bool, offline: bool, cache_dir: str
+) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     shown = repo + (f"@{revision}" if revision else "")
     try:
-        return Path(snapshot_download(repo, repo_type=kind, revision=revision, cache_dir=cache_dir, local_files_only=offline or not download))
+        return Path(
+            snapshot_download(
+                repo, repo_type=kind, revision=revision, cache_dir=cache_dir, local_files_only=offline or not download
+            )
+        )
     except LocalEntryNotFoundError:
-        allow = "unset HF_HUB_OFFLINE, which forbids the download" if download else f"allow the download with {kind if kind == 'model' else 'task'}.download=true"
-        fetch = f"hf download {repo}" + (" --repo-type dataset" if kind == "dataset" else "") + (f" --revision {revision}" if revision else "")
-        raise ConfigError(f"{key} {shown} is neither a local path nor a {kind} in the local Hugging Face cache ({cache_dir}): "
-                          f"download it (`{fetch}`) or {allow}") from None
+        allow = (
+            "unset HF_HUB_OFFLINE, which forbids the download"
+            if download
+            else f"allow the download with {kind if kind == 'model' else 'task'}.download=true"
+        )
+        fetch = (
+            f"hf download {repo}"
+            + (" --repo-type dataset" if kind == "dataset" else "")
+            + (f" --revision {revision}" if revision else "")
+        )
+        raise ConfigError(
+            f"{key} {shown} is neither a local path nor a {kind} in the local Hugging Face cache ({cache_dir}): "
+            f"download it (`{fetch}`) or {allow}"
+        ) from None
     except Exception as e:  # the Hub's answer (no such repo or revision, gated, no network): its first line
         first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
-        raise ConfigError(f"{key} {shown}: the Hugging Face Hub {kind} cannot be had: {type(e).__name__}"
-                          + (f": {first[:300]}" if first else "")) from None
+        raise ConfigError(
+            f"{key} {shown}: the Hugging Face Hub {kind} cannot be had: {type(e).__name__}"
+            + (f": {first[:300]}" if first else "")
+        ) from None

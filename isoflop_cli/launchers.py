@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Protocol
+from typing import Any, ContextManager, Protocol
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,15 @@ class Jobs(Protocol):
     RUNNING, SUCCEEDED, FAILED, STOPPED); an info's `.driver_exit_code` is the run's exit code (None:
     unknown) and its `.message` why the job ended. A job the cluster does not know is a RuntimeError."""
 
-    def submit_job(self, *, entrypoint: str, submission_id: str, entrypoint_num_cpus: float, entrypoint_num_gpus: float,
-                   runtime_env: dict) -> str: ...
+    def submit_job(
+        self,
+        *,
+        entrypoint: str,
+        submission_id: str,
+        entrypoint_num_cpus: float,
+        entrypoint_num_gpus: float,
+        runtime_env: dict,
+    ) -> str: ...
 
     def get_job_status(self, submission_id: str) -> Any: ...
 

@@ -155,8 +155,14 @@ class Memory:
     def record(self) -> dict:
         """The breakdown as `plan --json` writes it."""
         out = {k: round(v, 3) for k, v in asdict(self).items() if isinstance(v, float)}
-        return {**out, "sampling": round(self.sampling, 3), "scoring": round(self.scoring, 3), "learning": round(self.learning, 3),
-                "phase": self.phase, "micro_batch_tokens": self.micro_batch.tokens}
+        return {
+            **out,
+            "sampling": round(self.sampling, 3),
+            "scoring": round(self.scoring, 3),
+            "learning": round(self.learning, 3),
+            "phase": self.phase,
+            "micro_batch_tokens": self.micro_batch.tokens,
+        }
 
 
 def predict(shape: Shape, cfg, n: int, B_p: int, prompt: int) -> Memory | None:
@@ -180,13 +186,24 @@ def predict(shape: Shape, cfg, n: int, B_p: int, prompt: int) -> Memory | None:
     gather, broadcast = _transfers(cfg, n, B_p, prompt, cfg.task.max_new_tokens)
     reward_weights, reward_forward = _reward_model(cfg, n, B_p, prompt + cfg.task.max_new_tokens + 1)
     return Memory(
-        weights=weights / GIB, gradients=gradients / GIB, optimizer=optimizer / GIB, reference=reference / GIB,
-        step_tensors=step / GIB, gathered=gathered / GIB,
+        weights=weights / GIB,
+        gradients=gradients / GIB,
+        optimizer=optimizer / GIB,
+        reference=reference / GIB,
+        step_tensors=step / GIB,
+        gathered=gathered / GIB,
         activations=_activations(shape, micro, c, bool(cfg.learner.activation_checkpointing)) / GIB,
         logits=_logits(shape, micro, c, cfg.learner.logit_chunk_tokens, cfg.algo.entropy_coef > 0) / GIB,
-        sampler_weights=sampler_weights / GIB, kv_cache=kv_cache / GIB, sampler_kept=kept / GIB, engine_graphs=graphs / GIB,
-        gather_buffers=gather / GIB, broadcast_buffers=broadcast / GIB,
-        reward_weights=reward_weights / GIB, reward_forward=reward_forward / GIB, overhead=OVERHEAD_GIB, micro_batch=micro,
+        sampler_weights=sampler_weights / GIB,
+        kv_cache=kv_cache / GIB,
+        sampler_kept=kept / GIB,
+        engine_graphs=graphs / GIB,
+        gather_buffers=gather / GIB,
+        broadcast_buffers=broadcast / GIB,
+        reward_weights=reward_weights / GIB,
+        reward_forward=reward_forward / GIB,
+        overhead=OVERHEAD_GIB,
+        micro_batch=micro,
     )
 
 
@@ -196,23 +213,41 @@ def check(memory: Memory | None, cfg) -> None:
     limit = cfg.cluster.gpu_memory_gib
     if memory is None or limit is None or memory.peak <= limit:
         return
-    terms = {"weights": memory.weights, "gradients": memory.gradients, "optimizer": memory.optimizer, "reference": memory.reference,
-             "reward_weights": memory.reward_weights}
+    terms = {
+        "weights": memory.weights,
+        "gradients": memory.gradients,
+        "optimizer": memory.optimizer,
+        "reference": memory.reference,
+        "reward_weights": memory.reward_weights,
+    }
     if memory.phase == "learning":
-        terms.update(activations=memory.activations, logits=memory.logits, gathered=memory.gathered, step_tensors=memory.step_tensors)
+        terms.update(
+            activations=memory.activations,
+            logits=memory.logits,
+            gathered=memory.gathered,
+            step_tensors=memory.step_tensors,
+        )
     elif memory.phase == "scoring":
         terms.update(reward_forward=memory.reward_forward, broadcast_buffers=memory.broadcast_buffers)
     else:
-        terms.update(sampler_weights=memory.sampler_weights, kv_cache=memory.kv_cache, engine_graphs=memory.engine_graphs,
-                     gather_buffers=memory.gather_buffers)
+        terms.update(
+            sampler_weights=memory.sampler_weights,
+            kv_cache=memory.kv_cache,
+            engine_graphs=memory.engine_graphs,
+            gather_buffers=memory.gather_buffers,
+        )
     if memory.phase != "sampling" and memory.sampler_kept:
         terms["sampler_kept"] = memory.sampler_kept
     largest = sorted(terms, key=terms.get, reverse=True)[:3]
     # The knobs of the terms that could make up the excess on their own (else the largest term's).
     enough = [t for t in largest if terms[t] >= memory.peak - limit] or largest[:1]
-    knobs = list(dict.fromkeys(knob for term in enough for knob in _knobs(term, memory, cfg))) or ["more GPUs per run (cluster.gpus_per_run)"]
-    raise ConfigError(f"needs {memory.peak:.1f} GiB of cluster.gpu_memory_gib={limit:g} per GPU while {memory.phase} "
-                      f"({', '.join(f'{t} {terms[t]:.1f}' for t in largest)}): {', '.join(knobs)}")
+    knobs = list(dict.fromkeys(knob for term in enough for knob in _knobs(term, memory, cfg))) or [
+        "more GPUs per run (cluster.gpus_per_run)"
+    ]
+    raise ConfigError(
+        f"needs {memory.peak:.1f} GiB of cluster.gpu_memory_gib={limit:g} per GPU while {memory.phase} "
+        f"({', '.join(f'{t} {terms[t]:.1f}' for t in largest)}): {', '.join(knobs)}"
+    )
 
 
 def check_node(shape: Shape, cfg) -> None:
@@ -229,15 +264,30 @@ def check_node(shape: Shape, cfg) -> None:
     limit = given if given is not None else this_machine_gib() if launchers.runs_here(cfg.cluster) else None
     c = 2 if cfg.learner.bf16 else FP32
     world = cfg.learner.world_size
-    terms = dict(zip(("weights", "gradients", "AdamW states", "KL reference"), (world * b / GIB for b in _learner_state(shape, cfg, c))))
+    terms = dict(
+        zip(
+            ("weights", "gradients", "AdamW states", "KL reference"),
+            (world * b / GIB for b in _learner_state(shape, cfg, c)),
+        )
+    )
     terms["processes"] = world * PROCESS_GIB
     need = sum(terms.values())
     if limit is None or need <= limit:
         return
-    source = f"the {given:g} GiB of cluster.node_memory_gib" if given is not None else f"the {limit:.1f} GiB of this machine's memory"
-    knobs = [*([] if shape.lora_rank else ["train LoRA adapters (lora.rank)"]), "a smaller model", "GPUs (cluster.gpus_per_run)"]
-    raise ConfigError(f"a CPU run's learner state alone needs {need:.1f} GiB, above {source} "
-                      f"({', '.join(f'{t} {v:.1f}' for t, v in terms.items() if v)}): {', '.join(knobs)}")
+    source = (
+        f"the {given:g} GiB of cluster.node_memory_gib"
+        if given is not None
+        else f"the {limit:.1f} GiB of this machine's memory"
+    )
+    knobs = [
+        *([] if shape.lora_rank else ["train LoRA adapters (lora.rank)"]),
+        "a smaller model",
+        "GPUs (cluster.gpus_per_run)",
+    ]
+    raise ConfigError(
+        f"a CPU run's learner state alone needs {need:.1f} GiB, above {source} "
+        f"({', '.join(f'{t} {v:.1f}' for t, v in terms.items() if v)}): {', '.join(knobs)}"
+    )
 
 
 @functools.cache
@@ -413,10 +463,12 @@ def _sampler(shape: Shape, cfg, c: int, rows: int, width: int) -> tuple[float, f
             share = s.gpu_memory_utilization * cfg.cluster.gpu_memory_gib * GIB
             kv = share - weights - graphs
             if kv <= 0:
-                raise ConfigError(f"sampler.gpu_memory_utilization={s.gpu_memory_utilization:g} of cluster.gpu_memory_gib="
-                                  f"{cfg.cluster.gpu_memory_gib:g} ({share / GIB:.1f} GiB) does not hold the engine's weights "
-                                  f"and CUDA graphs ({weights / GIB:.1f} + {graphs / GIB:.1f} GiB per GPU): raise sampler.gpu_memory_utilization "
-                                  "or sampler.tensor_parallel")
+                raise ConfigError(
+                    f"sampler.gpu_memory_utilization={s.gpu_memory_utilization:g} of cluster.gpu_memory_gib="
+                    f"{cfg.cluster.gpu_memory_gib:g} ({share / GIB:.1f} GiB) does not hold the engine's weights "
+                    f"and CUDA graphs ({weights / GIB:.1f} + {graphs / GIB:.1f} GiB per GPU): raise sampler.gpu_memory_utilization "
+                    "or sampler.tensor_parallel"
+                )
         return weights, kv, graphs, graphs if s.sleep else weights + kv + graphs
     weights = c * P if sharded(cfg) else 0
     kv = rows * width * shape.layers * 2 * shape.kv_heads * shape.head_dim * c + rows * shape.vocab * (c + 3 * FP32)
@@ -472,7 +524,9 @@ def _reward_shape(reward) -> Shape:
     """A reward model's shape for its weights: its embeddings' vocabulary (`flops.reward_model_shape`
     gives the head's, its labels), one matrix (the classifier's head is its labels wide)."""
     if reward.path:
-        return replace(Shape.from_config(json.loads((Path(reward.path).expanduser() / "config.json").read_text())), tied=True)
+        return replace(
+            Shape.from_config(json.loads((Path(reward.path).expanduser() / "config.json").read_text())), tied=True
+        )
     return replace(model_shape(reward), tied=True)
 
 
@@ -482,10 +536,15 @@ def _knobs(term: str, memory: Memory, cfg) -> list[str]:
     if term == "activations":
         knobs = [] if lrn.activation_checkpointing else ["turn learner.activation_checkpointing on"]
         if lrn.max_tokens_per_micro_batch:
-            knobs.append(f"one completion alone feeds {micro.tokens:,} positions: lower task.max_new_tokens" if micro.rows == 1 else
-                         "lower learner.max_tokens_per_micro_batch")
+            knobs.append(
+                f"one completion alone feeds {micro.tokens:,} positions: lower task.max_new_tokens"
+                if micro.rows == 1
+                else "lower learner.max_tokens_per_micro_batch"
+            )
         elif lrn.micro_batch and micro.groups == 1:
-            knobs.append(f"a prompt group alone feeds {micro.tokens:,} positions: set learner.max_tokens_per_micro_batch (it splits groups)")
+            knobs.append(
+                f"a prompt group alone feeds {micro.tokens:,} positions: set learner.max_tokens_per_micro_batch (it splits groups)"
+            )
         else:
             knobs.append("lower learner.micro_batch" if lrn.micro_batch else "set learner.max_tokens_per_micro_batch")
         return knobs

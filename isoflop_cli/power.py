@@ -70,11 +70,16 @@ class Power:
         """The plan's footer line."""
         if self.trend is None:
             return f"power: no trend test ({self.why})"
-        reach = (f"{self.seeds_for_80} seed(s) per cell reach {TARGET:.0%}" if self.seeds_for_80 is not None
-                 else f"more than {MAX_SEEDS} seeds per cell are needed for {TARGET:.0%}")
-        return (f"power: {self.trend:.0%} that fit calls a rising n* when n* moves {self.doublings:g} doubling(s) over the budgets "
-                f"with a gap of {self.gap:g} per doubling of n ({self.seeds} seed(s) per cell, seed sd {self.seed_sd:.3g}, "
-                f"eval sd {self.eval_sd:.3g}: {self.noise_source}); {reach}")
+        reach = (
+            f"{self.seeds_for_80} seed(s) per cell reach {TARGET:.0%}"
+            if self.seeds_for_80 is not None
+            else f"more than {MAX_SEEDS} seeds per cell are needed for {TARGET:.0%}"
+        )
+        return (
+            f"power: {self.trend:.0%} that fit calls a rising n* when n* moves {self.doublings:g} doubling(s) over the budgets "
+            f"with a gap of {self.gap:g} per doubling of n ({self.seeds} seed(s) per cell, seed sd {self.seed_sd:.3g}, "
+            f"eval sd {self.eval_sd:.3g}: {self.noise_source}); {reach}"
+        )
 
 
 @dataclass(frozen=True)
@@ -99,17 +104,22 @@ def design(cells: list) -> Design | None:
     if not seen:
         return None
     strata = {rest: i for i, rest in enumerate(dict.fromkeys(rest for _, rest, _ in seen.values()))}
-    return Design(np.array([x for x, _, _ in seen.values()]), np.array([strata[rest] for _, rest, _ in seen.values()]),
-                  [p for _, _, p in seen.values()])
+    return Design(
+        np.array([x for x, _, _ in seen.values()]),
+        np.array([strata[rest] for _, rest, _ in seen.values()]),
+        [p for _, _, p in seen.values()],
+    )
 
 
-def call_rate(d: Design, seeds: int, doublings: float, gap: float, noise: Noise, grids: int, rng: np.random.Generator) -> float:
+def call_rate(
+    d: Design, seeds: int, doublings: float, gap: float, noise: Noise, grids: int, rng: np.random.Generator
+) -> float:
     """The share of `grids` simulated sweeps of design `d` (`seeds` per cell) whose trend test calls "rises"."""
     budgets = trend.common_budgets(max(p.min() for p in d.points), min(p.max() for p in d.points))
     zlo, zhi = math.log2(min(p.min() for p in d.points)), math.log2(max(p.max() for p in d.points))
     room = max(d.x.max() - d.x.min() - doublings, 0.0)  # where n*'s path fits inside the grid
     start = d.x.min() + rng.uniform(0.0, 1.0, (grids, 1, 1)) * room - max(doublings - (d.x.max() - d.x.min()), 0.0) / 2
-    offset_sd = math.sqrt(max(noise.seed_sd ** 2 - noise.eval_sd ** 2, 0.0))
+    offset_sd = math.sqrt(max(noise.seed_sd**2 - noise.eval_sd**2, 0.0))
     y = []  # per cell: (grids, seeds, budgets), each run read at the common budgets as fit reads it
     for x, points in zip(d.x, d.points):
         star = start + doublings * (np.log2(points) - zlo) / max(zhi - zlo, 1e-12)  # (grids, 1, points)
@@ -124,12 +134,22 @@ def call_rate(d: Design, seeds: int, doublings: float, gap: float, noise: Noise,
 def analyse(cells: list, seeds: int, doublings: float, gap: float, noise: Noise, grids: int, seed: int = 0) -> Power:
     """The power of the grid's trend test with its `seeds` per cell, and the fewest seeds that reach
     80% (doubling until it is reached, then halving the bracket: the power grows with the seeds)."""
-    known = dict(seeds=seeds, doublings=doublings, gap=gap, seed_sd=noise.seed_sd, eval_sd=noise.eval_sd, noise_source=noise.source, grids=grids)
+    known = dict(
+        seeds=seeds,
+        doublings=doublings,
+        gap=gap,
+        seed_sd=noise.seed_sd,
+        eval_sd=noise.eval_sd,
+        noise_source=noise.source,
+        grids=grids,
+    )
     d = design(cells)
     if d is None or np.unique(d.x).size < 2:
         return Power(None, seeds_for_80=None, why="the grid has one n value", **known)
     if trend.common_budgets(max(p.min() for p in d.points), min(p.max() for p in d.points)) is None:
-        return Power(None, seeds_for_80=None, why="the runs' eval points share less than one doubling of compute", **known)
+        return Power(
+            None, seeds_for_80=None, why="the runs' eval points share less than one doubling of compute", **known
+        )
     rng = np.random.default_rng(seed)
     rate = call_rate(d, seeds, doublings, gap, noise, grids, rng)
     if rate >= TARGET:
@@ -158,9 +178,13 @@ def check(settings) -> None:
         value = settings[key]
         if not (math.isfinite(value) and value > 0):
             raise ConfigError(f"power.{key} must be a finite number > 0, got {value}")
-    if settings.eval_sd is not None and not (math.isfinite(settings.eval_sd) and 0 <= settings.eval_sd <= settings.seed_sd):
-        raise ConfigError(f"power.eval_sd must be between 0 and power.seed_sd ({settings.seed_sd:g}: the evaluation is a share of "
-                          f"the noise between seeds), got {settings.eval_sd}")
+    if settings.eval_sd is not None and not (
+        math.isfinite(settings.eval_sd) and 0 <= settings.eval_sd <= settings.seed_sd
+    ):
+        raise ConfigError(
+            f"power.eval_sd must be between 0 and power.seed_sd ({settings.seed_sd:g}: the evaluation is a share of "
+            f"the noise between seeds), got {settings.eval_sd}"
+        )
     if settings.grids < 20:
         raise ConfigError(f"power.grids must be >= 20 (simulated sweeps per estimate), got {settings.grids}")
 
@@ -175,14 +199,20 @@ def noise_of(cfg, results: Path | None = None) -> Noise:
         if settings.eval_sd is not None:
             return Noise(settings.seed_sd, settings.eval_sd, "power.seed_sd and power.eval_sd")
         eval_sd = min(binomial_sd(cfg.eval.problems, cfg.eval.samples), settings.seed_sd)
-        return Noise(settings.seed_sd, eval_sd, f"power.seed_sd; eval sd binomial over {cfg.eval.problems} x {cfg.eval.samples} completions")
+        return Noise(
+            settings.seed_sd,
+            eval_sd,
+            f"power.seed_sd; eval sd binomial over {cfg.eval.problems} x {cfg.eval.samples} completions",
+        )
     from isoflop_cli.fit import data, noise
 
     df, _ = data.load([results])
     read = noise.estimate(df)
     if read.seed_sd is None:
-        raise ConfigError(f"--noise-from {results}: no seed replicates to read the noise between seeds from "
-                          "(a cell run with two or more seeds); set power.seed_sd instead")
+        raise ConfigError(
+            f"--noise-from {results}: no seed replicates to read the noise between seeds from "
+            "(a cell run with two or more seeds); set power.seed_sd instead"
+        )
     eval_sd = read.eval_sd if read.eval_sd is not None else binomial_sd(cfg.eval.problems, cfg.eval.samples)
     return Noise(read.seed_sd, min(eval_sd, read.seed_sd), f"read from {results} ({read.replicated} replicated cells)")
 

@@ -42,7 +42,9 @@ from isoflop_cli.tracking import writes_dir
 MARK = "ISOFLOP_PREFLIGHT "  # the probe's result line in its job log
 DIR = ".preflight"  # in the sweep dir: the files of the shared-dir check
 WAIT_S = 120.0  # a probe not done by then is a problem (a cluster with no room even for it, a hung node)
-ATTEMPTS = 2  # a probe job the cluster ended itself (its job supervisor died: no exit code of the probe's) runs once more
+ATTEMPTS = (
+    2  # a probe job the cluster ended itself (its job supervisor died: no exit code of the probe's) runs once more
+)
 
 
 @dataclass(frozen=True)
@@ -96,17 +98,34 @@ def version() -> str:
 def spec_for(cfg, sweep_dir: Path, interpreter: str) -> Spec:
     from isoflop_cli.config.schema import PATH_KEYS
 
-    paths = {key: value for key in PATH_KEYS if key != "tracking.dir" and isinstance(value := _select(cfg, key), str) and value}
+    paths = {
+        key: value
+        for key in PATH_KEYS
+        if key != "tracking.dir" and isinstance(value := _select(cfg, key), str) and value
+    }
     paths.update({f"eval.{part}.{name}": str(p) for part in ("sets", "judges") for name, p in cfg.eval[part].items()})
-    paths = {key: p for key, p in paths.items() if not (hub.takes_ids(key) and hub.hub_id(p))}  # each node's own Hugging Face cache
+    paths = {
+        key: p for key, p in paths.items() if not (hub.takes_ids(key) and hub.hub_id(p))
+    }  # each node's own Hugging Face cache
     writes = {"ISOFLOP_CACHE": ""} if builds_embedded(cfg) else {}
     if cfg.tracking.dir and writes_dir(cfg.tracking):
         writes["tracking.dir"] = cfg.tracking.dir
-    return Spec(version(), platform.python_version_tuple()[0] + "." + platform.python_version_tuple()[1], str(sweep_dir.absolute()),
-                uuid.uuid4().hex[:12], paths, SAMPLERS[cfg.sampler.name].package == "vllm", interpreter, list(cfg.tracking.backends), writes)
+    return Spec(
+        version(),
+        platform.python_version_tuple()[0] + "." + platform.python_version_tuple()[1],
+        str(sweep_dir.absolute()),
+        uuid.uuid4().hex[:12],
+        paths,
+        SAMPLERS[cfg.sampler.name].package == "vllm",
+        interpreter,
+        list(cfg.tracking.backends),
+        writes,
+    )
 
 
-def check(launcher, client, cfg, sweep_dir: Path, python: str, env: dict[str, str], wait_s: float = WAIT_S) -> tuple[list[Node], list[str]]:
+def check(
+    launcher, client, cfg, sweep_dir: Path, python: str, env: dict[str, str], wait_s: float = WAIT_S
+) -> tuple[list[Node], list[str]]:
     """Run the probe job on the cluster behind `client` (the `launcher`'s jobs client); the node
     types it saw and one line per problem (none: every run can start)."""
     spec = spec_for(cfg, sweep_dir, python)
@@ -122,27 +141,44 @@ def check(launcher, client, cfg, sweep_dir: Path, python: str, env: dict[str, st
             shared.rmdir()  # empty unless another check runs beside this one
 
 
-def _probe_job(launcher, client, cfg, spec: Spec, shared: Path, env: dict[str, str], wait_s: float) -> tuple[list[Node], list[str]]:
+def _probe_job(
+    launcher, client, cfg, spec: Spec, shared: Path, env: dict[str, str], wait_s: float
+) -> tuple[list[Node], list[str]]:
     encoded = base64.urlsafe_b64encode(json.dumps(asdict(spec)).encode()).decode()
-    command = [spec.interpreter, "-m", "isoflop_cli", "preflight-probe", encoded, *(["--here"] if launcher.places_probe else [])]
+    command = [
+        spec.interpreter,
+        "-m",
+        "isoflop_cli",
+        "preflight-probe",
+        encoded,
+        *(["--here"] if launcher.places_probe else []),
+    ]
     for attempt in range(ATTEMPTS):
-        sid = client.submit_job(entrypoint="exec " + shlex.join(command), submission_id=f"isoflop-preflight-{spec.nonce}" + (f"-{attempt}" if attempt else ""),
-                                entrypoint_num_cpus=0, runtime_env={"env_vars": env})
+        sid = client.submit_job(
+            entrypoint="exec " + shlex.join(command),
+            submission_id=f"isoflop-preflight-{spec.nonce}" + (f"-{attempt}" if attempt else ""),
+            entrypoint_num_cpus=0,
+            runtime_env={"env_vars": env},
+        )
         deadline = time.monotonic() + wait_s
         while (state := str(client.get_job_status(sid).value)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
             if time.monotonic() > deadline:
                 client.stop_job(sid)
-                return [], [f"the preflight probe did not finish in {wait_s:.0f} s (job {sid}, {state.lower()}): the cluster has no room even "
-                            "for it, or a node hangs; cluster.preflight=false skips the preflight"]
+                return [], [
+                    f"the preflight probe did not finish in {wait_s:.0f} s (job {sid}, {state.lower()}): the cluster has no room even "
+                    "for it, or a node hangs; cluster.preflight=false skips the preflight"
+                ]
             time.sleep(0.5)
         log = client.get_job_logs(sid)
-        lines = [line[len(MARK):] for line in log.splitlines() if line.startswith(MARK)]
+        lines = [line[len(MARK) :] for line in log.splitlines() if line.startswith(MARK)]
         if lines:
             try:
                 nodes = [_read(Node, n) for n in json.loads(lines[-1])]
             except (TypeError, ValueError) as e:  # a probe of another isoflop version, missing what this one asks
-                return [], [f"the preflight probe's answer does not read (job {sid}, with {spec.interpreter}: {e}): install the same "
-                            "isoflop on every node (cluster.python names the runs' interpreter)"]
+                return [], [
+                    f"the preflight probe's answer does not read (job {sid}, with {spec.interpreter}: {e}): install the same "
+                    "isoflop on every node (cluster.python names the runs' interpreter)"
+                ]
             placed = launcher.placement(client, nodes, cfg.cluster.cpus_per_run, cfg.cluster.gpus_per_run)
             return nodes, problems(spec, nodes, shared) + placed
         try:
@@ -152,7 +188,9 @@ def _probe_job(launcher, client, cfg, spec: Spec, shared: Path, env: dict[str, s
             code, message = None, None
         if code is not None or attempt == ATTEMPTS - 1:
             break
-    output = [line.strip() for line in log.splitlines() if line.strip() and not line.startswith("Running entrypoint for job")]  # Ray's own first line
+    output = [
+        line.strip() for line in log.splitlines() if line.strip() and not line.startswith("Running entrypoint for job")
+    ]  # Ray's own first line
     detail = last_exception(log) or (output[-1] if output else (job_message(message) if message else "no output"))
     return [], [f"the preflight probe failed on the cluster (job {sid}, with {spec.interpreter}): {detail}"]
 
@@ -162,30 +200,42 @@ def unplaceable(nodes: list[Node], cpus: float, gpus: float) -> list[str]:
     if not nodes or any(n.cpus >= cpus and n.gpus >= gpus for n in nodes):
         return []
     have = "; ".join(f"{n.count} x ({_count(n.cpus)} CPU, {_count(n.gpus)} GPU)" for n in nodes)
-    return [f"no node has the {_count(cpus)} CPUs and {_count(gpus)} GPUs a run asks for (cluster.cpus_per_run, cluster.gpus_per_run): "
-            f"its runs would wait forever; the cluster has {have}"]
+    return [
+        f"no node has the {_count(cpus)} CPUs and {_count(gpus)} GPUs a run asks for (cluster.cpus_per_run, cluster.gpus_per_run): "
+        f"its runs would wait forever; the cluster has {have}"
+    ]
 
 
 def problems(spec: Spec, nodes: list[Node], shared: Path) -> list[str]:
     """One line per problem, from the node types the probe saw (pure: tested on made-up nodes)."""
     out = []
     for n in nodes:
-        where = f"node {n.host} ({_count(n.cpus)} CPU, {_count(n.gpus)} GPU{', x' + str(n.count) if n.count > 1 else ''})"
+        where = (
+            f"node {n.host} ({_count(n.cpus)} CPU, {_count(n.gpus)} GPU{', x' + str(n.count) if n.count > 1 else ''})"
+        )
         if (n.version, n.python) != (spec.version, spec.python):
-            out.append(f"{where} has isoflop {n.version} on Python {n.python}, the CLI {spec.version} on {spec.python}: "
-                       "install the same isoflop and Python on every node (cluster.python names the runs' interpreter)")
+            out.append(
+                f"{where} has isoflop {n.version} on Python {n.python}, the CLI {spec.version} on {spec.python}: "
+                "install the same isoflop and Python on every node (cluster.python names the runs' interpreter)"
+            )
         if not n.reads_cli_file or not (n.wrote and (shared / n.wrote).exists()):
-            out.append(f"{where} does not share the sweep dir {spec.sweep_dir} with the CLI (a file written on one side is not there on the "
-                       "other): mount it at the same path on every node and where the CLI runs")
+            out.append(
+                f"{where} does not share the sweep dir {spec.sweep_dir} with the CLI (a file written on one side is not there on the "
+                "other): mount it at the same path on every node and where the CLI runs"
+            )
         for key, why in n.unreadable.items():
             out.append(f"{key} ({spec.paths[key]}) is {why} on {where}: every node must read it at that path")
         for key, why in n.unwritable.items():
             out.append(f"{key} {why} on {where}: every run there writes into it")
         if spec.vllm and not n.vllm:
-            out.append(f"sampler=vllm but vLLM does not import on {where}: install it there (pip install 'isoflop[vllm]') or point cluster.python at a Python that has it")
+            out.append(
+                f"sampler=vllm but vLLM does not import on {where}: install it there (pip install 'isoflop[vllm]') or point cluster.python at a Python that has it"
+            )
         for name in n.trackers_missing:
-            out.append(f"tracking.backends {name} does not import on {where}: pip install {TRACKER_PACKAGES[name]} there "
-                       "(or 'isoflop[tracking]'); a run would go on without it")
+            out.append(
+                f"tracking.backends {name} does not import on {where}: pip install {TRACKER_PACKAGES[name]} there "
+                "(or 'isoflop[tracking]'); a run would go on without it"
+            )
     return out
 
 
@@ -213,7 +263,9 @@ def probe(encoded: str) -> None:
         group = types[kind]
         if group[i]["NodeID"] == here:
             return _check_node(spec, *kind, len(group) - i)
-        return remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(group[i]["NodeID"], soft=False)).remote(spec, *kind, len(group) - i)
+        return remote.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(group[i]["NodeID"], soft=False)
+        ).remote(spec, *kind, len(group) - i)
 
     # A node listed alive may be gone by the time its check runs (a lost node the head has not
     # noticed yet): it is not part of the cluster the runs will meet, so another node of its type
@@ -236,7 +288,9 @@ def probe(encoded: str) -> None:
 def probe_here(encoded: str) -> None:
     """The probe job's body where the launcher chose its node (SLURM): the check on this node."""
     spec = _read(Spec, json.loads(base64.urlsafe_b64decode(encoded)))
-    gpus = len(list(Path("/proc/driver/nvidia/gpus").glob("*")))  # the node's, not the probe's (it asks for none); CUDA untouched
+    gpus = len(
+        list(Path("/proc/driver/nvidia/gpus").glob("*"))
+    )  # the node's, not the probe's (it asks for none); CUDA untouched
     print(MARK + json.dumps([asdict(_check_node(spec, float(os.cpu_count() or 0), float(gpus), 1))]), flush=True)
 
 
@@ -279,13 +333,26 @@ def _check_node(spec: Spec, cpus: float, gpus: float, count: int) -> Node:
             unwritable[key] = f"({path}) {why}"
     modules = ["vllm", *spec.trackers]
     try:
-        answer = subprocess.run([spec.interpreter, "-c", FACTS, *modules], capture_output=True, text=True, timeout=120, check=True)
+        answer = subprocess.run(
+            [spec.interpreter, "-c", FACTS, *modules], capture_output=True, text=True, timeout=120, check=True
+        )
         facts = json.loads(answer.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
         facts = {"version": f"unusable ({type(e).__name__})", "python": "?", "found": []}
-    return Node(host=socket.gethostname(), cpus=cpus, gpus=gpus, count=count, version=facts["version"], python=facts["python"],
-                reads_cli_file=reads, wrote=wrote, unreadable=unreadable, unwritable=unwritable, vllm="vllm" in facts["found"],
-                trackers_missing=[t for t in spec.trackers if t not in facts["found"]])
+    return Node(
+        host=socket.gethostname(),
+        cpus=cpus,
+        gpus=gpus,
+        count=count,
+        version=facts["version"],
+        python=facts["python"],
+        reads_cli_file=reads,
+        wrote=wrote,
+        unreadable=unreadable,
+        unwritable=unwritable,
+        vllm="vllm" in facts["found"],
+        trackers_missing=[t for t in spec.trackers if t not in facts["found"]],
+    )
 
 
 def _select(cfg, key: str):

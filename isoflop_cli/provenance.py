@@ -55,4 +55,6 @@ def commit() -> str | None:
 
 
 def _git(*args: str) -> str:
-    return subprocess.run(["git", "-C", str(CHECKOUT), *args], capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(CHECKOUT), *args], capture_output=True, text=True, check=True, timeout=30
+    ).stdout.strip()

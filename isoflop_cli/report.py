@@ -15,7 +15,20 @@ from rich.text import Text
 from isoflop_cli.config.schema import BudgetUnit
 from isoflop_cli.cost import Price
 from isoflop_cli.grid import Cell
-from isoflop_cli.store import FAILED, FINISHED, KILLED, MISSING, PAUSED, PENDING, RETRYING, RUNNING, STOPPED, SUBMITTED, CellState, SweepDir
+from isoflop_cli.store import (
+    FAILED,
+    FINISHED,
+    KILLED,
+    MISSING,
+    PAUSED,
+    PENDING,
+    RETRYING,
+    RUNNING,
+    STOPPED,
+    SUBMITTED,
+    CellState,
+    SweepDir,
+)
 
 UNBOUNDED = 100_000  # columns of a console no terminal reads: wider than any table isoflop draws
 
@@ -37,8 +50,17 @@ class Output(Console):
         Console.size.fset(self, new_size)
 
 
-STATE_STYLE = {"finished": "green", "running": "cyan", "submitted": "yellow", "failed": "red", "stopped": "magenta", "killed": "red", "paused": "blue", "retrying": "yellow",
-               "missing": "red"}
+STATE_STYLE = {
+    "finished": "green",
+    "running": "cyan",
+    "submitted": "yellow",
+    "failed": "red",
+    "stopped": "magenta",
+    "killed": "red",
+    "paused": "blue",
+    "retrying": "yellow",
+    "missing": "red",
+}
 
 
 def plan_records(cells: list[Cell]) -> list[dict]:
@@ -47,8 +69,18 @@ def plan_records(cells: list[Cell]) -> list[dict]:
         record = {"axes": c.axes, "feasible": c.feasible}
         if c.feasible:
             p = c.plan
-            record.update(run_id=c.run_id, B=p.batch, M=p.M, eval_steps=list(p.eval_steps), budget_column=p.column,
-                          budget=p.limit, eval_at=list(p.eval_at), rollouts=p.rollouts, lr=p.lr, predicted=p.predicted_flops)
+            record.update(
+                run_id=c.run_id,
+                B=p.batch,
+                M=p.M,
+                eval_steps=list(p.eval_steps),
+                budget_column=p.column,
+                budget=p.limit,
+                eval_at=list(p.eval_at),
+                rollouts=p.rollouts,
+                lr=p.lr,
+                predicted=p.predicted_flops,
+            )
             if p.gpu_memory is not None:  # with GPUs: the peak of one GPU, and its terms (memory.Memory)
                 record["predicted"]["gpu_memory_gib"] = round(p.gpu_memory.peak, 2)
                 record["gpu_memory"] = p.gpu_memory.record()
@@ -71,28 +103,50 @@ def plan_json(cells: list[Cell], price: Price) -> dict:
 def cost_line(price: Price) -> Text:
     """The plan's price in one line: device-hours, wall time at the cluster's parallelism, and the
     source of the throughput figures."""
-    return Text(f"cost: {_compact(price.hours)} {price.unit}, {_duration(price.wall_s)} wall with {price.parallel} run(s) at once; "
-                f"{price.source}")
+    return Text(
+        f"cost: {_compact(price.hours)} {price.unit}, {_duration(price.wall_s)} wall with {price.parallel} run(s) at once; "
+        f"{price.source}"
+    )
 
 
 def plan_table(cfg, cells: list[Cell], price: Price | None = None) -> Group:
     feasible = [c for c in cells if c.feasible]
     extra = [k for k in cells[0].axes if k not in ("n", "B_p", "seed")]
     budgets = ", ".join(_compact(b) for b in cfg.grid.budgets)
-    table = Table(title=f"sweep '{cfg.name}': {len(feasible)} feasible cells of {len(cells)}, budgets [{budgets}] {BudgetUnit(cfg.grid.budget.unit).value}",
-                  caption="M, rollouts and FLOPs (search, learn, reward) predicted from max prompt and response lengths "
-                          "(scaled by finished runs where the sweep has them, else by calibrated response lengths); "
-                          "B = B_p * n and more in `plan --json`")
+    table = Table(
+        title=f"sweep '{cfg.name}': {len(feasible)} feasible cells of {len(cells)}, budgets [{budgets}] {BudgetUnit(cfg.grid.budget.unit).value}",
+        caption="M, rollouts and FLOPs (search, learn, reward) predicted from max prompt and response lengths "
+        "(scaled by finished runs where the sweep has them, else by calibrated response lengths); "
+        "B = B_p * n and more in `plan --json`",
+    )
     # Compact numbers (counts whole) and no derivable column, so that a grid of the default's axes stays narrow.
     seeds = len(cfg.grid.seed) > 1
     memory = any(c.plan.gpu_memory is not None for c in feasible)  # GiB/GPU: the memory model's peak (with GPUs)
     if memory:
         limit = cfg.cluster.gpu_memory_gib
-        table.caption += "; GiB/GPU: the predicted peak memory of one GPU, " + (f"of {limit:g}" if limit is not None else "unchecked (cluster.gpu_memory_gib null)")
+        table.caption += "; GiB/GPU: the predicted peak memory of one GPU, " + (
+            f"of {limit:g}" if limit is not None else "unchecked (cluster.gpu_memory_gib null)"
+        )
     if price is not None:
-        table.caption += f"; wall and {price.unit}: each run's predicted training time and its device-hours (the cost line below)"
-    for col in ["n", "B_p", *(["seed"] if seeds else []), *extra, "M", "eval", "rollouts", "lr", "search", "learn", "reward", "rho",
-                *(["GiB/GPU"] if memory else []), *(["wall", price.unit] if price is not None else [])]:
+        table.caption += (
+            f"; wall and {price.unit}: each run's predicted training time and its device-hours (the cost line below)"
+        )
+    for col in [
+        "n",
+        "B_p",
+        *(["seed"] if seeds else []),
+        *extra,
+        "M",
+        "eval",
+        "rollouts",
+        "lr",
+        "search",
+        "learn",
+        "reward",
+        "rho",
+        *(["GiB/GPU"] if memory else []),
+        *(["wall", price.unit] if price is not None else []),
+    ]:
         table.add_column(col, justify="left" if col in extra else "right", overflow="fold")
     infeasible = []
     # A large grid (rendering costs ~1 ms a row) lists each cell's seeds on one row (they share the
@@ -103,14 +157,25 @@ def plan_table(cfg, cells: list[Cell], price: Price | None = None) -> Group:
         c = group[0]
         cost = costs.get(id(c))
         seed = _seeds_label([g.axes["seed"] for g in group])
-        axes = [_value_label(c.axes[k]) for k in ("n", "B_p")] + ([seed] if seeds else []) + [_value_label(c.axes[k]) for k in extra]
+        axes = (
+            [_value_label(c.axes[k]) for k in ("n", "B_p")]
+            + ([seed] if seeds else [])
+            + [_value_label(c.axes[k]) for k in extra]
+        )
         if c.feasible:
             p = c.plan
             f = p.predicted_flops
-            table.add_row(*axes, str(p.M), str(len(p.eval_at)), _count(p.rollouts), _short(p.lr),
-                          *(_short(f[k]) for k in ("flops_search", "flops_learning", "flops_reward")), f"{f['rho']:.2f}",
-                          *([f"{p.gpu_memory.peak:.0f}" if p.gpu_memory else "-"] if memory else []),
-                          *([_duration(cost.wall_s), _short(cost.hours)] if cost is not None else []))
+            table.add_row(
+                *axes,
+                str(p.M),
+                str(len(p.eval_at)),
+                _count(p.rollouts),
+                _short(p.lr),
+                *(_short(f[k]) for k in ("flops_search", "flops_learning", "flops_reward")),
+                f"{f['rho']:.2f}",
+                *([f"{p.gpu_memory.peak:.0f}" if p.gpu_memory else "-"] if memory else []),
+                *([_duration(cost.wall_s), _short(cost.hours)] if cost is not None else []),
+            )
         else:
             table.add_row(*axes, *["[red]-[/]"] * (8 + memory + 2 * (price is not None)))
             label = _axes_label({**c.axes, "seed": seed})
@@ -128,8 +193,12 @@ def _by_seeds(cells: list[Cell]) -> list[list[Cell]]:
     groups: list[list[Cell]] = []
     for c in cells:
         last = groups[-1][0] if groups else None
-        if last is not None and last.plan is c.plan and last.reason == c.reason and \
-                all(v == c.axes[k] for k, v in last.axes.items() if k != "seed"):
+        if (
+            last is not None
+            and last.plan is c.plan
+            and last.reason == c.reason
+            and all(v == c.axes[k] for k, v in last.axes.items() if k != "seed")
+        ):
             groups[-1].append(c)
         else:
             groups.append([c])
@@ -156,7 +225,14 @@ def schedule_line(cfg, cells: list[Cell], share: float | None, replayed) -> Text
     total = f"{_compact(rollouts)} rollouts, {_compact(flops)} FLOPs"
     if cfg.grid.schedule != "adaptive":
         line = f"schedule full: {total}"
-        return Text(line + (f"; grid.schedule=adaptive spent {share:.0%} of the full grid in the replay {replayed}" if share is not None else ""))
+        return Text(
+            line
+            + (
+                f"; grid.schedule=adaptive spent {share:.0%} of the full grid in the replay {replayed}"
+                if share is not None
+                else ""
+            )
+        )
     line = f"schedule adaptive (margin {cfg.grid.margin:g}, indifference {cfg.grid.indifference:g}): at most {total} (every cell survives every budget)"
     if share is not None:
         line += f"; the replay {replayed} spent {share:.0%} of its full grid: ~{_compact(rollouts * share)} rollouts, {_compact(flops * share)} FLOPs"
@@ -176,8 +252,16 @@ def run_state(sweep: SweepDir, run_id: str, cell: CellState) -> tuple[str, str]:
     (running, paused, finished) whose run dir is gone or is not a directory, or that it saw finish
     and whose records are gone since, is missing: the manifest's word is not taken for records that are not there."""
     files = sweep.run(run_id)
-    if cell.state in (FINISHED, RUNNING, PAUSED) and (files.dir.is_symlink() or not files.dir.is_dir()):  # states only a run's records give
-        what = "is gone" if not os.path.lexists(files.dir) else "is a symbolic link" if files.dir.is_symlink() else "is not a directory"
+    if cell.state in (FINISHED, RUNNING, PAUSED) and (
+        files.dir.is_symlink() or not files.dir.is_dir()
+    ):  # states only a run's records give
+        what = (
+            "is gone"
+            if not os.path.lexists(files.dir)
+            else "is a symbolic link"
+            if files.dir.is_symlink()
+            else "is not a directory"
+        )
         return MISSING, f"its run dir {files.dir} {what}; move whatever is there aside and the next sweep runs it again"
     if files.finished():
         return FINISHED, ""
@@ -186,7 +270,10 @@ def run_state(sweep: SweepDir, run_id: str, cell: CellState) -> tuple[str, str]:
     if known in (FAILED, STOPPED):
         return known, cell.error or files.failure_reason() or ""
     if known == RETRYING:
-        return RETRYING, f"attempt {cell.attempts} failed ({cell.failures[-1].reason}); resubmitting, it resumes from its checkpoint"
+        return (
+            RETRYING,
+            f"attempt {cell.attempts} failed ({cell.failures[-1].reason}); resubmitting, it resumes from its checkpoint",
+        )
     if cell.stopped_at is not None:
         return PAUSED, cell.why or ""
     if own == PAUSED:
@@ -225,12 +312,29 @@ def sweep_status(sweep: SweepDir) -> dict:
         rows = files.read_metrics() if state != PENDING else []
         last = rows[-1] if rows else {}
         rollouts = status.ledger.get("rollouts", last.get("rollouts", 0)) if state != PENDING else None
-        runs.append({"run": run_id, "state": state, "tries": cell.attempts, "step": cell.M if state == FINISHED else status.step or 0,
-                     "M": cell.M, "rollouts": _whole(rollouts), "val_avg@k": _number(last.get("val_avg@k")), "wall_s": _number(last.get("wall_s")),
-                     "why": why if state != FINISHED else None, "host": status.host if state in (FAILED, KILLED) else None,
-                     "failures": [{"attempt": f.attempt, "reason": f.reason} for f in cell.failures]})
-    totals = {"runs": len(runs), "states": states, "rollouts": sum(r["rollouts"] or 0 for r in runs), "rollouts_left": _whole(max(left, 0.0)),
-              "rollouts_per_s": rate, "infeasible": len(manifest.infeasible)}
+        runs.append(
+            {
+                "run": run_id,
+                "state": state,
+                "tries": cell.attempts,
+                "step": cell.M if state == FINISHED else status.step or 0,
+                "M": cell.M,
+                "rollouts": _whole(rollouts),
+                "val_avg@k": _number(last.get("val_avg@k")),
+                "wall_s": _number(last.get("wall_s")),
+                "why": why if state != FINISHED else None,
+                "host": status.host if state in (FAILED, KILLED) else None,
+                "failures": [{"attempt": f.attempt, "reason": f.reason} for f in cell.failures],
+            }
+        )
+    totals = {
+        "runs": len(runs),
+        "states": states,
+        "rollouts": sum(r["rollouts"] or 0 for r in runs),
+        "rollouts_left": _whole(max(left, 0.0)),
+        "rollouts_per_s": rate,
+        "infeasible": len(manifest.infeasible),
+    }
     return {"sweep": str(sweep.path), "runs": runs, "totals": totals}
 
 
@@ -253,23 +357,33 @@ def status_table(data: dict) -> Group:
             reasons.append(Text(f"{state} {r['run']}{where}: {r['why']}", style=style))
         elif state == FINISHED and r["failures"]:
             earlier = "; ".join(f"attempt {f['attempt']}: {f['reason']}" for f in r["failures"])
-            reasons.append(Text(f"finished {r['run']} after {len(r['failures'])} failed attempt(s): {earlier}", style="dim"))
-        table.add_row(r["run"], f"[{style}]{state}[/]", str(r["tries"]), f"{r['step']}/{r['M']}", _count(r["rollouts"]),
-                      _fmt(r["val_avg@k"]), _fmt(r["wall_s"]))
+            reasons.append(
+                Text(f"finished {r['run']} after {len(r['failures'])} failed attempt(s): {earlier}", style="dim")
+            )
+        table.add_row(
+            r["run"],
+            f"[{style}]{state}[/]",
+            str(r["tries"]),
+            f"{r['step']}/{r['M']}",
+            _count(r["rollouts"]),
+            _fmt(r["val_avg@k"]),
+            _fmt(r["wall_s"]),
+        )
     totals = data["totals"]
-    table.caption = f"{totals['states'].get(FINISHED, 0)}/{totals['runs']} finished" + \
-        (f"; {totals['infeasible']} infeasible cells skipped" if totals["infeasible"] else "")
+    table.caption = f"{totals['states'].get(FINISHED, 0)}/{totals['runs']} finished" + (
+        f"; {totals['infeasible']} infeasible cells skipped" if totals["infeasible"] else ""
+    )
     return Group(table, cluster_line(totals["states"], totals["rollouts_per_s"], totals["rollouts_left"]), *reasons)
 
 
 def _whole(v: Any) -> int | None:
     """A count as an integer (a ledger holds rollouts as floats: 24160.0 is 24160 rollouts)."""
-    return None if v is None or isinstance(v, float) and not math.isfinite(v) else int(round(v))
+    return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else int(round(v))
 
 
 def _number(v: Any) -> float | None:
     """A metric for JSON: NaN (no value) as null."""
-    return None if v is None or isinstance(v, float) and math.isnan(v) else v
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
 
 def _count(v: Any) -> str:
@@ -307,8 +421,10 @@ def events(before: dict[str, CellView], after: dict[str, CellView], metric: str 
     for run_id, now in after.items():
         was = before.get(run_id)
         if now.points > (was.points if was else 0) and now.last:
-            lines.append(f"{run_id} eval point {now.points}: {metric} {_fmt(now.last.get(metric))} at {_count(now.last.get('rollouts'))} rollouts"
-                         f" (step {now.last.get('step', '-')})")
+            lines.append(
+                f"{run_id} eval point {now.points}: {metric} {_fmt(now.last.get(metric))} at {_count(now.last.get('rollouts'))} rollouts"
+                f" (step {now.last.get('step', '-')})"
+            )
         if was is None or now.state != was.state or (now.state == RUNNING and now.attempts != was.attempts):
             what = f"{now.state} (attempt {now.attempts})" if now.state == RUNNING else now.state
             lines.append(f"{run_id} {what}" + (f": {now.why}" if now.why else ""))
@@ -349,7 +465,16 @@ COUNTS = ("step", "rollouts", "tokens_generated")  # eval point columns that cou
 
 
 def metrics_table(rows: list[dict]) -> Table:
-    cols = ["step", "rollouts", "tokens_generated", "train_reward_mean", "val_avg@k", "val_best@k", "val_worst@k", "wall_s"]
+    cols = [
+        "step",
+        "rollouts",
+        "tokens_generated",
+        "train_reward_mean",
+        "val_avg@k",
+        "val_best@k",
+        "val_worst@k",
+        "wall_s",
+    ]
     table = Table(title="eval points")
     for col in cols:
         table.add_column(col, justify="right", overflow="fold")
@@ -382,15 +507,38 @@ def _fmt(v: Any) -> str:
 
 def replay_table(result, axis: str) -> Group:
     """Per stage budget: both frontiers, both axis*, and how many cells were still running."""
-    table = Table(title=f"replay: {result.schedule.value} schedule (margin {result.margin:g}, indifference {result.indifference:g}) against the full grid")
-    for col in ("C", "cells", "full", result.schedule.value, "gap", f"{axis}* full", f"{axis}* {result.schedule.value}"):
+    table = Table(
+        title=f"replay: {result.schedule.value} schedule (margin {result.margin:g}, indifference {result.indifference:g}) against the full grid"
+    )
+    for col in (
+        "C",
+        "cells",
+        "full",
+        result.schedule.value,
+        "gap",
+        f"{axis}* full",
+        f"{axis}* {result.schedule.value}",
+    ):
         table.add_column(col, justify="right", overflow="fold")
     for r in result.per_budget.itertuples():
-        table.add_row(_compact(r.budget), str(r.cells_running), _fmt(r.full_value), _fmt(r.adaptive_value), _fmt(r.value_gap),
-                      str(r.full_star), f"{r.adaptive_star}" + ("" if r.star_agrees else " [red](>2x)[/]"))
-    scale = f" ({result.max_value_gap / result.noise:.1f} sd of the metric's noise, {result.noise:.3f})" if result.noise else ""
-    line = Text(f"compute: {result.compute_share:.1%} of the full grid's; {axis}* within 2x at {result.n_star_agreement:.0%} of budgets; "
-                f"largest frontier gap {result.max_value_gap:.3f}{scale}; {len(result.stopped)} cells stopped")
+        table.add_row(
+            _compact(r.budget),
+            str(r.cells_running),
+            _fmt(r.full_value),
+            _fmt(r.adaptive_value),
+            _fmt(r.value_gap),
+            str(r.full_star),
+            f"{r.adaptive_star}" + ("" if r.star_agrees else " [red](>2x)[/]"),
+        )
+    scale = (
+        f" ({result.max_value_gap / result.noise:.1f} sd of the metric's noise, {result.noise:.3f})"
+        if result.noise
+        else ""
+    )
+    line = Text(
+        f"compute: {result.compute_share:.1%} of the full grid's; {axis}* within 2x at {result.n_star_agreement:.0%} of budgets; "
+        f"largest frontier gap {result.max_value_gap:.3f}{scale}; {len(result.stopped)} cells stopped"
+    )
     return Group(table, line)
 
 
@@ -419,24 +567,37 @@ def _spread_note(spread: dict) -> str:
         return f"NOT told apart: every sample scored alike (pass rate {spread['mean']:g} everywhere)"
     figures = f"dispersion {spread['dispersion']:.2f}, p = {spread['p_value']:.2g}"
     if spread["p_value"] >= 0.01:
-        return (f"NOT told apart: the pass rates spread as sampling alone would around one shared rate of {spread['mean']:.3f} ({figures}); "
-                "the bands are cut by chance and both sets will score that rate")
+        return (
+            f"NOT told apart: the pass rates spread as sampling alone would around one shared rate of {spread['mean']:.3f} ({figures}); "
+            "the bands are cut by chance and both sets will score that rate"
+        )
     return f"problems differ beyond sampling: sd of their true pass rates {spread['difficulty_sd']:.3f} ({figures})"
 
 
 def calibration_table(summary: dict) -> Table:
     """Problems per pass-rate band, their response length, and what a sweep on each set would cost."""
-    notes = [f"{summary['left_out']} left out (prompt over task.max_prompt_tokens, or a job that failed)"] if summary["left_out"] else []
+    notes = (
+        [f"{summary['left_out']} left out (prompt over task.max_prompt_tokens, or a job that failed)"]
+        if summary["left_out"]
+        else []
+    )
     notes += [f"no sweep on {b['name']}: {b['why_not']}" for b in summary["bands"] if b.get("why_not")]
     notes += [_spread_note(summary["spread"])] if summary.get("spread") else []
-    table = Table(title=f"calibration: {summary['calibrated']:,} of {summary['rows']:,} problems, avg@{summary['samples']}",
-                  caption="\n".join(notes) or None, caption_justify="left")
+    table = Table(
+        title=f"calibration: {summary['calibrated']:,} of {summary['rows']:,} problems, avg@{summary['samples']}",
+        caption="\n".join(notes) or None,
+        caption_justify="left",
+    )
     for name in ("set", "pass rate", "problems", "resp. tokens", "sweep FLOPs", "at measured len"):
         table.add_column(name, justify="left" if name == "set" else "right", overflow="fold")
     for b in summary["bands"]:
         low, high = b["range"]
-        table.add_row(b["name"], f"[{low:g}, {high:g}]", str(b["problems"]),
-                      f"{b['mean_response_tokens']:.1f}" if b["mean_response_tokens"] is not None else "-",
-                      _compact(b["sweep_flops_bound"]) if b["sweep_flops_bound"] is not None else "-",
-                      _compact(b["sweep_flops_measured"]) if b["sweep_flops_measured"] is not None else "-")
+        table.add_row(
+            b["name"],
+            f"[{low:g}, {high:g}]",
+            str(b["problems"]),
+            f"{b['mean_response_tokens']:.1f}" if b["mean_response_tokens"] is not None else "-",
+            _compact(b["sweep_flops_bound"]) if b["sweep_flops_bound"] is not None else "-",
+            _compact(b["sweep_flops_measured"]) if b["sweep_flops_measured"] is not None else "-",
+        )
     return table

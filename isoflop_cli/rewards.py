@@ -36,9 +36,10 @@ import importlib.util
 import inspect
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -54,7 +55,7 @@ class RewardSpec:
     a model-based one's also takes the loaded reward model, `scorer(task, reward_cfg, model)`."""
 
     scorer: Callable[..., Scores]
-    needs: Optional[str] = None  # the Task capability it reads (has_partial_credit, has_steps)
+    needs: str | None = None  # the Task capability it reads (has_partial_credit, has_steps)
     model_based: bool = False  # a reward model scores: its FLOPs are the reward's, its checkpoint the run's
 
 
@@ -63,11 +64,13 @@ REWARDS: dict[str, RewardSpec] = {}
 
 def register(name: str, needs: str | None = None, model_based: bool = False) -> Callable:
     """Add a reward under `name`; a second reward of the same name is a mistake, refused."""
+
     def add(scorer: Callable[..., Scores]) -> Callable[..., Scores]:
         if name in REWARDS:
             raise ValueError(f"reward '{name}' is registered twice")
         REWARDS[name] = RewardSpec(scorer, needs, model_based)
         return scorer
+
     return add
 
 
@@ -121,10 +124,14 @@ def checked(fn: Scores, name: str) -> Scores:
             lines = [line.strip() for line in str(e).splitlines() if line.strip()]
             raise ConfigError(f"{name} raised {type(e).__name__}" + (f": {lines[-1]}" if lines else "")) from None
         if isinstance(returned, (str, bytes)) or not hasattr(returned, "__iter__"):
-            raise ConfigError(f"{name} returned {type(returned).__name__} {str(returned)[:40]!r}: it must return a list of scores, one per completion")
+            raise ConfigError(
+                f"{name} returned {type(returned).__name__} {str(returned)[:40]!r}: it must return a list of scores, one per completion"
+            )
         scores = list(returned)
         if len(scores) != len(completions):
-            raise ConfigError(f"{name} returned {len(scores)} scores for {len(completions)} completions: it must return one per completion")
+            raise ConfigError(
+                f"{name} returned {len(scores)} scores for {len(completions)} completions: it must return one per completion"
+            )
         values = []
         for i, value in enumerate(scores):
             number = _number(value)
@@ -164,7 +171,9 @@ def load_function(spec: str) -> Callable:
         raise
     except Exception as e:  # the user's module: whatever its import raises
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        raise ConfigError(f"reward.fn '{spec}' cannot be loaded: {type(e).__name__}" + (f": {lines[-1]}" if lines else "")) from None
+        raise ConfigError(
+            f"reward.fn '{spec}' cannot be loaded: {type(e).__name__}" + (f": {lines[-1]}" if lines else "")
+        ) from None
     fn = getattr(module, name, None)
     if fn is None:
         raise ConfigError(f"reward.fn '{spec}': {'file' if is_file(where) else 'module'} {where} has no '{name}'")
@@ -227,7 +236,16 @@ def _verl(fn: Callable, columns: tuple[str, ...]) -> Scores:
             given = p.columns.get("extra_info")
             extra = {k: v for k, v in p.columns.items() if k not in ("data_source", "extra_info")}
             extra.update(given if isinstance(given, dict) else {})
-            value = fn(**take({"data_source": p.columns.get("data_source"), "solution_str": text, "ground_truth": p.answer, "extra_info": extra}))
+            value = fn(
+                **take(
+                    {
+                        "data_source": p.columns.get("data_source"),
+                        "solution_str": text,
+                        "ground_truth": p.answer,
+                        "extra_info": extra,
+                    }
+                )
+            )
             out.append(value["score"] if isinstance(value, dict) and "score" in value else value)
         return out
 
@@ -244,8 +262,13 @@ def _trl(fn: Callable, columns: tuple[str, ...]) -> Scores:
         prompts = [p.prompt if p.given_prompt is None else p.given_prompt for p in problems]
         chat = bool(prompts) and isinstance(prompts[0], list)
         given = [[{"role": "assistant", "content": c}] for c in completions] if chat else list(completions)
-        offered = {"prompts": prompts, "completions": given, "completion_ids": None, "trainer_state": None,
-                   **{c: [p.columns.get(c) for p in problems] for c in columns}}
+        offered = {
+            "prompts": prompts,
+            "completions": given,
+            "completion_ids": None,
+            "trainer_state": None,
+            **{c: [p.columns.get(c) for p in problems] for c in columns},
+        }
         return fn(**take(offered))
 
     return score
@@ -274,12 +297,21 @@ def _taker(fn: Callable) -> Callable[[dict], dict]:
 
 
 STYLES: dict[str, Style] = {  # reward.style -> its convention; auto tries them in this order
-    "verl": Style("compute_score(data_source, solution_str, ground_truth, extra_info)",
-                  lambda columns: ("data_source", "solution_str", "ground_truth", "extra_info"),
-                  lambda sig: "solution_str" in sig.parameters, _verl),
-    "trl": Style("f(prompts, completions, **kwargs)", lambda columns: ("prompts", "completions", "completion_ids", "trainer_state", *columns),
-                 lambda sig: "completions" in sig.parameters and ("prompts" in sig.parameters or _has_kwargs(sig) or _params(sig)[:1] == ["completions"]),
-                 _trl),
+    "verl": Style(
+        "compute_score(data_source, solution_str, ground_truth, extra_info)",
+        lambda columns: ("data_source", "solution_str", "ground_truth", "extra_info"),
+        lambda sig: "solution_str" in sig.parameters,
+        _verl,
+    ),
+    "trl": Style(
+        "f(prompts, completions, **kwargs)",
+        lambda columns: ("prompts", "completions", "completion_ids", "trainer_state", *columns),
+        lambda sig: (
+            "completions" in sig.parameters
+            and ("prompts" in sig.parameters or _has_kwargs(sig) or _params(sig)[:1] == ["completions"])
+        ),
+        _trl,
+    ),
     "isoflop": Style("f(problems, completions) -> scores", lambda columns: (), lambda sig: True, _isoflop),
 }
 
@@ -303,7 +335,9 @@ def style_of(fn: Callable, style: str, columns: tuple[str, ...], name: str) -> s
     if fits:
         return fits[0]
     shown = "; ".join(f"{k}: {s.shown}" for k, s in STYLES.items())
-    raise ConfigError(f"{name} {sig} fits no reward signature ({shown}); as {alike[0]}'s, {_refusal(sig, STYLES[alike[0]], columns)}")
+    raise ConfigError(
+        f"{name} {sig} fits no reward signature ({shown}); as {alike[0]}'s, {_refusal(sig, STYLES[alike[0]], columns)}"
+    )
 
 
 def _refusal(sig: inspect.Signature, style: Style, columns: tuple[str, ...]) -> str | None:
@@ -326,4 +360,6 @@ def _refusal(sig: inspect.Signature, style: Style, columns: tuple[str, ...]) -> 
 
 
 def _columns_said(columns: tuple[str, ...]) -> str:
-    return f" (the problems' columns: {', '.join(columns)})" if columns else " (the problems have no columns of their own)"
+    return (
+        f" (the problems' columns: {', '.join(columns)})" if columns else " (the problems have no columns of their own)"
+    )

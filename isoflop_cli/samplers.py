@@ -8,7 +8,6 @@ sampler names: a new sampler is one class and one entry here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -19,7 +18,7 @@ class SamplerSpec:
     # (which FlopCounterMode cannot see), sleep/wake, and the vLLM knobs sampler.* sets.
     own_engine: bool
     always_shares_prefill: bool  # prefills each prompt once for its group whatever sampler.shared_prefill says
-    package: Optional[str] = None  # what must import where the runs start (check_runnable, the node probe)
+    package: str | None = None  # what must import where the runs start (check_runnable, the node probe)
 
     def shares_prefill(self, sampler_cfg, n: int) -> bool:
         """Whether a step prefills each distinct prompt once (B_p rows) rather than once per completion."""
@@ -30,5 +29,10 @@ SAMPLERS: dict[str, SamplerSpec] = {
     # Hugging Face decode loop in the learner's process (sampler.shared_prefill: the prompt's KV cache shared by its group).
     "hf": SamplerSpec(engine="isoflop_cli.recipe.sampler:HFSampler", own_engine=False, always_shares_prefill=False),
     # vLLM engines (GPU, or the CPU build), prefix caching: each prompt prefilled once for its group.
-    "vllm": SamplerSpec(engine="isoflop_cli.recipe.vllm_sampler:VllmSampler", own_engine=True, always_shares_prefill=True, package="vllm"),
+    "vllm": SamplerSpec(
+        engine="isoflop_cli.recipe.vllm_sampler:VllmSampler",
+        own_engine=True,
+        always_shares_prefill=True,
+        package="vllm",
+    ),
 }

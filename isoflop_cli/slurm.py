@@ -23,9 +23,9 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from isoflop_cli.errors import ConfigError, SlurmRefused
 
@@ -82,7 +82,9 @@ def _refused() -> Iterator[None]:
             yield
     except FailedJobError as e:
         why = " ".join(str(e).split())
-        raise SlurmRefused(f"SLURM refused the runs' jobs: {why} (see cluster.cpus_per_run, cluster.gpus_per_run, cluster.slurm.*)") from None
+        raise SlurmRefused(
+            f"SLURM refused the runs' jobs: {why} (see cluster.cpus_per_run, cluster.gpus_per_run, cluster.slurm.*)"
+        ) from None
 
 
 class SlurmClient:
@@ -90,7 +92,9 @@ class SlurmClient:
         self.cluster, self.folder = cluster, folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self.jobs: dict = {}  # submission id -> submitit job
-        self.stopped: set[str] = set()  # submissions this client stopped: STOPPED once they end, as Ray says of a stopped job
+        self.stopped: set[str] = (
+            set()
+        )  # submissions this client stopped: STOPPED once they end, as Ray says of a stopped job
         self._array: tuple | None = None  # inside batch(): (its executor, its folder, [(submission id, job)])
 
     @contextlib.contextmanager
@@ -111,19 +115,29 @@ class SlurmClient:
         for sid, job in jobs:
             self._record(sid, job, folder)
 
-    def submit_job(self, entrypoint: str, submission_id: str, entrypoint_num_cpus: float = 1, entrypoint_num_gpus: float = 0,
-                   runtime_env: dict | None = None) -> str:
+    def submit_job(
+        self,
+        entrypoint: str,
+        submission_id: str,
+        entrypoint_num_cpus: float = 1,
+        entrypoint_num_gpus: float = 0,
+        runtime_env: dict | None = None,
+    ) -> str:
         env = (runtime_env or {}).get("env_vars", {})
         if self._array is not None:  # submitted when the batch ends
             executor, folder, submitted = self._array
             if executor is None:
-                executor = self._executor(folder, "isoflop-" + self.folder.parent.name, entrypoint_num_cpus, entrypoint_num_gpus)
+                executor = self._executor(
+                    folder, "isoflop-" + self.folder.parent.name, entrypoint_num_cpus, entrypoint_num_gpus
+                )
                 self._array = (executor, folder, submitted)
             submitted.append((submission_id, (entrypoint, env)))
             return submission_id
         folder = self.folder / submission_id
         with _refused():
-            job = self._executor(folder, submission_id, entrypoint_num_cpus, entrypoint_num_gpus).submit(run_command, entrypoint, env)
+            job = self._executor(folder, submission_id, entrypoint_num_cpus, entrypoint_num_gpus).submit(
+                run_command, entrypoint, env
+            )
         self._record(submission_id, job, folder)
         return submission_id
 
@@ -165,8 +179,12 @@ class SlurmClient:
         state = job.state.upper().split()[0] if job.state else "UNKNOWN"
         if state in RUNNING_STATES:
             return Status("RUNNING")
-        if state in PENDING_STATES and (not job.paths.result_pickle.exists() or (state == "PENDING" and self.cluster.slurm.executor == "slurm")):
-            return Status("PENDING")  # SLURM's PENDING stands: a requeued job waits to run again, whatever its first run left
+        if state in PENDING_STATES and (
+            not job.paths.result_pickle.exists() or (state == "PENDING" and self.cluster.slurm.executor == "slurm")
+        ):
+            return Status(
+                "PENDING"
+            )  # SLURM's PENDING stands: a requeued job waits to run again, whatever its first run left
         if state in STOPPED_STATES or submission_id in self.stopped:
             # submitit's local executor cancels with SIGINT, and a job that ends meanwhile ends with
             # its own code; a stopped job reads STOPPED however it ended.
@@ -215,7 +233,7 @@ class SlurmClient:
             return None
         try:
             return int(job.result())
-        except Exception:  # noqa: BLE001 - the job itself failed (killed, out of memory, time limit)
+        except Exception:
             return None
 
 
@@ -234,11 +252,17 @@ class SlurmLauncher:
 
     def check(self) -> None:
         if self._sbatch and shutil.which("sbatch") is None:
-            raise ConfigError("cluster.launcher=slurm needs SLURM's sbatch on PATH here (cluster.slurm.executor=local runs the same jobs as local processes)")
+            raise ConfigError(
+                "cluster.launcher=slurm needs SLURM's sbatch on PATH here (cluster.slurm.executor=local runs the same jobs as local processes)"
+            )
 
     def capacity(self, cells: int) -> int:
         """SLURM queues every job; submitit's local executor runs what this machine's CPUs hold."""
-        return cells if self._sbatch else max(1, int((self.cluster.local_cpus or os.cpu_count() or 1) // self.cluster.cpus_per_run))
+        return (
+            cells
+            if self._sbatch
+            else max(1, int((self.cluster.local_cpus or os.cpu_count() or 1) // self.cluster.cpus_per_run))
+        )
 
     def open(self, state_dir: Path):
         return contextlib.nullcontext("slurm")  # no address: submitit talks to SLURM itself
@@ -255,5 +279,11 @@ class SlurmLauncher:
     def placement(self, jobs: SlurmClient, nodes: list, cpus: float, gpus: float) -> list[str]:
         """What `sbatch --test-only` says of a run's job (the probe saw one node only)."""
         refused = jobs.refusal(cpus, gpus)
-        return [f"SLURM would never start a run's job ({cpus:g} CPUs, {gpus:g} GPUs): {refused} "
-                "(cluster.cpus_per_run, cluster.gpus_per_run, cluster.slurm.partition, cluster.slurm.time_min)"] if refused else []
+        return (
+            [
+                f"SLURM would never start a run's job ({cpus:g} CPUs, {gpus:g} GPUs): {refused} "
+                "(cluster.cpus_per_run, cluster.gpus_per_run, cluster.slurm.partition, cluster.slurm.time_min)"
+            ]
+            if refused
+            else []
+        )

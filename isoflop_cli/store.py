@@ -48,9 +48,10 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, NoReturn
+from typing import Any, NoReturn
 
 import pandas as pd
 
@@ -62,18 +63,42 @@ PROBLEMS = "problems.parquet"
 MANIFEST = "manifest.json"
 CHECKPOINT_STATE = "run_state.pt"  # a checkpoint's progress, scheduler and RNG states (recipe/resume.py writes it)
 CHECKPOINT_FILES = "files.json"  # the file a whole checkpoint ends with: each of its files and its size
-STATE_FILES = {"sweep.yaml", MANIFEST, RESULTS, PROBLEMS, "cost.json",  # a sweep dir's, then a run dir's
-               "config.yaml", "metrics.jsonl", "status.json", "job.log", "lease.json", "problems.jsonl"}
+STATE_FILES = {
+    "sweep.yaml",
+    MANIFEST,
+    RESULTS,
+    PROBLEMS,
+    "cost.json",  # a sweep dir's, then a run dir's
+    "config.yaml",
+    "metrics.jsonl",
+    "status.json",
+    "job.log",
+    "lease.json",
+    "problems.jsonl",
+}
 
 # Run states, as status.json and the manifest spell them.
-PENDING, SUBMITTED, RUNNING, FINISHED, FAILED, STOPPED = "pending", "submitted", "running", "finished", "failed", "stopped"
+PENDING, SUBMITTED, RUNNING, FINISHED, FAILED, STOPPED = (
+    "pending",
+    "submitted",
+    "running",
+    "finished",
+    "failed",
+    "stopped",
+)
 PAUSED = "paused"  # an adaptive sweep's cell stopped at a budget, its checkpoint kept to continue from
 KILLED = "killed"  # shown by `status` only: marked running, its process gone
-MISSING = "missing"  # shown by `status` only: a cell the sweep ran whose run dir or records are gone (or not a directory)
-RETRYING = "retrying"  # its job failed for a reason that may pass (a lost node, a killed process): resubmitted after a wait
+MISSING = (
+    "missing"  # shown by `status` only: a cell the sweep ran whose run dir or records are gone (or not a directory)
+)
+RETRYING = (
+    "retrying"  # its job failed for a reason that may pass (a lost node, a killed process): resubmitted after a wait
+)
 
 
-LEASE_GRACE_S = 2.0  # a new holder waits this long where the old one may still run: a write it began before the takeover ends first
+LEASE_GRACE_S = (
+    2.0  # a new holder waits this long where the old one may still run: a write it began before the takeover ends first
+)
 
 
 class LeaseLost(RuntimeError):
@@ -164,8 +189,10 @@ def not_own(path: Path, root: Path) -> ConfigError:
     """The refusal of a link (or another kind of file) where a directory or file of isoflop's tree
     `root` belongs: writing through it would change files outside the sweep."""
     kind = "a symbolic link" if path.is_symlink() else "not a directory"
-    return ConfigError(f"{path} is {kind} where {root}'s own files belong: isoflop writes a sweep's state only inside its own "
-                       "tree, never through a link; nothing was changed; move it aside and rerun")
+    return ConfigError(
+        f"{path} is {kind} where {root}'s own files belong: isoflop writes a sweep's state only inside its own "
+        "tree, never through a link; nothing was changed; move it aside and rerun"
+    )
 
 
 # What the user does about an OSError on a state file: the errnos the same command meets again
@@ -238,7 +265,13 @@ class RunFiles:
     records are neither stamped nor checked (a calibration slice, a manifest of an older isoflop).
     Writes stay inside `root` (`_open_dir`): the run's sweep dir, or the dir a single run's dir lies in."""
 
-    def __init__(self, run_dir: Path | str, holder: str | None = None, identity: Identity | None = None, root: Path | str | None = None):
+    def __init__(
+        self,
+        run_dir: Path | str,
+        holder: str | None = None,
+        identity: Identity | None = None,
+        root: Path | str | None = None,
+    ):
         self.dir = Path(run_dir)
         self.holder = holder
         self.identity = identity
@@ -278,10 +311,14 @@ class RunFiles:
             except (OSError, ValueError) as e:
                 why = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
                 if wait is None:
-                    raise LeaseLost(f"{self.lease} is not a readable lease ({why}): this attempt ({self.holder}) stops without writing more") from cause
+                    raise LeaseLost(
+                        f"{self.lease} is not a readable lease ({why}): this attempt ({self.holder}) stops without writing more"
+                    ) from cause
                 time.sleep(wait)
         if now != self.holder:
-            raise LeaseLost(f"another attempt ({now}) took over {self.dir}: this one ({self.holder}) stops without writing more") from cause
+            raise LeaseLost(
+                f"another attempt ({now}) took over {self.dir}: this one ({self.holder}) stops without writing more"
+            ) from cause
 
     def status(self) -> RunStatus:
         """The run's status.json (pending where there is none). One that cannot be read or does not
@@ -296,8 +333,10 @@ class RunFiles:
         try:
             status = RunStatus.from_json(json.loads(text))
         except (ValueError, RecursionError) as e:
-            raise ConfigError(f"{self.status_file} is not a well-formed run status ({_malformed(e)}): nothing was changed; "
-                              "fix it or move it aside (the run is then redone)") from None
+            raise ConfigError(
+                f"{self.status_file} is not a well-formed run status ({_malformed(e)}): nothing was changed; "
+                "fix it or move it aside (the run is then redone)"
+            ) from None
         self._check_status(status)
         return status
 
@@ -308,21 +347,36 @@ class RunFiles:
         if self.identity is None or status.fingerprint is None:
             return
         if status.fingerprint != self.identity.fingerprint:
-            self._refuse(self.status_file, f"of another configuration (fingerprint {status.fingerprint[:12]}, this cell's {self.identity.fingerprint[:12]})")
+            self._refuse(
+                self.status_file,
+                f"of another configuration (fingerprint {status.fingerprint[:12]}, this cell's {self.identity.fingerprint[:12]})",
+            )
         if status.state == FINISHED and status.run_id != self.identity.run_id:
             self._refuse(self.status_file, f"the finished record of run {status.run_id}")
 
     def _check_rows(self, path: Path, rows: list[dict]) -> list[dict]:
         """Rows of this run's fingerprint (rows without one were written by an older isoflop)."""
         if self.identity is not None:
-            other = next((r["fingerprint"] for r in rows if r.get("fingerprint", self.identity.fingerprint) != self.identity.fingerprint), None)
+            other = next(
+                (
+                    r["fingerprint"]
+                    for r in rows
+                    if r.get("fingerprint", self.identity.fingerprint) != self.identity.fingerprint
+                ),
+                None,
+            )
             if other is not None:
-                self._refuse(path, f"holds rows of another configuration (fingerprint {str(other)[:12]}, this cell's {self.identity.fingerprint[:12]})")
+                self._refuse(
+                    path,
+                    f"holds rows of another configuration (fingerprint {str(other)[:12]}, this cell's {self.identity.fingerprint[:12]})",
+                )
         return rows
 
     def _refuse(self, path: Path, what: str) -> NoReturn:
-        raise ConfigError(f"run {self.identity.run_id}: {path} is {what}, not this run's: nothing was changed; "
-                          f"move {self.dir} aside to run this cell again")
+        raise ConfigError(
+            f"run {self.identity.run_id}: {path} is {what}, not this run's: nothing was changed; "
+            f"move {self.dir} aside to run this cell again"
+        )
 
     def _stamp(self) -> dict[str, str]:
         return asdict(self.identity) if self.identity is not None else {}
@@ -332,8 +386,19 @@ class RunFiles:
         self.check_lease()
         if "pid" in fields:
             fields["pid_started"] = process_start(fields["pid"])
-        write_json(self.status_file, {"version": STATUS_VERSION, "state": state, "updated": time.time(), "host": socket.gethostname(),
-                                      **self._stamp(), **fields}, durable, self.root)
+        write_json(
+            self.status_file,
+            {
+                "version": STATUS_VERSION,
+                "state": state,
+                "updated": time.time(),
+                "host": socket.gethostname(),
+                **self._stamp(),
+                **fields,
+            },
+            durable,
+            self.root,
+        )
 
     def finish(self, rows: list[dict], **fields: Any) -> None:
         """Seal a finished run: its rows written whole, and a copy in status.json to repair from."""
@@ -360,8 +425,10 @@ class RunFiles:
         if text != _jsonl(sealed):
             kept = self.read_metrics()
             if kept != sealed[: len(kept)]:
-                raise ConfigError(f"{self.status_file} seals {len(sealed)} rows that {self.metrics} contradicts (its row {_first_difference(kept, sealed)}): "
-                                  "nothing was changed; move the one that is wrong aside")
+                raise ConfigError(
+                    f"{self.status_file} seals {len(sealed)} rows that {self.metrics} contradicts (its row {_first_difference(kept, sealed)}): "
+                    "nothing was changed; move the one that is wrong aside"
+                )
             atomic_write(self.metrics, _jsonl(sealed), root=self.root)
         return self._check_rows(self.status_file, sealed)
 
@@ -370,7 +437,10 @@ class RunFiles:
 
     def has_checkpoint(self) -> bool:
         """A whole checkpoint is here (or its `.old` copy, where a kill fell between a save's renames)."""
-        return any(d.is_dir() and checkpoint_gap(d) is None for d in (self.checkpoint, self.checkpoint.with_name(self.checkpoint.name + ".old")))
+        return any(
+            d.is_dir() and checkpoint_gap(d) is None
+            for d in (self.checkpoint, self.checkpoint.with_name(self.checkpoint.name + ".old"))
+        )
 
     def process_gone(self) -> bool:
         """A run marked running whose process, on this host, no longer exists (killed)."""
@@ -408,8 +478,12 @@ class RunFiles:
     def keep_metrics(self, until_step: int) -> None:
         """A run resumed from a checkpoint at `until_step` drops the rows it wrote after it (it writes them again)."""
         self.check_lease()
-        atomic_write(self.metrics, _jsonl([row for row in self.read_metrics() if row["step"] <= until_step]), root=self.root)
-        atomic_write(self.problems, _jsonl([row for row in self.read_problems() if row["step"] <= until_step]), root=self.root)
+        atomic_write(
+            self.metrics, _jsonl([row for row in self.read_metrics() if row["step"] <= until_step]), root=self.root
+        )
+        atomic_write(
+            self.problems, _jsonl([row for row in self.read_problems() if row["step"] <= until_step]), root=self.root
+        )
 
     def append_metrics(self, row: dict) -> None:
         self.check_lease()
@@ -419,8 +493,17 @@ class RunFiles:
         """One eval point's validation problems: ids, correct samples, samples (written before its metrics row)."""
         self.check_lease()
         ids, correct, samples = zip(*per_problem) if per_problem else ((), (), ())
-        _append(self.problems, {"step": step, "problem_id": list(ids), "correct": list(correct), "samples": list(samples), **self._fingerprint()},
-                self.root)
+        _append(
+            self.problems,
+            {
+                "step": step,
+                "problem_id": list(ids),
+                "correct": list(correct),
+                "samples": list(samples),
+                **self._fingerprint(),
+            },
+            self.root,
+        )
 
     def _fingerprint(self) -> dict[str, str]:
         return {"fingerprint": self.identity.fingerprint} if self.identity is not None else {}
@@ -469,7 +552,10 @@ def checkpoint_gap(directory: Path) -> str | None:
 
 def checkpoint_files(directory: Path) -> dict[str, Any]:
     """The list `checkpoint_gap` checks, of the files in `directory` as they are now."""
-    return {"version": 1, "files": {str(f.relative_to(directory)): f.stat().st_size for f in sorted(directory.rglob("*")) if f.is_file()}}
+    return {
+        "version": 1,
+        "files": {str(f.relative_to(directory)): f.stat().st_size for f in sorted(directory.rglob("*")) if f.is_file()},
+    }
 
 
 def process_start(pid: int) -> int | None:
@@ -564,7 +650,9 @@ class CellState:
     columns: dict[str, Any] = field(default_factory=dict)  # the run's columns in results.parquet (sweep.run_columns)
     M: int = 0  # steps to the cell's budget (a sweep's cells have it)
     eval_steps: list[int] = field(default_factory=list)
-    step_flops: list[float] | None = None  # one step's (search, learning, reward) upper bound; None where planned before isoflop kept it
+    step_flops: list[float] | None = (
+        None  # one step's (search, learning, reward) upper bound; None where planned before isoflop kept it
+    )
     rows: list[int] | None = None  # calibration: the slice [start, stop) of task.train
     state: str = PENDING
     submission_id: str | None = None  # the job of the last attempt
@@ -572,8 +660,12 @@ class CellState:
     failures: list[Failure] = field(default_factory=list)
     error: str | None = None  # why it failed for good
     continues: str | None = None  # the run of a smaller budget whose directory and checkpoint this cell took over
-    fingerprint: str | None = None  # what the run computes (`Identity`): its records must carry it; None where planned before isoflop kept it
-    stopped_at: float | None = None  # the budget where the adaptive schedule stopped it (paused for the rest of the schedule)
+    fingerprint: str | None = (
+        None  # what the run computes (`Identity`): its records must carry it; None where planned before isoflop kept it
+    )
+    stopped_at: float | None = (
+        None  # the budget where the adaptive schedule stopped it (paused for the rest of the schedule)
+    )
     why: str | None = None  # the adaptive schedule's reason
 
     @classmethod
@@ -584,22 +676,53 @@ class CellState:
             raise Malformed("it needs rows [start, stop]")
         if kind == SWEEP and not _is(data.get("M"), "int"):
             raise Malformed("it needs an integer M")
-        values = schema_fields(data, {"axes": "object", "columns": "object", "M": "int", "eval_steps": "ints", "step_flops": "numbers",
-                                "rows": "ints", "state": "str", "submission_id": "str", "attempts": "int", "failures": "list",
-                                "error": "str", "continues": "str", "stopped_at": "number", "why": "str", "fingerprint": "str"})
-        values["failures"] = [Failure(**schema_fields(_object("failures", f), {"attempt": "int", "reason": "str", "at": "number"}, required=True))
-                              for f in values.get("failures", [])]
+        values = schema_fields(
+            data,
+            {
+                "axes": "object",
+                "columns": "object",
+                "M": "int",
+                "eval_steps": "ints",
+                "step_flops": "numbers",
+                "rows": "ints",
+                "state": "str",
+                "submission_id": "str",
+                "attempts": "int",
+                "failures": "list",
+                "error": "str",
+                "continues": "str",
+                "stopped_at": "number",
+                "why": "str",
+                "fingerprint": "str",
+            },
+        )
+        values["failures"] = [
+            Failure(
+                **schema_fields(
+                    _object("failures", f), {"attempt": "int", "reason": "str", "at": "number"}, required=True
+                )
+            )
+            for f in values.get("failures", [])
+        ]
         cell = cls(**values)
-        bad = [k for k, kind in (("n", "number"), ("B_p", "number"), ("model", "str")) if k in cell.columns and not _is(cell.columns[k], kind)]
+        bad = [
+            k
+            for k, kind in (("n", "number"), ("B_p", "number"), ("model", "str"))
+            if k in cell.columns and not _is(cell.columns[k], kind)
+        ]
         if bad:
-            raise Malformed(f"columns.{bad[0]} is {json.dumps(cell.columns[bad[0]])[:40]}, not a {'name' if bad[0] == 'model' else 'number'}")
+            raise Malformed(
+                f"columns.{bad[0]} is {json.dumps(cell.columns[bad[0]])[:40]}, not a {'name' if bad[0] == 'model' else 'number'}"
+            )
         if cell.M < 0:
             raise Malformed(f"M is {cell.M}, not a number of steps")
         if cell.step_flops is not None and (min(cell.step_flops, default=0) < 0 or not sum(cell.step_flops) > 0):
             raise Malformed(f"step_flops {cell.step_flops} is not a step's FLOPs (numbers >= 0, not all 0)")
         if cell.state not in CELL_STATES:
             raise Malformed(f"state '{cell.state}' is none of {', '.join(CELL_STATES)}")
-        if cell.state == RETRYING and not cell.failures:  # the dispatcher writes the failure it retries after with the state
+        if (
+            cell.state == RETRYING and not cell.failures
+        ):  # the dispatcher writes the failure it retries after with the state
             raise Malformed(f"state {RETRYING} without the failure it retries after")
         return cell
 
@@ -623,8 +746,19 @@ class SweepSchedule:
 
     @classmethod
     def from_json(cls, data: dict) -> SweepSchedule:
-        schedule = cls(**schema_fields(data, {"name": "str", "budgets": "numbers", "margin": "number", "column": "str", "metric": "str",
-                                              "indifference": "number"}))
+        schedule = cls(
+            **schema_fields(
+                data,
+                {
+                    "name": "str",
+                    "budgets": "numbers",
+                    "margin": "number",
+                    "column": "str",
+                    "metric": "str",
+                    "indifference": "number",
+                },
+            )
+        )
         if schedule.name != "full" and None in (schedule.budgets, schedule.margin, schedule.column, schedule.metric):
             raise Malformed(f"schedule {schedule.name} needs budgets, margin, column and metric")
         if schedule.name != "full" and schedule.indifference is None:
@@ -657,11 +791,23 @@ class Manifest:
         `version`, and `kind` only on a calibration's); keys it does not know are left out."""
         if not isinstance(data, dict):
             raise Malformed("not a JSON object")
-        top = schema_fields(data, {"version": "int", "name": "str", "kind": "str", "cells": "object", "schedule": "object", "infeasible": "list"})
+        top = schema_fields(
+            data,
+            {
+                "version": "int",
+                "name": "str",
+                "kind": "str",
+                "cells": "object",
+                "schedule": "object",
+                "infeasible": "list",
+            },
+        )
         if "cells" not in top:
             raise Malformed("no cells object")
         if top.get("version", 0) > MANIFEST_VERSION:
-            raise Malformed(f"version {top['version']}, written by a newer isoflop: this one reads up to version {MANIFEST_VERSION}")
+            raise Malformed(
+                f"version {top['version']}, written by a newer isoflop: this one reads up to version {MANIFEST_VERSION}"
+            )
         kind = top.get("kind", SWEEP)
         if kind not in (SWEEP, CALIBRATION):
             raise Malformed(f"kind '{kind}' is neither {SWEEP} nor {CALIBRATION}")
@@ -673,16 +819,27 @@ class Manifest:
                 cells[run_id] = CellState.from_json(cell, kind)
             except Malformed as e:
                 raise Malformed(f"cell '{run_id}' is malformed ({e})") from None
-        infeasible = [Infeasible(**schema_fields(_object("infeasible", i), {"axes": "object", "reason": "str"}, required=True))
-                      for i in top.get("infeasible", [])]
-        return cls(name=top.get("name", ""), kind=kind, schedule=SweepSchedule.from_json(top.get("schedule", {})), cells=cells,
-                   infeasible=infeasible)
+        infeasible = [
+            Infeasible(**schema_fields(_object("infeasible", i), {"axes": "object", "reason": "str"}, required=True))
+            for i in top.get("infeasible", [])
+        ]
+        return cls(
+            name=top.get("name", ""),
+            kind=kind,
+            schedule=SweepSchedule.from_json(top.get("schedule", {})),
+            cells=cells,
+            infeasible=infeasible,
+        )
 
     def to_json(self) -> dict:
-        return {"version": MANIFEST_VERSION, "name": self.name, "kind": self.kind,
-                "schedule": {k: v for k, v in asdict(self.schedule).items() if v is not None},
-                "cells": {run_id: cell.to_json() for run_id, cell in self.cells.items()},
-                "infeasible": [asdict(i) for i in self.infeasible]}
+        return {
+            "version": MANIFEST_VERSION,
+            "name": self.name,
+            "kind": self.kind,
+            "schedule": {k: v for k, v in asdict(self.schedule).items() if v is not None},
+            "cells": {run_id: cell.to_json() for run_id, cell in self.cells.items()},
+            "infeasible": [asdict(i) for i in self.infeasible],
+        }
 
 
 _CHECKS: dict[str, Callable[[Any], bool]] = {
@@ -707,8 +864,11 @@ def _malformed(e: Exception) -> str:
 
 def _eval_point(row: Any) -> bool:
     """A sealed row: an object with an integer step, and the ledger columns readers add up as finite numbers >= 0."""
-    return (isinstance(row, dict) and _is(row.get("step"), "int")
-            and all(_is(row[k], "number") and 0 <= row[k] < math.inf for k in ("rollouts", "flops_total") if k in row))
+    return (
+        isinstance(row, dict)
+        and _is(row.get("step"), "int")
+        and all(_is(row[k], "number") and 0 <= row[k] < math.inf for k in ("rollouts", "flops_total") if k in row)
+    )
 
 
 def schema_fields(data: dict, schema: dict[str, str], required: bool = False) -> dict[str, Any]:
@@ -771,19 +931,41 @@ class RunStatus:
         if not isinstance(data, dict):
             raise Malformed("not a JSON object")
         data = {k: v for k, v in data.items() if v is not None}
-        schema = {"version": "int", "state": "str", "updated": "number", "host": "str", "pid": "int", "pid_started": "int", "started": "number",
-                  "step": "int", "M": "int", "error": "str", "paused_at": "number", "rows": "list", "run_id": "str", "fingerprint": "str"}
+        schema = {
+            "version": "int",
+            "state": "str",
+            "updated": "number",
+            "host": "str",
+            "pid": "int",
+            "pid_started": "int",
+            "started": "number",
+            "step": "int",
+            "M": "int",
+            "error": "str",
+            "paused_at": "number",
+            "rows": "list",
+            "run_id": "str",
+            "fingerprint": "str",
+        }
         values = schema_fields(data, schema)
         if "state" not in values:
             raise Malformed("no state")
         if values.pop("version", 0) > STATUS_VERSION:
-            raise Malformed(f"version {data['version']}, written by a newer isoflop: this one reads up to version {STATUS_VERSION}")
+            raise Malformed(
+                f"version {data['version']}, written by a newer isoflop: this one reads up to version {STATUS_VERSION}"
+            )
         status = cls(**values, ledger={k: float(v) for k, v in data.items() if k not in schema and _is(v, "number")})
         if status.state not in RUN_STATES:
             raise Malformed(f"state '{status.state}' is none of {', '.join(RUN_STATES)}")
-        if status.state == FINISHED and status.rows is not None and not (status.rows and all(_eval_point(r) for r in status.rows)):
-            raise Malformed(f"its sealed rows {json.dumps(status.rows)[:40]} are not eval points (a non-empty list of objects with a step, "
-                            "and rollouts and flops_total finite numbers >= 0)")
+        if (
+            status.state == FINISHED
+            and status.rows is not None
+            and not (status.rows and all(_eval_point(r) for r in status.rows))
+        ):
+            raise Malformed(
+                f"its sealed rows {json.dumps(status.rows)[:40]} are not eval points (a non-empty list of objects with a step, "
+                "and rollouts and flops_total finite numbers >= 0)"
+            )
         return status
 
 
@@ -802,9 +984,14 @@ class Lease:
     def from_json(cls, data: Any) -> Lease:
         if not isinstance(data, dict):
             raise Malformed("not a JSON object")
-        lease = cls(**schema_fields(data, {"holder": "str", "since": "number"}, required=True), version=schema_fields(data, {"version": "int"}).get("version", 0))
+        lease = cls(
+            **schema_fields(data, {"holder": "str", "since": "number"}, required=True),
+            version=schema_fields(data, {"version": "int"}).get("version", 0),
+        )
         if lease.version > LEASE_VERSION:
-            raise Malformed(f"version {lease.version}, written by a newer isoflop: this one reads up to version {LEASE_VERSION}")
+            raise Malformed(
+                f"version {lease.version}, written by a newer isoflop: this one reads up to version {LEASE_VERSION}"
+            )
         return lease
 
 
@@ -829,7 +1016,9 @@ class SweepDir:
 
     def _remember(self, manifest: Manifest) -> None:
         if self._fingerprints is not None:
-            self._fingerprints.update({rid: cell.fingerprint for rid, cell in manifest.cells.items() if cell.fingerprint is not None})
+            self._fingerprints.update(
+                {rid: cell.fingerprint for rid, cell in manifest.cells.items() if cell.fingerprint is not None}
+            )
 
     def check_tree(self) -> None:
         """Before a sweep computes anything: no link where its own files are (the sweep dir, its
@@ -841,7 +1030,7 @@ class SweepDir:
                     raise not_own(path, self.path)
                 self._check_writable(path)
             runs = self.path / "runs"
-            for run_dir in (runs.iterdir() if runs.is_dir() else ()):
+            for run_dir in runs.iterdir() if runs.is_dir() else ():
                 if not run_dir.is_dir():
                     raise not_own(run_dir, self.path)
 
@@ -851,7 +1040,9 @@ class SweepDir:
         meet it only after its compute, as a traceback)."""
         if path.name in STATE_FILES and path.is_dir():
             raise fs_error(IsADirectoryError(errno.EISDIR, "is a directory"), path, "write")
-        if path.exists() and not os.access(path, os.W_OK):  # mode bits for others; an immutable file or dir (chattr +i) for root too
+        if path.exists() and not os.access(
+            path, os.W_OK
+        ):  # mode bits for others; an immutable file or dir (chattr +i) for root too
             raise fs_error(PermissionError(errno.EACCES, "permission denied"), path, "write")
 
     def _tree(self):
@@ -869,15 +1060,20 @@ class SweepDir:
         own cells over it, and every other finished run would drop out of results.parquet."""
         try:
             text = self.manifest_file.read_text()
-        except (FileNotFoundError, NotADirectoryError):  # no manifest there (NotADirectory: the dir's path runs through a file)
+        except (
+            FileNotFoundError,
+            NotADirectoryError,
+        ):  # no manifest there (NotADirectory: the dir's path runs through a file)
             return Manifest()
         except OSError as e:  # there, but not readable (permissions, a directory, a name too long): not damaged
             raise fs_error(e, self.manifest_file, "read") from None
         try:
             return Manifest.from_json(json.loads(text))
         except (ValueError, RecursionError) as e:  # not JSON (a torn, cut or absurdly nested file), or not a manifest
-            raise ConfigError(f"{self.manifest_file} is not a well-formed sweep manifest ({_malformed(e)}): nothing was changed; "
-                              "move it aside to rebuild it from the grid (finished runs in runs/ are found again)") from None
+            raise ConfigError(
+                f"{self.manifest_file} is not a well-formed sweep manifest ({_malformed(e)}): nothing was changed; "
+                "move it aside to rebuild it from the grid (finished runs in runs/ are found again)"
+            ) from None
 
     def write_manifest(self, manifest: Manifest) -> None:
         write_json(self.manifest_file, manifest.to_json(), root=self.path)
@@ -896,8 +1092,10 @@ class SweepDir:
             rows = files.finished_rows() if cell.step_flops is not None and "model" in cell.columns else None
             if rows and rows[-1]["step"] > 0:
                 if not rows[-1].get("flops_total", 0) > 0:
-                    raise ConfigError(f"{files.status_file}: its last sealed eval point (step {rows[-1]['step']}) records no flops_total: "
-                                      "the run's record is damaged; move the run dir aside to run it again")
+                    raise ConfigError(
+                        f"{files.status_file}: its last sealed eval point (step {rows[-1]['step']}) records no flops_total: "
+                        "the run's record is damaged; move the run dir aside to run it again"
+                    )
                 bound = rows[-1]["step"] * sum(cell.step_flops)
                 ratios.setdefault(cell.columns["model"], []).append(rows[-1]["flops_total"] / bound)
         return {model: sum(r) / len(r) for model, r in ratios.items()}
@@ -916,7 +1114,11 @@ class SweepDir:
                 frames.append(pd.concat([meta, eval_points], axis=1))
         df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
         if not df.empty:  # a metric no run records (kl without a KL term, value_loss without a value head) is left out
-            df = df.drop(columns=[c for c in metrics if df[c].isna().all()]).sort_values(["run_id", "step"]).reset_index(drop=True)
+            df = (
+                df.drop(columns=[c for c in metrics if df[c].isna().all()])
+                .sort_values(["run_id", "step"])
+                .reset_index(drop=True)
+            )
         atomic_write(self.results_file, df.to_parquet(index=False), root=self.path)
         self._collect_problems(df)
         return df

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, ContextManager
 from isoflop_cli import config as config_mod
 from isoflop_cli import continuation, launchers, provenance
 from isoflop_cli import grid as grid_mod
+from isoflop_cli.config import identity
 from isoflop_cli.config.schema import Schedule
 from isoflop_cli.dispatch import Dispatcher, nothing_to_run, sweep_lock
 from isoflop_cli.errors import ConfigError
-from isoflop_cli.config import identity
 from isoflop_cli.store import FINISHED, PAUSED, CellState, Infeasible, Manifest, SweepDir, SweepSchedule, on_disk
 
 if TYPE_CHECKING:
@@ -79,8 +79,13 @@ def continuations(sweep_dir: SweepDir, cells: list[grid_mod.Cell], extend: bool)
     return continued
 
 
-def check_same_grid(sweep_dir: SweepDir, cells: list[grid_mod.Cell], extend: bool, continued: list[continuation.Continuation] = (),
-                    hint: str = EXTEND_HINT) -> None:
+def check_same_grid(
+    sweep_dir: SweepDir,
+    cells: list[grid_mod.Cell],
+    extend: bool,
+    continued: list[continuation.Continuation] = (),
+    hint: str = EXTEND_HINT,
+) -> None:
     """A sweep dir is never silently narrowed: cells it holds that this grid lacks (and does not
     continue) refuse the sweep unless `extend` keeps them beside the new ones."""
     if extend:
@@ -90,18 +95,34 @@ def check_same_grid(sweep_dir: SweepDir, cells: list[grid_mod.Cell], extend: boo
     gone = [rid for rid in old if rid not in new]
     if gone:
         twins = continuation.restarted(sweep_dir, cells, gone)
-        why = (f"; {twins} of them are runs of this grid to a smaller budget, finished without a checkpoint to continue from "
-               "(checkpoint.keep_final=true keeps one)") if twins else ""
-        raise ConfigError(f"{sweep_dir.path} holds a different grid: {len(gone)} of its {len(old)} cells are not in this one "
-                          f"(e.g. {gone[0]}){why}; {hint}use another --root or name=")
+        why = (
+            (
+                f"; {twins} of them are runs of this grid to a smaller budget, finished without a checkpoint to continue from "
+                "(checkpoint.keep_final=true keeps one)"
+            )
+            if twins
+            else ""
+        )
+        raise ConfigError(
+            f"{sweep_dir.path} holds a different grid: {len(gone)} of its {len(old)} cells are not in this one "
+            f"(e.g. {gone[0]}){why}; {hint}use another --root or name="
+        )
 
 
 def run_columns(cell: grid_mod.Cell) -> dict[str, Any]:
     """The axis columns of a run's result rows: n, B_p, model, reward, algo, seed, lr and any extra
     axis; and its provenance (the checkpoint, isoflop's version and commit: `provenance`)."""
     cfg = cell.cfg
-    columns = {"n": cfg.n, "B_p": cfg.B_p, "model": cfg.model.name, "reward": cfg.reward.name, "algo": cfg.algo.name, "seed": cfg.seed, "lr": cell.plan.lr,
-               **provenance.columns(cfg.model)}
+    columns = {
+        "n": cfg.n,
+        "B_p": cfg.B_p,
+        "model": cfg.model.name,
+        "reward": cfg.reward.name,
+        "algo": cfg.algo.name,
+        "seed": cfg.seed,
+        "lr": cell.plan.lr,
+        **provenance.columns(cfg.model),
+    }
     for key, value in cell.axes.items():
         columns.setdefault(key, value)
     return columns
@@ -113,19 +134,30 @@ def schedule_entry(cfg, cells: list[grid_mod.Cell]) -> SweepSchedule:
     if cfg.grid.schedule != Schedule.adaptive:
         return SweepSchedule(name=Schedule.full.value)
     column = next(c.plan.column for c in cells if c.feasible)
-    return SweepSchedule(name=Schedule.adaptive.value, budgets=sorted(float(b) for b in cfg.grid.budgets), margin=float(cfg.grid.margin),
-                         column=column, metric="val_avg@k", indifference=float(cfg.grid.indifference))
+    return SweepSchedule(
+        name=Schedule.adaptive.value,
+        budgets=sorted(float(b) for b in cfg.grid.budgets),
+        margin=float(cfg.grid.margin),
+        column=column,
+        metric="val_avg@k",
+        indifference=float(cfg.grid.indifference),
+    )
 
 
-def prepare(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued: list[continuation.Continuation] = ()) -> None:
+def prepare(
+    sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued: list[continuation.Continuation] = ()
+) -> None:
     """Write the sweep config, the manifest and each run's config, keeping what earlier runs recorded
     and every cell the dir already held (`check_same_grid` has refused an unasked merge); the cells
     that continue an earlier run take over its directory."""
     old = sweep_dir.manifest().cells
     sweep_dir.write_config(config_mod.to_yaml(cfg))
     continues = {c.new: c.old for c in continued}
-    manifest = Manifest(name=cfg.name, schedule=schedule_entry(cfg, cells),
-                        cells={rid: cell for rid, cell in old.items() if rid not in continues.values()})
+    manifest = Manifest(
+        name=cfg.name,
+        schedule=schedule_entry(cfg, cells),
+        cells={rid: cell for rid, cell in old.items() if rid not in continues.values()},
+    )
     configs = {}  # run id -> its config.yaml, written once the manifest names the cell
     for cell in cells:
         if not cell.feasible:
@@ -134,13 +166,24 @@ def prepare(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued: lis
         if cell.run_id in old:
             before = old[cell.run_id]
         else:
-            before = CellState(state=PAUSED, continues=continues[cell.run_id]) if cell.run_id in continues else CellState()
+            before = (
+                CellState(state=PAUSED, continues=continues[cell.run_id]) if cell.run_id in continues else CellState()
+            )
         run_cfg = cell.cfg
         configs[cell.run_id] = config_mod.to_yaml(run_cfg)
         manifest.cells[cell.run_id] = CellState(
-            axes=cell.axes, columns=run_columns(cell), M=cell.plan.M, eval_steps=list(cell.plan.eval_steps),
-            step_flops=list(cell.plan.step_bound), state=before.state, fingerprint=fingerprint(cell, run_cfg),
-            submission_id=before.submission_id, attempts=before.attempts, failures=before.failures, continues=before.continues)
+            axes=cell.axes,
+            columns=run_columns(cell),
+            M=cell.plan.M,
+            eval_steps=list(cell.plan.eval_steps),
+            step_flops=list(cell.plan.step_bound),
+            state=before.state,
+            fingerprint=fingerprint(cell, run_cfg),
+            submission_id=before.submission_id,
+            attempts=before.attempts,
+            failures=before.failures,
+            continues=before.continues,
+        )
     sweep_dir.write_manifest(manifest)
     continuation.take_over(sweep_dir, manifest)
     for run_id, text in configs.items():
@@ -171,7 +214,10 @@ def preflight(dispatcher: Dispatcher, cfg, view: View, asked: bool = False) -> l
     with view.probing():
         nodes, problems = dispatcher.preflight(cfg)
     if problems:
-        raise ConfigError(f"preflight found {len(problems)} problem(s) before any run started:\n" + "\n".join(f"  - {p}" for p in problems))
+        raise ConfigError(
+            f"preflight found {len(problems)} problem(s) before any run started:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )
     return nodes
 
 
@@ -206,8 +252,13 @@ class Outcome:
         return sum(s == FINISHED for s in self.states.values())
 
 
-def run(sweep_dir: SweepDir, cfg, cells: list[grid_mod.Cell], continued: list[continuation.Continuation] = (),
-        view: View = View()) -> Outcome:
+def run(
+    sweep_dir: SweepDir,
+    cfg,
+    cells: list[grid_mod.Cell],
+    continued: list[continuation.Continuation] = (),
+    view: View = View(),
+) -> Outcome:
     """Prepare the sweep dir, run every unfinished cell as a job, collect results.parquet. One sweep
     dir has one owner: a second sweep on it while this one runs is refused (ConfigError)."""
     with sweep_lock(sweep_dir.path):

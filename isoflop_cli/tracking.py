@@ -23,7 +23,11 @@ from pathlib import Path
 from typing import Any
 
 BACKENDS = ("wandb", "mlflow", "tensorboard")
-PACKAGES = {"wandb": "wandb", "mlflow": "mlflow-skinny", "tensorboard": "tensorboard"}  # pip names, for the config error
+PACKAGES = {
+    "wandb": "wandb",
+    "mlflow": "mlflow-skinny",
+    "tensorboard": "tensorboard",
+}  # pip names, for the config error
 
 
 def tracker_root(tracking, run_dir: Path) -> Path:
@@ -56,11 +60,15 @@ class Tracking:
         for name in tracking.backends:
             try:
                 self.trackers.append(OPEN[name](tracking, run_id, group, config, root))
-            except Exception as e:  # noqa: BLE001 - any tracker failure is a warning, never the run's end
+            except Exception as e:
                 _warn(name, "open", e)
 
     def log(self, row: dict[str, Any]) -> None:
-        metrics = {k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+        metrics = {
+            k: float(v)
+            for k, v in row.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        }
         self._each("log", metrics, int(row["step"]))
 
     def attach(self, files: list[Path]) -> None:
@@ -74,13 +82,16 @@ class Tracking:
         for tracker in list(self.trackers):
             try:
                 getattr(tracker, method)(*args)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 _warn(tracker.name, method, e)
                 self.trackers.remove(tracker)
 
 
 def _warn(name: str, what: str, error: BaseException) -> None:
-    print(f"warning: tracking.backends {name}: {what} failed ({type(error).__name__}: {error}); the run goes on without it", flush=True)
+    print(
+        f"warning: tracking.backends {name}: {what} failed ({type(error).__name__}: {error}); the run goes on without it",
+        flush=True,
+    )
 
 
 class Wandb:
@@ -92,8 +103,17 @@ class Wandb:
 
         root.mkdir(parents=True, exist_ok=True)
         settings = wandb.Settings(console="off", x_disable_stats=True, silent=True)  # the run's log is its own
-        self.run = wandb.init(project=tracking.project, id=run_id, name=run_id, group=group, config=config, dir=str(root),
-                              mode=tracking.wandb_mode, resume="allow", settings=settings)
+        self.run = wandb.init(
+            project=tracking.project,
+            id=run_id,
+            name=run_id,
+            group=group,
+            config=config,
+            dir=str(root),
+            mode=tracking.wandb_mode,
+            resume="allow",
+            settings=settings,
+        )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
@@ -114,7 +134,9 @@ class Mlflow:
     """Through `MlflowClient` (no global active run), so several trackers can live in one process."""
 
     name = "mlflow"
-    keeps_files = staticmethod(lambda tracking: not tracking.mlflow_uri)  # a local file store, unless a server takes the runs
+    keeps_files = staticmethod(
+        lambda tracking: not tracking.mlflow_uri
+    )  # a local file store, unless a server takes the runs
 
     def __init__(self, tracking, run_id: str, group: str, config: dict[str, Any], root: Path):
         from mlflow.entities import Param
@@ -127,7 +149,9 @@ class Mlflow:
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind an opt-in
         self.client = MlflowClient(tracking_uri=uri)
         experiment_id = self._experiment(tracking.project)
-        found = self.client.search_runs([experiment_id], filter_string=f"tags.`isoflop.run_id` = '{run_id}'", max_results=1)
+        found = self.client.search_runs(
+            [experiment_id], filter_string=f"tags.`isoflop.run_id` = '{run_id}'", max_results=1
+        )
         if found:
             self.run_id = found[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
@@ -136,7 +160,7 @@ class Mlflow:
             self.run_id = self.client.create_run(experiment_id, run_name=run_id, tags=tags).info.run_id
             params = [Param(k, str(v)[:6000]) for k, v in config.items()]
             for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
-                self.client.log_batch(self.run_id, params=params[i:i + 100])
+                self.client.log_batch(self.run_id, params=params[i : i + 100])
 
     def _experiment(self, name: str) -> str:
         """The experiment's id, created if need be; runs starting together race to create it, and
@@ -214,7 +238,11 @@ def log_fit(tracking, sweep: str, summary: dict[str, Any], files: list[Path], ro
     group): its numbers (fit.json, flattened) as one row at step 0, its PNG plots as images and its
     files (fit.json, frontier.csv, report.md, plots) as the run's files or artifacts. Like a run's
     tracking, a failure is a warning."""
-    numbers = {k: v for k, v in flat(summary).items() if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    numbers = {
+        k: v
+        for k, v in flat(summary).items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
     tracking_runs = Tracking(tracking, f"{sweep}-fit", sweep, {"fit.files": ", ".join(p.name for p in files)}, root)
     tracking_runs.log({**numbers, "step": 0})
     tracking_runs.attach(files)

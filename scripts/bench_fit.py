@@ -31,9 +31,25 @@ def sweep_results(runs: int, points: int, seed: int = 0) -> pd.DataFrame:
     for i in range(runs):
         n, bp = cells[i % len(cells)]
         k = np.log2(n)
-        mean = sigmoid(np.log10(np.maximum(compute, 1)), 0.1, 0.55 + 0.04 * min(k, 6) - 0.03 * max(k - 6, 0) - 0.01 * np.log2(bp / 4), 2.5 + 0.5 * k, 1.5)
-        frames.append(pd.DataFrame({"run_id": f"r{i}", "n": n, "B_p": bp, "seed": i // len(cells), "rollouts": compute,
-                                    "val_avg@k": np.clip(mean + rng.normal(0, 0.01, points), 0, 1)}))
+        mean = sigmoid(
+            np.log10(np.maximum(compute, 1)),
+            0.1,
+            0.55 + 0.04 * min(k, 6) - 0.03 * max(k - 6, 0) - 0.01 * np.log2(bp / 4),
+            2.5 + 0.5 * k,
+            1.5,
+        )
+        frames.append(
+            pd.DataFrame(
+                {
+                    "run_id": f"r{i}",
+                    "n": n,
+                    "B_p": bp,
+                    "seed": i // len(cells),
+                    "rollouts": compute,
+                    "val_avg@k": np.clip(mean + rng.normal(0, 0.01, points), 0, 1),
+                }
+            )
+        )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -55,7 +71,9 @@ def main() -> None:
     args = ap.parse_args()
     sweep = sweep_results(args.runs, args.points).assign(**{RUN: lambda d: d["run_id"]})
     chin = chinchilla_results(args.runs, args.parametric_points).assign(**{RUN: lambda d: d["run_id"]})
-    print(f"{args.runs} runs x {args.points} eval points ({args.parametric_points} for parametric), {args.bootstrap} bootstrap resamples")
+    print(
+        f"{args.runs} runs x {args.points} eval points ({args.parametric_points} for parametric), {args.bootstrap} bootstrap resamples"
+    )
     total = 0.0
     for method in args.methods:
         if method == "parametric":

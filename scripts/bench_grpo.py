@@ -43,15 +43,15 @@ from dataclasses import dataclass, field
 os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))  # before torch is imported
 os.environ.setdefault("ISOFLOP_CACHE", "/tmp/isoflop-cache")
 
-import torch  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import torch
+from rich.console import Console
+from rich.table import Table
 
-from isoflop_cli import config, grid  # noqa: E402
-from isoflop_cli.recipe import checkpoint  # noqa: E402
-from isoflop_cli.recipe.trainer import Budget, train  # noqa: E402
-from isoflop_cli.tasks import Problem  # noqa: E402
-from isoflop_cli.tasks.arith import ArithTask  # noqa: E402
+from isoflop_cli import config, grid
+from isoflop_cli.recipe import checkpoint
+from isoflop_cli.recipe.trainer import Budget, train
+from isoflop_cli.tasks import Problem
+from isoflop_cli.tasks.arith import ArithTask
 
 
 @dataclass
@@ -82,11 +82,21 @@ def ours(n: int, B_p: int, steps: int, warmup: int, shared_prefill: bool = True,
     steady-state steps.
     """
     B = n * B_p
-    cfg = config.load(None, [
-        f"n={n}", f"B_p={B_p}", f"grid.budgets=[{warmup * B},{steps * B}]", "grid.eval_points=1",
-        "eval.problems=1", "eval.samples=1", "eval.k=1", f"sampler.shared_prefill={str(shared_prefill).lower()}",
-        "checkpoint.every=0", f"sampler={sampler}",
-    ])
+    cfg = config.load(
+        None,
+        [
+            f"n={n}",
+            f"B_p={B_p}",
+            f"grid.budgets=[{warmup * B},{steps * B}]",
+            "grid.eval_points=1",
+            "eval.problems=1",
+            "eval.samples=1",
+            "eval.k=1",
+            f"sampler.shared_prefill={str(shared_prefill).lower()}",
+            "checkpoint.every=0",
+            f"sampler={sampler}",
+        ],
+    )
     plan = grid.plan_run(cfg)
     assert plan.eval_steps == (0, warmup, steps), plan.eval_steps
     load = os.getloadavg()[0]
@@ -96,10 +106,23 @@ def ours(n: int, B_p: int, steps: int, warmup: int, shared_prefill: bool = True,
         total_s = time.perf_counter() - started
     first, last = rows[1], rows[2]
     count = steps - warmup
-    keys = ("wall_s", "time_eval_s", "time_search_s", "time_reward_s", "time_learning_s", "time_sync_s", "tokens_generated")
+    keys = (
+        "wall_s",
+        "time_eval_s",
+        "time_search_s",
+        "time_reward_s",
+        "time_learning_s",
+        "time_sync_s",
+        "tokens_generated",
+    )
     delta = {k: (last.get(k, 0.0) - first.get(k, 0.0)) / count for k in keys}
     step_s = delta["wall_s"] - delta["time_eval_s"]
-    parts = {"generate": delta["time_search_s"], "score": delta["time_reward_s"], "learn": delta["time_learning_s"], "sync": delta["time_sync_s"]}
+    parts = {
+        "generate": delta["time_search_s"],
+        "score": delta["time_reward_s"],
+        "learn": delta["time_learning_s"],
+        "sync": delta["time_sync_s"],
+    }
     parts["other"] = step_s - sum(parts.values())
     return Steps(step_s, parts, B, delta["tokens_generated"], [load], start_s=total_s - last["wall_s"])
 
@@ -166,18 +189,48 @@ def trl(n: int, B_p: int, steps: int, warmup: int) -> Steps:
 
     with tempfile.TemporaryDirectory() as out_dir:
         args = GRPOConfig(
-            output_dir=out_dir, use_cpu=True, bf16=False, report_to="none", save_strategy="no", push_to_hub=False,
-            gradient_checkpointing=False, disable_tqdm=True, logging_steps=steps + 1, dataloader_num_workers=0,
-            per_device_train_batch_size=B_p * n, gradient_accumulation_steps=1, steps_per_generation=1,
-            num_iterations=1, num_generations=n, shuffle_dataset=False, max_steps=steps, seed=cfg.seed,
-            max_completion_length=cfg.task.max_new_tokens, temperature=algo.temperature, top_p=algo.top_p, top_k=0,
-            beta=0.0, loss_type="dapo", scale_rewards="group", epsilon=algo.clip_low, epsilon_high=algo.clip_high,
-            learning_rate=grid.learning_rate(algo, B_p * n), lr_scheduler_type="constant_with_warmup",
-            warmup_steps=algo.warmup_steps, optim="adamw_torch", weight_decay=algo.weight_decay,
+            output_dir=out_dir,
+            use_cpu=True,
+            bf16=False,
+            report_to="none",
+            save_strategy="no",
+            push_to_hub=False,
+            gradient_checkpointing=False,
+            disable_tqdm=True,
+            logging_steps=steps + 1,
+            dataloader_num_workers=0,
+            per_device_train_batch_size=B_p * n,
+            gradient_accumulation_steps=1,
+            steps_per_generation=1,
+            num_iterations=1,
+            num_generations=n,
+            shuffle_dataset=False,
+            max_steps=steps,
+            seed=cfg.seed,
+            max_completion_length=cfg.task.max_new_tokens,
+            temperature=algo.temperature,
+            top_p=algo.top_p,
+            top_k=0,
+            beta=0.0,
+            loss_type="dapo",
+            scale_rewards="group",
+            epsilon=algo.clip_low,
+            epsilon_high=algo.clip_high,
+            learning_rate=grid.learning_rate(algo, B_p * n),
+            lr_scheduler_type="constant_with_warmup",
+            warmup_steps=algo.warmup_steps,
+            optim="adamw_torch",
+            weight_decay=algo.weight_decay,
             max_grad_norm=algo.max_grad_norm,
         )
-        trainer = Timed(model=model, reward_funcs=exact_answer, args=args, train_dataset=dataset,
-                        processing_class=tokenizer, callbacks=[StepEnds()])
+        trainer = Timed(
+            model=model,
+            reward_funcs=exact_answer,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[StepEnds()],
+        )
         trainer.remove_callback(PrinterCallback)
         load = os.getloadavg()[0]
         trainer.train()
@@ -192,14 +245,41 @@ def trl(n: int, B_p: int, steps: int, warmup: int) -> Steps:
 def fastest(runs: list[Steps]) -> Steps:
     """The fastest repeat, with every repeat's load average and the slowest step."""
     best = min(runs, key=lambda r: r.step_s)
-    return Steps(best.step_s, best.parts, best.rollouts, best.tokens, [r.load[0] for r in runs], max(r.step_s for r in runs),
-                 min(r.start_s for r in runs))
+    return Steps(
+        best.step_s,
+        best.parts,
+        best.rollouts,
+        best.tokens,
+        [r.load[0] for r in runs],
+        max(r.step_s for r in runs),
+        min(r.start_s for r in runs),
+    )
 
 
 def table(results: dict[int, dict[str, Steps]], repeats: int, threads: int) -> Table:
     t = Table(title=f"GRPO seconds per step (steady state, fastest of {repeats}, {threads} threads each side)")
-    for col in ("n", "B_p", "ours", "start", "step", "gen", "score", "learn", "sync", "other", "rollouts/s", "tokens/s",
-                "TRL step", "gen", "score", "rest", "tokens/s", "TRL/ours", "spread", "load1"):
+    for col in (
+        "n",
+        "B_p",
+        "ours",
+        "start",
+        "step",
+        "gen",
+        "score",
+        "learn",
+        "sync",
+        "other",
+        "rollouts/s",
+        "tokens/s",
+        "TRL step",
+        "gen",
+        "score",
+        "rest",
+        "tokens/s",
+        "TRL/ours",
+        "spread",
+        "load1",
+    ):
         t.add_column(col, justify="left" if col == "ours" else "right")
     for n, by_side in results.items():
         theirs = by_side.get("trl")
@@ -207,11 +287,23 @@ def table(results: dict[int, dict[str, Steps]], repeats: int, threads: int) -> T
             if side not in by_side:
                 continue
             r = by_side[side]
-            row = [str(n), str(r.rollouts // n), side, f"{r.start_s:.1f}", f"{r.step_s:.3f}",
-                   *(f"{r.parts[k]:.3f}" for k in ("generate", "score", "learn", "sync", "other")), f"{r.rollouts_per_s:,.0f}", f"{r.tokens_per_s:,.0f}"]
+            row = [
+                str(n),
+                str(r.rollouts // n),
+                side,
+                f"{r.start_s:.1f}",
+                f"{r.step_s:.3f}",
+                *(f"{r.parts[k]:.3f}" for k in ("generate", "score", "learn", "sync", "other")),
+                f"{r.rollouts_per_s:,.0f}",
+                f"{r.tokens_per_s:,.0f}",
+            ]
             if theirs:
-                row += [f"{theirs.step_s:.3f}", *(f"{theirs.parts[k]:.3f}" for k in ("generate", "score", "rest")),
-                        f"{theirs.tokens_per_s:,.0f}", f"{theirs.step_s / r.step_s:.2f}x"]
+                row += [
+                    f"{theirs.step_s:.3f}",
+                    *(f"{theirs.parts[k]:.3f}" for k in ("generate", "score", "rest")),
+                    f"{theirs.tokens_per_s:,.0f}",
+                    f"{theirs.step_s / r.step_s:.2f}x",
+                ]
             else:
                 row += ["-"] * 6
             loads = r.load + (theirs.load if theirs else [])
@@ -254,8 +346,12 @@ def main() -> None:
     for n in args.n:
         runs: dict[str, list[Steps]] = {}
         for _ in range(args.repeats):  # interleaved, so that contention spreads over all sides
-            runs.setdefault("shared prefill", []).append(ours(n, args.B_p, args.steps, args.warmup, shared_prefill=True))
-            runs.setdefault("no shared prefill", []).append(ours(n, args.B_p, args.steps, args.warmup, shared_prefill=False))
+            runs.setdefault("shared prefill", []).append(
+                ours(n, args.B_p, args.steps, args.warmup, shared_prefill=True)
+            )
+            runs.setdefault("no shared prefill", []).append(
+                ours(n, args.B_p, args.steps, args.warmup, shared_prefill=False)
+            )
             if args.vllm:
                 runs.setdefault("vllm", []).append(ours(n, args.B_p, args.steps, args.warmup, sampler="vllm"))
             if not args.no_trl:
@@ -265,19 +361,25 @@ def main() -> None:
             results[n]["offline"] = offline(n, args.B_p, args.steps - args.warmup)
         console.print(f"n={n} B_p={args.B_p}: done ({time.perf_counter() - started:.0f} s)")
     console.print(table(results, args.repeats, args.threads))
-    console.print(f"steps {args.warmup + 1}..{args.steps} of each run timed; our step excludes evaluation (wall less time_eval_s); "
-                  f"spread: the slowest repeat's step over the fastest's, ours / TRL's; load1: the 1-minute load average at the start of each run "
-                  f"on {os.cpu_count()} CPUs, this benchmark's own {args.threads} threads included; "
-                  f"{time.perf_counter() - started:.0f} s in all")
+    console.print(
+        f"steps {args.warmup + 1}..{args.steps} of each run timed; our step excludes evaluation (wall less time_eval_s); "
+        f"spread: the slowest repeat's step over the fastest's, ours / TRL's; load1: the 1-minute load average at the start of each run "
+        f"on {os.cpu_count()} CPUs, this benchmark's own {args.threads} threads included; "
+        f"{time.perf_counter() - started:.0f} s in all"
+    )
     ratios = [r["trl"].step_s / r["shared prefill"].step_s for r in results.values() if "trl" in r]
     if ratios:
-        console.print(f"TRL/ours (shared prefill), geometric mean over n: {statistics.geometric_mean(ratios):.2f}x (target >= 2x)")
+        console.print(
+            f"TRL/ours (shared prefill), geometric mean over n: {statistics.geometric_mean(ratios):.2f}x (target >= 2x)"
+        )
     for n, r in results.items():
         if "vllm" in r:
             v, hf, off = r["vllm"], r["shared prefill"], r["offline"]
-            console.print(f"n={n}: sampler=vllm step / hf step {v.step_s / hf.step_s:.2f}x (generate {v.parts['generate'] / hf.parts['generate']:.2f}x, "
-                          f"sync {v.parts['sync']:.3f} s); vLLM in the step at {off.step_s / v.parts['generate']:.0%} of its offline rollouts/s "
-                          f"({off.rollouts_per_s:,.0f}); engine start {v.start_s - hf.start_s:.1f} s more than hf's set-up")
+            console.print(
+                f"n={n}: sampler=vllm step / hf step {v.step_s / hf.step_s:.2f}x (generate {v.parts['generate'] / hf.parts['generate']:.2f}x, "
+                f"sync {v.parts['sync']:.3f} s); vLLM in the step at {off.step_s / v.parts['generate']:.0%} of its offline rollouts/s "
+                f"({off.rollouts_per_s:,.0f}); engine start {v.start_s - hf.start_s:.1f} s more than hf's set-up"
+            )
 
 
 if __name__ == "__main__":

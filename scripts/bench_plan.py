@@ -37,8 +37,8 @@ SHAPES = {  # cells: (n values, B_p values, seeds, kl_coef values)
 def overrides(size: int) -> list[str]:
     n, bp, seeds, kl = SHAPES[size]
     return [
-        f"grid.n=[{','.join(str(2 ** i) for i in range(1, n + 1))}]",
-        f"grid.B_p=[{','.join(str(2 ** i) for i in range(bp))}]",
+        f"grid.n=[{','.join(str(2**i) for i in range(1, n + 1))}]",
+        f"grid.B_p=[{','.join(str(2**i) for i in range(bp))}]",
         f"grid.seed=[{','.join(str(s) for s in range(seeds))}]",
         f"+grid.axes={{algo.kl_coef:[{','.join(f'{0.001 * i:g}' for i in range(kl))}]}}",
         "grid.budgets=[65536]",
@@ -71,8 +71,14 @@ def one(size: int) -> dict:
     json.dumps(plan_records(cells))
     records = time.perf_counter() - start
     assert len(cells) == size and all(c.feasible for c in cells), (len(cells), sum(c.feasible for c in cells))
-    return {"cells": size, "seconds": seconds, "ms_per_cell": 1e3 * seconds / size, "peak_mb": peak,
-            "kb_per_cell": 1024 * peak / size, "records_s": records}
+    return {
+        "cells": size,
+        "seconds": seconds,
+        "ms_per_cell": 1e3 * seconds / size,
+        "peak_mb": peak,
+        "kb_per_cell": 1024 * peak / size,
+        "records_s": records,
+    }
 
 
 def main() -> None:
@@ -88,10 +94,13 @@ def main() -> None:
     for size in args.sizes:
         out = subprocess.run([sys.executable, __file__, "--one", str(size)], capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"{r['cells']:>7} cells: plan {r['seconds']:7.2f} s  {r['ms_per_cell']:7.3f} ms/cell "
-              f"({REFERENCE_MS_PER_CELL / r['ms_per_cell']:6.0f}x faster)  peak +{r['peak_mb']:7.1f} MB "
-              f"({r['kb_per_cell']:6.2f} KB/cell, {1024 * REFERENCE_MB_PER_CELL / max(r['kb_per_cell'], 1e-9):5.0f}x less)  "
-              f"records+JSON {r['records_s']:5.2f} s", flush=True)
+        print(
+            f"{r['cells']:>7} cells: plan {r['seconds']:7.2f} s  {r['ms_per_cell']:7.3f} ms/cell "
+            f"({REFERENCE_MS_PER_CELL / r['ms_per_cell']:6.0f}x faster)  peak +{r['peak_mb']:7.1f} MB "
+            f"({r['kb_per_cell']:6.2f} KB/cell, {1024 * REFERENCE_MB_PER_CELL / max(r['kb_per_cell'], 1e-9):5.0f}x less)  "
+            f"records+JSON {r['records_s']:5.2f} s",
+            flush=True,
+        )
     if args.cli:
         exe = Path(sys.executable).with_name("isoflop")
         start = time.perf_counter()

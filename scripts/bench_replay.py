@@ -25,8 +25,8 @@ CSV), where there is no truth. The README's tables are this script's output.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -65,8 +65,15 @@ def family(name: str, n: int, rng: np.random.Generator) -> tuple[Curve, bool]:
     return (lambda x: sigmoid(n, x)), True
 
 
-def synthetic(noise: float, seed: int = 0, name: str = "sigmoid", n_values=(4, 8, 16, 32, 64, 128), B_p=(8, 16),
-              c_max: float = 2.0**20, points: int = 10) -> pd.DataFrame:
+def synthetic(
+    noise: float,
+    seed: int = 0,
+    name: str = "sigmoid",
+    n_values=(4, 8, 16, 32, 64, 128),
+    B_p=(8, 16),
+    c_max: float = 2.0**20,
+    points: int = 10,
+) -> pd.DataFrame:
     """A full grid of one family, one cell per (n, B_p): eval points at C_max halved, as a sweep
     records them, with noise per point and a random effect per run; `truth` is the noise-free curve."""
     rng = np.random.default_rng(seed)
@@ -80,8 +87,17 @@ def synthetic(noise: float, seed: int = 0, name: str = "sigmoid", n_values=(4, 8
                     continue
                 true = curve(np.log2(c)) if c else BASE
                 y = float(np.clip(true + effect + rng.normal(0, noise), 0, 1)) if c else BASE
-                rows.append({"run_id": f"n{n}_bp{bp}", "n": n, "B_p": bp, "rollouts": c, "val_avg@k": y, "truth": true,
-                             "zero_var_frac": zero_var(rng, true, learns, n, c - before) if c else np.nan})
+                rows.append(
+                    {
+                        "run_id": f"n{n}_bp{bp}",
+                        "n": n,
+                        "B_p": bp,
+                        "rollouts": c,
+                        "val_avg@k": y,
+                        "truth": true,
+                        "zero_var_frac": zero_var(rng, true, learns, n, c - before) if c else np.nan,
+                    }
+                )
                 before = c
     return pd.DataFrame(rows)
 
@@ -100,7 +116,10 @@ def true_gap(df: pd.DataFrame, r: Replay) -> float:
     where it stopped). Free of the noise a frontier of recorded points carries."""
     stop = dict(zip(r.stopped["run"], r.stopped["stopped_at"]))
     ran = df["rollouts"] <= df["run_id"].map(stop).fillna(np.inf) * 1.1
-    return max(df.loc[df["rollouts"] <= b * 1.1, "truth"].max() - df.loc[ran & (df["rollouts"] <= b * 1.1), "truth"].max() for b in r.stages)
+    return max(
+        df.loc[df["rollouts"] <= b * 1.1, "truth"].max() - df.loc[ran & (df["rollouts"] <= b * 1.1), "truth"].max()
+        for b in r.stages
+    )
 
 
 def main() -> None:
@@ -116,29 +135,55 @@ def main() -> None:
     args = parser.parse_args()
     margins = [float(m) for m in args.margins.split(",")]
     pooled: dict[float, list[tuple[float, float]]] = {m: [] for m in margins}  # margin -> (share, loss) of every grid
-    print(f"indifference {args.indifference:g}\n\n"
-          f"| family | noise sd | margin | compute share, mean (max) | grids losing <= {LOSS:g} | true frontier lost, worst |\n"
-          "| --- | --- | --- | --- | --- | --- |")
+    print(
+        f"indifference {args.indifference:g}\n\n"
+        f"| family | noise sd | margin | compute share, mean (max) | grids losing <= {LOSS:g} | true frontier lost, worst |\n"
+        "| --- | --- | --- | --- | --- | --- |"
+    )
     for name in args.families.split(","):
         for sd in (float(s) for s in args.noise.split(",")):
-            grids = [synthetic(sd, seed, name).assign(**{data.RUN: lambda d: d["run_id"]}) for seed in range(args.seeds)]
+            grids = [
+                synthetic(sd, seed, name).assign(**{data.RUN: lambda d: d["run_id"]}) for seed in range(args.seeds)
+            ]
             for margin in margins:
-                runs = [(replay(df, args.metric, "n", args.compute, Schedule.adaptive, margin, indifference=args.indifference), df)
-                        for df in grids]
+                runs = [
+                    (
+                        replay(
+                            df,
+                            args.metric,
+                            "n",
+                            args.compute,
+                            Schedule.adaptive,
+                            margin,
+                            indifference=args.indifference,
+                        ),
+                        df,
+                    )
+                    for df in grids
+                ]
                 share, lost = [r.compute_share for r, _ in runs], [true_gap(df, r) for r, df in runs]
                 pooled[margin] += zip(share, lost)
-                print(f"| {name} | {sd:g} | {margin:g} | {np.mean(share):.2f} ({max(share):.2f}) | "
-                      f"{np.mean(np.array(lost) <= LOSS):.2f} | {max(lost):.3f} |", flush=True)
+                print(
+                    f"| {name} | {sd:g} | {margin:g} | {np.mean(share):.2f} ({max(share):.2f}) | "
+                    f"{np.mean(np.array(lost) <= LOSS):.2f} | {max(lost):.3f} |",
+                    flush=True,
+                )
     for margin, rows in pooled.items():
         share, lost = np.array(rows).T
-        print(f"| every grid above ({len(rows)}) | all | {margin:g} | {share.mean():.2f} ({share.max():.2f}) | "
-              f"{np.mean(lost <= LOSS):.2f} | {lost.max():.3f} |", flush=True)
+        print(
+            f"| every grid above ({len(rows)}) | all | {margin:g} | {share.mean():.2f} ({share.max():.2f}) | "
+            f"{np.mean(lost <= LOSS):.2f} | {lost.max():.3f} |",
+            flush=True,
+        )
     for path in args.results:
         df, _ = data.load([path])
         for margin in margins:
             r = replay(df, args.metric, "n", args.compute, Schedule.adaptive, margin, indifference=args.indifference)
-            print(f"| {path} | (recorded) | {margin:g} | {r.compute_share:.2f} | n* within 2x {r.n_star_agreement:.2f} | "
-                  f"gap between points {r.max_value_gap:.3f} |", flush=True)
+            print(
+                f"| {path} | (recorded) | {margin:g} | {r.compute_share:.2f} | n* within 2x {r.n_star_agreement:.2f} | "
+                f"gap between points {r.max_value_gap:.3f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

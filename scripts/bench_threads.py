@@ -40,7 +40,12 @@ def run_wall_s(policy: str, busy: bool) -> float:
     spinner = subprocess.Popen([sys.executable, "-c", COMPETITOR], env=env) if busy else None
     try:
         with tempfile.TemporaryDirectory() as out:
-            subprocess.run([sys.executable, "-m", "isoflop_cli", "run", *RUN, "--out", out], env=env, check=True, capture_output=True)
+            subprocess.run(
+                [sys.executable, "-m", "isoflop_cli", "run", *RUN, "--out", out],
+                env=env,
+                check=True,
+                capture_output=True,
+            )
             rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
             return float(rows[-1]["wall_s"])
     finally:
@@ -54,8 +59,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     run_wall_s("PASSIVE", False)  # builds the embedded model once, outside the timings
-    settings = [("ACTIVE", "ACTIVE", False), ("PASSIVE", "PASSIVE", False), ("ACTIVE, beside torch", "ACTIVE", True),
-                ("PASSIVE, beside torch", "PASSIVE", True)]
+    settings = [
+        ("ACTIVE", "ACTIVE", False),
+        ("PASSIVE", "PASSIVE", False),
+        ("ACTIVE, beside torch", "ACTIVE", True),
+        ("PASSIVE, beside torch", "PASSIVE", True),
+    ]
     medians = {}
     for label, policy, busy in settings:
         medians[label] = statistics.median(run_wall_s(policy, busy) for _ in range(args.repeats))

@@ -56,7 +56,9 @@ from isoflop_cli.tasks.arith import ALPHABET, SPECIALS
 HERE = Path(__file__).resolve().parent
 MEMORY_TOLERANCE = 0.15
 RESUME_TOLERANCE = 0.01
-LOGPROB_TARGET = 0.05  # mean |delta logp| between engine and learner after a push: bf16 kernels differ by ~1e-2 (verl's TIS reports)
+LOGPROB_TARGET = (
+    0.05  # mean |delta logp| between engine and learner after a push: bf16 kernels differ by ~1e-2 (verl's TIS reports)
+)
 COMPARED = ("rollouts", "tokens_generated", "flops_total", "train_loss", "kl", "entropy", "train_reward_mean")
 
 
@@ -77,9 +79,13 @@ def build(out: Path) -> Path:
     tok = Tokenizer(models.WordLevel(vocab, unk_token=SPECIALS[2]))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=SPECIALS[0], eos_token=SPECIALS[1], unk_token=SPECIALS[2])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=SPECIALS[0], eos_token=SPECIALS[1], unk_token=SPECIALS[2]
+    )
     torch.manual_seed(0)
-    config = Qwen2Config(**QWEN25_05B, max_position_embeddings=4096, rope_theta=1e6, pad_token_id=0, eos_token_id=1, bos_token_id=1)
+    config = Qwen2Config(
+        **QWEN25_05B, max_position_embeddings=4096, rope_theta=1e6, pad_token_id=0, eos_token_id=1, bos_token_id=1
+    )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -91,11 +97,14 @@ class DeviceMemory:
     polled by nvidia-smi: the whole device as the prediction claims it (learner, engine, CUDA
     contexts of every rank's process), not only torch's caching allocator."""
 
-    def __enter__(self) -> "DeviceMemory":
+    def __enter__(self) -> DeviceMemory:
         self.before = self.used()
         self.peak = self.before
-        self.proc = subprocess.Popen(["nvidia-smi", "-i", "0", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-lms", "100"],
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            ["nvidia-smi", "-i", "0", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-lms", "100"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         return self
@@ -116,8 +125,12 @@ class DeviceMemory:
 
     @staticmethod
     def used() -> float:
-        out = subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "-i", "0", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         return int(out.strip()) / 1024
 
 
@@ -128,27 +141,56 @@ class Check:
         self.gpus = 0 if self.cpu else torch.cuda.device_count()
         self.total_gib = 0.0 if self.cpu else torch.cuda.get_device_properties(0).total_memory / 2**30
 
-    def overrides(self, gpus: int = 1, n: int | None = None, B_p: int | None = None, steps: int | None = None,
-                  max_new_tokens: int | None = None) -> list[str]:
+    def overrides(
+        self,
+        gpus: int = 1,
+        n: int | None = None,
+        B_p: int | None = None,
+        steps: int | None = None,
+        max_new_tokens: int | None = None,
+    ) -> list[str]:
         """A run at conf/engine/h200.yaml's settings on `gpus` GPUs (the CPU dry run: the embedded model, tiny)."""
         a = self.args
         n, B_p, steps, new = n or a.n, B_p or a.B_p, steps or a.steps, max_new_tokens or a.max_new_tokens
         if self.cpu:
             n, B_p, steps, new = min(n, 4), min(B_p, 4), min(steps, 3), min(new, 6)
-        out = [f"n={n}", f"B_p={B_p}", f"grid.budgets=[{n * B_p * steps}]", "grid.eval_points=1", "eval.problems=4", "eval.samples=4",
-               f"task.max_new_tokens={new}", "checkpoint.every=2", "algo.kl_coef=0.01", "algo.entropy_coef=0.01"]
+        out = [
+            f"n={n}",
+            f"B_p={B_p}",
+            f"grid.budgets=[{n * B_p * steps}]",
+            "grid.eval_points=1",
+            "eval.problems=4",
+            "eval.samples=4",
+            f"task.max_new_tokens={new}",
+            "checkpoint.every=2",
+            "algo.kl_coef=0.01",
+            "algo.entropy_coef=0.01",
+        ]
         if self.cpu:
             return out
-        return [*out, "engine=h200", "model=local", f"model.path={self.path}", f"cluster.gpus_per_run={gpus}",
-                f"cluster.gpu_memory_gib={self.total_gib:.1f}", f"flops.peak_tflops={a.peak_tflops}", "flops.utilization=0.4",
-                f"sampler={'vllm' if vllm_imports() else 'hf'}"]
+        return [
+            *out,
+            "engine=h200",
+            "model=local",
+            f"model.path={self.path}",
+            f"cluster.gpus_per_run={gpus}",
+            f"cluster.gpu_memory_gib={self.total_gib:.1f}",
+            f"flops.peak_tflops={a.peak_tflops}",
+            "flops.utilization=0.4",
+            f"sampler={'vllm' if vllm_imports() else 'hf'}",
+        ]
 
     def isoflop(self, *args: str) -> None:
         subprocess.run([sys.executable, "-m", "isoflop_cli", *args], check=True)
 
     def predicted_gib(self, overrides: list[str]) -> float | None:
         """`plan`'s predicted peak per GPU for the run (None on the CPU: no GPU memory to predict)."""
-        out = subprocess.run([sys.executable, "-m", "isoflop_cli", "plan", "--json", *overrides], check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "isoflop_cli", "plan", "--json", *overrides],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         record = json.loads(out)["cells"][0]
         if not record["feasible"]:
             raise RuntimeError(f"plan calls the check's own cell infeasible: {record['reason']}")
@@ -162,12 +204,25 @@ class Check:
         out = self.args.out / "run-memory"
         if self.cpu:
             self.isoflop("run", *overrides, "--run-dir", str(out))
-            return [Row("memory: peak / GPU", f"dry run: the run finished ({len(read_metrics(out))} rows), nothing measured", "", None)]
+            return [
+                Row(
+                    "memory: peak / GPU",
+                    f"dry run: the run finished ({len(read_metrics(out))} rows), nothing measured",
+                    "",
+                    None,
+                )
+            ]
         with DeviceMemory() as memory:
             self.isoflop("run", *overrides, "--run-dir", str(out))
         error = memory.gib / predicted - 1
-        return [Row(f"memory at engine=h200 ({overrides[-1]}): peak / GPU", f"{memory.gib:.1f} GiB, predicted {predicted:.1f} ({error:+.0%})",
-                    f"within {MEMORY_TOLERANCE:.0%}", abs(error) <= MEMORY_TOLERANCE)]
+        return [
+            Row(
+                f"memory at engine=h200 ({overrides[-1]}): peak / GPU",
+                f"{memory.gib:.1f} GiB, predicted {predicted:.1f} ({error:+.0%})",
+                f"within {MEMORY_TOLERANCE:.0%}",
+                abs(error) <= MEMORY_TOLERANCE,
+            )
+        ]
 
     def resume(self) -> list[Row]:
         """The run (checkpoint every 2 steps, --resume-tokens new tokens) twice uninterrupted and once
@@ -182,7 +237,9 @@ class Check:
             self.isoflop("run", *overrides, "--run-dir", str(base / replicate))
         reference, replicate = read_metrics(base / "a"), read_metrics(base / "b")
         out = base / "killed"
-        proc = subprocess.Popen([sys.executable, "-m", "isoflop_cli", "run", *overrides, "--run-dir", str(out)], start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "isoflop_cli", "run", *overrides, "--run-dir", str(out)], start_new_session=True
+        )
         whole = out / "checkpoint" / CHECKPOINT_FILES  # written last: the checkpoint after step 2 is complete
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None and not whole.is_file():
@@ -194,7 +251,9 @@ class Check:
         self.isoflop("run", *overrides, "--run-dir", str(out))
         resumed = read_metrics(out)
         if [r["step"] for r in resumed] != [r["step"] for r in reference]:
-            raise RuntimeError(f"eval steps {[r['step'] for r in resumed]} against {[r['step'] for r in reference]} uninterrupted")
+            raise RuntimeError(
+                f"eval steps {[r['step'] for r in resumed]} against {[r['step'] for r in reference]} uninterrupted"
+            )
         worst, name, allowed = 0.0, "every figure", RESUME_TOLERANCE
         for a, b, c in zip(resumed, reference, replicate):
             for k in COMPARED:
@@ -202,8 +261,15 @@ class Check:
                 if relative(a.get(k), b.get(k)) / limit > worst / allowed:
                     worst, name, allowed = relative(a.get(k), b.get(k)), k, limit
         floor = max(relative(c.get(k), b.get(k)) for b, c in zip(reference, replicate) for k in COMPARED)
-        return [Row("killed after its checkpoint, resumed", f"worst {name} {worst:.2g} against the uninterrupted run; "
-                    f"two uninterrupted runs differ by up to {floor:.2g}", "<= max(1%, 3 x replicates)", worst <= allowed)]
+        return [
+            Row(
+                "killed after its checkpoint, resumed",
+                f"worst {name} {worst:.2g} against the uninterrupted run; "
+                f"two uninterrupted runs differ by up to {floor:.2g}",
+                "<= max(1%, 3 x replicates)",
+                worst <= allowed,
+            )
+        ]
 
     def mfu(self) -> list[Row]:
         """Learner MFU and sampling throughput from the run's synchronised timers: the memory run's
@@ -215,9 +281,25 @@ class Check:
         last = read_metrics(out)[-1]
         peak = self.args.peak_tflops * 1e12
         search_s, learning_s = last["time_search_s"], last["time_learning_s"]
-        return [Row("learner MFU", f"{last['flops_learning'] / learning_s / peak:.1%} ({last['flops_learning'] / learning_s / 1e12:.1f} TFLOP/s)", "", None),
-                Row("sampling", f"{last['tokens_generated'] / search_s:,.0f} tokens/s, MFU {last['flops_search'] / search_s / peak:.1%}", "", None),
-                *([Row("weight sync", f"{last['time_sync_s'] / last['step']:.2f} s/step", "", None)] if "time_sync_s" in last else [])]
+        return [
+            Row(
+                "learner MFU",
+                f"{last['flops_learning'] / learning_s / peak:.1%} ({last['flops_learning'] / learning_s / 1e12:.1f} TFLOP/s)",
+                "",
+                None,
+            ),
+            Row(
+                "sampling",
+                f"{last['tokens_generated'] / search_s:,.0f} tokens/s, MFU {last['flops_search'] / search_s / peak:.1%}",
+                "",
+                None,
+            ),
+            *(
+                [Row("weight sync", f"{last['time_sync_s'] / last['step']:.2f} s/step", "", None)]
+                if "time_sync_s" in last
+                else []
+            ),
+        ]
 
     def ranks(self) -> list[Row]:
         """Two ranks (NCCL; gloo in the dry run) whose shares pack into different numbers of
@@ -226,8 +308,14 @@ class Check:
             return [Row("two NCCL ranks, uneven micro-batches", "skipped: one GPU", "", None)]
         problems = self.args.out / "sums.jsonl"
         write_sums(problems)
-        common = [*self.overrides(gpus=2, n=4, B_p=4, steps=3, max_new_tokens=6), "task=dataset", f"task.train={problems}",
-                  "task.max_prompt_tokens=48", "learner.max_tokens_per_micro_batch=24", "learner.collective_timeout_s=60"]
+        common = [
+            *self.overrides(gpus=2, n=4, B_p=4, steps=3, max_new_tokens=6),
+            "task=dataset",
+            f"task.train={problems}",
+            "task.max_prompt_tokens=48",
+            "learner.max_tokens_per_micro_batch=24",
+            "learner.collective_timeout_s=60",
+        ]
         rows = {}
         for world in (1, 2):
             out = self.args.out / f"ranks-{world}"
@@ -237,15 +325,29 @@ class Check:
             rows[world] = (read_metrics(out)[-1], time.time() - started)
         (one, _), (two, seconds) = rows[1], rows[2]
         delta = abs(one["train_loss"] - two["train_loss"])
-        return [Row("two ranks, uneven micro-batches", f"finished in {seconds:.0f} s; train_loss {two['train_loss']:.4g} vs one process "
-                    f"{one['train_loss']:.4g} (|delta| {delta:.2g})", "finishes within the 60 s collective timeout", True)]
+        return [
+            Row(
+                "two ranks, uneven micro-batches",
+                f"finished in {seconds:.0f} s; train_loss {two['train_loss']:.4g} vs one process "
+                f"{one['train_loss']:.4g} (|delta| {delta:.2g})",
+                "finishes within the 60 s collective timeout",
+                True,
+            )
+        ]
 
     def vllm_logprobs(self) -> list[Row]:
         """The learner's weights moved (one AdamW-sized nudge) and pushed into the engine, which
         then samples; the learner scores the same tokens. bf16 kernels differ, so the two never
         agree exactly; a push that missed a tensor, or a stale tied head, differs by far more."""
         if not vllm_imports():
-            return [Row("vLLM: engine log-probs after a push vs the learner's", "NOT RUN: vLLM does not import here", "", None)]
+            return [
+                Row(
+                    "vLLM: engine log-probs after a push vs the learner's",
+                    "NOT RUN: vLLM does not import here",
+                    "",
+                    None,
+                )
+            ]
         from isoflop_cli import config, tasks
         from isoflop_cli.recipe import checkpoint, distributed
         from isoflop_cli.recipe.learner import Actor, Layout
@@ -274,12 +376,24 @@ class Check:
         sampler.close()
         mean = delta.abs().mean().item()
         tis = delta.exp().mean().item()
-        return [Row("vLLM after a push: mean |delta logp| (engine vs learner)", f"{mean:.3g} over {int(mask.sum()):,} tokens", f"<= {LOGPROB_TARGET}",
-                    mean <= LOGPROB_TARGET),
-                Row("vLLM after a push: mean TIS ratio pi_learner / pi_engine", f"{tis:.4f}", "~1", None)]
+        return [
+            Row(
+                "vLLM after a push: mean |delta logp| (engine vs learner)",
+                f"{mean:.3g} over {int(mask.sum()):,} tokens",
+                f"<= {LOGPROB_TARGET}",
+                mean <= LOGPROB_TARGET,
+            ),
+            Row("vLLM after a push: mean TIS ratio pi_learner / pi_engine", f"{tis:.4f}", "~1", None),
+        ]
 
 
-CHECKS = {"memory": Check.memory, "resume": Check.resume, "mfu": Check.mfu, "ranks": Check.ranks, "vllm-logprobs": Check.vllm_logprobs}
+CHECKS = {
+    "memory": Check.memory,
+    "resume": Check.resume,
+    "mfu": Check.mfu,
+    "ranks": Check.ranks,
+    "vllm-logprobs": Check.vllm_logprobs,
+}
 
 
 def vllm_imports() -> bool:
@@ -294,7 +408,11 @@ def write_sums(path: Path) -> None:
     lines = []
     for i in range(80):
         terms = [i % 10, 7] if i % 2 else [i % 10, *range(1, 10), *range(1, 10)]
-        lines.append(json.dumps({"prompt": "+".join(map(str, terms)) + "=", "reward_model": {"ground_truth": str(sum(terms))[::-1]}}))
+        lines.append(
+            json.dumps(
+                {"prompt": "+".join(map(str, terms)) + "=", "reward_model": {"ground_truth": str(sum(terms))[::-1]}}
+            )
+        )
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -303,9 +421,11 @@ def run_check(args: argparse.Namespace) -> None:
     started = time.time()
     try:
         rows = CHECKS[args.check](Check(args))
-    except Exception as e:  # noqa: BLE001  (the table names the failing check; the traceback goes to stderr)
+    except Exception as e:
         traceback.print_exc()
-        rows = [Row(args.check, f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160], "", False)]
+        rows = [
+            Row(args.check, f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160], "", False)
+        ]
     append(args.out, rows)
     print(f"[{args.check}] {time.time() - started:.0f} s", flush=True)
 
@@ -321,7 +441,11 @@ def table(out: Path, title: str) -> bool:
     from rich.console import Console
     from rich.table import Table
 
-    rows = [Row(**json.loads(line)) for line in (out / "rows.jsonl").read_text().splitlines()] if (out / "rows.jsonl").is_file() else []
+    rows = (
+        [Row(**json.loads(line)) for line in (out / "rows.jsonl").read_text().splitlines()]
+        if (out / "rows.jsonl").is_file()
+        else []
+    )
     grid = Table(title=title)
     for column in ("check", "measured", "target", ""):
         grid.add_column(column)
@@ -345,19 +469,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--check", choices=list(CHECKS), help="run this check")
-    parser.add_argument("--stopped", nargs=2, metavar=("CHECK", "SECONDS"), help="record that CHECK was stopped at its time cap")
+    parser.add_argument(
+        "--stopped", nargs=2, metavar=("CHECK", "SECONDS"), help="record that CHECK was stopped at its time cap"
+    )
     parser.add_argument("--table", action="store_true", help="print the rows so far; exit 1 if any failed")
-    parser.add_argument("--cpu-dry-run", action="store_true", help="each check's tiny CPU variant: the code paths, no GPU figures")
-    parser.add_argument("--peak-tflops", type=float, default=989.0, help="the GPU's dense bf16 peak (H100/H200 SXM: 989)")
+    parser.add_argument(
+        "--cpu-dry-run", action="store_true", help="each check's tiny CPU variant: the code paths, no GPU figures"
+    )
+    parser.add_argument(
+        "--peak-tflops", type=float, default=989.0, help="the GPU's dense bf16 peak (H100/H200 SXM: 989)"
+    )
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--B-p", type=int, default=16)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--resume-tokens", type=int, default=64, help="new tokens per completion in the kill-and-resume runs")
+    parser.add_argument(
+        "--resume-tokens", type=int, default=64, help="new tokens per completion in the kill-and-resume runs"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.stopped:
-        append(args.out, [Row(args.stopped[0], f"stopped at its {args.stopped[1]} s cap (rows above are what it measured)", "", False)])
+        append(
+            args.out,
+            [
+                Row(
+                    args.stopped[0],
+                    f"stopped at its {args.stopped[1]} s cap (rows above are what it measured)",
+                    "",
+                    False,
+                )
+            ],
+        )
     elif args.table:
         device = "CPU dry run" if args.cpu_dry_run else f"{torch.cuda.get_device_name()} x {torch.cuda.device_count()}"
         sys.exit(0 if table(args.out, f"isoflop GPU check: {device}") else 1)

@@ -19,10 +19,24 @@ import isoflop_cli.recipe.measure  # noqa: F401  (the CPU attention formulas)
 from isoflop_cli import flops
 from isoflop_cli.recipe.learner import Actor, Layout
 
-QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
-SMALL = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=100, tie_word_embeddings=False)
+QWEN25_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=100,
+    tie_word_embeddings=False,
+)
 
 
 def timed(device: str, fn) -> tuple[float, float, object]:
@@ -47,20 +61,32 @@ def check(model, shape: flops.Shape, device: str, rows: int, prompt: int, new: i
     mask = torch.ones_like(ids)
 
     def search():
-        return model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=new, min_new_tokens=new,
-                              pad_token_id=0, eos_token_id=1)
+        return model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            pad_token_id=0,
+            eos_token_id=1,
+        )
 
     measured, seconds, out = timed(device, search)
     rows_out = [(label, "search", measured, flops.generate(shape, rows, prompt, out.shape[1] - prompt), seconds)]
     attention = torch.ones_like(out)
     layouts = {"plain": Layout.plain(out, attention, prompt), "tree": Layout.tree(out, attention, prompt, GROUP)}
     for name, layout in layouts.items():
+
         def learning():
             model.zero_grad(set_to_none=True)
             Actor(model)(layout, 1.0).logp.float().sum().backward()
 
         measured, seconds, _ = timed(device, learning)
-        work = flops.plain_work(*out.shape) if name == "plain" else flops.tree_work(rows // GROUP, GROUP, prompt, out.shape[1], layout.input_ids.numel())
+        work = (
+            flops.plain_work(*out.shape)
+            if name == "plain"
+            else flops.tree_work(rows // GROUP, GROUP, prompt, out.shape[1], layout.input_ids.numel())
+        )
         analytic = flops.learning(shape, *work, logits=rows * (out.shape[1] - prompt))
         rows_out.append((label, f"learn/{name}", measured, analytic, seconds))
     return rows_out
@@ -79,14 +105,20 @@ def main() -> None:
     except ImportError:
         print("peft is not installed: LoRA not checked")
     else:
-        lora = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=list(flops.PROJECTIONS), lora_dropout=0.0))
+        lora = get_peft_model(
+            model, LoraConfig(r=16, lora_alpha=32, target_modules=list(flops.PROJECTIONS), lora_dropout=0.0)
+        )
         results += check(lora, shape.with_lora(16, flops.PROJECTIONS), device, rows, prompt, new, "lora r=16")
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    print(f"device {name}, {dtype}, Qwen2 hidden {sizes['hidden_size']} x {sizes['num_hidden_layers']} layers, "
-          f"{rows} rows, prompt {prompt}, {new} new tokens")
+    print(
+        f"device {name}, {dtype}, Qwen2 hidden {sizes['hidden_size']} x {sizes['num_hidden_layers']} layers, "
+        f"{rows} rows, prompt {prompt}, {new} new tokens"
+    )
     print(f"{'model':10} {'part':13} {'measured':>12} {'analytic':>12} {'ratio':>7} {'seconds':>8} {'TFLOP/s':>8}")
     for label, part, measured, analytic, seconds in results:
-        print(f"{label:10} {part:13} {measured:12.4g} {analytic:12.4g} {analytic / measured:7.4f} {seconds:8.3f} {measured / seconds / 1e12:8.2f}")
+        print(
+            f"{label:10} {part:13} {measured:12.4g} {analytic:12.4g} {analytic / measured:7.4f} {seconds:8.3f} {measured / seconds / 1e12:8.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -35,9 +35,21 @@ from pathlib import Path
 
 from isoflop_cli.head import RAY_METRICS_OFF, RAY_NO_PRESTART, free_ports
 
-ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", **RAY_METRICS_OFF, **RAY_NO_PRESTART}
-WORKER_PORT_FLAGS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-                     "runtime-env-agent-port", "metrics-export-port")
+ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_AUTH_MODE": "token",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    **RAY_METRICS_OFF,
+    **RAY_NO_PRESTART,
+}
+WORKER_PORT_FLAGS = (
+    "node-manager-port",
+    "object-manager-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "runtime-env-agent-port",
+    "metrics-export-port",
+)
 STATE = "cluster.json"
 
 
@@ -50,9 +62,26 @@ def start(path: Path, workers: list[tuple[float, float]], timeout_s: float = 240
     info.unlink(missing_ok=True)
     temp_dir = tempfile.mkdtemp(prefix="isoflop-ray-")  # short: Ray's unix sockets live under it
     with open(path / "head.log", "w") as log:
-        head = subprocess.Popen([sys.executable, "-m", "isoflop_cli.head", "--cpus", "0", "--info", str(info), "--temp-dir", temp_dir,
-                                 "--nonce", secrets.token_hex(8)],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        head = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "isoflop_cli.head",
+                "--cpus",
+                "0",
+                "--info",
+                str(info),
+                "--temp-dir",
+                temp_dir,
+                "--nonce",
+                secrets.token_hex(8),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
     state = {"head_pid": head.pid, "temp_dir": temp_dir, "workers": []}
     _write(path, state)
     deadline = time.monotonic() + timeout_s
@@ -66,10 +95,27 @@ def start(path: Path, workers: list[tuple[float, float]], timeout_s: float = 240
         ports = dict(zip(WORKER_PORT_FLAGS, free_ports(len(WORKER_PORT_FLAGS))))
         with open(path / f"worker-{i}.log", "w") as log:
             proc = subprocess.Popen(
-                [sys.executable, __file__, "node", "start", f"--address={state['gcs_address']}", "--node-ip-address=127.0.0.1", "--block",
-                 f"--num-cpus={cpus:g}", f"--num-gpus={gpus:g}", "--disable-usage-stats", "--min-worker-port=0", "--max-worker-port=0",
-                 *(f"--{flag}={port}" for flag, port in ports.items())],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                [
+                    sys.executable,
+                    __file__,
+                    "node",
+                    "start",
+                    f"--address={state['gcs_address']}",
+                    "--node-ip-address=127.0.0.1",
+                    "--block",
+                    f"--num-cpus={cpus:g}",
+                    f"--num-gpus={gpus:g}",
+                    "--disable-usage-stats",
+                    "--min-worker-port=0",
+                    "--max-worker-port=0",
+                    *(f"--{flag}={port}" for flag, port in ports.items()),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
         state["workers"].append({"pid": proc.pid, "cpus": cpus, "gpus": gpus})
         _write(path, state)
         while len(_alive_nodes(state["address"])) < 2 + i:
@@ -162,7 +208,9 @@ if __name__ == "__main__":
     commands = parser.add_subparsers(dest="command", required=True)
     begin = commands.add_parser("start", help="start the head and the workers; print the address")
     begin.add_argument("dir", type=Path)
-    begin.add_argument("--worker", type=_worker, action="append", help="CPUS:GPUS of a worker node (repeat); default 1:0 twice")
+    begin.add_argument(
+        "--worker", type=_worker, action="append", help="CPUS:GPUS of a worker node (repeat); default 1:0 twice"
+    )
     end = commands.add_parser("stop", help="stop every process of the cluster, by PID")
     end.add_argument("dir", type=Path)
     lose = commands.add_parser("kill", help="SIGKILL a worker node and everything on it")

@@ -27,7 +27,17 @@ from pathlib import Path
 
 from isoflop_cli.head import free_ports, listens
 
-PACKAGES = ("slurmctld", "slurmd", "sbatch", "sacct", "slurmdbd", "munged", "mungekey", "mariadbd", "mariadb-install-db")
+PACKAGES = (
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "sacct",
+    "slurmdbd",
+    "munged",
+    "mungekey",
+    "mariadbd",
+    "mariadb-install-db",
+)
 APT = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "mariadb-server")
 STATE = "slurm.json"
 
@@ -48,7 +58,9 @@ def install() -> str | None:
     install = ["timeout", "600", "apt-get", "install", "-y", "-q", *APT]
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     if subprocess.run(install, env=env, capture_output=True).returncode:
-        subprocess.run(["timeout", "300", "apt-get", "update", "-q"], env=env, capture_output=True)  # a fresh machine's lists
+        subprocess.run(
+            ["timeout", "300", "apt-get", "update", "-q"], env=env, capture_output=True
+        )  # a fresh machine's lists
         subprocess.run(install, env=env, capture_output=True)
     return f"not installed: {', '.join(missing())} (apt-get install {' '.join(APT)} failed)" if missing() else None
 
@@ -66,8 +78,14 @@ def start(path: Path, timeout_s: float = 120) -> Path:
 
     def daemon(name: str, *cmd: str) -> subprocess.Popen:
         with open(path / "log" / f"{name}.out", "w") as log:
-            proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                    env={**os.environ, "SLURM_CONF": state["conf"]})
+            proc = subprocess.Popen(
+                list(cmd),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, "SLURM_CONF": state["conf"]},
+            )
         state["pids"].append(proc.pid)
         (path / STATE).write_text(json.dumps(state, indent=1))
         return proc
@@ -79,16 +97,47 @@ def start(path: Path, timeout_s: float = 120) -> Path:
                 raise SystemExit(f"{what} did not come up; see {path / 'log'}")
             time.sleep(0.3)
 
-    subprocess.run(["mungekey", "--create", "--force", f"--keyfile={path / 'munge.key'}"], check=True, capture_output=True)
-    proc = daemon("munged", "munged", "--foreground", "--force", f"--socket={munge}", f"--key-file={path / 'munge.key'}",
-                  f"--pid-file={path / 'munged.pid'}", f"--seed-file={path / 'munge.seed'}", f"--log-file={path / 'log' / 'munged.log'}")
+    subprocess.run(
+        ["mungekey", "--create", "--force", f"--keyfile={path / 'munge.key'}"], check=True, capture_output=True
+    )
+    proc = daemon(
+        "munged",
+        "munged",
+        "--foreground",
+        "--force",
+        f"--socket={munge}",
+        f"--key-file={path / 'munge.key'}",
+        f"--pid-file={path / 'munged.pid'}",
+        f"--seed-file={path / 'munge.seed'}",
+        f"--log-file={path / 'log' / 'munged.log'}",
+    )
     wait("munged", munge.exists, proc)
 
     if not (path / "db" / "mysql").exists():
-        subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={path / 'db'}", "--user=root", "--skip-test-db",
-                        "--auth-root-authentication-method=normal"], check=True, capture_output=True)
-    proc = daemon("mariadb", "mariadbd", "--no-defaults", f"--datadir={path / 'db'}", f"--socket={path / 'mysql.sock'}", f"--port={db_port}",
-                  "--bind-address=127.0.0.1", "--user=root", "--skip-grant-tables", f"--pid-file={path / 'mariadb.pid'}")
+        subprocess.run(
+            [
+                "mariadb-install-db",
+                "--no-defaults",
+                f"--datadir={path / 'db'}",
+                "--user=root",
+                "--skip-test-db",
+                "--auth-root-authentication-method=normal",
+            ],
+            check=True,
+            capture_output=True,
+        )
+    proc = daemon(
+        "mariadb",
+        "mariadbd",
+        "--no-defaults",
+        f"--datadir={path / 'db'}",
+        f"--socket={path / 'mysql.sock'}",
+        f"--port={db_port}",
+        "--bind-address=127.0.0.1",
+        "--user=root",
+        "--skip-grant-tables",
+        f"--pid-file={path / 'mariadb.pid'}",
+    )
     wait("MariaDB", lambda: listens(db_port), proc)
 
     dbd_conf = path / "slurmdbd.conf"
@@ -104,8 +153,8 @@ StorageHost=127.0.0.1
 StoragePort={db_port}
 StorageUser=root
 StorageLoc=slurm_acct_db
-PidFile={path / 'slurmdbd.pid'}
-LogFile={path / 'log' / 'slurmdbd.log'}
+PidFile={path / "slurmdbd.pid"}
+LogFile={path / "log" / "slurmdbd.log"}
 """)
     dbd_conf.chmod(0o600)
     Path(state["conf"]).write_text(f"""ClusterName=isoflop
@@ -123,12 +172,12 @@ AccountingStorageHost=127.0.0.1
 AccountingStoragePort={dbd_port}
 AccountingStoragePass={munge}
 JobAcctGatherType=jobacct_gather/none
-StateSaveLocation={path / 'state'}
-SlurmdSpoolDir={path / 'spool'}
-SlurmctldPidFile={path / 'slurmctld.pid'}
-SlurmdPidFile={path / 'slurmd.pid'}
-SlurmctldLogFile={path / 'log' / 'slurmctld.log'}
-SlurmdLogFile={path / 'log' / 'slurmd.log'}
+StateSaveLocation={path / "state"}
+SlurmdSpoolDir={path / "spool"}
+SlurmctldPidFile={path / "slurmctld.pid"}
+SlurmdPidFile={path / "slurmd.pid"}
+SlurmctldLogFile={path / "log" / "slurmctld.log"}
+SlurmdLogFile={path / "log" / "slurmd.log"}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SchedulerType=sched/builtin
@@ -141,7 +190,11 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """)
     proc = daemon("slurmdbd", "slurmdbd", "-D")  # reads slurmdbd.conf beside SLURM_CONF
     wait("slurmdbd", lambda: listens(dbd_port), proc)
-    subprocess.run(["sacctmgr", "-i", "add", "cluster", "isoflop"], env={**os.environ, "SLURM_CONF": state["conf"]}, capture_output=True)
+    subprocess.run(
+        ["sacctmgr", "-i", "add", "cluster", "isoflop"],
+        env={**os.environ, "SLURM_CONF": state["conf"]},
+        capture_output=True,
+    )
     proc = daemon("slurmctld", "slurmctld", "-D", "-i")
     wait("slurmctld", lambda: listens(ctld_port), proc)
     proc = daemon("slurmd", "slurmd", "-D", "-N", host)
@@ -163,7 +216,9 @@ def stop(path: Path, grace_s: float = 30) -> None:
 
 
 def _sinfo(conf: str) -> str:
-    out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env={**os.environ, "SLURM_CONF": conf})
+    out = subprocess.run(
+        ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env={**os.environ, "SLURM_CONF": conf}
+    )
     return out.stdout.strip()
 
 
@@ -192,7 +247,9 @@ if __name__ == "__main__":
         print(install() or "SLURM, munge and MariaDB are installed")
     elif args.command == "start":
         if missing():
-            raise SystemExit(f"not installed: {', '.join(missing())} (make slurm, or apt-get install the packages in this script's doc)")
+            raise SystemExit(
+                f"not installed: {', '.join(missing())} (make slurm, or apt-get install the packages in this script's doc)"
+            )
         print(start(args.dir))
     else:
         stop(args.dir)

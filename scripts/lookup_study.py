@@ -33,7 +33,7 @@ import pandas as pd
 from isoflop_cli.recipe import lookup
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 SETS = ("easy", "hard")
 # Each set's largest budget. Every n has levelled off on the easy set by 8,192 rollouts; on the hard
@@ -66,13 +66,20 @@ MAX_SEEDS = 6  # what this study spends at most per cell on a 2-core machine (ea
 def powered_seeds(overrides: list[str]) -> int:
     """The seeds per cell the plan's power analysis asks for (80% that fit calls a rising n* of the
     size power.* describes), at most MAX_SEEDS; says which, with the figures."""
-    planned = subprocess.run([sys.executable, "-m", "isoflop_cli", "plan", "--config", "lookup", "--json", *overrides],
-                             check=True, capture_output=True, text=True)
+    planned = subprocess.run(
+        [sys.executable, "-m", "isoflop_cli", "plan", "--config", "lookup", "--json", *overrides],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     power = json.loads(planned.stdout)["power"]
     want = power["seeds_for_80"]
     seeds = min(want or MAX_SEEDS, MAX_SEEDS)
-    print(f"power: {power['trend']:.0%} with {power['seeds']} seed(s) per cell; {want or f'more than {MAX_SEEDS}'} reach 80%: running {seeds}"
-          + ("" if want and want <= MAX_SEEDS else f" (this study's budget is {MAX_SEEDS} a cell)"), flush=True)
+    print(
+        f"power: {power['trend']:.0%} with {power['seeds']} seed(s) per cell; {want or f'more than {MAX_SEEDS}'} reach 80%: running {seeds}"
+        + ("" if want and want <= MAX_SEEDS else f" (this study's budget is {MAX_SEEDS} a cell)"),
+        flush=True,
+    )
     return seeds
 
 
@@ -95,15 +102,23 @@ def summary(sweep_dir: Path) -> str:
 def figure(out: Path) -> Path:
     """Both sets side by side, as the seed's figures show them: val_avg@k against rollouts, one line
     per n (the mean over seeds), the band between the seeds' lowest and highest."""
-    fig, axes = plt.subplots(1, len(SETS), figsize=(10, 4), sharex=True, sharey=True)  # one rollouts axis: the sets compare at a glance
+    fig, axes = plt.subplots(
+        1, len(SETS), figsize=(10, 4), sharex=True, sharey=True
+    )  # one rollouts axis: the sets compare at a glance
     for ax, name in zip(axes, SETS):
         df = pd.read_parquet(out / name / "results.parquet")
         for n, rows in df.groupby("n"):
             by = rows.groupby("rollouts")["val_avg@k"]
-            x = by.mean().index.to_numpy().clip(min=rows["rollouts"][rows["rollouts"] > 0].min() / 2)  # the base point, drawn left of the first budget
+            x = (
+                by.mean().index.to_numpy().clip(min=rows["rollouts"][rows["rollouts"] > 0].min() / 2)
+            )  # the base point, drawn left of the first budget
             (line,) = ax.plot(x, by.mean(), marker="o", ms=3, label=f"n={n}")
             ax.fill_between(x, by.min(), by.max(), color=line.get_color(), alpha=0.15, lw=0)
-        ax.set(xscale="log", xlabel="rollouts (leftmost point: the base model)", title=f"{name} set ({df['seed'].nunique()} seeds)")
+        ax.set(
+            xscale="log",
+            xlabel="rollouts (leftmost point: the base model)",
+            title=f"{name} set ({df['seed'].nunique()} seeds)",
+        )
     axes[0].set_ylabel("validation avg@k")
     axes[-1].legend()
     fig.tight_layout()
@@ -116,26 +131,55 @@ def figure(out: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("isoflop-runs/lookup"))
-    parser.add_argument("--seeds", default=None, help="seeds per cell, e.g. 0,1,2 (default: at least three, as many as the plan's power "
-                                                      f"analysis asks for, at most {MAX_SEEDS})")
+    parser.add_argument(
+        "--seeds",
+        default=None,
+        help="seeds per cell, e.g. 0,1,2 (default: at least three, as many as the plan's power "
+        f"analysis asks for, at most {MAX_SEEDS})",
+    )
     for name in SETS:
-        parser.add_argument(f"--{name}-to", type=int, default=TOP[name], help=f"the {name} set's largest budget (rollouts; budgets double from {FIRST:,})")
+        parser.add_argument(
+            f"--{name}-to",
+            type=int,
+            default=TOP[name],
+            help=f"the {name} set's largest budget (rollouts; budgets double from {FIRST:,})",
+        )
     parser.add_argument("--n", default="2,4,8,16")
     args = parser.parse_args()
     out = args.out.resolve()
     lookup.write_pool(out / "pool.parquet")
     model = lookup.model_dir()
     common = [f"model.path={model}"]
-    isoflop("calibrate", "--config", "lookup", "--root", str(out), *common, f"task.train={out / 'pool.parquet'}",
-            f"task.val={out / 'pool.parquet'}", "name=calibration", "eval.problems=8")  # calibrate plans a sweep on each set: sized by the set
+    isoflop(
+        "calibrate",
+        "--config",
+        "lookup",
+        "--root",
+        str(out),
+        *common,
+        f"task.train={out / 'pool.parquet'}",
+        f"task.val={out / 'pool.parquet'}",
+        "name=calibration",
+        "eval.problems=8",
+    )  # calibrate plans a sweep on each set: sized by the set
     for name in SETS:
         problems = out / "calibration" / f"{name}.parquet"
         keys = len(pd.read_parquet(problems))
         budgets = ",".join(map(str, doubling(getattr(args, f"{name}_to"))))
-        overrides = [*common, f"task.train={problems}", f"task.val={problems}", f"name={name}", f"eval.problems={keys}",
-                     f"grid.budgets=[{budgets}]", f"grid.n=[{args.n}]", f"power.seed_sd={SEED_SD}"]
+        overrides = [
+            *common,
+            f"task.train={problems}",
+            f"task.val={problems}",
+            f"name={name}",
+            f"eval.problems={keys}",
+            f"grid.budgets=[{budgets}]",
+            f"grid.n=[{args.n}]",
+            f"power.seed_sd={SEED_SD}",
+        ]
         seeds = args.seeds or ",".join(map(str, range(max(3, powered_seeds([*overrides, "grid.seed=[0,1,2]"])))))
-        isoflop("sweep", "--config", "lookup", "--root", str(out), *overrides, f"grid.seed=[{seeds}]")  # its plan: cost and power first
+        isoflop(
+            "sweep", "--config", "lookup", "--root", str(out), *overrides, f"grid.seed=[{seeds}]"
+        )  # its plan: cost and power first
         isoflop("fit", str(out / name))
     for name in SETS:
         print(f"\n== {name} set ==\n{summary(out / name)}")

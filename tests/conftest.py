@@ -45,7 +45,9 @@ EMBEDDED = [[], ["task=arith-steps", "model.build.steps=100", "reward=prm", "rew
 
 def run_isoflop(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """The CLI as a user runs it, in a process of its own (what the end-to-end tests drive)."""
-    return subprocess.run([sys.executable, "-m", "isoflop_cli", *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "isoflop_cli", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 @pytest.fixture
@@ -123,7 +125,10 @@ def job_client(address: str):
     header: this process's Ray read RAY_AUTH_MODE when it was imported, maybe before a head set it."""
     from ray.job_submission import JobSubmissionClient
 
-    token = os.environ.get("RAY_AUTH_TOKEN") or Path(os.environ.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token")).read_text()
+    token = (
+        os.environ.get("RAY_AUTH_TOKEN")
+        or Path(os.environ.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token")).read_text()
+    )
     return JobSubmissionClient(address, headers={"Authorization": f"Bearer {token.strip()}"})
 
 

@@ -74,7 +74,7 @@ def test_warm_start_targets_carry_a_stray_digit_at_the_configured_share():
     eos = tok.eos_token
     assert targets(0.0) == [p.answer + eos for p in problems]
     with_stray = targets(0.6)
-    extra = [t[len(p.answer):-len(eos)] for p, t in zip(problems, with_stray)]
+    extra = [t[len(p.answer) : -len(eos)] for p, t in zip(problems, with_stray)]
     assert all(t.startswith(p.answer) and t.endswith(eos) for p, t in zip(problems, with_stray))
     assert all(e == "" or (len(e) == 1 and e.isdigit()) for e in extra)
     share = sum(e != "" for e in extra) / len(extra)
@@ -92,7 +92,9 @@ def test_a_build_of_zero_warm_start_steps_is_the_seeded_initialisation(tmp_path)
     from isoflop_cli.config.schema import ModelBuildConfig
     from isoflop_cli.recipe.checkpoint import build, char_tokenizer, qwen2_config
 
-    b = OmegaConf.structured(ModelBuildConfig(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, steps=0))
+    b = OmegaConf.structured(
+        ModelBuildConfig(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, steps=0)
+    )
     build(b, ArithTask(), tmp_path)
     torch.manual_seed(b.seed)
     init = AutoModelForCausalLM.from_config(qwen2_config(b, char_tokenizer())).state_dict()

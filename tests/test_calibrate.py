@@ -19,8 +19,17 @@ SUMS = [(a, b) for a in range(10) for b in range(30)]  # 300 sums the embedded m
 @pytest.fixture(scope="module")
 def sums(tmp_path_factory):
     path = tmp_path_factory.mktemp("sums") / "sums.parquet"
-    pd.DataFrame([{"prompt": [{"role": "user", "content": f"{a}+{b}="}], "reward_model": {"ground_truth": str(a + b)[::-1]},
-                   "data_source": "sums", "extra_info": {"index": i}} for i, (a, b) in enumerate(SUMS)]).to_parquet(path)
+    pd.DataFrame(
+        [
+            {
+                "prompt": [{"role": "user", "content": f"{a}+{b}="}],
+                "reward_model": {"ground_truth": str(a + b)[::-1]},
+                "data_source": "sums",
+                "extra_info": {"index": i},
+            }
+            for i, (a, b) in enumerate(SUMS)
+        ]
+    ).to_parquet(path)
     return path
 
 
@@ -32,8 +41,17 @@ def test_slices_cover_every_row_once():
 def test_merge_cuts_bands_from_the_files_own_rows(tmp_path, sums):
     """Slices with known pass rates: easy and hard hold exactly the source rows in their bands
     (bounds included), in the source's schema; one slice unfinished is left out and counted."""
-    overrides = ["task=dataset", f"task.train={sums}", "task.max_new_tokens=6", "task.max_prompt_tokens=8", "calibrate.shard=100",
-                 "eval.problems=4", "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]"]
+    overrides = [
+        "task=dataset",
+        f"task.train={sums}",
+        "task.max_new_tokens=6",
+        "task.max_prompt_tokens=8",
+        "calibrate.shard=100",
+        "eval.problems=4",
+        "grid.n=[2]",
+        "grid.B_p=[2]",
+        "grid.budgets=[16]",
+    ]
     cfg = config.load(None, overrides)
     dest = SweepDir(tmp_path / "cal")
     manifest = calibrate.prepare(cfg, dest)
@@ -41,8 +59,19 @@ def test_merge_cuts_bands_from_the_files_own_rows(tmp_path, sums):
     rates = {i: (i % 17) / 16 for i in range(300)}  # every count of 16 samples, 0 to 16
     for rid, cell in list(manifest.cells.items())[:2]:
         start, stop = cell.rows
-        part = pd.DataFrame([{"problem_id": i, "prompt": f"{SUMS[i][0]}+{SUMS[i][1]}=", "answer": "x", "pass_rate": rates[i], "samples": 16,
-                              "mean_response_tokens": 3.0} for i in range(start, stop)])
+        part = pd.DataFrame(
+            [
+                {
+                    "problem_id": i,
+                    "prompt": f"{SUMS[i][0]}+{SUMS[i][1]}=",
+                    "answer": "x",
+                    "pass_rate": rates[i],
+                    "samples": 16,
+                    "mean_response_tokens": 3.0,
+                }
+                for i in range(start, stop)
+            ]
+        )
         files = dest.run(rid)
         files.dir.mkdir(parents=True, exist_ok=True)
         atomic_write(files.dir / calibrate.RESULT, part.to_parquet(index=False))
@@ -56,14 +85,25 @@ def test_merge_cuts_bands_from_the_files_own_rows(tmp_path, sums):
         assert [int(r["index"]) for r in got["extra_info"]] == want  # the file's own rows, verl schema kept
         entry = next(b for b in summary["bands"] if b["name"] == band)
         assert entry["problems"] == len(want) and entry["mean_response_tokens"] == 3.0
-        assert list(got.columns) == [*source.columns, "calibrated_response_tokens"] and (got["calibrated_response_tokens"] == 3.0).all()
+        assert (
+            list(got.columns) == [*source.columns, "calibrated_response_tokens"]
+            and (got["calibrated_response_tokens"] == 3.0).all()
+        )
     assert (tmp_path / "cal" / "calibration.png").exists() and (tmp_path / "cal" / "calibration.svg").exists()
     # plan predicts a sweep on a calibrated set at the measured response length (3 tokens, not 6)
     from isoflop_cli.grid import calibrated_scale, step_flops
 
-    on_easy = [*overrides, f"task.train={tmp_path / 'cal' / 'easy.parquet'}", "task.val_fraction=0.5", "eval.problems=2"]
+    on_easy = [
+        *overrides,
+        f"task.train={tmp_path / 'cal' / 'easy.parquet'}",
+        "task.val_fraction=0.5",
+        "eval.problems=2",
+    ]
     scale = calibrated_scale(config.load(None, on_easy))
-    assert scale == pytest.approx(sum(step_flops(config.load(None, [*on_easy, "task.max_new_tokens=3"]))) / sum(step_flops(config.load(None, on_easy))))
+    assert scale == pytest.approx(
+        sum(step_flops(config.load(None, [*on_easy, "task.max_new_tokens=3"])))
+        / sum(step_flops(config.load(None, on_easy)))
+    )
     assert 0 < scale < 1 and calibrate_scale_is_none(overrides)
     assert json.loads((tmp_path / "cal" / "summary.json").read_text())["calibrated"] == 200
     # every count of 16 equally often: far beyond one shared rate, and the table says so
@@ -80,9 +120,31 @@ def calibrate_scale_is_none(overrides) -> bool:
 
 
 def test_bad_calibration_input_exits_2(tmp_path, sums):
-    for args, needle in ((["task.digits=[1,2]"], "use task=dataset"),
-                         (["task=dataset", f"task.train={sums}", "task.max_new_tokens=6", "task.max_prompt_tokens=8", "eval.problems=4", "calibrate.easy=[0.6,0.3]"], "calibrate.easy"),
-                         (["task=dataset", f"task.train={sums}", "task.max_new_tokens=6", "task.max_prompt_tokens=8", "eval.problems=4", "calibrate.samples=0"], "calibrate.samples")):
+    for args, needle in (
+        (["task.digits=[1,2]"], "use task=dataset"),
+        (
+            [
+                "task=dataset",
+                f"task.train={sums}",
+                "task.max_new_tokens=6",
+                "task.max_prompt_tokens=8",
+                "eval.problems=4",
+                "calibrate.easy=[0.6,0.3]",
+            ],
+            "calibrate.easy",
+        ),
+        (
+            [
+                "task=dataset",
+                f"task.train={sums}",
+                "task.max_new_tokens=6",
+                "task.max_prompt_tokens=8",
+                "eval.problems=4",
+                "calibrate.samples=0",
+            ],
+            "calibrate.samples",
+        ),
+    ):
         result = CliRunner().invoke(app, ["calibrate", "--root", str(tmp_path / "out"), *args])
         assert result.exit_code == 2 and needle in result.output, result.output
     assert not (tmp_path / "out").exists()
@@ -130,9 +192,21 @@ def test_calibrate_checks_only_the_settings_it_uses(tmp_path, sums):
     """Issue 46: calibrate refused on eval.problems (above the validation split), a sweep's setting
     it never reads. Variant: a validation split that holds every row (task.val_fraction) and a held-out
     set that does not exist; the refusal that remains is calibrate's own (calibrate.samples)."""
-    base = ["calibrate", "--root", str(tmp_path / "out"), "task=dataset", f"task.train={sums}", "task.max_new_tokens=6",
-            "task.max_prompt_tokens=8", "calibrate.samples=0"]
-    for unused in (["eval.problems=100000"], ["task.val_fraction=0.999", "eval.problems=300"], [f"+eval.sets={{gone:{tmp_path / 'gone.parquet'}}}"]):
+    base = [
+        "calibrate",
+        "--root",
+        str(tmp_path / "out"),
+        "task=dataset",
+        f"task.train={sums}",
+        "task.max_new_tokens=6",
+        "task.max_prompt_tokens=8",
+        "calibrate.samples=0",
+    ]
+    for unused in (
+        ["eval.problems=100000"],
+        ["task.val_fraction=0.999", "eval.problems=300"],
+        [f"+eval.sets={{gone:{tmp_path / 'gone.parquet'}}}"],
+    ):
         result = CliRunner().invoke(app, [*base, *unused])
         assert result.exit_code == 2 and "calibrate.samples" in result.output, (unused, result.output)
     sweep = CliRunner().invoke(app, ["plan", *base[3:], "eval.problems=100000"])

@@ -15,16 +15,28 @@ runner = CliRunner()
 CASES = {
     "unknown key": (["plan", "grid.nn=[4]"], "unknown config key 'grid.nn' (did you mean grid.n?)"),
     "unknown key in a section": (["plan", "algo.temprature=0.5"], "(did you mean algo.temperature?)"),
-    "unknown axis key": (["plan", "+grid.axes={algo.kl_coeff:[0.1]}"], "unknown config key 'algo.kl_coeff' (did you mean algo.kl_coef?)"),
+    "unknown axis key": (
+        ["plan", "+grid.axes={algo.kl_coeff:[0.1]}"],
+        "unknown config key 'algo.kl_coeff' (did you mean algo.kl_coef?)",
+    ),
     "unknown top-level key": (["plan", "foo=1"], "foo"),
     "wrong type": (["plan", "grid.n=abc"], "grid.n"),
     "wrong enum": (["plan", "algo.lr_scaling=cube"], "algo.lr_scaling"),
     "malformed override": (["plan", "grid.n=[4,"], "cannot parse the override 'grid.n=[4,'"),
     # Characters Hydra's grammar refuses unquoted: the override named, and how to quote it.
-    "semicolon in a value": (["plan", "name=a;b"], "cannot parse the override 'name=a;b': ';' is not allowed in an unquoted value; quote the value, name='a;b'"),
-    "control character in a value": (["plan", "name=a\x01b"], "cannot parse the override 'name=a\\x01b': '\\x01' is not allowed"),
+    "semicolon in a value": (
+        ["plan", "name=a;b"],
+        "cannot parse the override 'name=a;b': ';' is not allowed in an unquoted value; quote the value, name='a;b'",
+    ),
+    "control character in a value": (
+        ["plan", "name=a\x01b"],
+        "cannot parse the override 'name=a\\x01b': '\\x01' is not allowed",
+    ),
     "newline in a value": (["run", "name=a\nb"], "cannot parse the override 'name=a\\nb'"),
-    "non-ASCII in a value": (["plan", "name=é"], "cannot parse the override 'name=é': 'é' is not allowed in an unquoted value"),
+    "non-ASCII in a value": (
+        ["plan", "name=é"],
+        "cannot parse the override 'name=é': 'é' is not allowed in an unquoted value",
+    ),
     "n <= 0": (["plan", "grid.n=[4,0]"], "grid.n must be a finite number > 0"),
     "B_p <= 0": (["plan", "grid.B_p=[-1]"], "grid.B_p must be a finite number > 0"),
     "budget not a number": (["plan", "grid.budgets=[nan]"], "grid.budgets must be a finite number > 0"),
@@ -37,9 +49,18 @@ CASES = {
     "sweep name is a path": (["plan", "name=../elsewhere"], "plain directory name"),
     "embedded model heads": (["plan", "model.build.num_kv_heads=3"], "num_kv_heads"),
     "stray share of one": (["plan", "model.build.stray=1"], "model.build.stray must be in [0, 1)"),
-    "local head has no GPUs": (["sweep", "cluster.gpus_per_run=1", "grid.n=[2]", "grid.B_p=[4]"], "cluster.gpus_per_run"),
-    "no Ray cluster at the address": (["sweep", "cluster.address=http://127.0.0.1:9", "grid.n=[2]", "grid.B_p=[4]"], "cannot reach the Ray cluster"),
-    "not an address": (["sweep", "cluster.address=notaurl", "grid.n=[2]", "grid.B_p=[4]"], "cannot reach the Ray cluster at notaurl"),
+    "local head has no GPUs": (
+        ["sweep", "cluster.gpus_per_run=1", "grid.n=[2]", "grid.B_p=[4]"],
+        "cluster.gpus_per_run",
+    ),
+    "no Ray cluster at the address": (
+        ["sweep", "cluster.address=http://127.0.0.1:9", "grid.n=[2]", "grid.B_p=[4]"],
+        "cannot reach the Ray cluster",
+    ),
+    "not an address": (
+        ["sweep", "cluster.address=notaurl", "grid.n=[2]", "grid.B_p=[4]"],
+        "cannot reach the Ray cluster at notaurl",
+    ),
     "fit axis is the metric": (["fit", "/nonexistent/sweep", "--axis", "val_avg@k"], "three different columns"),
     "race bootstrap negative": (["race-pilot", "--dry-run", "--bootstrap", "-5"], "--bootstrap"),
     "race cap out of range": (["race-pilot", "--dry-run", "--cap", "-1"], "--cap"),
@@ -71,39 +92,93 @@ CASES = {
     "repeated seed": (["plan", "grid.seed=[0,1,0]"], "grid.seed lists 0 twice"),
     "repeated budget": (["plan", "grid.budgets=[512,512]"], "grid.budgets lists 512"),
     "repeated axis value": (["plan", "+grid.axes={algo.kl_coef:[0.1,0.1]}"], "grid.axes.algo.kl_coef lists 0.1 twice"),
-    "axis values equal once typed": (["plan", "+grid.axes={algo.kl_coef:[0,0.0]}"], "grid.axes.algo.kl_coef lists 0.0 twice"),
+    "axis values equal once typed": (
+        ["plan", "+grid.axes={algo.kl_coef:[0,0.0]}"],
+        "grid.axes.algo.kl_coef lists 0.0 twice",
+    ),
     "repeated list axis value": (["plan", "+grid.axes={task.ops:[[+],[+]]}"], "grid.axes.task.ops lists [+] twice"),
-    "repeated group axis value": (["plan", "+grid.axes={reward:[sparse,sparse]}"], "grid.axes.reward lists sparse twice"),
-    "axis values that are one run": (["plan", "grid.n=[2]", "+grid.axes={calibrate.shard:[256,512]}"], "are the same run"),
-    "doctor checks every cell": (["doctor", "+grid.axes={algo.kl_coef:[-1,0.1]}"], "algo.kl_coef must be a finite number >= 0, got -1.0"),
-    "task.train without task=dataset": (["plan", "task.train=/tmp/problems.parquet"], "task.train names the problems of task=dataset; task=arith"),
+    "repeated group axis value": (
+        ["plan", "+grid.axes={reward:[sparse,sparse]}"],
+        "grid.axes.reward lists sparse twice",
+    ),
+    "axis values that are one run": (
+        ["plan", "grid.n=[2]", "+grid.axes={calibrate.shard:[256,512]}"],
+        "are the same run",
+    ),
+    "doctor checks every cell": (
+        ["doctor", "+grid.axes={algo.kl_coef:[-1,0.1]}"],
+        "algo.kl_coef must be a finite number >= 0, got -1.0",
+    ),
+    "task.train without task=dataset": (
+        ["plan", "task.train=/tmp/problems.parquet"],
+        "task.train names the problems of task=dataset; task=arith",
+    ),
     "GPU memory of 0": (["plan", "cluster.gpu_memory_gib=0"], "cluster.gpu_memory_gib must be a finite number > 0"),
     "a config file not named .yaml": (["plan", "--config", "README.md"], "config file README.md: name it README.yaml"),
-    "a cluster setting as an axis": (["plan", "+grid.axes={cluster.gpus_per_run:[0,2]}"], "grid.axes.cluster.gpus_per_run: the cluster is the sweep's"),
+    "a cluster setting as an axis": (
+        ["plan", "+grid.axes={cluster.gpus_per_run:[0,2]}"],
+        "grid.axes.cluster.gpus_per_run: the cluster is the sweep's",
+    ),
     "NaN GPUs": (["plan", "cluster.gpus_per_run=nan"], "cluster.gpus_per_run must be >= 0, got nan"),
     "infinite GPUs": (["run", "cluster.gpus_per_run=inf"], "cluster.gpus_per_run must be >= 0, got inf"),
     "NaN pause": (["run", "--pause-at", "nan"], "--pause-at must be a finite budget > 0, got nan"),
     "negative pause": (["run", "--pause-at", "-1"], "--pause-at must be a finite budget > 0, got -1.0"),
     # grid.axes entries are lists; a list value only where the key takes a list.
-    "axis entry not a list": (["plan", "+grid.axes={algo.kl_coef:0.1}"], "grid.axes.algo.kl_coef must be a list of values"),
+    "axis entry not a list": (
+        ["plan", "+grid.axes={algo.kl_coef:0.1}"],
+        "grid.axes.algo.kl_coef must be a list of values",
+    ),
     "list value for a number": (["plan", "+grid.axes={algo.kl_coef:[[0.1]]}"], "algo.kl_coef"),
-    "list value for a group": (["plan", "+grid.axes={model:[[tiny-arith]]}"], "grid.axes.model takes names of model configs"),
+    "list value for a group": (
+        ["plan", "+grid.axes={model:[[tiny-arith]]}"],
+        "grid.axes.model takes names of model configs",
+    ),
     # Every number finite, every path a run needs present.
     "NaN tis_cap": (["plan", "algo.tis_cap=nan"], "algo.tis_cap must be a finite number, got nan"),
     "infinite tis_cap": (["run", "algo.tis_cap=inf"], "algo.tis_cap must be a finite number, got inf"),
     "NaN unchecked float": (["plan", "lora.alpha=nan"], "lora.alpha must be a finite number"),
-    "NaN axis value": (["plan", "+grid.axes={algo.kl_coef:[0.1,nan]}"], "grid.axes.algo.kl_coef must be a finite number"),
-    "python missing": (["plan", "cluster.python=/nonexistent/python3"], "cluster.python /nonexistent/python3 is not an executable file"),
-    "python not on PATH": (["sweep", "cluster.python=no-such-python3"], "cluster.python no-such-python3 is not on PATH"),
+    "NaN axis value": (
+        ["plan", "+grid.axes={algo.kl_coef:[0.1,nan]}"],
+        "grid.axes.algo.kl_coef must be a finite number",
+    ),
+    "python missing": (
+        ["plan", "cluster.python=/nonexistent/python3"],
+        "cluster.python /nonexistent/python3 is not an executable file",
+    ),
+    "python not on PATH": (
+        ["sweep", "cluster.python=no-such-python3"],
+        "cluster.python no-such-python3 is not on PATH",
+    ),
     # Draw loops: both splits hold what runs draw from them; completions fit the model.
-    "eval problems above the validation split": (["plan", "task.digits=[1]"], "eval.problems=256 exceeds the validation split: 16 of the 100 problems"),
-    "empty validation split": (["run", "task.digits=[1]", "task.val_fraction=0.001", "eval.problems=1"], "exceeds the validation split: 0 of"),
-    "empty training split": (["plan", "task.digits=[1]", "task.val_fraction=0.999", "eval.problems=1"], "leaves the training split empty"),
-    "validation split too rare to draw": (["plan", "task.digits=[4]", "task.val_fraction=0.00001"], "of draws land in the validation split"),
+    "eval problems above the validation split": (
+        ["plan", "task.digits=[1]"],
+        "eval.problems=256 exceeds the validation split: 16 of the 100 problems",
+    ),
+    "empty validation split": (
+        ["run", "task.digits=[1]", "task.val_fraction=0.001", "eval.problems=1"],
+        "exceeds the validation split: 0 of",
+    ),
+    "empty training split": (
+        ["plan", "task.digits=[1]", "task.val_fraction=0.999", "eval.problems=1"],
+        "leaves the training split empty",
+    ),
+    "validation split too rare to draw": (
+        ["plan", "task.digits=[4]", "task.val_fraction=0.00001"],
+        "of draws land in the validation split",
+    ),
     "eval problems absurd": (["plan", "eval.problems=1000000000"], "eval.problems must be <= 100,000"),
-    "completion above the context": (["plan", "task.max_new_tokens=100000"], "task.max_new_tokens=100000: the longest prompt (6 tokens)"),
-    "completion above the context on an axis": (["plan", "+grid.axes={task.max_new_tokens:[6,59]}"], "at most task.max_new_tokens=58"),
-    "PRM input above its context": (["plan", "task=arith-steps", "reward=prm", "task.max_new_tokens=56"], "the embedded reward model"),
+    "completion above the context": (
+        ["plan", "task.max_new_tokens=100000"],
+        "task.max_new_tokens=100000: the longest prompt (6 tokens)",
+    ),
+    "completion above the context on an axis": (
+        ["plan", "+grid.axes={task.max_new_tokens:[6,59]}"],
+        "at most task.max_new_tokens=58",
+    ),
+    "PRM input above its context": (
+        ["plan", "task=arith-steps", "reward=prm", "task.max_new_tokens=56"],
+        "the embedded reward model",
+    ),
 }
 
 
@@ -118,8 +193,10 @@ def test_bad_input_exits_2_with_one_line(name, tmp_path):
 
 
 def test_a_checkpoint_without_weights_is_planned_not_run(tmp_path):
-    (tmp_path / "config.json").write_text('{"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64, '
-                                          '"intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 19}')
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64, '
+        '"intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 19}'
+    )
     assert runner.invoke(app, ["plan", f"model.path={tmp_path}"]).exit_code == 0  # planning reads config.json alone
     result = runner.invoke(app, ["sweep", "--root", str(tmp_path / "out"), f"model.path={tmp_path}"])
     assert result.exit_code == 2 and "has no weights" in result.output and not (tmp_path / "out").exists()
@@ -127,12 +204,18 @@ def test_a_checkpoint_without_weights_is_planned_not_run(tmp_path):
     # one from config.json, and every prompt would be no tokens): refused before anything starts.
     (tmp_path / "model.safetensors").write_bytes(b"\xff" * 64)
     result = runner.invoke(app, ["sweep", "--root", str(tmp_path / "out"), f"model.path={tmp_path}"])
-    assert result.exit_code == 2 and "model.safetensors is not a readable safetensors file" in result.output and not (tmp_path / "out").exists()
+    assert (
+        result.exit_code == 2
+        and "model.safetensors is not a readable safetensors file" in result.output
+        and not (tmp_path / "out").exists()
+    )
     from safetensors.numpy import save_file
 
     save_file({"w": np.zeros((2, 2), dtype=np.float32)}, str(tmp_path / "model.safetensors"))
     result = runner.invoke(app, ["sweep", "--root", str(tmp_path / "out"), f"model.path={tmp_path}"])
-    assert result.exit_code == 2 and "has no tokenizer" in result.output and not (tmp_path / "out").exists(), result.output
+    assert result.exit_code == 2 and "has no tokenizer" in result.output and not (tmp_path / "out").exists(), (
+        result.output
+    )
 
 
 def test_a_typo_inside_a_config_file_is_named(tmp_path):
@@ -143,7 +226,9 @@ def test_a_typo_inside_a_config_file_is_named(tmp_path):
     (tmp_path / "broken.yaml").write_text("defaults: [base\nalgo: {")
     result = runner.invoke(app, ["plan", "--config", str(tmp_path / "broken.yaml")])
     assert result.exit_code == 2 and "not valid YAML" in result.output
-    (tmp_path / "loop.yaml").write_text("defaults:\n  - base\n  - _self_\na: &a [*a]\n")  # an anchor inside its own node
+    (tmp_path / "loop.yaml").write_text(
+        "defaults:\n  - base\n  - _self_\na: &a [*a]\n"
+    )  # an anchor inside its own node
     result = runner.invoke(app, ["plan", "--config", str(tmp_path / "loop.yaml")])
     assert result.exit_code == 2 and "a value holds itself" in result.output, result.output
 
@@ -201,7 +286,12 @@ def test_an_empty_config_file_is_named(tmp_path, text):
 def test_list_valued_axes_plan_as_json_and_table():
     import json
 
-    args = ["grid.n=[4]", "grid.B_p=[4]", "lora.rank=2", "+grid.axes={task.ops:[[+],[+,-,'*']],lora.targets:[[q_proj],[q_proj,v_proj]]}"]
+    args = [
+        "grid.n=[4]",
+        "grid.B_p=[4]",
+        "lora.rank=2",
+        "+grid.axes={task.ops:[[+],[+,-,'*']],lora.targets:[[q_proj],[q_proj,v_proj]]}",
+    ]
     result = runner.invoke(app, ["plan", "--json", *args])
     assert result.exit_code == 0, result.output
     records = json.loads(result.stdout)["cells"]  # the object alone on stdout; warnings go to stderr
@@ -230,15 +320,23 @@ def test_draw_loops_refuse_up_front(tmp_path):
 
 def test_long_completions_plan_without_a_stall(tmp_path):
     # A checkpoint whose config.json does not bound its context: planning is O(1) in max_new_tokens.
-    (tmp_path / "config.json").write_text('{"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64, '
-                                          '"intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 19}')
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64, '
+        '"intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 19}'
+    )
     (tmp_path / "model.safetensors").touch()
     result = _isoflop("plan", "--json", f"model.path={tmp_path}", "task.max_new_tokens=100000000", timeout=60)
     assert result.returncode == 0, result.stderr
-    (tmp_path / "config.json").write_text('{"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64, "max_position_embeddings": 32, '
-                                          '"intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 19}')
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64, "max_position_embeddings": 32, '
+        '"intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 19}'
+    )
     result = _isoflop("plan", f"model.path={tmp_path}", "task.max_new_tokens=27", timeout=60)
-    assert result.returncode == 2 and "above the 32 of model.path" in result.stderr and "at most task.max_new_tokens=26" in result.stderr
+    assert (
+        result.returncode == 2
+        and "above the 32 of model.path" in result.stderr
+        and "at most task.max_new_tokens=26" in result.stderr
+    )
 
 
 def test_a_model_cache_that_is_a_file_is_named(tmp_path, monkeypatch):
@@ -255,11 +353,21 @@ def test_a_trackers_directory_that_cannot_be_made_is_named_before_any_run(tmp_pa
     """Trackers never fail a run (each failure is a warning in its log), so a tracking.dir no run
     could write would have lost every run's tracking quietly: the CLI refuses it first."""
     (tmp_path / "file").write_text("")
-    for where, needle in [(tmp_path / "file", "is not a directory"), (tmp_path / "file" / "below", f"cannot be made: {tmp_path / 'file'} is not a writable directory")]:
-        result = runner.invoke(app, ["run", "--run-dir", str(tmp_path / "r"), "tracking.backends=[tensorboard]", f"tracking.dir={where}"])
-        assert result.exit_code == 2 and f"the trackers' directory {where} (tracking.dir) {needle}" in result.output, result.output
+    for where, needle in [
+        (tmp_path / "file", "is not a directory"),
+        (tmp_path / "file" / "below", f"cannot be made: {tmp_path / 'file'} is not a writable directory"),
+    ]:
+        result = runner.invoke(
+            app, ["run", "--run-dir", str(tmp_path / "r"), "tracking.backends=[tensorboard]", f"tracking.dir={where}"]
+        )
+        assert result.exit_code == 2 and f"the trackers' directory {where} (tracking.dir) {needle}" in result.output, (
+            result.output
+        )
     assert not (tmp_path / "r").exists()
-    for nothing_there in ([], ["tracking.backends=[mlflow]", "tracking.mlflow_uri=http://127.0.0.1:1"]):  # a server takes MLflow's runs
+    for nothing_there in (
+        [],
+        ["tracking.backends=[mlflow]", "tracking.mlflow_uri=http://127.0.0.1:1"],
+    ):  # a server takes MLflow's runs
         plain = runner.invoke(app, ["plan", f"tracking.dir={tmp_path / 'file'}", *nothing_there])
         assert plain.exit_code == 0, plain.output
 
@@ -281,7 +389,9 @@ def test_every_command_s_help_shows_every_word_of_its_texts(columns, monkeypatch
         result = CliRunner().invoke(app, [name, "--help"], terminal_width=columns)
         assert result.exit_code == 0, result.output
         shown = re.sub(r"[\s│╭╮╰╯─]+", " ", result.output)
-        texts = [command.help or ""] + [p.help for p in command.params if getattr(p, "help", None) and not getattr(p, "hidden", False)]
+        texts = [command.help or ""] + [
+            p.help for p in command.params if getattr(p, "help", None) and not getattr(p, "hidden", False)
+        ]
         for text in texts:
             words = " ".join(text.split())
             assert words in shown, (name, columns, words)
@@ -302,11 +412,18 @@ def test_a_config_whose_aliases_expand_beyond_the_limit_is_refused_at_once(tmp_p
     start = time.monotonic()
     result = runner.invoke(app, ["plan", "--config", str(tmp_path / "bomb.yaml")])
     lines = result.output.strip().splitlines()
-    assert result.exit_code == 2 and len(lines) == 1 and "expands to more than 10,000 values through its YAML aliases" in lines[0], result.output
+    assert (
+        result.exit_code == 2
+        and len(lines) == 1
+        and "expands to more than 10,000 values through its YAML aliases" in lines[0]
+    ), result.output
     assert time.monotonic() - start < 10
 
 
-@pytest.mark.parametrize("given, needle", [(".", "is a directory, not a file"), ("/dev/null", "is not a regular file (a device, a pipe or a socket)")])
+@pytest.mark.parametrize(
+    "given, needle",
+    [(".", "is a directory, not a file"), ("/dev/null", "is not a regular file (a device, a pipe or a socket)")],
+)
 def test_a_config_that_is_no_file_says_what_it_is(given, needle, tmp_path):
     """Issue 46: a directory or /dev/zero as --config was "config file not found". Variants: the
     current directory, /dev/null; and a dangling link."""

@@ -44,7 +44,9 @@ def cluster(tmp_path_factory):
         state.update(start_cluster(path))
         procs = _tree([state["head_pid"], *(w["pid"] for w in state["workers"])])
         listening = {c.laddr.ip for p in procs for c in _connections(p) if c.status == psutil.CONN_LISTEN}
-        assert listening and all(_loopback(ip) for ip in listening), f"a cluster process listens beyond loopback: {listening}"
+        assert listening and all(_loopback(ip) for ip in listening), (
+            f"a cluster process listens beyond loopback: {listening}"
+        )
         assert not tokenless_answers(procs), tokenless_answers(procs)  # the workers' agents export no metrics either
         yield state
     finally:
@@ -55,7 +57,9 @@ def cluster(tmp_path_factory):
 
 
 def start_cluster(path: Path) -> dict:
-    started = subprocess.run([sys.executable, str(SCRIPT), "start", str(path), *WORKERS], capture_output=True, text=True, timeout=300)
+    started = subprocess.run(
+        [sys.executable, str(SCRIPT), "start", str(path), *WORKERS], capture_output=True, text=True, timeout=300
+    )
     assert started.returncode == 0, started.stdout + started.stderr
     return json.loads((path / "cluster.json").read_text())
 
@@ -84,8 +88,13 @@ def _connections(p: psutil.Process) -> list:
 
 
 def sweep(out: Path, address: str, *overrides: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "isoflop_cli", "sweep", "--root", str(out), f"cluster.address={address}", *overrides],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    return subprocess.Popen(
+        [sys.executable, "-m", "isoflop_cli", "sweep", "--root", str(out), f"cluster.address={address}", *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
 
 
 def run_on(worker_pid: int) -> str | None:
@@ -133,7 +142,9 @@ def test_a_worker_lost_mid_run_and_a_killed_cli_cost_a_retry_from_the_checkpoint
     status = sweep_dir / "runs" / victim / "status.json"
     first = json.loads(status.read_text())["pid"]
     rerun = sweep(tmp_path, cluster["address"], *overrides)
-    while not ((now := json.loads(status.read_text()))["state"] == "running" and now["pid"] != first and now["step"] > 32):
+    while not (
+        (now := json.loads(status.read_text()))["state"] == "running" and now["pid"] != first and now["step"] > 32
+    ):
         assert rerun.poll() is None and time.monotonic() < deadline + 300, rerun.communicate()
         time.sleep(0.2)
     os.kill(now["pid"], signal.SIGKILL)  # the resumed run's process, past its checkpoint at step 32
@@ -143,9 +154,13 @@ def test_a_worker_lost_mid_run_and_a_killed_cli_cost_a_retry_from_the_checkpoint
     assert all(c["state"] == "finished" for c in cells.values())
     assert cells[victim]["attempts"] == 3 and "exit code -9" in cells[victim]["failures"][-1]["reason"], cells[victim]
     other = next(rid for rid in cells if rid != victim)
-    assert cells[other]["attempts"] == 1, "the run on the live worker was reattached (or had finished), never submitted again"
+    assert cells[other]["attempts"] == 1, (
+        "the run on the live worker was reattached (or had finished), never submitted again"
+    )
     assert "resumed from the checkpoint at step" in (sweep_dir / "runs" / victim / "job.log").read_text()
-    shown = subprocess.run([sys.executable, "-m", "isoflop_cli", "status", str(sweep_dir)], capture_output=True, text=True).stdout
+    shown = subprocess.run(
+        [sys.executable, "-m", "isoflop_cli", "status", str(sweep_dir)], capture_output=True, text=True
+    ).stdout
     assert f"after {len(cells[victim]['failures'])} failed attempt(s)" in " ".join(shown.split()), shown
     df = pd.read_parquet(sweep_dir / "results.parquet")
     assert not df.duplicated(["run_id", "step"]).any()
@@ -154,14 +169,34 @@ def test_a_worker_lost_mid_run_and_a_killed_cli_cost_a_retry_from_the_checkpoint
     b_p = int(df.loc[df.run_id == victim, "B_p"].iloc[0])
     alone = tmp_path / "alone"
     # With the one thread a job of cluster.cpus_per_run=1 has: the same float reductions.
-    result = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", *CELL[1:], "n=2", f"B_p={b_p}", "grid.budgets=[2048]", "--run-dir", str(alone)],
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "isoflop_cli",
+            "run",
+            *CELL[1:],
+            "n=2",
+            f"B_p={b_p}",
+            "grid.budgets=[2048]",
+            "--run-dir",
+            str(alone),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     timing = ("wall_s", "reward_cpu_s")
-    expected = [{k: v for k, v in r.items() if k not in timing and not k.startswith("time_")}
-                for r in map(json.loads, (alone / "metrics.jsonl").read_text().splitlines())]
-    got = [{k: v for k, v in r.items() if k not in timing and not k.startswith("time_")}
-           for r in map(json.loads, (sweep_dir / "runs" / victim / "metrics.jsonl").read_text().splitlines())]
+    expected = [
+        {k: v for k, v in r.items() if k not in timing and not k.startswith("time_")}
+        for r in map(json.loads, (alone / "metrics.jsonl").read_text().splitlines())
+    ]
+    got = [
+        {k: v for k, v in r.items() if k not in timing and not k.startswith("time_")}
+        for r in map(json.loads, (sweep_dir / "runs" / victim / "metrics.jsonl").read_text().splitlines())
+    ]
     assert got == expected
 
 

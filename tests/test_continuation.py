@@ -27,7 +27,10 @@ def ran(sweep: SweepDir, cell, until: int, state: str, checkpoint: bool) -> None
     """Record `cell` as run to `until` rollouts (its eval points, its state, a checkpoint or not)."""
     files = sweep.run(cell.run_id)
     batch = cell.plan.batch
-    rows = [{"step": s, "rollouts": s * batch, "flops_total": 1e9 * s, "val_avg@k": 0.1 * s} for s in range(0, until // batch + 1, 4)]
+    rows = [
+        {"step": s, "rollouts": s * batch, "flops_total": 1e9 * s, "val_avg@k": 0.1 * s}
+        for s in range(0, until // batch + 1, 4)
+    ]
     for row in rows:
         files.append_metrics(row)
     if state == FINISHED:
@@ -45,7 +48,9 @@ def test_a_trajectory_is_the_run_id_less_its_budget():
     assert [trajectory(c.cfg) for c in small] == [trajectory(c.cfg) for c in large]
     assert trajectory(small[0].cfg) != trajectory(small[1].cfg)  # another n
     for other in ("algo.base_lr=2e-4", "algo.lr_scaling=linear", "grid.budget.unit=flops"):
-        changed = grid.expand(config.load(None, [*ARGS, "grid.budgets=[1e11]" if "flops" in other else "grid.budgets=[64,128]", other]))
+        changed = grid.expand(
+            config.load(None, [*ARGS, "grid.budgets=[1e11]" if "flops" in other else "grid.budgets=[64,128]", other])
+        )
         assert trajectory(changed[1].cfg) != trajectory(small[1].cfg), other
     # Keeping the final checkpoint changes what a run leaves, not what it computes (nor its id).
     kept = grid.expand(config.load(None, [*ARGS, "grid.budgets=[64,128]", "checkpoint.keep_final=true"]))
@@ -63,7 +68,10 @@ def test_runs_left_with_a_checkpoint_continue_to_a_larger_budget(tmp_path):
     ran(sweep, n4, 128, FINISHED, checkpoint=True)  # checkpoint.keep_final
     new_cfg, new_cells, _ = sweep_to(tmp_path, "[64,128,256]")
     found = continuation.find(sweep, new_cells)
-    assert {(c.old, c.new, c.reached) for c in found} == {(n2.run_id, new_cells[0].run_id, 64.0), (n4.run_id, new_cells[1].run_id, 128.0)}
+    assert {(c.old, c.new, c.reached) for c in found} == {
+        (n2.run_id, new_cells[0].run_id, 64.0),
+        (n4.run_id, new_cells[1].run_id, 128.0),
+    }
     check_same_grid(sweep, new_cells, extend=False, continued=found)  # nothing is gone: both are continued
     rows = {c.run_id: sweep.run(c.run_id).read_metrics() for c in cells}
     prepare(sweep, new_cfg, new_cells, found)
@@ -76,7 +84,9 @@ def test_runs_left_with_a_checkpoint_continue_to_a_larger_budget(tmp_path):
         assert files.read_metrics() == rows[old.run_id]  # its eval points so far, kept
         assert files.status().state == PAUSED and files.status().paused_at == rows[old.run_id][-1]["rollouts"]
         assert OmegaConf.load(files.config).grid.budgets == [64, 128, 256]  # the new plan
-    assert set(sweep.collect()["run_id"]) == {c.run_id for c in new_cells}  # paused points are results, under the new ids
+    assert set(sweep.collect()["run_id"]) == {
+        c.run_id for c in new_cells
+    }  # paused points are results, under the new ids
     assert continuation.find(sweep, new_cells) == []  # a rerun finds nothing more to take over
 
 
@@ -87,11 +97,14 @@ def test_a_takeover_cut_short_is_finished_by_the_rerun(tmp_path):
         ran(sweep, cell, 128, FINISHED, checkpoint=True)
     new_cfg, new_cells, _ = sweep_to(tmp_path, "[64,128,256]")
     found = continuation.find(sweep, new_cells)
+
     def killed(*_):
         raise KeyboardInterrupt
 
     with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
-        patch.setattr(continuation, "take_over", killed)  # killed after the manifest named the takeovers, before any rename
+        patch.setattr(
+            continuation, "take_over", killed
+        )  # killed after the manifest named the takeovers, before any rename
         prepare(sweep, new_cfg, new_cells, found)
     assert all(sweep.run(c.run_id).status().state == FINISHED for c in cells)
     found = continuation.find(sweep, new_cells)  # the rerun: the manifest already holds the new cells
@@ -113,8 +126,11 @@ def test_what_cannot_continue_is_said(tmp_path):
     _, larger, _ = sweep_to(tmp_path, "[64,512]")
     found = continuation.find(sweep, larger)
     assert [(c.old, c.new) for c in found] == [(cells[1].run_id, larger[1].run_id)]
-    with pytest.raises(ConfigError, match=r"1 of its 2 cells are not in this one .*1 of them are runs of this grid to a smaller "
-                                          r"budget, finished without a checkpoint to continue from \(checkpoint.keep_final=true"):
+    with pytest.raises(
+        ConfigError,
+        match=r"1 of its 2 cells are not in this one .*1 of them are runs of this grid to a smaller "
+        r"budget, finished without a checkpoint to continue from \(checkpoint.keep_final=true",
+    ):
         check_same_grid(sweep, larger, extend=False, continued=found)
     result = runner.invoke(app, ["sweep", *ARGS, "grid.budgets=[64,512]", "--root", str(tmp_path)])
     assert result.exit_code == 2 and "checkpoint.keep_final=true" in result.output
@@ -125,8 +141,19 @@ def test_what_cannot_continue_is_said(tmp_path):
 def test_a_run_kept_at_its_end_continues_to_a_larger_flop_budget(tmp_path):
     """checkpoint.keep_final: a run to a FLOP budget keeps its state after its last eval point, and the
     same run to twice the budget in that directory resumes there, keeping every row it had."""
-    args = ["grid.n=[2]", "grid.B_p=[2]", "n=2", "B_p=2", "grid.budget.unit=flops", "grid.eval_points=2", "eval.problems=8", "eval.samples=4",
-            "checkpoint.keep_final=true", "--run-dir", str(tmp_path)]
+    args = [
+        "grid.n=[2]",
+        "grid.B_p=[2]",
+        "n=2",
+        "B_p=2",
+        "grid.budget.unit=flops",
+        "grid.eval_points=2",
+        "eval.problems=8",
+        "eval.samples=4",
+        "checkpoint.keep_final=true",
+        "--run-dir",
+        str(tmp_path),
+    ]
     first = runner.invoke(app, ["run", *args, "grid.budgets=[1e9]"])
     assert first.exit_code == 0, first.output
     files = RunFiles(tmp_path)
@@ -136,4 +163,4 @@ def test_a_run_kept_at_its_end_continues_to_a_larger_flop_budget(tmp_path):
     assert second.exit_code == 0, second.output
     assert f"resumed from the checkpoint at step {rows[-1]['step']}" in second.output
     longer = files.read_metrics()
-    assert longer[:len(rows)] == rows and longer[-1]["flops_total"] >= 2e9 > longer[-2]["flops_total"]
+    assert longer[: len(rows)] == rows and longer[-1]["flops_total"] >= 2e9 > longer[-2]["flops_total"]

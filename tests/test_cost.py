@@ -11,7 +11,7 @@ from isoflop_cli import config, cost
 from isoflop_cli import sweep as sweep_mod
 from isoflop_cli.cli import app
 from isoflop_cli.grid import expand
-from isoflop_cli.store import FINISHED, CellState, Manifest, SweepDir
+from isoflop_cli.store import FINISHED, CellState, SweepDir
 
 runner = CliRunner()
 
@@ -24,13 +24,32 @@ def qwen7b(tmp_path_factory):
     from isoflop_cli.recipe.checkpoint import char_tokenizer
 
     path = tmp_path_factory.mktemp("qwen2.5-7b")
-    Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                num_key_value_heads=4, max_position_embeddings=32768, tie_word_embeddings=False).save_pretrained(path)
+    Qwen2Config(
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
+    ).save_pretrained(path)
     char_tokenizer().save_pretrained(path)
     problems = path.parent / "problems.jsonl"
-    problems.write_text("".join(f'{{"prompt": "What is {i} + 1?", "reward_model": {{"ground_truth": "{i + 1}"}}}}\n' for i in range(200)))
-    return [f"model.path={path}", f"task.train={problems}", "eval.problems=16", "sampler.tensor_parallel=1",
-            "learner.max_tokens_per_micro_batch=32768", "task.max_prompt_tokens=1024", "task.max_new_tokens=2048"]
+    problems.write_text(
+        "".join(
+            f'{{"prompt": "What is {i} + 1?", "reward_model": {{"ground_truth": "{i + 1}"}}}}\n' for i in range(200)
+        )
+    )
+    return [
+        f"model.path={path}",
+        f"task.train={problems}",
+        "eval.problems=16",
+        "sampler.tensor_parallel=1",
+        "learner.max_tokens_per_micro_batch=32768",
+        "task.max_prompt_tokens=1024",
+        "task.max_new_tokens=2048",
+    ]
 
 
 def test_7b_cell_gpu_hours_by_hand(qwen7b, tmp_path):
@@ -51,14 +70,18 @@ def test_7b_cell_gpu_hours_by_hand(qwen7b, tmp_path):
     context = steps * 1024 + steps * 2048 // 2  # one row's positions summed over the decode steps: 4,192,256
     decode_bytes = steps * weights + 128 * context * kv  # 2.89e13 + 3.08e13 bytes per engine
     assert decode_bytes == pytest.approx(5.971e13, rel=1e-3)
-    prefill = 2 * 28 * 8 * 1024 * layer + 2 * 28 * 8 * 1024 * (2 * 28 * 128 * 1024) + 2 * 8 * 3584 * 152064  # 8 rows x 1,024 tokens
+    prefill = (
+        2 * 28 * 8 * 1024 * layer + 2 * 28 * 8 * 1024 * (2 * 28 * 128 * 1024) + 2 * 8 * 3584 * 152064
+    )  # 8 rows x 1,024 tokens
     search = prefill / peak + decode_bytes / bw + steps * 2e-3  # + vLLM's assumed 2 ms a decode step
     # Learning over prompt trees: a group of 16 x 2,048 + 1,024 > 32,768 tokens splits into 2 trees of
     # <= 15 completions, so 128 trees: 128 x 1,024 prompt + 64 x 16 x 2,048 completion positions.
     tokens, logits = 128 * 1024 + 64 * 16 * 2048, 64 * 16 * 2048
     pairs = 128 * 1024**2 + 64 * 16 * 2048 * 3072
     linear, attention, head = 2 * 28 * tokens * layer, 2 * 28 * (2 * 28 * 128) * pairs, 2 * logits * 3584 * 152064
-    learning_flops = 3 * (linear + head) + 3.5 * attention + (linear + attention + head)  # forward + backward, and the KL reference's forward
+    learning_flops = (
+        3 * (linear + head) + 3.5 * attention + (linear + attention + head)
+    )  # forward + backward, and the KL reference's forward
     assert cell.plan.step_bound.learning == pytest.approx(learning_flops, rel=1e-9)
     assert learning_flops == pytest.approx(1.373e17, rel=1e-3)
     learning = learning_flops / (8 * peak)
@@ -70,7 +93,9 @@ def test_7b_cell_gpu_hours_by_hand(qwen7b, tmp_path):
     per_eval = eval_prefill / peak + (steps * weights + 32 * context * kv) / bw + steps * 2e-3
     wall = 4096 * step + len(cell.plan.eval_steps) * per_eval
     assert got.wall_s == pytest.approx(wall, rel=1e-9)
-    assert got.hours == pytest.approx(wall * 8 / 3600, rel=1e-9) == pytest.approx(738.9, abs=0.1)  # GPU-hours on 8 H200s
+    assert (
+        got.hours == pytest.approx(wall * 8 / 3600, rel=1e-9) == pytest.approx(738.9, abs=0.1)
+    )  # GPU-hours on 8 H200s
     assert mfu == price.device.mfu
 
 
@@ -114,15 +139,24 @@ def test_json_totals_are_the_cells_sum_and_the_parallel_makespan(tmp_path):
     every = plan_json(*tiny("cluster.max_concurrent=100"))["totals"]
     assert every["parallel_runs"] == 6 and every["wall_s"] == pytest.approx(max(c["wall_s"] for c in cells), abs=0.01)
     for c in cells:
-        assert c["wall_s"] == pytest.approx(sum(c[f"{p}_s"] for p in ("search", "learning", "reward", "eval", "other")), abs=0.01)
+        assert c["wall_s"] == pytest.approx(
+            sum(c[f"{p}_s"] for p in ("search", "learning", "reward", "eval", "other")), abs=0.01
+        )
     table = runner.invoke(app, ["plan", *tiny()], terminal_width=200)
-    assert "wall" in table.output and "CPU-h" in table.output and "cost: " in table.output and "CPU defaults" in table.output
+    assert (
+        "wall" in table.output
+        and "CPU-h" in table.output
+        and "cost: " in table.output
+        and "CPU defaults" in table.output
+    )
 
 
 def finish_run(sweep: SweepDir, cell, row: dict) -> None:
     """A finished run of `cell` in `sweep`: an eval point at each of its plan's eval steps, the last `row`."""
     manifest = sweep.manifest()
-    manifest.cells[cell.run_id] = CellState(columns={"model": cell.cfg.model.name}, step_flops=list(cell.plan.step_bound), M=cell.plan.M)
+    manifest.cells[cell.run_id] = CellState(
+        columns={"model": cell.cfg.model.name}, step_flops=list(cell.plan.step_bound), M=cell.plan.M
+    )
     sweep.write_manifest(manifest)
     files = sweep.run(cell.run_id)
     files.dir.mkdir(parents=True)
@@ -142,9 +176,23 @@ def test_calibration_from_a_finished_run_scales_each_part_as_measured(tmp_path):
     done, p = cells[0], before.cells[0].seconds
     bound, M = done.plan.step_bound, done.plan.M
     wall = 2 * p.search + 3 * p.learning + p.reward + 5 * p.eval + 0.01 * M
-    finish_run(sweep, done, {"step": M, "rollouts": done.plan.rollouts, "flops_search": bound.search * M, "flops_learning": bound.learning * M,
-                             "flops_reward": 0.0, "flops_total": (bound.search + bound.learning) * M, "time_search_s": 2 * p.search,
-                             "time_learning_s": 3 * p.learning, "time_reward_s": p.reward, "time_eval_s": 5 * p.eval, "wall_s": wall})
+    finish_run(
+        sweep,
+        done,
+        {
+            "step": M,
+            "rollouts": done.plan.rollouts,
+            "flops_search": bound.search * M,
+            "flops_learning": bound.learning * M,
+            "flops_reward": 0.0,
+            "flops_total": (bound.search + bound.learning) * M,
+            "time_search_s": 2 * p.search,
+            "time_learning_s": 3 * p.learning,
+            "time_reward_s": p.reward,
+            "time_eval_s": 5 * p.eval,
+            "wall_s": wall,
+        },
+    )
     after = cost.price(cfg, cells, sweep)
     assert after.calibration.runs == 1 and after.source.startswith("calibrated from 1 finished run")
     assert before.source.startswith("CPU defaults")
@@ -163,7 +211,11 @@ def test_status_shows_device_hours_spent_against_planned(tmp_path):
     price = cost.price(cfg, cells, sweep)
     cost.write(sweep, cells, price)
     assert cost.status_line(sweep).startswith(f"cost: 0 CPU-h spent of {price.hours:.3g} planned")
-    finish_run(sweep, cells[0], {"step": cells[0].plan.M, "rollouts": cells[0].plan.rollouts, "flops_total": 1.0, "wall_s": 36.0})
+    finish_run(
+        sweep,
+        cells[0],
+        {"step": cells[0].plan.M, "rollouts": cells[0].plan.rollouts, "flops_total": 1.0, "wall_s": 36.0},
+    )
     assert cost.status_line(sweep) == f"cost: 0.01 CPU-h spent of {price.hours:.3g} planned ({0.01 / price.hours:.0%})"
     (tmp_path / cost.PLAN_FILE).write_text("[1]")
     assert "no readable cost.json" in cost.status_line(sweep)
@@ -175,14 +227,27 @@ def test_a_plan_after_finished_runs_predicts_the_remaining_runs_wall_time(tmp_pa
     calibrated by them predicts the other two's wall time; they run, and take within 30% of it."""
     from isoflop_cli.recipe.trainer import Budget, train
 
-    args = ["grid.n=[4,8]", "grid.B_p=[4,8]", "grid.budgets=[2048]", "grid.eval_points=3", "eval.problems=16", "eval.samples=4"]
+    args = [
+        "grid.n=[4,8]",
+        "grid.B_p=[4,8]",
+        "grid.budgets=[2048]",
+        "grid.eval_points=3",
+        "eval.problems=16",
+        "eval.samples=4",
+    ]
     cfg, cells = sweep_mod.load(None, args, tmp_path)
     sweep = SweepDir(tmp_path / cfg.name)
     sweep_mod.prepare(sweep, cfg, cells)
 
     def run(cell, where=None) -> None:
         plan = cell.plan
-        train(cell.cfg, Budget(plan.column, plan.limit, plan.eval_at, plan.M), plan.lr, where or sweep.run(cell.run_id).dir, None)
+        train(
+            cell.cfg,
+            Budget(plan.column, plan.limit, plan.eval_at, plan.M),
+            plan.lr,
+            where or sweep.run(cell.run_id).dir,
+            None,
+        )
 
     first, rest = [cells[0], cells[3]], [cells[1], cells[2]]
     run(first[0], tmp_path / "warm-up")  # the process's first run pays torch's warm-up, which later runs do not

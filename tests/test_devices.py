@@ -45,7 +45,9 @@ def test_the_prm_and_a_judge_score_on_the_runs_device(tmp_path):
     problems = task.validation_set(4)
     judge_dir = tmp_path / "judge"
     torch.manual_seed(0)
-    AutoModelForSequenceClassification.from_config(qwen2_config(cfg.reward.build, char_tokenizer(), num_labels=1)).save_pretrained(judge_dir)
+    AutoModelForSequenceClassification.from_config(
+        qwen2_config(cfg.reward.build, char_tokenizer(), num_labels=1)
+    ).save_pretrained(judge_dir)
     char_tokenizer().save_pretrained(judge_dir)
     judge = Judge(str(judge_dir))
     for model in (scorer.model, judge.model):
@@ -62,11 +64,29 @@ def test_a_calibration_slice_samples_on_the_runs_device(tmp_path):
     from isoflop_cli.recipe.calibrate import calibrate
 
     sums = tmp_path / "sums.parquet"
-    pd.DataFrame([{"prompt": [{"role": "user", "content": f"{a}+{b}="}], "reward_model": {"ground_truth": str(a + b)[::-1]},
-                   "data_source": "sums", "extra_info": {"index": i}} for i, (a, b) in enumerate((a, b) for a in range(4) for b in range(4))]
-                 ).to_parquet(sums)
-    cfg = config.load(None, ["task=dataset", f"task.train={sums}", "task.max_new_tokens=6", "task.max_prompt_tokens=8", "eval.problems=4",
-                             "calibrate.samples=4", "calibrate.rows=[0,8]"])
+    pd.DataFrame(
+        [
+            {
+                "prompt": [{"role": "user", "content": f"{a}+{b}="}],
+                "reward_model": {"ground_truth": str(a + b)[::-1]},
+                "data_source": "sums",
+                "extra_info": {"index": i},
+            }
+            for i, (a, b) in enumerate((a, b) for a in range(4) for b in range(4))
+        ]
+    ).to_parquet(sums)
+    cfg = config.load(
+        None,
+        [
+            "task=dataset",
+            f"task.train={sums}",
+            "task.max_new_tokens=6",
+            "task.max_prompt_tokens=8",
+            "eval.problems=4",
+            "calibrate.samples=4",
+            "calibrate.rows=[0,8]",
+        ],
+    )
     df = calibrate(cfg, tmp_path / "slice")
     assert list(df["problem_id"]) == list(range(8)) and (df["samples"] == 4).all()
     assert df["pass_rate"].between(0, 1).all() and df["pass_rate"].mean() > 0  # the embedded model adds small sums

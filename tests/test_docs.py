@@ -9,7 +9,7 @@ import dataclasses
 import re
 import shlex
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -46,7 +46,7 @@ def slug(heading: str) -> str:
     return heading.replace(" ", "-")
 
 
-@lru_cache(maxsize=None)
+@cache
 def anchors(page: Path) -> set[str]:
     found, seen = set(), {}
     for line in prose(page).splitlines():
@@ -137,7 +137,9 @@ def test_a_shown_command_parses(page, argv):
     unknown = [w.split("=")[0] for w in argv[1:] if w.startswith("--") and w.split("=")[0] not in accepted(command)]
     assert not unknown, f"{page.name}: `isoflop {argv[0]}` has no option {unknown}"
     result = CliRunner().invoke(app, [*argv, "--help"])
-    assert result.exit_code == 0, f"{page.name}: `isoflop {' '.join(argv)} --help` -> {result.exit_code}: {result.output}"
+    assert result.exit_code == 0, (
+        f"{page.name}: `isoflop {' '.join(argv)} --help` -> {result.exit_code}: {result.output}"
+    )
 
 
 INLINE_COMMANDS = [(page, m) for page in PAGES for m in INLINE.findall(prose(page))]
@@ -177,7 +179,11 @@ def test_every_config_key_is_in_the_configuration_page():
     rows = {m.group(1) for m in re.finditer(r"^\| `([\w.@]+)` \|", page, re.M)}
     missing = [k for k in schema_keys() if k not in rows]
     assert not missing, f"docs/configuration.md has no row for {missing}"
-    stale = sorted(k for k in rows if "." in k and k.split(".")[0] in {f.name for f in dataclasses.fields(SweepConfig)} and k not in schema_keys())
+    stale = sorted(
+        k
+        for k in rows
+        if "." in k and k.split(".")[0] in {f.name for f in dataclasses.fields(SweepConfig)} and k not in schema_keys()
+    )
     assert not stale, f"docs/configuration.md documents keys the schema lacks: {stale}"
 
 

@@ -15,10 +15,39 @@ from test_head import assert_all_gone, head_tree, job_procs, read_head, wait_for
 
 pytestmark = pytest.mark.e2e
 
-SMALL = ["grid.n=[2,4]", "grid.B_p=[2,4]", "grid.budgets=[64,256]", "grid.eval_points=4", "eval.problems=32", "eval.samples=4"]
-COLUMNS = ["run_id", "n", "B_p", "model", "reward", "algo", "seed", "lr", "step", "rollouts", "tokens_generated",
-           "train_reward_mean", "val_avg@k", "val_best@k", "val_worst@k", "wall_s",
-           "flops_search", "flops_learning", "flops_reward", "flops_total", "rho", "reward_cpu_s", "flops_eval"]
+SMALL = [
+    "grid.n=[2,4]",
+    "grid.B_p=[2,4]",
+    "grid.budgets=[64,256]",
+    "grid.eval_points=4",
+    "eval.problems=32",
+    "eval.samples=4",
+]
+COLUMNS = [
+    "run_id",
+    "n",
+    "B_p",
+    "model",
+    "reward",
+    "algo",
+    "seed",
+    "lr",
+    "step",
+    "rollouts",
+    "tokens_generated",
+    "train_reward_mean",
+    "val_avg@k",
+    "val_best@k",
+    "val_worst@k",
+    "wall_s",
+    "flops_search",
+    "flops_learning",
+    "flops_reward",
+    "flops_total",
+    "rho",
+    "reward_cpu_s",
+    "flops_eval",
+]
 
 
 def expected_rows(sweep_dir: Path) -> int:
@@ -45,7 +74,9 @@ def assert_a_whole_sweep(sweep_dir: Path, stdout: str, top: float) -> None:
     assert (df["rollouts"] == df["step"] * df["n"] * df["B_p"]).all()
     assert df.groupby("run_id")["rollouts"].max().le(top).all()
     trained = df[df["step"] > 0]
-    assert (trained["flops_total"] == trained["flops_search"] + trained["flops_learning"] + trained["flops_reward"]).all()
+    assert (
+        trained["flops_total"] == trained["flops_search"] + trained["flops_learning"] + trained["flops_reward"]
+    ).all()
     assert trained["rho"].between(0, 1, inclusive="neither").all()
     for run_dir in (sweep_dir / "runs").iterdir():
         assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
@@ -53,12 +84,16 @@ def assert_a_whole_sweep(sweep_dir: Path, stdout: str, top: float) -> None:
     assert "frontier" in stdout
     # Per-problem records beside the results: every eval point's 32 validation problems, adding up to its avg@k.
     problems = pd.read_parquet(sweep_dir / "problems.parquet")
-    per_point = problems.groupby(["run_id", "step"]).agg(count=("problem_id", "size"), correct=("correct", "sum"), samples=("samples", "sum"))
+    per_point = problems.groupby(["run_id", "step"]).agg(
+        count=("problem_id", "size"), correct=("correct", "sum"), samples=("samples", "sum")
+    )
     assert len(per_point) == len(df) and (per_point["count"] == 32).all()
     joined = df.set_index(["run_id", "step"]).join(per_point)
     assert (joined["correct"] / joined["samples"] - joined["val_avg@k"]).abs().max() < 1e-12
     rewards = df.dropna(subset=["train_reward_mean"])
-    assert any(g["train_reward_mean"].iloc[1:].max() > g["train_reward_mean"].iloc[0] for _, g in rewards.groupby("run_id"))
+    assert any(
+        g["train_reward_mean"].iloc[1:].max() > g["train_reward_mean"].iloc[0] for _, g in rewards.groupby("run_id")
+    )
 
     result = run_isoflop("fit", str(sweep_dir))
     assert result.returncode == 0, result.stderr
@@ -86,8 +121,12 @@ def running_run(sweep_dir: Path, past_step: int = 1, steps_left: int = 0) -> str
     least `steps_left` steps to go."""
     for path in (sweep_dir / "runs").glob("*/status.json"):
         status = json.loads(path.read_text())
-        if status["state"] == "running" and status.get("step", 0) >= past_step and status.get("M", 0) - status.get("step", 0) >= steps_left \
-                and psutil.pid_exists(status.get("pid", -1)):
+        if (
+            status["state"] == "running"
+            and status.get("step", 0) >= past_step
+            and status.get("M", 0) - status.get("step", 0) >= steps_left
+            and psutil.pid_exists(status.get("pid", -1))
+        ):
             return path.parent.name
     return None
 
@@ -97,9 +136,15 @@ def log_streamed_while_running(sweep_dir: Path) -> bool:
     cells = json.loads((sweep_dir / "manifest.json").read_text())["cells"]
     for run_id, cell in cells.items():
         run_dir = sweep_dir / "runs" / run_id
-        if (run_dir / "status.json").exists() and json.loads((run_dir / "status.json").read_text())["state"] == "running":
+        if (run_dir / "status.json").exists() and json.loads((run_dir / "status.json").read_text())[
+            "state"
+        ] == "running":
             log = run_dir / "job.log"
-            if "submission_id" in cell and log.exists() and f"Running entrypoint for job {cell['submission_id']}" in log.read_text():
+            if (
+                "submission_id" in cell
+                and log.exists()
+                and f"Running entrypoint for job {cell['submission_id']}" in log.read_text()
+            ):
                 return True
     return False
 
@@ -113,12 +158,27 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     run dir (`isoflop logs` prints it), not only once the job ends."""
     # budgets to 1,024 rollouts: each run lasts long enough that every kill lands while one runs (at 256 a run could end
     # between the test seeing it and its kill).
-    args = [sys.executable, "-m", "isoflop_cli", "sweep", "--root", str(tmp_path), *SMALL, "grid.budgets=[64,1024]", "cluster.local_cpus=1", "checkpoint.every=4",
-            "cluster.log_every_s=0.5"]
+    args = [
+        sys.executable,
+        "-m",
+        "isoflop_cli",
+        "sweep",
+        "--root",
+        str(tmp_path),
+        *SMALL,
+        "grid.budgets=[64,1024]",
+        "cluster.local_cpus=1",
+        "checkpoint.every=4",
+        "cluster.log_every_s=0.5",
+    ]
     sweep_dir = tmp_path / "default"
 
     cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for(lambda: (sweep_dir / "manifest.json").exists() and log_streamed_while_running(sweep_dir), 300, "a running job's log in its run dir")
+    wait_for(
+        lambda: (sweep_dir / "manifest.json").exists() and log_streamed_while_running(sweep_dir),
+        300,
+        "a running job's log in its run dir",
+    )
     wait_for(lambda: len(finished_runs(sweep_dir)) >= 1, 300, "a first finished run")
     run = wait_for(lambda: running_run(sweep_dir, steps_left=32), 300, "a run with steps to go")
     job = psutil.Process(json.loads((sweep_dir / "runs" / run / "status.json").read_text())["pid"])
@@ -138,26 +198,46 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     log = tmp_path / "lost.log"
     cli = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.PIPE, text=True)
     # A run on the rerun's own head (the crash left the old head's file), stopped far from its end.
-    wait_for(lambda: (read_head(sweep_dir) or head)["pid"] != head["pid"] and running_run(sweep_dir, steps_left=32), 300, "a run on a new head")
+    wait_for(
+        lambda: (read_head(sweep_dir) or head)["pid"] != head["pid"] and running_run(sweep_dir, steps_left=32),
+        300,
+        "a run on a new head",
+    )
     lost = read_head(sweep_dir)
     procs = {p.pid: p for p in head_tree(lost["pid"]) + job_procs(sweep_dir)}
     os.killpg(lost["pid"], signal.SIGKILL)  # the head (and every job on it) is lost under a running CLI
     _, err = cli.communicate(timeout=120)
     assert cli.returncode == 1 and "Traceback" not in err + log.read_text(), err + log.read_text()[-3000:]
-    lines = [line for line in err.strip().splitlines() if not line.startswith("warning: ")]  # the plan's power warning (2 n values)
-    assert len(lines) == 1 and lines[0].startswith(f"error: lost the Ray head at {lost['address']}") and lines[0].endswith("rerun the same command to resume"), err
+    lines = [
+        line for line in err.strip().splitlines() if not line.startswith("warning: ")
+    ]  # the plan's power warning (2 n values)
+    assert (
+        len(lines) == 1
+        and lines[0].startswith(f"error: lost the Ray head at {lost['address']}")
+        and lines[0].endswith("rerun the same command to resume")
+    ), err
     assert_all_gone(procs, [sweep_dir], [lost["temp_dir"]])
     cells = json.loads((sweep_dir / "manifest.json").read_text())["cells"]
-    assert any(c["state"] == "stopped" and c["submission_id"].startswith(f"isoflop-{rid}-") for rid, c in cells.items()), cells
+    assert any(
+        c["state"] == "stopped" and c["submission_id"].startswith(f"isoflop-{rid}-") for rid, c in cells.items()
+    ), cells
 
     log = tmp_path / "interrupted.log"
     # SIGINT as a terminal's Ctrl-C delivers it: a suite started in the background (`make test &`)
     # ignores SIGINT, and its children would inherit that.
-    cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("w"), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    cli = subprocess.Popen(
+        args,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     seen = {}
     # A run of this CLI's (its process alive: the head's kill left runs marked running), far from its end.
-    wait_for(lambda: seen.setdefault("run", running_run(sweep_dir, past_step=5, steps_left=16)) or seen.clear(), 300,
-             "a run past its first checkpoint")
+    wait_for(
+        lambda: seen.setdefault("run", running_run(sweep_dir, past_step=5, steps_left=16)) or seen.clear(),
+        300,
+        "a run past its first checkpoint",
+    )
     interrupted = seen["run"]
     cli.send_signal(signal.SIGINT)
     assert cli.wait(timeout=120) == 130, log.read_text()[-3000:]
@@ -180,8 +260,13 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     df = pd.read_parquet(sweep_dir / "results.parquet")
     assert len(df) == expected_rows(sweep_dir)
     assert not df.duplicated(["run_id", "step"]).any()
-    records = [json.loads(line)["step"] for line in (sweep_dir / "runs" / interrupted / "problems.jsonl").read_text().splitlines()]
-    assert sorted(records) == sorted(set(records)) == sorted(df[df["run_id"] == interrupted]["step"])  # per-problem records: none lost, none twice
+    records = [
+        json.loads(line)["step"]
+        for line in (sweep_dir / "runs" / interrupted / "problems.jsonl").read_text().splitlines()
+    ]
+    assert (
+        sorted(records) == sorted(set(records)) == sorted(df[df["run_id"] == interrupted]["step"])
+    )  # per-problem records: none lost, none twice
     assert_head_stopped(sweep_dir)
     assert_a_whole_sweep(sweep_dir, result.stdout, 1024)
 
@@ -190,9 +275,22 @@ def test_reward_axis_prm_costs_reward_flops_and_lowers_rho(tmp_path, ray_address
     """A sweep over reward=[sparse,prm] at equal budget and allocation: only the learned PRM spends
     reward FLOPs, so its rho is lower."""
     # FLOPs only: a short warm start for the policy, and test_prm's PRM (one build for both tests).
-    result = run_isoflop("sweep", "--root", str(tmp_path), f"cluster.address={ray_address}", "task=arith-steps", "grid.n=[4]", "grid.B_p=[4]", "grid.budgets=[64]",
-                     "grid.eval_points=2", "eval.problems=16", "eval.samples=4", "+grid.axes={reward:[sparse,prm]}",
-                     "model.build.steps=100", "reward.build.steps=250")
+    result = run_isoflop(
+        "sweep",
+        "--root",
+        str(tmp_path),
+        f"cluster.address={ray_address}",
+        "task=arith-steps",
+        "grid.n=[4]",
+        "grid.B_p=[4]",
+        "grid.budgets=[64]",
+        "grid.eval_points=2",
+        "eval.problems=16",
+        "eval.samples=4",
+        "+grid.axes={reward:[sparse,prm]}",
+        "model.build.steps=100",
+        "reward.build.steps=250",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     df = pd.read_parquet(tmp_path / "default" / "results.parquet")
     last = df[df["step"] == df["step"].max()].set_index("reward")
@@ -205,8 +303,15 @@ def test_flop_budget_sweep_stops_every_run_within_one_step(tmp_path, ray_address
     from isoflop_cli import config
     from isoflop_cli.grid import step_flops
 
-    overrides = ["grid.n=[2,4]", "grid.B_p=[2]", "grid.budget.unit=flops", "grid.budgets=[1e9,2e9]", "grid.eval_points=2",
-                 "eval.problems=16", "eval.samples=4"]
+    overrides = [
+        "grid.n=[2,4]",
+        "grid.B_p=[2]",
+        "grid.budget.unit=flops",
+        "grid.budgets=[1e9,2e9]",
+        "grid.eval_points=2",
+        "eval.problems=16",
+        "eval.samples=4",
+    ]
     result = run_isoflop("sweep", "--root", str(tmp_path), f"cluster.address={ray_address}", *overrides)
     assert result.returncode == 0, result.stdout + result.stderr
     df = pd.read_parquet(tmp_path / "default" / "results.parquet")
@@ -229,8 +334,16 @@ def test_adaptive_sweep_pauses_cells_behind_the_frontier_and_a_larger_full_sweep
     from isoflop_cli.fit.data import RUN
     from isoflop_cli.fit.schedule import decide
 
-    grid = ["grid.n=[2,4]", "grid.B_p=[2]", "grid.eval_points=6", "eval.problems=64", "eval.samples=4",
-            "+grid.axes={algo.temperature:[0.6,30.0]}", "checkpoint.keep_final=true", f"cluster.address={ray_address}"]
+    grid = [
+        "grid.n=[2,4]",
+        "grid.B_p=[2]",
+        "grid.eval_points=6",
+        "eval.problems=64",
+        "eval.samples=4",
+        "+grid.axes={algo.temperature:[0.6,30.0]}",
+        "checkpoint.keep_final=true",
+        f"cluster.address={ray_address}",
+    ]
     result = run_isoflop("sweep", "--root", str(tmp_path), *grid, "grid.budgets=[64,128,256]", "grid.schedule=adaptive")
     assert result.returncode == 0, result.stdout + result.stderr
     sweep_dir = tmp_path / "default"
@@ -268,22 +381,33 @@ def test_adaptive_sweep_pauses_cells_behind_the_frontier_and_a_larger_full_sweep
     for rid, cell in cells.items():
         assert "resumed from the checkpoint" in (sweep_dir / "runs" / rid / "job.log").read_text()
         rows = read(sweep_dir / "runs" / rid / "metrics.jsonl")
-        assert rows[:len(before[cell["continues"]])] == before[cell["continues"]]  # nothing rerun
+        assert rows[: len(before[cell["continues"]])] == before[cell["continues"]]  # nothing rerun
     # A stopped cell continued to the larger budget equals one run to it from the start, at every
     # point that run records. The earlier plan had one eval point more, so the statistics since the
     # last point (train_*) and the evaluations' FLOPs so far differ there.
     rid = next(rid for rid, cell in cells.items() if cell["continues"] in stopped)
     whole = single_run(sweep_dir / "runs" / rid / "config.yaml", tmp_path / "whole")
-    curve = lambda rows: {r["step"]: {k: v for k, v in r.items() if k != "flops_eval" and (k.startswith(("val_", "flops_", "tokens_")) or k in ("step", "rollouts", "rho"))}  # noqa: E731
-                          for r in rows}
+    curve = lambda rows: {
+        r["step"]: {
+            k: v
+            for k, v in r.items()
+            if k != "flops_eval" and (k.startswith(("val_", "flops_", "tokens_")) or k in ("step", "rollouts", "rho"))
+        }
+        for r in rows
+    }
     continued = curve(read(sweep_dir / "runs" / rid / "metrics.jsonl"))
     assert {step: continued.get(step) for step in curve(whole)} == curve(whole)
 
 
 def single_run(config_file: Path, out: Path) -> list[dict]:
     """The run `config_file` describes, uninterrupted, as its job ran it (cluster.cpus_per_run=1): its metrics rows."""
-    whole = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", "--config", str(config_file), "--run-dir", str(out)],
-                           capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    whole = subprocess.run(
+        [sys.executable, "-m", "isoflop_cli", "run", "--config", str(config_file), "--run-dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert whole.returncode == 0, whole.stderr
     return read(out / "metrics.jsonl")
 
@@ -291,4 +415,6 @@ def single_run(config_file: Path, out: Path) -> list[dict]:
 def read(metrics: Path) -> list[dict]:
     """A run's metrics rows without the fields that time it."""
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in ("wall_s", "reward_cpu_s") and not k.startswith("time_")} for r in rows]
+    return [
+        {k: v for k, v in r.items() if k not in ("wall_s", "reward_cpu_s") and not k.startswith("time_")} for r in rows
+    ]

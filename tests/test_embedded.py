@@ -23,7 +23,9 @@ def test_the_default_recipe_ships_with_the_package_and_needs_no_build(tmp_path, 
     cfg = config.load(None, [])
     recipe = checkpoint.embedded_recipe(cfg.model, cfg.task)
     path = checkpoint.ensure_embedded(cfg.model, cfg.task)
-    assert path.parent == checkpoint.SHIPPED, "the default embedded recipe changed: run scripts/ship_embedded.py and pin its SHA-256 here"
+    assert path.parent == checkpoint.SHIPPED, (
+        "the default embedded recipe changed: run scripts/ship_embedded.py and pin its SHA-256 here"
+    )
     assert json.loads((path / "isoflop_recipe.json").read_text()) == json.loads(json.dumps(recipe))
     assert hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest() == SHA256
     assert not any(tmp_path.iterdir())
@@ -45,8 +47,25 @@ def base_scores(out: Path, *overrides: str) -> list[float]:
     machines with different thread counts, emulated)."""
     scores = []
     for threads in (1, 2):
-        run = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", *overrides, "n=2", "B_p=2", "grid.budgets=[4]", "grid.eval_points=1",
-                              "--run-dir", str(out / str(threads))], env={**os.environ, "OMP_NUM_THREADS": str(threads)}, capture_output=True, text=True, timeout=600)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "isoflop_cli",
+                "run",
+                *overrides,
+                "n=2",
+                "B_p=2",
+                "grid.budgets=[4]",
+                "grid.eval_points=1",
+                "--run-dir",
+                str(out / str(threads)),
+            ],
+            env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
         first = json.loads((out / str(threads) / "metrics.jsonl").read_text().splitlines()[0])
         assert first["step"] == 0

@@ -64,9 +64,17 @@ def test_the_decode_loop_draws_what_generate_draws_until_rows_leave(tiny, shared
     ours = HFSampler(model, tokenizer, shared_prefill=shared).sample(PROMPTS, 8, 1.5, top_p, 6)
     enc = tokenizer(PROMPTS, padding=True, return_tensors="pt")
     torch.manual_seed(2)
-    theirs = model.generate(input_ids=enc.input_ids.repeat_interleave(8, 0), attention_mask=enc.attention_mask.repeat_interleave(8, 0),
-                            do_sample=True, temperature=1.5, top_p=top_p, top_k=0, max_new_tokens=6,
-                            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    theirs = model.generate(
+        input_ids=enc.input_ids.repeat_interleave(8, 0),
+        attention_mask=enc.attention_mask.repeat_interleave(8, 0),
+        do_sample=True,
+        temperature=1.5,
+        top_p=top_p,
+        top_k=0,
+        max_new_tokens=6,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     width = ours.prompt_width
     said_eos = (ours.sequences[:, width:] == tokenizer.eos_token_id).any(0).nonzero()
     first = int(said_eos[0]) if len(said_eos) else 6  # the first step at which a row finished
@@ -125,8 +133,10 @@ def test_engine_switches_fail_with_clear_errors():
         assert result.exit_code == 2 and message in result.output, (overrides, result.output)
     if importlib_spec("vllm") is None:  # `plan` plans a vLLM sweep without vLLM; what starts runs needs it
         assert runner.invoke(app, ["plan", "sampler=vllm"]).exit_code == 0
-        for overrides, message in {("sampler=vllm",): "make setup-vllm",
-                                   ("sampler=vllm", f"cluster.python={sys.executable}"): "needs vLLM in cluster.python"}.items():
+        for overrides, message in {
+            ("sampler=vllm",): "make setup-vllm",
+            ("sampler=vllm", f"cluster.python={sys.executable}"): "needs vLLM in cluster.python",
+        }.items():
             result = runner.invoke(app, ["run", *overrides])
             assert result.exit_code == 2 and message in result.output, (overrides, result.output)
 
@@ -152,7 +162,10 @@ def importlib_spec(name):
 
 def metrics(run_dir):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k != "wall_s" and k != "reward_cpu_s" and not k.startswith("time_")} for r in rows]
+    return [
+        {k: v for k, v in r.items() if k != "wall_s" and k != "reward_cpu_s" and not k.startswith("time_")}
+        for r in rows
+    ]
 
 
 @pytest.mark.slow
@@ -162,9 +175,27 @@ def test_two_fsdp_ranks_give_the_losses_of_one_process(tmp_path):
     ranks compute log-probs and entropies 5 tokens at a time (a rank's micro-batch: one group, 4
     completions of up to 6 tokens), so each chunk's logits are recomputed in backward from the
     head FSDP2 gathers (tied embeddings)."""
-    args = [*SMALL, "B_p=4", "grid.budgets=[16,32,48]", "grid.eval_points=1", "algo.kl_coef=0.1", "algo.entropy_coef=0.01", "algo.minibatches=2"]
+    args = [
+        *SMALL,
+        "B_p=4",
+        "grid.budgets=[16,32,48]",
+        "grid.eval_points=1",
+        "algo.kl_coef=0.1",
+        "algo.entropy_coef=0.01",
+        "algo.minibatches=2",
+    ]
     for ws, chunk in ((1, 2048), (2, 5)):
-        result = CliRunner().invoke(app, ["run", *args, f"learner.world_size={ws}", f"learner.logit_chunk_tokens={chunk}", "--run-dir", str(tmp_path / f"ws{ws}")])
+        result = CliRunner().invoke(
+            app,
+            [
+                "run",
+                *args,
+                f"learner.world_size={ws}",
+                f"learner.logit_chunk_tokens={chunk}",
+                "--run-dir",
+                str(tmp_path / f"ws{ws}"),
+            ],
+        )
         assert result.exit_code == 0, result.output
     one, two = metrics(tmp_path / "ws1"), metrics(tmp_path / "ws2")
     assert [r["step"] for r in one] == [r["step"] for r in two] == [0, 1, 2, 3]
@@ -172,7 +203,12 @@ def test_two_fsdp_ranks_give_the_losses_of_one_process(tmp_path):
         for key in ("train_loss", "kl", "entropy", "clip_frac", "tis"):
             assert abs(a[key] - b[key]) < 1e-4, (a["step"], key, a[key], b[key])
         assert abs(a["entropy"]) > 0.05  # the compared losses are not all near zero
-        same = ("val_avg@k", "flops_search", "flops_learning", "tokens_generated")  # the prompt tree runs under FSDP too
+        same = (
+            "val_avg@k",
+            "flops_search",
+            "flops_learning",
+            "tokens_generated",
+        )  # the prompt tree runs under FSDP too
         assert [a[k] for k in same] == [b[k] for k in same]
 
 
@@ -190,12 +226,23 @@ def test_a_killed_run_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path):
     and keeps no training state once finished. The takeover test below resumes the other shapes (one
     process, two FSDP ranks) from an attempt frozen at an arbitrary point, which leaves its files as a
     kill would."""
-    args = [*SMALL, "grid.budgets=[128]", "grid.eval_points=4", "checkpoint.every=4", "algo.kl_coef=0.01", "algo=ppo", "lora.rank=4", "algo.epochs=2"]
+    args = [
+        *SMALL,
+        "grid.budgets=[128]",
+        "grid.eval_points=4",
+        "checkpoint.every=4",
+        "algo.kl_coef=0.01",
+        "algo=ppo",
+        "lora.rank=4",
+        "algo.epochs=2",
+    ]
     command = [sys.executable, "-m", "isoflop_cli", "run", *args, "--run-dir"]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     subprocess.run([*command, str(whole)], check=True, capture_output=True, timeout=600)
 
-    proc = subprocess.Popen([*command, str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [*command, str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.time() + 300
     while status_step(killed) < 6 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)
@@ -219,13 +266,28 @@ def test_an_attempt_taken_over_stops_without_writing_and_the_run_is_one_uninterr
     wakes. It stops at its first write with one line, writes nothing, and the run's rows, status
     and checkpoint are the new attempt's: one uninterrupted run's. With two ranks, rank 0's refusal
     reaches the run's process wrapped by torch.multiprocessing and is still read as a takeover."""
-    args = [*SMALL, "grid.budgets=[128]", "grid.eval_points=4", "checkpoint.every=4", "checkpoint.keep_final=true", "algo.kl_coef=0.01", *variant]
+    args = [
+        *SMALL,
+        "grid.budgets=[128]",
+        "grid.eval_points=4",
+        "checkpoint.every=4",
+        "checkpoint.keep_final=true",
+        "algo.kl_coef=0.01",
+        *variant,
+    ]
     command = [sys.executable, "-m", "isoflop_cli", "run", *args, "--run-dir"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     whole, run_dir = tmp_path / "whole", tmp_path / "run"
     subprocess.run([*command, str(whole)], check=True, capture_output=True, timeout=600, env=env)
 
-    old = subprocess.Popen([*command, str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    old = subprocess.Popen(
+        [*command, str(run_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     deadline = time.time() + 300
     while status_step(run_dir) < 6 and time.time() < deadline and old.poll() is None:
         time.sleep(0.02)
@@ -261,18 +323,32 @@ def test_changed_config_neither_resumes_from_nor_overwrites_another_runs_records
     started over and erased them)."""
     args = [*SMALL, "grid.budgets=[64]", "grid.eval_points=2", "checkpoint.every=2"]
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "isoflop_cli", "run", *args, "--run-dir", str(run_dir)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "isoflop_cli", "run", *args, "--run-dir", str(run_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     while status_step(run_dir) < 3 and proc.poll() is None:
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    before = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "lease.json"}
-    result = subprocess.run([sys.executable, "-m", "isoflop_cli", "run", *args, "seed=1", "--run-dir", str(run_dir)],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 2 and "resumed" not in result.stdout and "aside" in result.stderr, result.stdout + result.stderr
+    before = {
+        p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "lease.json"
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "isoflop_cli", "run", *args, "seed=1", "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 2 and "resumed" not in result.stdout and "aside" in result.stderr, (
+        result.stdout + result.stderr
+    )
     assert len(result.stderr.strip().splitlines()) == 1
-    assert {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "lease.json"} == before
+    assert {
+        p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "lease.json"
+    } == before
 
 
 def test_a_save_after_a_swap_killed_in_its_clean_up_keeps_the_newest_state(tmp_path):
@@ -299,7 +375,9 @@ def test_micro_batches_accumulate_to_the_whole_batch_update(tmp_path):
     """learner.micro_batch splits each mini-batch's forward/backward; the update must not change."""
     args = [*SMALL, "grid.budgets=[8,16,24]", "grid.eval_points=1", "algo=ppo", "algo.kl_coef=0.1"]
     for micro in (0, 3):
-        result = CliRunner().invoke(app, ["run", *args, f"learner.micro_batch={micro}", "--run-dir", str(tmp_path / f"m{micro}")])
+        result = CliRunner().invoke(
+            app, ["run", *args, f"learner.micro_batch={micro}", "--run-dir", str(tmp_path / f"m{micro}")]
+        )
         assert result.exit_code == 0, result.output
     whole, split = metrics(tmp_path / "m0"), metrics(tmp_path / "m3")
     for a, b in zip(whole[1:], split[1:]):
@@ -314,8 +392,11 @@ def test_shared_prompt_in_learning_changes_the_cost_not_the_update(tmp_path):
     the same losses and evaluations as plain rows (with activation checkpointing too), fewer
     learning FLOPs."""
     args = [*SMALL, "grid.budgets=[8,16,24]", "grid.eval_points=1", "algo.kl_coef=0.1", "algo.epochs=2"]
-    variants = {"tree": ["learner.shared_prompt=true"], "plain": ["learner.shared_prompt=false"],
-                "tree-checkpointed": ["learner.shared_prompt=true", "learner.activation_checkpointing=true"]}
+    variants = {
+        "tree": ["learner.shared_prompt=true"],
+        "plain": ["learner.shared_prompt=false"],
+        "tree-checkpointed": ["learner.shared_prompt=true", "learner.activation_checkpointing=true"],
+    }
     for name, overrides in variants.items():
         result = CliRunner().invoke(app, ["run", *args, *overrides, "--run-dir", str(tmp_path / name)])
         assert result.exit_code == 0, result.output

@@ -44,7 +44,9 @@ def test_two_cells_evaluate_the_same_problems_from_the_same_streams(tmp_path):
     trainers = []
     for i, cell in enumerate((["n=4", "B_p=2", "seed=0"], ["n=2", "B_p=4", "seed=7"])):
         cfg = config.load(None, [*cell, "eval.problems=6", "eval.samples=4"])
-        trainer = Trainer(Group(), cfg, Budget("rollouts", 32, (32,), 4), lr=1e-3, files=RunFiles(tmp_path / str(i)), pause_at=None)
+        trainer = Trainer(
+            Group(), cfg, Budget("rollouts", 32, (32,), 4), lr=1e-3, files=RunFiles(tmp_path / str(i)), pause_at=None
+        )
         recording(trainer.sampler)
         trainers.append(trainer)
     base = [t.evaluator(t.sampler) for t in trainers]

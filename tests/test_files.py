@@ -19,7 +19,7 @@ from isoflop_cli.errors import ConfigError
 from isoflop_cli.store import FINISHED, KILLED, RUNNING, CellState, RunFiles, SweepDir, write_json
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_guarantees import ROWS, one_error_line, sealed_sweep  # noqa: E402
+from test_guarantees import ROWS, one_error_line, sealed_sweep
 
 runner = CliRunner()
 
@@ -28,12 +28,15 @@ def snapshot(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("text, why", [
-    ('{"state": "finished", "rows": []}', "sealed rows [] are not eval points"),  # once: emptied the intact metrics
-    ("[1, 2]", "not a JSON object"),  # once: a traceback in status and sweep
-    ('{"state": "finished", "rows": [{"step": 0}]}', "contradicts"),  # sealed rows the metrics file disagrees with
-    ('{"version": 9, "state": "finished"}', "newer isoflop"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ('{"state": "finished", "rows": []}', "sealed rows [] are not eval points"),  # once: emptied the intact metrics
+        ("[1, 2]", "not a JSON object"),  # once: a traceback in status and sweep
+        ('{"state": "finished", "rows": [{"step": 0}]}', "contradicts"),  # sealed rows the metrics file disagrees with
+        ('{"version": 9, "state": "finished"}', "newer isoflop"),
+    ],
+)
 def test_a_status_file_that_does_not_fit_is_refused_and_nothing_changes(tmp_path, text, why):
     sweep = sealed_sweep(tmp_path)
     files = sweep.run("a")
@@ -63,7 +66,9 @@ def test_a_run_whose_pid_another_process_took_is_killed_not_running(tmp_path):
     files.set_status(RUNNING, step=1, pid=os.getpid())  # a live pid, its start time recorded as it is
     assert report.run_state(sweep, "r", cell)[0] == RUNNING
     status = json.loads(files.status_file.read_text())
-    write_json(files.status_file, {**status, "pid_started": status["pid_started"] + 1})  # the run's process started at another time
+    write_json(
+        files.status_file, {**status, "pid_started": status["pid_started"] + 1}
+    )  # the run's process started at another time
     assert files.process_gone() and report.run_state(sweep, "r", cell)[0] == KILLED
 
 
@@ -106,7 +111,11 @@ def test_a_lock_path_that_is_not_a_regular_file_is_refused_and_nothing_changes(t
     result = runner.invoke(app, ["sweep", "--root", str(tmp_path), *TINY, "grid.budgets=[16]"])
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]  # after the plan on stdout
     assert result.exit_code == 2 and errors == [result.output.strip().splitlines()[-1]], result.output
-    assert (".lock is a symbolic link where" if kind == "symlink" else ".lock is a directory where the sweep dir's lock file belongs") in errors[0]
+    assert (
+        ".lock is a symbolic link where"
+        if kind == "symlink"
+        else ".lock is a directory where the sweep dir's lock file belongs"
+    ) in errors[0]
     assert target.read_text() == "precious\n" and sorted(p.name for p in sweep_dir.iterdir()) == [".lock"]
 
 
@@ -122,9 +131,13 @@ def test_a_copied_head_record_leaves_the_original_heads_temp_dir_and_process_alo
     temp_dir = tempfile.mkdtemp(prefix="isoflop-ray-", dir=tmp_path)
     info = original.absolute() / head.HEAD_FILE
     write_json(Path(temp_dir) / head.TEMP_MARKER, {"info": str(info), "nonce": "n1"})
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # stands for the original's head (not ours to stop)
+    live = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"]
+    )  # stands for the original's head (not ours to stop)
     try:
-        write_json(info, {"address": "http://127.0.0.1:1", "pid": live.pid, "temp_dir": temp_dir, "nonce": "n1", "version": 1})
+        write_json(
+            info, {"address": "http://127.0.0.1:1", "pid": live.pid, "temp_dir": temp_dir, "nonce": "n1", "version": 1}
+        )
         shutil.copytree(original, copy)
         assert head._attach(copy.absolute() / head.HEAD_FILE) is None
         assert Path(temp_dir, head.TEMP_MARKER).exists() and live.poll() is None
@@ -149,12 +162,27 @@ def write_sums(path: Path, shift: int) -> None:
     """300 problems 'a+b=' (the embedded model's alphabet); `shift` changes every answer, not the row count."""
     import pandas as pd
 
-    pd.DataFrame([{"prompt": [{"role": "user", "content": f"{a}+{b}="}], "reward_model": {"ground_truth": str(a + b + shift)[::-1]}}
-                  for a in range(10) for b in range(30)]).to_parquet(path)
+    pd.DataFrame(
+        [
+            {
+                "prompt": [{"role": "user", "content": f"{a}+{b}="}],
+                "reward_model": {"ground_truth": str(a + b + shift)[::-1]},
+            }
+            for a in range(10)
+            for b in range(30)
+        ]
+    ).to_parquet(path)
 
 
-DATASET = ["task=dataset", "task.max_new_tokens=6", "task.max_prompt_tokens=8", "eval.problems=4", "grid.n=[2]", "grid.B_p=[2]",
-           "grid.budgets=[16]"]
+DATASET = [
+    "task=dataset",
+    "task.max_new_tokens=6",
+    "task.max_prompt_tokens=8",
+    "eval.problems=4",
+    "grid.n=[2]",
+    "grid.B_p=[2]",
+    "grid.budgets=[16]",
+]
 
 
 def test_a_data_file_changed_in_place_is_a_new_run_and_a_new_calibration(tmp_path):
@@ -218,7 +246,12 @@ def test_a_checkpoint_missing_a_shard_is_set_aside_and_the_run_starts_over(tmp_p
     got = resume.load(files.checkpoint, ("run",), model, optimizer, scheduler, files=files)
     assert got == ({"step": 1} if copy_before else None)
     line = capsys.readouterr().out.strip()
-    assert line == f"checkpoint {files.checkpoint} is incomplete ({shard.name} is gone): set aside as checkpoint.incomplete-0"
-    assert not files.checkpoint.exists() and (files.dir / "checkpoint.incomplete-0" / resume.STATE).exists()  # renamed, not deleted
+    assert (
+        line
+        == f"checkpoint {files.checkpoint} is incomplete ({shard.name} is gone): set aside as checkpoint.incomplete-0"
+    )
+    assert (
+        not files.checkpoint.exists() and (files.dir / "checkpoint.incomplete-0" / resume.STATE).exists()
+    )  # renamed, not deleted
     if copy_before:
         assert all(torch.equal(model.state_dict()[k], v) for k, v in first.items())

@@ -24,9 +24,22 @@ def results(seed=0) -> pd.DataFrame:
     frames = []
     for k in range(1, 6):
         for b_p in (4, 8):
-            y = sigmoid(log_c, 0.1, 0.5 + 0.06 * k - 0.01 * (b_p == 8), 2.5 + 0.7 * k, 1.5) + rng.normal(0, 0.005, log_c.size)
-            frames.append(pd.DataFrame({"run_id": f"n{2**k}_bp{b_p}", "n": 2**k, "B_p": b_p, "seed": 0, "step": np.arange(17),
-                                        "rollouts": np.r_[0, 10**log_c], "val_avg@k": np.r_[0.1, y]}))
+            y = sigmoid(log_c, 0.1, 0.5 + 0.06 * k - 0.01 * (b_p == 8), 2.5 + 0.7 * k, 1.5) + rng.normal(
+                0, 0.005, log_c.size
+            )
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "run_id": f"n{2**k}_bp{b_p}",
+                        "n": 2**k,
+                        "B_p": b_p,
+                        "seed": 0,
+                        "step": np.arange(17),
+                        "rollouts": np.r_[0, 10**log_c],
+                        "val_avg@k": np.r_[0.1, y],
+                    }
+                )
+            )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -68,7 +81,11 @@ def test_writes_every_output(sweep_fit):
             assert (out / f"{name}.{ext}").stat().st_size > 1000
     report = (out / "report.md").read_text()
     question, answer, sure = report.splitlines()[:3]  # the sweep's question first, its answer, how sure
-    assert question == "Does the best n (n*) grow with compute?" and answer.startswith("Answer: ") and sure.startswith("How sure: ")
+    assert (
+        question == "Does the best n (n*) grow with compute?"
+        and answer.startswith("Answer: ")
+        and sure.startswith("How sure: ")
+    )
     assert question in result.output
     assert "![frontier](frontier.png)" in report and "## isoflop-slices" in report and "90% interval" in report
     assert "n* 90%" in result.output and "frontier:" in result.output
@@ -126,21 +143,29 @@ def test_too_few_points_default_falls_back_to_the_empirical_frontier(tmp_path):
     result = invoke(tmp_path / "r.csv", "--bootstrap", 0)
     assert result.exit_code == 0 and "not fitted" in result.output, result.output
     assert list(pd.read_csv(tmp_path / "fit" / "frontier.csv").columns) == ["compute", "value", "axis_star"]
-    assert list(json.loads((tmp_path / "fit" / "fit.json").read_text())) == ["n_star_trend"]  # the question is asked of any curves
+    assert list(json.loads((tmp_path / "fit" / "fit.json").read_text())) == [
+        "n_star_trend"
+    ]  # the question is asked of any curves
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--metric", "val_pass@1"], "val_pass@1"),
-    (["--method", "frontier", "--axis", "lr"], "lr"),
-    (["--method", "magic"], "unknown method magic"),
-    (["--method", "parametric"], "--size-col"),
-    (["--size-col", "N", "--tokens-col", "D", "--compute-col", "C"], "not both"),
-    (["--method", "scalerl", "--holdout-frac", "1.5"], "holdout"),
-    (["--method", "fixed-batch", "--axis", "seed"], "n or B_p"),
-    (["--seed", "-1"], "--seed must be >= 0, got -1"),
-    (["--drop-early", "-1", "--method", "scalerl"], "--drop-early must be in [0, 1)"),
-    (["--holdout-frac", "0.2"], "--holdout-frac and --drop-early are scalerl's"),  # read by no default method: was ignored
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--metric", "val_pass@1"], "val_pass@1"),
+        (["--method", "frontier", "--axis", "lr"], "lr"),
+        (["--method", "magic"], "unknown method magic"),
+        (["--method", "parametric"], "--size-col"),
+        (["--size-col", "N", "--tokens-col", "D", "--compute-col", "C"], "not both"),
+        (["--method", "scalerl", "--holdout-frac", "1.5"], "holdout"),
+        (["--method", "fixed-batch", "--axis", "seed"], "n or B_p"),
+        (["--seed", "-1"], "--seed must be >= 0, got -1"),
+        (["--drop-early", "-1", "--method", "scalerl"], "--drop-early must be in [0, 1)"),
+        (
+            ["--holdout-frac", "0.2"],
+            "--holdout-frac and --drop-early are scalerl's",
+        ),  # read by no default method: was ignored
+    ],
+)
 def test_bad_options_and_columns_exit_2(tmp_path, args, needle):
     results().to_csv(tmp_path / "r.csv", index=False)
     one_error_line(invoke(tmp_path / "r.csv", "--bootstrap", 0, *args), needle)
@@ -152,14 +177,24 @@ def test_a_csv_named_in_capitals_reads_as_csv(tmp_path):
     assert result.exit_code == 0, result.output
 
 
-@pytest.mark.parametrize("corrupt, needle", [
-    (lambda d: d.assign(**{"val_avg@k": np.inf}), "column val_avg@k has no finite numeric values"),
-    (lambda d: d.assign(n=d["n"].where(d["n"] != 2, 0)), "frontier: n must be positive, got 0 in run n2_bp4"),
-    (lambda d: d.assign(rollouts=d["rollouts"].where(d["n"] != 4, -d["rollouts"] - 1)), "frontier: rollouts must be >= 0, got -1 in run n4_bp4"),
-    (lambda d: d.assign(run_id=None), "r.csv: run_id is empty in row 0"),
-    (lambda d: pd.concat([d, d.iloc[:3]]), "r.csv: run n2_bp4 has step 0 twice"),
-    (lambda d: d.assign(n=d["n"].where(d["step"] <= 8, d["n"] * 2)), "frontier: run n16_bp4 has n 16, 32: a run's n is one value"),
-], ids=["inf metric", "zero axis", "negative compute", "no run id", "a row twice", "n changes within a run"])
+@pytest.mark.parametrize(
+    "corrupt, needle",
+    [
+        (lambda d: d.assign(**{"val_avg@k": np.inf}), "column val_avg@k has no finite numeric values"),
+        (lambda d: d.assign(n=d["n"].where(d["n"] != 2, 0)), "frontier: n must be positive, got 0 in run n2_bp4"),
+        (
+            lambda d: d.assign(rollouts=d["rollouts"].where(d["n"] != 4, -d["rollouts"] - 1)),
+            "frontier: rollouts must be >= 0, got -1 in run n4_bp4",
+        ),
+        (lambda d: d.assign(run_id=None), "r.csv: run_id is empty in row 0"),
+        (lambda d: pd.concat([d, d.iloc[:3]]), "r.csv: run n2_bp4 has step 0 twice"),
+        (
+            lambda d: d.assign(n=d["n"].where(d["step"] <= 8, d["n"] * 2)),
+            "frontier: run n16_bp4 has n 16, 32: a run's n is one value",
+        ),
+    ],
+    ids=["inf metric", "zero axis", "negative compute", "no run id", "a row twice", "n changes within a run"],
+)
 def test_values_no_fit_can_read_exit_2_naming_them(tmp_path, corrupt, needle):
     """Found by fuzzing `fit`: each of these was a traceback deep in a fit, or (a row twice, negative
     compute, an n that changes within a run) a fit that counted them: the run split into two curves,
@@ -171,7 +206,9 @@ def test_values_no_fit_can_read_exit_2_naming_them(tmp_path, corrupt, needle):
 def test_too_few_points_for_an_asked_method_exit_2(tmp_path):
     results()[lambda d: d["step"] <= 2].to_csv(tmp_path / "r.csv", index=False)
     result = invoke(tmp_path / "r.csv", "--method", "frontier", "--bootstrap", 0)
-    assert result.exit_code == 2 and result.output.strip().splitlines()[-1].startswith("error: frontier: no n value"), result.output
+    assert result.exit_code == 2 and result.output.strip().splitlines()[-1].startswith("error: frontier: no n value"), (
+        result.output
+    )
 
 
 def test_unreadable_input_exit_2(tmp_path):
@@ -184,8 +221,20 @@ def test_unreadable_input_exit_2(tmp_path):
 def test_parametric_on_the_chinchilla_csv(tmp_path):
     if not CHINCHILLA.exists():
         pytest.skip(f"shared data not found at {CHINCHILLA}")
-    pd.read_csv(CHINCHILLA).sort_values("loss").iloc[:-5].to_csv(tmp_path / "c.csv", index=False)  # the README's 240 runs
-    result = invoke(tmp_path / "c.csv", "--size-col", "Model Size", "--compute-col", "Training FLOP", "--metric", "loss", "--bootstrap", 0)
+    pd.read_csv(CHINCHILLA).sort_values("loss").iloc[:-5].to_csv(
+        tmp_path / "c.csv", index=False
+    )  # the README's 240 runs
+    result = invoke(
+        tmp_path / "c.csv",
+        "--size-col",
+        "Model Size",
+        "--compute-col",
+        "Training FLOP",
+        "--metric",
+        "loss",
+        "--bootstrap",
+        0,
+    )
     assert result.exit_code == 0, result.output
     fit = json.loads((tmp_path / "fit" / "fit.json").read_text())
     assert list(fit) == ["parametric"] and fit["parametric"]["params"]["E"] == pytest.approx(1.817, rel=0.01)

@@ -13,19 +13,34 @@ from isoflop_cli.fit.data import RUN, FitSpec
 
 
 def run_rows(run: str, n: int, computes, best, worst, zero) -> pd.DataFrame:
-    return pd.DataFrame({RUN: run, "run_id": run, "n": n, "B_p": 8, "rollouts": computes, "val_avg@k": np.add(best, worst) / 2,
-                         "val_best@k": best, "val_worst@k": worst, "zero_var_frac": zero, "step": range(len(computes))})
+    return pd.DataFrame(
+        {
+            RUN: run,
+            "run_id": run,
+            "n": n,
+            "B_p": 8,
+            "rollouts": computes,
+            "val_avg@k": np.add(best, worst) / 2,
+            "val_best@k": best,
+            "val_worst@k": worst,
+            "zero_var_frac": zero,
+            "step": range(len(computes)),
+        }
+    )
 
 
 def sweep() -> pd.DataFrame:
     """n = 2 sharpens (worst@k rises, best@k flat); n = 16 covers (best@k rises, worst@k flat), as
     two seeds whose values differ by a known amount; zero_var_frac empty at the base point."""
     c = [0, 256, 512, 1024]
-    return pd.concat([
-        run_rows("a", 2, c, [0.9, 0.9, 0.9, 0.9], [0.2, 0.4, 0.6, 0.8], [np.nan, 0.5, 0.6, 0.7]),
-        run_rows("b", 16, c, [0.5, 0.6, 0.7, 0.8], [0.1, 0.1, 0.1, 0.1], [np.nan, 0.3, 0.2, 0.1]),
-        run_rows("c", 16, c, [0.5, 0.7, 0.9, 1.0], [0.1, 0.1, 0.1, 0.1], [np.nan, 0.1, 0.1, 0.1]),
-    ], ignore_index=True)
+    return pd.concat(
+        [
+            run_rows("a", 2, c, [0.9, 0.9, 0.9, 0.9], [0.2, 0.4, 0.6, 0.8], [np.nan, 0.5, 0.6, 0.7]),
+            run_rows("b", 16, c, [0.5, 0.6, 0.7, 0.8], [0.1, 0.1, 0.1, 0.1], [np.nan, 0.3, 0.2, 0.1]),
+            run_rows("c", 16, c, [0.5, 0.7, 0.9, 1.0], [0.1, 0.1, 0.1, 0.1], [np.nan, 0.1, 0.1, 0.1]),
+        ],
+        ignore_index=True,
+    )
 
 
 def test_means_per_value_and_budget_and_the_changes_by_hand():
@@ -54,10 +69,15 @@ def test_without_the_columns_there_is_no_table():
 
 def test_fit_writes_the_table_its_plot_and_a_report_section(tmp_path):
     sweep().drop(columns=RUN).to_csv(tmp_path / "results.csv", index=False)
-    result = CliRunner().invoke(app, ["fit", str(tmp_path / "results.csv"), "--out", str(tmp_path / "fit"), "--bootstrap", "0"])
+    result = CliRunner().invoke(
+        app, ["fit", str(tmp_path / "results.csv"), "--out", str(tmp_path / "fit"), "--bootstrap", "0"]
+    )
     assert result.exit_code == 0, result.output
     out = tmp_path / "fit"
     assert {"coverage.csv", "coverage.png", "coverage.svg"} <= {p.name for p in out.iterdir()}
     entry = json.loads((out / "fit.json").read_text())["coverage"]
     assert [round(r["d_best@k"], 6) for r in entry["per_value"]] == [0.0, 0.4]
-    assert "## coverage and sharpening" in (out / "report.md").read_text() and "coverage and sharpening per n" in result.output
+    assert (
+        "## coverage and sharpening" in (out / "report.md").read_text()
+        and "coverage and sharpening per n" in result.output
+    )

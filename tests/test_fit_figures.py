@@ -33,7 +33,12 @@ def test_axis_star_draws_every_tied_value_and_the_verdict():
     assert entry["budgets_tied"] > 0  # the premise: a tied sweep
 
     fig = plots.axis_star_figure(result, spec, answer)
-    drawn = {(round(c, 6), v) for coll in fig.axes[0].collections if isinstance(coll, PathCollection) for c, v in coll.get_offsets()}
+    drawn = {
+        (round(c, 6), v)
+        for coll in fig.axes[0].collections
+        if isinstance(coll, PathCollection)
+        for c, v in coll.get_offsets()
+    }
     members = {(round(r.compute, 6), float(v)) for r in star.itertuples() for v in r.axis_star_set}
     assert drawn == members and len(members) > len(star)  # every member, not one value per budget
     marks = plots.star_marks(star)
@@ -51,8 +56,19 @@ def replicated(seeds: int) -> pd.DataFrame:
         for s in range(seeds):
             c = 2.0 ** np.arange(7, 13)
             y = 0.3 + 0.05 * np.log2(c / 64) * (1 + n / 16) / 2 + 0.04 * (s - (seeds - 1) / 2)
-            frames.append(pd.DataFrame({"run_id": f"n{n}_s{s}", "n": n, "B_p": 8, "seed": s, "step": np.arange(7),
-                                        "rollouts": np.r_[0, c], "val_avg@k": np.r_[0.3, y]}))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "run_id": f"n{n}_s{s}",
+                        "n": n,
+                        "B_p": 8,
+                        "seed": s,
+                        "step": np.arange(7),
+                        "rollouts": np.r_[0, c],
+                        "val_avg@k": np.r_[0.3, y],
+                    }
+                )
+            )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -72,8 +88,11 @@ def test_curves_and_slices_come_with_any_method(tmp_path):
     """Asked for scalerl alone, the fit still draws the runs: curves and slices written, listed,
     and in report.md with their line; the slices at four budgets, a point per run."""
     replicated(seeds=2).to_csv(tmp_path / "r.csv", index=False)
-    result = CliRunner().invoke(app, ["fit", str(tmp_path / "r.csv"), "--method", "scalerl", "--bootstrap", "8", "--out", str(tmp_path / "fit")],
-                                terminal_width=400)
+    result = CliRunner().invoke(
+        app,
+        ["fit", str(tmp_path / "r.csv"), "--method", "scalerl", "--bootstrap", "8", "--out", str(tmp_path / "fit")],
+        terminal_width=400,
+    )
     assert result.exit_code == 0, result.output
     for name in ("curves", "slices"):
         for ext in ("png", "svg"):
@@ -92,13 +111,20 @@ def test_measured_is_the_best_at_or_below_c_everywhere(tmp_path):
     showed before, and what extrapolation is still judged against)."""
     df = sweep({n: EARLY[n] for n in (2, 4, 8)}, runs=2, seed=0, log2c=np.arange(7, 15.01, 1.0))
     df.rename(columns={RUN: "run_id"}).to_csv(tmp_path / "r.csv", index=False)
-    result = CliRunner().invoke(app, ["fit", str(tmp_path / "r.csv"), "--method", "frontier", "--bootstrap", "0", "--out", str(tmp_path / "fit")],
-                                terminal_width=200)
+    result = CliRunner().invoke(
+        app,
+        ["fit", str(tmp_path / "r.csv"), "--method", "frontier", "--bootstrap", "0", "--out", str(tmp_path / "fit")],
+        terminal_width=200,
+    )
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "fit" / "fit.json").read_text())["frontier"]["axis_star"]
     report = (tmp_path / "fit" / "report.md").read_text()
-    table = {cells[0]: cells[2] for line in result.output.splitlines() if line.startswith("│")
-             for cells in [[c.strip() for c in line.strip("│").split("│")]]}
+    table = {
+        cells[0]: cells[2]
+        for line in result.output.splitlines()
+        if line.startswith("│")
+        for cells in [[c.strip() for c in line.strip("│").split("│")]]
+    }
     shown, below_next = 0, 0
     for r in rows:
         by_hand = df.loc[df["rollouts"] <= r["compute"] * (1 + 1e-9), "val_avg@k"].max()

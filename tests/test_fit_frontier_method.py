@@ -15,17 +15,32 @@ LOG_C = np.linspace(2, 9, 29)  # eval points from 1e2 to 1e9 rollouts
 
 def truth(k: int) -> dict:
     """n = 2^k: later and higher curves for larger n up to n = 64, lower ones beyond, so n*(C) saturates at 64."""
-    return {"lower": 0.1, "upper": 0.5 + 0.05 * min(k, 6) - 0.04 * max(k - 6, 0), "midpoint": 2.5 + 0.5 * k, "slope": 1.5}
+    return {
+        "lower": 0.1,
+        "upper": 0.5 + 0.05 * min(k, 6) - 0.04 * max(k - 6, 0),
+        "midpoint": 2.5 + 0.5 * k,
+        "slope": 1.5,
+    }
 
 
 def sweep(ks=range(1, 9), b_ps=(4, 8), seeds=2, noise=0.005, seed=0, split_of=None) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     frames = []
     for k in ks:
-        for b_p in ([split_of // 2**k] if split_of else b_ps):
+        for b_p in [split_of // 2**k] if split_of else b_ps:
             for s in range(seeds):
                 y = sigmoid(LOG_C, **truth(k)) + rng.normal(0, noise, LOG_C.size)
-                frames.append(pd.DataFrame({RUN: f"n{2**k}_bp{b_p}_s{s}", "n": 2**k, "B_p": b_p, "rollouts": np.r_[0, 10**LOG_C], "val_avg@k": np.r_[0.1, y]}))
+                frames.append(
+                    pd.DataFrame(
+                        {
+                            RUN: f"n{2**k}_bp{b_p}_s{s}",
+                            "n": 2**k,
+                            "B_p": b_p,
+                            "rollouts": np.r_[0, 10**LOG_C],
+                            "val_avg@k": np.r_[0.1, y],
+                        }
+                    )
+                )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -57,7 +72,9 @@ def test_axis_star_rises_then_saturates_at_64(fitted):
     grid = np.log10(fitted.frames["frontier"]["compute"].to_numpy())
     star = fitted.frames["frontier"]["axis_star"].to_numpy()
     assert np.mean(star == true_axis_star(range(1, 9), grid)) >= 0.85
-    reference = fit_law(grid, true_axis_star(range(1, 9), grid), (1.0, 8.0)).params  # the law of the noise-free envelope
+    reference = fit_law(
+        grid, true_axis_star(range(1, 9), grid), (1.0, 8.0)
+    ).params  # the law of the noise-free envelope
     assert entry["converged"]
     assert entry["params"]["lower"] == pytest.approx(reference["lower"], abs=0.3)
     assert entry["params"]["upper"] == pytest.approx(6.0, abs=0.3)  # log2 64
@@ -131,9 +148,12 @@ def test_a_law_from_two_axis_values_is_flagged_and_its_saturation_not_claimed(tm
 
     from isoflop_cli.cli import app
 
-    sweep(ks=(2, 3)).drop(columns=[RUN]).assign(run_id=lambda d: d["n"].astype(str) + "_" + d.index.map(lambda i: str(i // 30))).to_csv(
-        tmp_path / "r.csv", index=False)
-    result = CliRunner().invoke(app, ["fit", str(tmp_path / "r.csv"), "--bootstrap", "20", "--out", str(tmp_path / "fit")], terminal_width=200)
+    sweep(ks=(2, 3)).drop(columns=[RUN]).assign(
+        run_id=lambda d: d["n"].astype(str) + "_" + d.index.map(lambda i: str(i // 30))
+    ).to_csv(tmp_path / "r.csv", index=False)
+    result = CliRunner().invoke(
+        app, ["fit", str(tmp_path / "r.csv"), "--bootstrap", "20", "--out", str(tmp_path / "fit")], terminal_width=200
+    )
     assert result.exit_code == 0, result.output
     entry = json.loads((tmp_path / "fit" / "fit.json").read_text())["frontier"]
     assert entry["reliable"] is False and entry["converged"] is True
@@ -150,17 +170,29 @@ def test_a_healthy_law_is_reliable_and_notes_the_grid_edge(fitted):
 
     notes = doubts("frontier", fitted.entry, FitSpec(bootstrap=20, seed=1))
     assert all(not grave for _, grave in notes)
-    assert notes[0][0] == "frontier: lower at the fit's bounds: n* at the smallest budgets is the grid's smallest n; the optimum may lie below the grid"
+    assert (
+        notes[0][0]
+        == "frontier: lower at the fit's bounds: n* at the smallest budgets is the grid's smallest n; the optimum may lie below the grid"
+    )
     # where two curves cross they are tied within the noise: a note, and there n* is a set
-    assert len(notes) == 2 and "n* is tied" in notes[1][0] and fitted.entry["budgets_tied"] >= 1 and fitted.entry["budgets_extrapolated"] == 0
+    assert (
+        len(notes) == 2
+        and "n* is tied" in notes[1][0]
+        and fitted.entry["budgets_tied"] >= 1
+        and fitted.entry["budgets_extrapolated"] == 0
+    )
 
 
 def test_most_resamples_at_a_bound_is_flagged():
     """A parameter the data fit places but most resamples pin at a bound: its interval is the bound's."""
     from isoflop_cli.fit.methods import doubts
 
-    entry = {"params": {"lower": 2.0, "upper": 5.0, "midpoint": 3.0, "slope": 4.0}, "at_bound": [],
-             "interval90": {"slope": [2.0, 100.0]}, "bootstrap": {"at_bound_share": {"lower": 0.9, "upper": 0.1, "midpoint": 0.0, "slope": 0.7}}}
+    entry = {
+        "params": {"lower": 2.0, "upper": 5.0, "midpoint": 3.0, "slope": 4.0},
+        "at_bound": [],
+        "interval90": {"slope": [2.0, 100.0]},
+        "bootstrap": {"at_bound_share": {"lower": 0.9, "upper": 0.1, "midpoint": 0.0, "slope": 0.7}},
+    }
     [(message, grave)] = doubts("frontier", entry, FitSpec(bootstrap=20))
     assert grave and "most bootstrap resamples pin slope (70%)" in message and "lower" not in message
 
@@ -171,7 +203,14 @@ def test_an_interval_of_zero_width_to_rounding_is_flagged():
     that is measured is not flagged, whatever the parameter's scale."""
     from isoflop_cli.fit.methods import doubts
 
-    entry = {"params": {"coef": 9.85, "exponent": 0.3, "tiny": 2e-13}, "at_bound": [],
-             "interval90": {"coef": [9.849155306759302, 9.849155306759307], "exponent": [0.29, 0.31], "tiny": [1e-13, 3e-13]}}
+    entry = {
+        "params": {"coef": 9.85, "exponent": 0.3, "tiny": 2e-13},
+        "at_bound": [],
+        "interval90": {
+            "coef": [9.849155306759302, 9.849155306759307],
+            "exponent": [0.29, 0.31],
+            "tiny": [1e-13, 3e-13],
+        },
+    }
     [(message, grave)] = doubts("isoflop-slices", entry, FitSpec(bootstrap=20))
     assert grave and "the 90% interval of coef has zero width" in message

@@ -26,7 +26,9 @@ def test_running_best_hand_computed():
     df = pd.DataFrame({RUN: "a", "rollouts": [0, 10, 20, 30, 40], "m": [0.30, 0.305, 0.32, 0.31, 0.35]})
     other = pd.DataFrame({RUN: "b", "rollouts": [0, 10, 20], "m": [0.5, 0.4, 0.52]})
     best = running_best(pd.concat([other, df]), "m", "rollouts")
-    assert best[best[RUN] == "a"]["m"].tolist() == [0.305, 0.32, 0.32, 0.35] and best[best[RUN] == "a"]["rollouts"].tolist() == [10, 20, 30, 40]
+    assert best[best[RUN] == "a"]["m"].tolist() == [0.305, 0.32, 0.32, 0.35] and best[best[RUN] == "a"][
+        "rollouts"
+    ].tolist() == [10, 20, 30, 40]
     assert best[best[RUN] == "b"]["m"].tolist() == [0.5, 0.52]
 
 
@@ -37,8 +39,14 @@ def test_measured_is_the_best_at_or_below_c_and_a_fit_is_held_to_the_next_eval_p
     assert np.array_equal(evidence.measured(compute, values, grid), [np.nan, 0.3, 0.3, 0.5, 0.5, 0.5], equal_nan=True)
     # what a value between eval points is held to: what was measured by the next one; beyond the last, all of it
     assert evidence.measured_next(compute, values, grid).tolist() == [0.3, 0.3, 0.5, 0.5, 0.5, 0.5]
-    assert evidence.extrapolated(np.array([0.52, 0.6, np.nan]), np.array([0.5, 0.5, 0.5]), 0.05).tolist() == [False, True, False]
-    values = np.array([[0.50, 0.70, -np.inf], [0.48, 0.60, 0.9], [0.30, 0.69, 0.89]])  # three curves at three budgets; -inf: not run there
+    assert evidence.extrapolated(np.array([0.52, 0.6, np.nan]), np.array([0.5, 0.5, 0.5]), 0.05).tolist() == [
+        False,
+        True,
+        False,
+    ]
+    values = np.array(
+        [[0.50, 0.70, -np.inf], [0.48, 0.60, 0.9], [0.30, 0.69, 0.89]]
+    )  # three curves at three budgets; -inf: not run there
     assert evidence.tied(values, 0.01).tolist() == [[True, True, False], [True, False, True], [False, True, True]]
     assert evidence.label([16, 2, 4]) == "2, 4, 16 (tied)" and evidence.label([8]) == "8"
 
@@ -47,7 +55,9 @@ def test_sigmoid_fit_is_exact_on_noise_free_points():
     x = np.linspace(2, 7, 30)
     fit = fit_sigmoid(x, sigmoid(x, 0.1, 0.7, 4.5, 1.8))
     assert fit.converged
-    assert [fit.params[k] for k in ("lower", "upper", "midpoint", "slope")] == pytest.approx([0.1, 0.7, 4.5, 1.8], rel=1e-5)
+    assert [fit.params[k] for k in ("lower", "upper", "midpoint", "slope")] == pytest.approx(
+        [0.1, 0.7, 4.5, 1.8], rel=1e-5
+    )
 
 
 def test_monotone_sigmoid_on_falling_data_is_flat_not_falling():
@@ -75,7 +85,9 @@ def test_envelope_takes_the_higher_curve_within_its_span():
     grid = np.array([1.0, 6.0, 8.0, 9.0])
     value, star = envelope([C(2, (1, 9)), C(8, (1, 8))], [low_early, high_late], grid)
     assert star.tolist() == [2, 8, 8, 2]  # at 9 only n=2 was run
-    assert value[1] == pytest.approx(0.9 / (1 + np.exp(-2.0))) and value[3] == pytest.approx(sigmoid(9.0, **low_early.params))
+    assert value[1] == pytest.approx(0.9 / (1 + np.exp(-2.0))) and value[3] == pytest.approx(
+        sigmoid(9.0, **low_early.params)
+    )
 
 
 def test_parabola_vertices_per_budget_and_replicate():

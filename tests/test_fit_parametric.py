@@ -35,7 +35,9 @@ def test_chinchilla_240_runs_land_on_epochs_reestimate():
     assert entry["objective"] <= 1.02e-3
     assert p["A"] == pytest.approx(477.8, rel=0.05) and p["B"] == pytest.approx(2143.9, rel=0.05)
     a = entry["exponents"]["params"]["a"]
-    assert a == pytest.approx(p["beta"] / (p["alpha"] + p["beta"])) and a + entry["exponents"]["params"]["b"] == pytest.approx(1)
+    assert a == pytest.approx(p["beta"] / (p["alpha"] + p["beta"])) and a + entry["exponents"]["params"][
+        "b"
+    ] == pytest.approx(1)
 
 
 def test_chinchilla_all_245_runs_land_elsewhere():
@@ -48,7 +50,9 @@ def test_recovers_its_own_model_with_bootstrap_intervals():
     n = np.repeat(np.geomspace(1e7, 1e10, 12), 8)
     d = np.tile(np.geomspace(1e9, 1e12, 8), 12)
     true = {"E": 1.7, "A": 300.0, "B": 900.0, "alpha": 0.32, "beta": 0.3}
-    loss = (true["E"] + true["A"] / n ** true["alpha"] + true["B"] / d ** true["beta"]) * np.exp(rng.normal(0, 0.003, n.size))
+    loss = (true["E"] + true["A"] / n ** true["alpha"] + true["B"] / d ** true["beta"]) * np.exp(
+        rng.normal(0, 0.003, n.size)
+    )
     df = pd.DataFrame({RUN: np.repeat(np.arange(12), 8).astype(str), "N": n, "D": d, "loss": loss})
     entry = parametric_method(df, FitSpec(metric="loss", size_col="N", tokens_col="D", bootstrap=30)).entry
     p = entry["params"]

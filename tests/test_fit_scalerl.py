@@ -20,7 +20,9 @@ def runs(seeds=6, noise=0.01, transient=0.0, seed=1, base_noise=True) -> pd.Data
     frames = []
     for s in range(seeds):
         y = scalerl(C, **TRUE) + rng.normal(0, noise, C.size) + transient * (C < 1e4)
-        base = TRUE["R0"] + (rng.normal(0, noise) if base_noise else 0.0)  # one base model evaluated once: the same value in every run
+        base = TRUE["R0"] + (
+            rng.normal(0, noise) if base_noise else 0.0
+        )  # one base model evaluated once: the same value in every run
         frames.append(pd.DataFrame({RUN: f"r{s}", "n": 8, "rollouts": np.r_[0, C], "val_avg@k": np.r_[base, y]}))
     return pd.concat(frames, ignore_index=True)
 
@@ -65,8 +67,20 @@ def test_flat_data_are_never_a_reliable_curve(seed):
     the slope's bound, or a midpoint past the data whose ceiling no point measured), a doubt makes it
     unreliable."""
     rng = np.random.default_rng(seed)
-    df = pd.concat([pd.DataFrame({RUN: f"r{s}", "n": 8, "rollouts": np.r_[0, C], "val_avg@k": np.r_[0.3, 0.3 + rng.normal(0, 0.01, C.size)]})
-                    for s in range(6)], ignore_index=True)
+    df = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    RUN: f"r{s}",
+                    "n": 8,
+                    "rollouts": np.r_[0, C],
+                    "val_avg@k": np.r_[0.3, 0.3 + rng.normal(0, 0.01, C.size)],
+                }
+            )
+            for s in range(6)
+        ],
+        ignore_index=True,
+    )
     spec = FitSpec(bootstrap=20)
     entry = scalerl_method(df, spec).entry
     assert any(unreliable for _, unreliable in methods.doubts("scalerl", entry, spec)), entry["params"]
@@ -82,7 +96,10 @@ def test_drop_early_skips_a_transient():
 
 def test_few_computes_and_bad_options():
     short = runs()[lambda d: d["rollouts"] < 2e3]
-    with pytest.raises(ConfigError, match="distinct positive computes"), pytest.warns(FitWarning, match="too few computes"):
+    with (
+        pytest.raises(ConfigError, match="distinct positive computes"),
+        pytest.warns(FitWarning, match="too few computes"),
+    ):
         scalerl_method(short, FitSpec(bootstrap=0))
     with pytest.raises(ConfigError, match="holdout"):
         methods.check(FitSpec(holdout_frac=1.0), ["scalerl"])  # options are checked before any data is read
@@ -109,6 +126,9 @@ def test_a_tie_has_no_single_best_and_a_clear_winner_has_one():
     for seed in range(10):
         results = methods.run(grid({2: 0.7, 4: 0.7, 8: 0.7}, seed), spec, ["scalerl"], explicit=True)
         entry = results["scalerl"].entry
-        assert entry["best"] is None and len(entry["best_set"]) >= 2 and not entry["reliable"], (seed, entry["best_set"])
+        assert entry["best"] is None and len(entry["best_set"]) >= 2 and not entry["reliable"], (
+            seed,
+            entry["best_set"],
+        )
         clear = scalerl_method(grid({2: 0.6, 4: 0.7, 8: 0.6}, seed), spec).entry
         assert clear["best"] == "n=4" and clear["best_set"] == ["n=4"]

@@ -48,7 +48,9 @@ def test_saturating_optimum_prefers_the_sigmoid():
 
 @pytest.mark.filterwarnings("ignore::isoflop_cli.fit.data.FitWarning")
 def test_a_loss_is_minimised():
-    entry = slices_method(runs(lambda c: np.log2(0.05 * c**0.5), metric="val_loss", sign=-1), FitSpec(metric="val_loss", bootstrap=0)).entry
+    entry = slices_method(
+        runs(lambda c: np.log2(0.05 * c**0.5), metric="val_loss", sign=-1), FitSpec(metric="val_loss", bootstrap=0)
+    ).entry
     assert entry["params"]["exponent"] == pytest.approx(0.5, abs=0.02)
 
 
@@ -65,10 +67,20 @@ def test_a_metric_flat_in_n_claims_no_optimum_and_no_law(noise):
     """Null: the metric rises with compute but does not depend on n. Each slice's parabola bends by
     chance (or by rounding, when every point is the same); none is told from the noise, so no
     optimum is read and no law is fitted."""
-    with pytest.raises(ConfigError, match="does not bend with n beyond its noise"), pytest.warns(FitWarning, match="within the noise"):
-        slices_method(runs(lambda c: np.log2(0.05 * c**0.5), noise=noise).assign(**{"val_avg@k": lambda d: 0.3 + 0.05 * np.log10(d["rollouts"])
-                                                                                                    + np.random.default_rng(5).normal(0, noise, len(d))}),
-                      FitSpec(bootstrap=0))
+    with (
+        pytest.raises(ConfigError, match="does not bend with n beyond its noise"),
+        pytest.warns(FitWarning, match="within the noise"),
+    ):
+        slices_method(
+            runs(lambda c: np.log2(0.05 * c**0.5), noise=noise).assign(
+                **{
+                    "val_avg@k": lambda d: (
+                        0.3 + 0.05 * np.log10(d["rollouts"]) + np.random.default_rng(5).normal(0, noise, len(d))
+                    )
+                }
+            ),
+            FitSpec(bootstrap=0),
+        )
 
 
 def test_an_asymmetric_optimum_gives_the_law_of_its_peak():

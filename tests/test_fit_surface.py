@@ -53,8 +53,19 @@ def grid(seeds: int = 2, flat: bool = False, seed: int = 0) -> pd.DataFrame:
     for n in 2 ** np.arange(8):
         for s in range(seeds):
             y = rng.binomial(2000, truth(4 if flat else n, BUDGETS)) / 2000
-            frames.append(pd.DataFrame({"run_id": f"n{n}s{s}", RUN: f"0:n{n}s{s}", "n": n, "B_p": 8, "step": np.arange(BUDGETS.size + 1),
-                                        "rollouts": np.r_[0, BUDGETS], "val_avg@k": np.r_[0.2, y]}))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "run_id": f"n{n}s{s}",
+                        RUN: f"0:n{n}s{s}",
+                        "n": n,
+                        "B_p": 8,
+                        "step": np.arange(BUDGETS.size + 1),
+                        "rollouts": np.r_[0, BUDGETS],
+                        "val_avg@k": np.r_[0.2, y],
+                    }
+                )
+            )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -64,8 +75,19 @@ def sweep(curve, rng, seeds: int = 3, sd: float = 0.015) -> pd.DataFrame:
     for n in 2 ** np.arange(8):
         for s in range(seeds):
             y = np.clip(curve(n, BUDGETS) + rng.normal(0, sd, BUDGETS.size), 0, 1)
-            frames.append(pd.DataFrame({"run_id": f"n{n}s{s}", RUN: f"0:n{n}s{s}", "n": n, "B_p": 8, "step": np.arange(BUDGETS.size + 1),
-                                        "rollouts": np.r_[0, BUDGETS], "val_avg@k": np.r_[0.1, y]}))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "run_id": f"n{n}s{s}",
+                        RUN: f"0:n{n}s{s}",
+                        "n": n,
+                        "B_p": 8,
+                        "step": np.arange(BUDGETS.size + 1),
+                        "rollouts": np.r_[0, BUDGETS],
+                        "val_avg@k": np.r_[0.1, y],
+                    }
+                )
+            )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -87,8 +109,10 @@ def held_out(seed: int, ceiling_per_n: bool) -> tuple[str, dict[str, float], flo
     curve, df = drawn(seed, ceiling_per_n)
     entry, _ = fitted(df, bootstrap=0, holdout=2)
     scores = entry["family_choice"]["scores"]
-    truth_errors = {f: max(abs(np.log2(b["axis_star_predicted"] / true_optimum(b["compute"], curve)[0])) for b in s["budgets"])
-                    for f, s in scores.items()}
+    truth_errors = {
+        f: max(abs(np.log2(b["axis_star_predicted"] / true_optimum(b["compute"], curve)[0])) for b in s["budgets"])
+        for f, s in scores.items()
+    }
     return entry["family"], truth_errors, entry["holdout"]["max_abs_axis_star_log2_error"]
 
 
@@ -116,7 +140,9 @@ def test_full_fit_finds_the_optimum_it_was_given_with_an_interval():
     top = entry["optimum"][-1]
     n_true, v_true = true_optimum(top["compute"])
     assert entry["converged"] and entry["axis_star_determined"] and not entry["at_bound"], notes
-    assert entry["family"] == SHARED and entry["family_choice"]["by"] == "bic"  # the per-n family is ahead by 3.4, short of BIC_MARGIN
+    assert (
+        entry["family"] == SHARED and entry["family_choice"]["by"] == "bic"
+    )  # the per-n family is ahead by 3.4, short of BIC_MARGIN
     assert top["n_star_low"] < top["n_star_high"] and 0.7 < top["n_star"] / n_true < 1.4
     assert abs(top["value"] - v_true) < 0.01
     assert 16 in top["n_star_set"] and 1 not in top["n_star_set"]
@@ -152,7 +178,20 @@ def test_cli_surface_and_holdout_for_every_law(tmp_path):
     sweep = tmp_path / "sweep"
     sweep.mkdir()
     grid().drop(columns=RUN).to_parquet(sweep / "results.parquet")
-    args = ["fit", str(sweep), "--method", "surface", "--method", "frontier", "--method", "scalerl", "--holdout", "2", "--bootstrap", "4"]
+    args = [
+        "fit",
+        str(sweep),
+        "--method",
+        "surface",
+        "--method",
+        "frontier",
+        "--method",
+        "scalerl",
+        "--holdout",
+        "2",
+        "--bootstrap",
+        "4",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     fit = json.loads((sweep / "fit" / "fit.json").read_text())
@@ -160,16 +199,51 @@ def test_cli_surface_and_holdout_for_every_law(tmp_path):
         h = fit[method]["holdout"]
         assert h["k"] == 2 and [b["compute"] for b in h["budgets"]] == list(BUDGETS[-2:]), method
         assert {"axis_star_predicted", "axis_star_observed", "value_predicted", "value_error"} <= set(h["budgets"][0])
-    assert set(fit["surface"]["params"]) == {"lower", "upper", "log10_C0", "a", "k_n", "b0_n", "b1_n"}  # the shared family's
+    assert set(fit["surface"]["params"]) == {
+        "lower",
+        "upper",
+        "log10_C0",
+        "a",
+        "k_n",
+        "b0_n",
+        "b1_n",
+    }  # the shared family's
     choice = fit["surface"]["family_choice"]
-    assert fit["surface"]["family"] == "shared" and choice["by"] == "holdout" and set(choice["scores"]) == {"shared", "per-axis"}
+    assert (
+        fit["surface"]["family"] == "shared"
+        and choice["by"] == "holdout"
+        and set(choice["scores"]) == {"shared", "per-axis"}
+    )
     assert all(len(s["budgets"]) == 2 and s["mean_abs_axis_star_log2_error"] >= 0 for s in choice["scores"].values())
     assert {"n_star", "n_star_low", "value", "value_high", "n_star_set"} <= set(fit["surface"]["optimum"][0])
     report = (sweep / "fit" / "report.md").read_text()
-    assert "## surface" in report and "Holdout: fitted on eval points below" in report and "![surface](surface.png)" in report
+    assert (
+        "## surface" in report
+        and "Holdout: fitted on eval points below" in report
+        and "![surface](surface.png)" in report
+    )
     assert "a shared ceiling, chosen by the held-out n* error (mean |log2|: shared " in report
     assert (sweep / "fit" / "surface.svg").exists()
-    assert CliRunner().invoke(app, ["fit", str(sweep), "--method", "parametric", "--size-col", "n", "--compute-col", "rollouts", "--holdout", "1"]).exit_code == 2
+    assert (
+        CliRunner()
+        .invoke(
+            app,
+            [
+                "fit",
+                str(sweep),
+                "--method",
+                "parametric",
+                "--size-col",
+                "n",
+                "--compute-col",
+                "rollouts",
+                "--holdout",
+                "1",
+            ],
+        )
+        .exit_code
+        == 2
+    )
 
 
 def test_an_optimum_past_the_values_run_is_said_so_and_ties_nothing(tmp_path):
@@ -186,7 +260,10 @@ def test_an_optimum_past_the_values_run_is_said_so_and_ties_nothing(tmp_path):
     assert below and not any(r["n_star_within_grid"] for r in below) and below[0]["n_star_set"] == []
     assert any(r["n_star_within_grid"] and r["n_star_set"] for r in rows)  # inside the values run it is read as before
     report = (tmp_path / "fit" / "report.md").read_text()
-    assert f"| {below[0]['compute']:.4g} | {below[0]['n_star']:.4g} (outside the values run) |" in report and "| none |" in report
+    assert (
+        f"| {below[0]['compute']:.4g} | {below[0]['n_star']:.4g} (outside the values run) |" in report
+        and "| none |" in report
+    )
     assert (tmp_path / "fit" / "surface.png").stat().st_size > 1000
 
 
@@ -198,7 +275,10 @@ def test_per_n_ceilings_are_chosen_by_holdout_and_place_n_star():
     1.44, 1.55)."""
     for seed in range(3):
         family, truth_errors, observed = held_out(seed, ceiling_per_n=True)
-        assert family == PER_AXIS and truth_errors[PER_AXIS] <= 1 and observed <= 1 < truth_errors[SHARED], (seed, truth_errors)
+        assert family == PER_AXIS and truth_errors[PER_AXIS] <= 1 and observed <= 1 < truth_errors[SHARED], (
+            seed,
+            truth_errors,
+        )
 
 
 def test_a_shared_ceiling_keeps_the_shared_family():

@@ -27,22 +27,49 @@ BUDGETS = 1024 * 2.0 ** np.arange(5)
 Y0 = 0.30
 
 
-def sweep(ceiling: dict[int, float], tau: dict[int, float], seeds: int, rng: np.random.Generator, seed_sd: float = 0.02,
-          eval_sd: float = 0.015, budgets: np.ndarray = BUDGETS) -> pd.DataFrame:
+def sweep(
+    ceiling: dict[int, float],
+    tau: dict[int, float],
+    seeds: int,
+    rng: np.random.Generator,
+    seed_sd: float = 0.02,
+    eval_sd: float = 0.015,
+    budgets: np.ndarray = BUDGETS,
+) -> pd.DataFrame:
     frames = []
     for n in NS:
         for s in range(seeds):
             t = tau[n] * np.exp(rng.normal(0, 0.15))
-            y = Y0 + (ceiling[n] - Y0) * (1 - np.exp(-budgets / t)) + rng.normal(0, seed_sd) + rng.normal(0, eval_sd, budgets.size)
-            frames.append(pd.DataFrame({RUN: f"n{n}s{s}", "run_id": f"n{n}s{s}", "n": n, "B_p": 16, "seed": s,
-                                        "lr": 1e-4 * np.sqrt(n * 16), "rollouts": budgets, "val_avg@k": y}))
+            y = (
+                Y0
+                + (ceiling[n] - Y0) * (1 - np.exp(-budgets / t))
+                + rng.normal(0, seed_sd)
+                + rng.normal(0, eval_sd, budgets.size)
+            )
+            frames.append(
+                pd.DataFrame(
+                    {
+                        RUN: f"n{n}s{s}",
+                        "run_id": f"n{n}s{s}",
+                        "n": n,
+                        "B_p": 16,
+                        "seed": s,
+                        "lr": 1e-4 * np.sqrt(n * 16),
+                        "rollouts": budgets,
+                        "val_avg@k": y,
+                    }
+                )
+            )
     return pd.concat(frames, ignore_index=True)
 
 
-RISING = ({n: 0.60 + 0.015 * k for k, n in enumerate(NS)}, {n: 1200.0 * 1.3 ** k for k, n in enumerate(NS)})
+RISING = ({n: 0.60 + 0.015 * k for k, n in enumerate(NS)}, {n: 1200.0 * 1.3**k for k, n in enumerate(NS)})
 IRRELEVANT = ({n: 0.65 for n in NS}, {n: 3000.0 for n in NS})
 ONE_BEST = ({2: 0.60, 4: 0.66, 8: 0.62, 16: 0.60}, {n: 3000.0 for n in NS})
-EDGE_BEST = ({2: 0.66, 4: 0.63, 8: 0.61, 16: 0.60}, {n: 3000.0 for n in NS})  # n* = 2, the grid's smallest, and the gaps widen
+EDGE_BEST = (
+    {2: 0.66, 4: 0.63, 8: 0.61, 16: 0.60},
+    {n: 3000.0 for n in NS},
+)  # n* = 2, the grid's smallest, and the gaps widen
 
 
 def true_n_star(truth) -> list[int]:
@@ -72,7 +99,9 @@ def test_rising_n_star_is_called():
     assert got["rises"] >= 110 and got["falls"] == 0, got
 
 
-@pytest.mark.parametrize("truth", [IRRELEVANT, ONE_BEST, EDGE_BEST], ids=["n-irrelevant", "one-n-best", "best-at-the-edge"])
+@pytest.mark.parametrize(
+    "truth", [IRRELEVANT, ONE_BEST, EDGE_BEST], ids=["n-irrelevant", "one-n-best", "best-at-the-edge"]
+)
 def test_null_grids_rarely_call_a_trend(truth):
     """False calls (either direction) in at most 10% of 300 grids, with 4 seeds and with 2."""
     for seeds in (4, 2):

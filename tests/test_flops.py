@@ -48,7 +48,9 @@ def test_forward_hand_computed():
     assert rows == (10, 50)
     assert flops.learning(TINY, *rows) == pytest.approx(step)
     assert flops.learning(TINY, *rows, reference=True) == pytest.approx(step + t.total)
-    assert flops.learning(TINY, *rows, epochs=3, reference=True, old_policy=True) == pytest.approx(3 * step + 2 * t.total)
+    assert flops.learning(TINY, *rows, epochs=3, reference=True, old_policy=True) == pytest.approx(
+        3 * step + 2 * t.total
+    )
     # logits at 4 of the 10 positions: the head's share shrinks to 4/10, forward and backward
     head = 2 * 4 * 4 * 10
     assert flops.learning(TINY, *rows, logits=4) == pytest.approx(3 * (t.linear + head) + 3.5 * t.attention)
@@ -59,15 +61,25 @@ def test_forward_hand_computed():
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "mistral"])
 def test_supported_families(model_type):
-    config = {"model_type": model_type, "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
-              "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 100}
+    config = {
+        "model_type": model_type,
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 100,
+    }
     shape = flops.Shape.from_config(config)
     assert (shape.head_dim, shape.kv_heads) == (8, 2)
     assert flops.Shape.from_config({**config, "head_dim": 16}).head_dim == 16  # Qwen3 sets it explicitly
     # Sizes the ledger would miscount or crash on (fuzzed): a bool is an int in Python, a string or a
     # negative count is no count.
-    for bad, needle in (({"hidden_size": True}, "lacks hidden_size"), ({"num_key_value_heads": "x"}, "num_key_value_heads='x'"),
-                        ({"head_dim": -8}, "head_dim=-8")):
+    for bad, needle in (
+        ({"hidden_size": True}, "lacks hidden_size"),
+        ({"num_key_value_heads": "x"}, "num_key_value_heads='x'"),
+        ({"head_dim": -8}, "head_dim=-8"),
+    ):
         with pytest.raises(flops.UnsupportedModel, match=needle):
             flops.Shape.from_config({**config, **bad})
 
@@ -83,7 +95,9 @@ def test_unsupported_architecture_is_an_error(tmp_path):
 def test_a_supported_family_whose_config_lacks_a_size_names_what_it_lacks(tmp_path):
     """A config.json of a supported family without its sizes (a hand-edited one, or a multimodal
     checkpoint's outer config that nests them) is one line naming the keys, not a TypeError."""
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64})
+    )
     result = CliRunner().invoke(app, ["plan", f"model.path={tmp_path}"])
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
     assert "lacks intermediate_size, num_attention_heads, vocab_size" in result.output
@@ -92,10 +106,32 @@ def test_a_supported_family_whose_config_lacks_a_size_names_what_it_lacks(tmp_pa
 def models():
     tok = char_tokenizer()
     common = dict(vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    yield "qwen2, GQA, tied", tok, Qwen2Config(hidden_size=64, intermediate_size=256, num_hidden_layers=2,
-                                                num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, **common)
-    yield "llama, GQA, untied", tok, LlamaConfig(hidden_size=96, intermediate_size=200, num_hidden_layers=3,
-                                                  num_attention_heads=6, num_key_value_heads=2, tie_word_embeddings=False, **common)
+    yield (
+        "qwen2, GQA, tied",
+        tok,
+        Qwen2Config(
+            hidden_size=64,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+            **common,
+        ),
+    )
+    yield (
+        "llama, GQA, untied",
+        tok,
+        LlamaConfig(
+            hidden_size=96,
+            intermediate_size=200,
+            num_hidden_layers=3,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+            **common,
+        ),
+    )
 
 
 def measured(fn) -> float:
@@ -104,7 +140,11 @@ def measured(fn) -> float:
     return counter.get_total_flops()
 
 
-LORA_CASES = {"full fine-tuning": (0, ()), "LoRA, all projections": (4, flops.PROJECTIONS), "LoRA, o and down only": (4, ("o_proj", "down_proj"))}
+LORA_CASES = {
+    "full fine-tuning": (0, ()),
+    "LoRA, all projections": (4, flops.PROJECTIONS),
+    "LoRA, o and down only": (4, ("o_proj", "down_proj")),
+}
 
 
 @pytest.mark.parametrize("lora", list(LORA_CASES))
@@ -129,11 +169,17 @@ def test_ledger_matches_flop_counter(name, lora):
         analytic = flops.generate(shape, 12, r.prompt_width, r.generated_width, r.prefill_rows, r.decode_rows)
         assert abs(search - analytic) / search < 0.05
     actor = Actor(model)
-    layouts = {"plain": Layout.plain(r.sequences, r.attention_mask, r.prompt_width),
-               "tree": Layout.tree(r.sequences, r.attention_mask, r.prompt_width, 4)}
+    layouts = {
+        "plain": Layout.plain(r.sequences, r.attention_mask, r.prompt_width),
+        "tree": Layout.tree(r.sequences, r.attention_mask, r.prompt_width, 4),
+    }
     tokens = r.tokens_generated
-    work = {"plain": flops.plain_work(*r.sequences.shape),
-            "tree": flops.tree_work(3, 4, r.prompt_width, r.sequences.shape[1], tree_tokens(r.attention_mask, r.prompt_width, 4))}
+    work = {
+        "plain": flops.plain_work(*r.sequences.shape),
+        "tree": flops.tree_work(
+            3, 4, r.prompt_width, r.sequences.shape[1], tree_tokens(r.attention_mask, r.prompt_width, 4)
+        ),
+    }
     assert work["tree"][0] == layouts["tree"].input_ids.numel()
 
     def learn(reference, layout):
@@ -157,7 +203,11 @@ def test_ledger_matches_flop_counter(name, lora):
     split = torch.arange(12).split(pack(shared, own, budget))
     trees = tree_pieces(r.attention_mask, P, 4, budget)
     assert len(split) == int(trees.sum()) > 3
-    learning = measured(lambda: [learn(False, Layout.tree(r.sequences[idx], r.attention_mask[idx], P, min(4, len(idx)))) for idx in split])
+    learning = measured(
+        lambda: [
+            learn(False, Layout.tree(r.sequences[idx], r.attention_mask[idx], P, min(4, len(idx)))) for idx in split
+        ]
+    )
     work = flops.tree_work(3, 4, P, L, tree_tokens(r.attention_mask, P, 4, trees), int(trees.sum()))
     assert flops.learning(shape, *work, logits=tokens) == pytest.approx(learning, rel=1e-9)
 
@@ -169,11 +219,19 @@ def test_grouped_query_attention_counts_as_its_query_heads():
 
     q, kv, full = (2, 14, 7, 64), (2, 2, 9, 64), (2, 14, 9, 64)
     product = 2 * 14 * 2 * 7 * 9 * 64  # one [7 x 64] @ [64 x 9] (or [7 x 9] @ [9 x 64]) per batch row and query head
-    assert flop_counter.sdpa_flop_count(q, kv, kv) == flop_counter.sdpa_flop_count(q, full, full) == 2 * product  # QK^T, AV
+    assert (
+        flop_counter.sdpa_flop_count(q, kv, kv) == flop_counter.sdpa_flop_count(q, full, full) == 2 * product
+    )  # QK^T, AV
     # backward: the scores recomputed, dP and dV, dQ and dK
-    assert flop_counter.sdpa_backward_flop_count(q, q, kv, kv) == flop_counter.sdpa_backward_flop_count(q, q, full, full) == 5 * product
+    assert (
+        flop_counter.sdpa_backward_flop_count(q, q, kv, kv)
+        == flop_counter.sdpa_backward_flop_count(q, q, full, full)
+        == 5 * product
+    )
     with FlopCounterMode(display=False) as counter:
-        torch.nn.functional.scaled_dot_product_attention(torch.randn(q), torch.randn(kv), torch.randn(kv), enable_gqa=True)
+        torch.nn.functional.scaled_dot_product_attention(
+            torch.randn(q), torch.randn(kv), torch.randn(kv), enable_gqa=True
+        )
     assert counter.get_total_flops() == 2 * product
 
 
@@ -189,7 +247,10 @@ def test_monotone_in_n_and_kl():
     assert flops.generate(lora, 64, 6, 4) > flops.generate(shape, 64, 6, 4)  # the adapters run when sampling too
 
 
-@pytest.mark.parametrize("budget, shared, per_row, k", [(0, 5, 4, 8), (100, 5, 4, 8), (20, 5, 4, 8), (7, 5, 4, 8), (3, 0, 4, 8), (16, 0, 4, 8)])
+@pytest.mark.parametrize(
+    "budget, shared, per_row, k",
+    [(0, 5, 4, 8), (100, 5, 4, 8), (20, 5, 4, 8), (7, 5, 4, 8), (3, 0, 4, 8), (16, 0, 4, 8)],
+)
 def test_plan_splits_a_group_at_the_bound_as_the_learner_does(budget, shared, per_row, k):
     """flops.piece_rows (plan and the memory model, no torch) against learner.pieces on a group
     whose rows all run to the bound: the same rows a piece."""
@@ -204,7 +265,13 @@ def test_a_ledger_adds_step_costs_and_defines_total_and_rho_once():
     from isoflop_cli.flops import Ledger, StepCost
 
     ledger = Ledger().add(StepCost(3.0, 6.0, 1.0), steps=4).add(StepCost(1.0, 2.0, 0.0))
-    assert ledger.columns() == {"flops_search": 13.0, "flops_learning": 26.0, "flops_reward": 4.0, "flops_total": 43.0, "rho": 26 / 43}
+    assert ledger.columns() == {
+        "flops_search": 13.0,
+        "flops_learning": 26.0,
+        "flops_reward": 4.0,
+        "flops_total": 43.0,
+        "rho": 26 / 43,
+    }
     assert Ledger.of(ledger.columns()) == ledger and Ledger().rho is None
     assert list(StepCost(1.0, 2.0, 3.0)) == [1.0, 2.0, 3.0]  # the manifest's order
 

@@ -15,7 +15,9 @@ from isoflop_cli.fit.allocation import frontier_method
 from isoflop_cli.fit.data import RUN, FitSpec
 from isoflop_cli.fit.evidence import TIE_SD
 
-pytestmark = pytest.mark.filterwarnings("ignore::isoflop_cli.fit.data.FitWarning")  # ties and no-law notes, asserted through the entries
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::isoflop_cli.fit.data.FitWarning"
+)  # ties and no-law notes, asserted through the entries
 
 BASE = 0.6
 COMPLETIONS = 1024  # eval.problems x eval.samples: binomial sd 0.0094 at a pass rate of 0.9
@@ -25,14 +27,20 @@ def truth(log2c: np.ndarray, kink: float, plateau: float) -> np.ndarray:
     return np.where(log2c >= kink, plateau, BASE + (plateau - BASE) * np.clip((log2c - 7) / (kink - 7), 0, 1))
 
 
-def sweep(cells: dict[int, tuple[float, float]], runs: int, seed: int, log2c: np.ndarray = np.arange(7, 15.01, 0.5)) -> pd.DataFrame:
+def sweep(
+    cells: dict[int, tuple[float, float]], runs: int, seed: int, log2c: np.ndarray = np.arange(7, 15.01, 0.5)
+) -> pd.DataFrame:
     """cells: n -> (kink in log2 rollouts, plateau); each run evaluated at its base and at `log2c`."""
     rng = np.random.default_rng(seed)
     frames = []
     for n, (kink, plateau) in cells.items():
         for r in range(runs):
             y = np.r_[BASE, rng.binomial(COMPLETIONS, truth(log2c, kink, plateau)) / COMPLETIONS]
-            frames.append(pd.DataFrame({RUN: f"n{n}_r{r}", "n": n, "B_p": 8 * 2**r, "rollouts": np.r_[0, 2**log2c], "val_avg@k": y}))
+            frames.append(
+                pd.DataFrame(
+                    {RUN: f"n{n}_r{r}", "n": n, "B_p": 8 * 2**r, "rollouts": np.r_[0, 2**log2c], "val_avg@k": y}
+                )
+            )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -52,7 +60,9 @@ def test_an_early_plateau_is_kept_and_the_top_is_a_tie(seed):
     assert 0.005 < sigma < 0.03  # binomial 0.0094, and the sigmoid's lack of fit to a kink
     assert abs(top["value"] - 0.90) <= TIE_SD * sigma  # within the noise of the true plateau
     assert sigmoid_at_top(entry, 2) <= 0.90 + TIE_SD * sigma  # the early plateau not read out upwards
-    for row in entry["axis_star"]:  # never above what was measured by the next eval point by more than 2 sd without a flag
+    for row in entry[
+        "axis_star"
+    ]:  # never above what was measured by the next eval point by more than 2 sd without a flag
         assert row["value"] <= row["measured_next"] + 2 * sigma or row["extrapolated"]
         assert row["measured"] <= row["measured_next"]  # measured: at or below C, nothing after it
     assert {2, 4, 8} <= set(top["axis_star_set"]) and 16 not in top["axis_star_set"]  # a tie, without the trailing cell
@@ -84,9 +94,13 @@ def test_flags_reach_fit_json_and_report(tmp_path):
     fit over what was measured by the next eval point is extrapolated, in fit.json, the tables and
     the plot's dashes."""
     three = {n: EARLY[n] for n in (2, 4, 16)}
-    df = sweep(three, runs=1, seed=0, log2c=np.arange(7, 15.01, 2.0))  # 5 eval points and the base per run: 6 residual dof in all
+    df = sweep(
+        three, runs=1, seed=0, log2c=np.arange(7, 15.01, 2.0)
+    )  # 5 eval points and the base per run: 6 residual dof in all
     df.drop(columns=[RUN]).assign(run_id=lambda d: "n" + d["n"].astype(str)).to_csv(tmp_path / "r.csv", index=False)
-    result = CliRunner().invoke(app, ["fit", str(tmp_path / "r.csv"), "--bootstrap", "0", "--out", str(tmp_path / "fit")], terminal_width=200)
+    result = CliRunner().invoke(
+        app, ["fit", str(tmp_path / "r.csv"), "--bootstrap", "0", "--out", str(tmp_path / "fit")], terminal_width=200
+    )
     assert result.exit_code == 0, result.output
     entry = json.loads((tmp_path / "fit" / "fit.json").read_text())["frontier"]
     assert entry["noise_sd"] == 0 and any("noise" in w and "zero noise" in w for w in entry["warnings"])

@@ -82,7 +82,7 @@ def test_flop_budgets_plan_and_calibration(tmp_path):
     cells = expand(cfg)
     small, large = cells
     per_step = sum(step_flops(small.cfg))
-    assert small.plan.M == int(4e9 // per_step) and small.plan.column == "flops_total"
+    assert int(4e9 // per_step) == small.plan.M and small.plan.column == "flops_total"
     assert small.plan.eval_at == (0.0, *eval_budgets(cfg.grid))
     assert small.plan.predicted_flops["flops_total"] <= 4e9
     assert not large.feasible and "FLOPs (upper bound)" in large.reason  # B = 128: one step bounds above 4e9
@@ -99,8 +99,10 @@ def test_flop_budgets_plan_and_calibration(tmp_path):
     assert sweep.flops_scale() == {"tiny-arith": 0.5}
     scaled = expand(cfg, flops_scale=sweep.flops_scale())
     assert scaled[0].run_id == small.run_id
-    assert scaled[0].plan.M == int(4e9 // (per_step * 0.5))
-    assert json.loads(json.dumps(scaled[0].plan.predicted_flops))["rho"] == pytest.approx(small.plan.predicted_flops["rho"])
+    assert int(4e9 // (per_step * 0.5)) == scaled[0].plan.M
+    assert json.loads(json.dumps(scaled[0].plan.predicted_flops))["rho"] == pytest.approx(
+        small.plan.predicted_flops["rho"]
+    )
 
 
 def test_updates_per_batch_raise_rho_at_fixed_budget():
@@ -116,18 +118,36 @@ def test_updates_per_batch_raise_rho_at_fixed_budget():
 
 
 def test_recipe_presets_and_seed_sweeps(tmp_path):
-    (tmp_path / "config.json").write_text('{"model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584, '
-                                          '"intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064}')
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584, '
+        '"intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064}'
+    )
     easy, hard = load("recipe=easy"), load("recipe=hard")
-    assert (easy.algo.kl_coef, easy.algo.entropy_coef) == (0.001, 0.001) and (hard.algo.kl_coef, hard.algo.entropy_coef) == (0, 0)
+    assert (easy.algo.kl_coef, easy.algo.entropy_coef) == (0.001, 0.001) and (
+        hard.algo.kl_coef,
+        hard.algo.entropy_coef,
+    ) == (0, 0)
     problems = tmp_path / "problems.jsonl"  # a calibrated set, as `isoflop calibrate` writes one
-    problems.write_text("".join(f'{{"prompt": "What is {i} + 1?", "reward_model": {{"ground_truth": "{i + 1}"}}}}\n' for i in range(3000)))
+    problems.write_text(
+        "".join(
+            f'{{"prompt": "What is {i} + 1?", "reward_model": {{"ground_truth": "{i + 1}"}}}}\n' for i in range(3000)
+        )
+    )
     for name, kl, max_batch in (("seed-easy", 0.001, 65536), ("seed-hard", 0.0, 16384)):
         # Planning reads only config.json; memory unchecked here (the memory model's cells: test_memory).
         cfg = config.load(name, [f"model.path={tmp_path}", f"task.train={problems}", "cluster.gpu_memory_gib=null"])
-        assert (cfg.algo.kl_coef, cfg.grid.max_batch, cfg.algo.base_lr, cfg.algo.ref_batch) == (kl, max_batch, 1e-6, 1024)
+        assert (cfg.algo.kl_coef, cfg.grid.max_batch, cfg.algo.base_lr, cfg.algo.ref_batch) == (
+            kl,
+            max_batch,
+            1e-6,
+            1024,
+        )
         cells = expand(cfg)
-        assert len(cells) == 54 and list(cfg.grid.B_p) == [2**i for i in range(5, 11)] and list(cfg.grid.n) == [2**i for i in range(3, 12)]
+        assert (
+            len(cells) == 54
+            and list(cfg.grid.B_p) == [2**i for i in range(5, 11)]
+            and list(cfg.grid.n) == [2**i for i in range(3, 12)]
+        )
         assert all(c.feasible == (c.axes["n"] * c.axes["B_p"] <= max_batch) for c in cells)
 
 
@@ -139,17 +159,31 @@ def test_run_ids_are_pinned():
     assert [c.run_id for c in cells] == ["n4_bp4_s0_kl_coef-0.0_31305c42", "n4_bp4_s0_kl_coef-0.1_dc586af1"]
     # The embedded default before its warm start had stray digits (and before its larger eval set and
     # budgets), set explicitly: its sweep dirs keep their ids.
-    before = ("model.build.steps=400", "model.build.stray=0", "eval.problems=128", "grid.budgets=[256,512,1024,2048,4096]")
+    before = (
+        "model.build.steps=400",
+        "model.build.stray=0",
+        "eval.problems=128",
+        "grid.budgets=[256,512,1024,2048,4096]",
+    )
     cells = expand(load("grid.n=[4]", "grid.B_p=[4]", "+grid.axes={algo.kl_coef:[0.0,0.1]}", *before))
     assert [c.run_id for c in cells] == ["n4_bp4_s0_kl_coef-0.0_88933495", "n4_bp4_s0_kl_coef-0.1_8426bcb3"]
 
 
-@pytest.mark.parametrize("overrides", [
-    ["grid.n=[2,4]", "grid.B_p=[4,8]", "grid.seed=[0,3]", "+grid.axes={algo.kl_coef:[0,0.1],algo.epochs:[1,2]}"],
-    ["grid.n=[4]", "grid.B_p=[4]", "+grid.axes={model:[tiny-arith,tiny-arith-s],task.ops:[[+],[+,-]]}"],
-    ["grid.n=[2,32]", "grid.B_p=[4]", "grid.budget.unit=flops", "grid.budgets=[1e9,4e9]", "lora.rank=4"],
-    ["task=arith-steps", "reward=prm", "grid.n=[4]", "grid.B_p=[2,4]", "+grid.axes={task.digits:[[1,2],[2]],model.build.hidden_size:[64,128]}"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["grid.n=[2,4]", "grid.B_p=[4,8]", "grid.seed=[0,3]", "+grid.axes={algo.kl_coef:[0,0.1],algo.epochs:[1,2]}"],
+        ["grid.n=[4]", "grid.B_p=[4]", "+grid.axes={model:[tiny-arith,tiny-arith-s],task.ops:[[+],[+,-]]}"],
+        ["grid.n=[2,32]", "grid.B_p=[4]", "grid.budget.unit=flops", "grid.budgets=[1e9,4e9]", "lora.rank=4"],
+        [
+            "task=arith-steps",
+            "reward=prm",
+            "grid.n=[4]",
+            "grid.B_p=[2,4]",
+            "+grid.axes={task.digits:[[1,2],[2]],model.build.hidden_size:[64,128]}",
+        ],
+    ],
+)
 def test_planning_shortcuts_match_the_per_cell_path(overrides):
     """expand hashes, plans and types each cell from its combination's plain dict: the same run ids,
     plans and step FLOPs as the public per-config functions on the cell's own config."""
@@ -177,8 +211,10 @@ def test_a_large_grid_plans_in_seconds(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys; sys.path.insert(0, 'scripts'); import bench_plan; r = bench_plan.one(10000); "
-            "assert r['peak_mb'] < 200, r; print(r)")
+    code = (
+        "import sys; sys.path.insert(0, 'scripts'); import bench_plan; r = bench_plan.one(10000); "
+        "assert r['peak_mb'] < 200, r; print(r)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
 

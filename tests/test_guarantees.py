@@ -20,7 +20,9 @@ from isoflop_cli.store import FAILED, FINISHED, RUNNING, CellState, Failure, Man
 from isoflop_cli.sweep import check_same_grid, prepare
 
 runner = CliRunner()
-ROWS = [{"step": s, "rollouts": 8 * s, "flops_total": 1e9 * s, "val_avg@k": v} for s, v in ((0, 0.2), (2, 0.3), (4, 0.4))]
+ROWS = [
+    {"step": s, "rollouts": 8 * s, "flops_total": 1e9 * s, "val_avg@k": v} for s, v in ((0, 0.2), (2, 0.3), (4, 0.4))
+]
 
 
 def one_error_line(result, needle: str, code: int = 2) -> None:
@@ -75,7 +77,10 @@ def test_status_tells_killed_failed_and_stopped_runs_apart_from_running(tmp_path
     sweep = SweepDir(tmp_path)
     ids = {"killed": "k1", "failed": "f1", "stopped": "s1", "running": "r1", "crashed": "c1"}
     cells = {rid: CellState(columns={"n": 2, "B_p": 2}, M=4, attempts=2) for rid in ids.values()}
-    cells["f1"].state, cells["f1"].error = FAILED, "job isoflop-f1-2 ended FAILED: Job entrypoint command failed with exit code -9"
+    cells["f1"].state, cells["f1"].error = (
+        FAILED,
+        "job isoflop-f1-2 ended FAILED: Job entrypoint command failed with exit code -9",
+    )
     cells["s1"].state = "stopped"
     cells["c1"].state = FAILED
     sweep.write_manifest(Manifest(cells=cells))
@@ -85,8 +90,10 @@ def test_status_tells_killed_failed_and_stopped_runs_apart_from_running(tmp_path
         files = sweep.run(rid)
         files.dir.mkdir(parents=True)
         files.set_status(RUNNING, step=1, pid=os.getpid() if rid in ("r1", "c1") else dead.pid)
-    sweep.run("c1").log.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n    return func(*args, **kwargs)\n"
-                                  "torch.OutOfMemoryError: CUDA out of memory\n")
+    sweep.run("c1").log.write_text(
+        'Traceback (most recent call last):\n  File "x.py", line 1, in f\n    return func(*args, **kwargs)\n'
+        "torch.OutOfMemoryError: CUDA out of memory\n"
+    )
     states = {name: report.run_state(sweep, rid, cells[rid]) for name, rid in ids.items()}
     assert states["killed"][0] == "killed" and str(dead.pid) in states["killed"][1]
     assert states["failed"] == (FAILED, cells["f1"].error)
@@ -97,8 +104,12 @@ def test_status_tells_killed_failed_and_stopped_runs_apart_from_running(tmp_path
     assert result.exit_code == 0, result.output
     host = socket.gethostname()  # the node each failed or killed run ran on
     assert f"killed k1 on {host}" in result.output and f"failed c1 on {host}: torch.OutOfMemoryError" in result.output
-    assert "runs: 1 running, 2 failed, 1 killed, 1 stopped" in result.output and result.output.count("running") == 2  # that line, one row
-    assert all(line.split("│")[3].strip() == "2" for line in result.output.splitlines() if line.startswith("│"))  # attempts
+    assert (
+        "runs: 1 running, 2 failed, 1 killed, 1 stopped" in result.output and result.output.count("running") == 2
+    )  # that line, one row
+    assert all(
+        line.split("│")[3].strip() == "2" for line in result.output.splitlines() if line.startswith("│")
+    )  # attempts
 
 
 def test_status_on_a_malformed_manifest_cell_is_one_line(tmp_path):
@@ -132,7 +143,9 @@ def test_a_changed_grid_is_refused_or_merged_never_narrowed(tmp_path):
     assert set(merged) == {c.run_id for c in cells + new_cells} and len(merged) == 3
     assert all(merged[c.run_id].state == "pending" for c in new_cells if c.run_id not in {d.run_id for d in cells})
     after = sweep.collect()
-    assert len(after) == len(before) and set(after["run_id"]) == set(before["run_id"])  # every finished run stays collectable
+    assert len(after) == len(before) and set(after["run_id"]) == set(
+        before["run_id"]
+    )  # every finished run stays collectable
 
 
 def test_a_manifest_that_cannot_be_read_is_refused_never_written_over(tmp_path):
@@ -149,31 +162,61 @@ def test_a_manifest_that_cannot_be_read_is_refused_never_written_over(tmp_path):
     torn = sweep.manifest_file.read_text()[:-60]
     sweep.manifest_file.write_text(torn)
     before = {p: p.read_bytes() for p in sweep.path.rglob("*") if p.is_file()}
-    for command in (["sweep", *args, "grid.n=[4]"], ["sweep", *args, "grid.n=[4]", "--extend"], ["sweep", *args, "grid.n=[2]"],
-                    ["plan", *args, "grid.n=[2]"], ["status", str(sweep.path)], ["logs", str(sweep.path), cells[0].run_id]):
+    for command in (
+        ["sweep", *args, "grid.n=[4]"],
+        ["sweep", *args, "grid.n=[4]", "--extend"],
+        ["sweep", *args, "grid.n=[2]"],
+        ["plan", *args, "grid.n=[2]"],
+        ["status", str(sweep.path)],
+        ["logs", str(sweep.path), cells[0].run_id],
+    ):
         one_error_line(runner.invoke(app, command), f"{sweep.manifest_file} is not a well-formed sweep manifest")
         assert {p: p.read_bytes() for p in sweep.path.rglob("*") if p.is_file()} == before, command
 
 
 def test_sweep_refuses_before_creating_anything(tmp_path):
-    one_error_line(runner.invoke(app, ["sweep", "cluster.gpus_per_run=1", "--root", str(tmp_path / "new")]), "gpus_per_run")
+    one_error_line(
+        runner.invoke(app, ["sweep", "cluster.gpus_per_run=1", "--root", str(tmp_path / "new")]), "gpus_per_run"
+    )
     assert not (tmp_path / "new").exists()
     (tmp_path / "default").write_text("a file where the sweep dir goes")
     one_error_line(runner.invoke(app, ["sweep", "--root", str(tmp_path)]), "default")
 
 
-@pytest.mark.parametrize("change, args, needle", [
-    (lambda df: df.assign(rollouts=0), ["fit", "{r}"], "no row has a positive rollouts"),
-    (lambda df: df, ["fit", "{r}", "{r}"], "give each input once"),
-    (lambda df: df, ["fit", "{r}", "{copy}"], "is in both"),
-    (lambda df: df.assign(flops_total=0.0), ["race-pilot", "--from-results", "{r}"], "no row has a positive flops_total"),
-    (lambda df: df.assign(flops_total=["x"] + [str(v) for v in df.flops_total[1:]]), ["race-pilot", "--from-results", "{r}"],
-     "flops_total in row 0 is not a number ('x')"),
-    (lambda df: df, ["race-pilot", "--from-results", "{r}", "--bootstrap", "0"], "--bootstrap must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "change, args, needle",
+    [
+        (lambda df: df.assign(rollouts=0), ["fit", "{r}"], "no row has a positive rollouts"),
+        (lambda df: df, ["fit", "{r}", "{r}"], "give each input once"),
+        (lambda df: df, ["fit", "{r}", "{copy}"], "is in both"),
+        (
+            lambda df: df.assign(flops_total=0.0),
+            ["race-pilot", "--from-results", "{r}"],
+            "no row has a positive flops_total",
+        ),
+        (
+            lambda df: df.assign(flops_total=["x"] + [str(v) for v in df.flops_total[1:]]),
+            ["race-pilot", "--from-results", "{r}"],
+            "flops_total in row 0 is not a number ('x')",
+        ),
+        (lambda df: df, ["race-pilot", "--from-results", "{r}", "--bootstrap", "0"], "--bootstrap must be >= 1"),
+    ],
+)
 def test_results_that_cannot_be_fitted_are_one_line(tmp_path, change, args, needle):
-    rows = [{"run_id": f"r{n}", "n": n, "reward": "sparse", "rho": 0.7, "step": s, "rollouts": 8 * s, "flops_total": 1e9 * s, "val_avg@k": 0.1 * s}
-            for n in (2, 4) for s in range(4)]
+    rows = [
+        {
+            "run_id": f"r{n}",
+            "n": n,
+            "reward": "sparse",
+            "rho": 0.7,
+            "step": s,
+            "rollouts": 8 * s,
+            "flops_total": 1e9 * s,
+            "val_avg@k": 0.1 * s,
+        }
+        for n in (2, 4)
+        for s in range(4)
+    ]
     df = change(pd.DataFrame(rows))
     path, copy = tmp_path / "r.parquet", tmp_path / "copy.parquet"
     df.to_parquet(path)
@@ -197,8 +240,21 @@ def small_disk(tmp_path):
 @pytest.mark.slow
 def test_a_full_disk_is_one_line_leaves_no_partial_files_and_a_rerun_resumes(small_disk, tmp_path):
     run_dir = small_disk / "run"
-    cmd = [sys.executable, "-m", "isoflop_cli", "run", "n=4", "B_p=2", "grid.budgets=[32]", "grid.eval_points=2", "eval.problems=8",
-           "eval.samples=4", "checkpoint.every=1", "--run-dir", str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "isoflop_cli",
+        "run",
+        "n=4",
+        "B_p=2",
+        "grid.budgets=[32]",
+        "grid.eval_points=2",
+        "eval.problems=8",
+        "eval.samples=4",
+        "checkpoint.every=1",
+        "--run-dir",
+        str(run_dir),
+    ]
     full = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert full.returncode == 1, full.stderr
     assert "Traceback" not in full.stderr and full.stderr.strip().splitlines()[-1].startswith("error: disk full at ")
@@ -206,7 +262,14 @@ def test_a_full_disk_is_one_line_leaves_no_partial_files_and_a_rerun_resumes(sma
     assert not RunFiles(run_dir).finished()  # its status says failed, or running where even that could not be written
     (run_dir / "job.log").write_text(full.stdout + full.stderr)  # as the dispatcher saves a job's log
     assert RunFiles(run_dir).failure_reason().startswith("disk full at")
-    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint", "job.log", "lease.json", "metrics.jsonl", "problems.jsonl", "status.json"]  # the last save, no partial one
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "checkpoint",
+        "job.log",
+        "lease.json",
+        "metrics.jsonl",
+        "problems.jsonl",
+        "status.json",
+    ]  # the last save, no partial one
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)  # space freed
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
@@ -217,7 +280,9 @@ def test_a_full_disk_is_one_line_leaves_no_partial_files_and_a_rerun_resumes(sma
         while True:
             filler.write(b"\0" * 2**20)
             filler.flush()
-    sweep = runner.invoke(app, ["sweep", "--root", str(small_disk / "out")])  # a sweep on a full disk: before any compute
+    sweep = runner.invoke(
+        app, ["sweep", "--root", str(small_disk / "out")]
+    )  # a sweep on a full disk: before any compute
     one_error_line(sweep, "No space left on device")
 
 
@@ -247,11 +312,19 @@ def test_a_link_in_a_sweeps_tree_is_refused_before_compute_and_nothing_is_writte
     (out / "default" / "runs").symlink_to(elsewhere, target_is_directory=True)
     result = runner.invoke(app, ["sweep", "--root", str(out), *TINY, "grid.budgets=[16]"])
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert result.exit_code == 2 and len(errors) == 1 and f"{out / 'default' / 'runs'} is a symbolic link where" in errors[0], result.output
+    assert (
+        result.exit_code == 2
+        and len(errors) == 1
+        and f"{out / 'default' / 'runs'} is a symbolic link where" in errors[0]
+    ), result.output
     assert list(elsewhere.iterdir()) == [] and sorted(p.name for p in (out / "default").iterdir()) == ["runs"]
     sweep = SweepDir(out / "default")
     files = sweep.run("a")
-    for write in (lambda: files.set_status(RUNNING), lambda: files.append_metrics({"step": 0}), lambda: files.write_config("x: 1\n")):
+    for write in (
+        lambda: files.set_status(RUNNING),
+        lambda: files.append_metrics({"step": 0}),
+        lambda: files.write_config("x: 1\n"),
+    ):
         with pytest.raises(ConfigError, match="is a symbolic link where"):
             write()
     assert list(elsewhere.iterdir()) == []
@@ -273,7 +346,10 @@ def test_a_run_dir_holding_another_cells_records_is_refused_and_left_as_it_is(tm
     trajectory under another run id (another budget); a run continued from a smaller budget keeps
     the earlier run's paused record (same fingerprint) and is read."""
     sweep = SweepDir(tmp_path)
-    cells = {rid: CellState(columns={"n": n, "B_p": 2}, M=4, fingerprint=fp) for rid, n, fp in (("a", 2, "f-two"), ("b", 4, "f-four"), ("c", 2, "f-two"))}
+    cells = {
+        rid: CellState(columns={"n": n, "B_p": 2}, M=4, fingerprint=fp)
+        for rid, n, fp in (("a", 2, "f-two"), ("b", 4, "f-four"), ("c", 2, "f-two"))
+    }
     sweep.write_manifest(Manifest(cells=cells))
     for rid in ("a", "b"):
         files = sweep.run(rid)
@@ -288,9 +364,13 @@ def test_a_run_dir_holding_another_cells_records_is_refused_and_left_as_it_is(tm
     before = (runs / "a" / "status.json").read_bytes()
     with pytest.raises(ConfigError) as refused:
         sweep.collect()
-    assert str(refused.value).startswith("run a: ") and "another configuration (fingerprint f-four, this cell's f-two)" in str(refused.value)
+    assert str(refused.value).startswith(
+        "run a: "
+    ) and "another configuration (fingerprint f-four, this cell's f-two)" in str(refused.value)
     assert (runs / "a" / "status.json").read_bytes() == before and not sweep.results_file.exists()
-    shutil.copytree(runs / "b", runs / "c")  # run b's directory holds a's records (f-two) again: c has a's fingerprint, not its run id
+    shutil.copytree(
+        runs / "b", runs / "c"
+    )  # run b's directory holds a's records (f-two) again: c has a's fingerprint, not its run id
     with pytest.raises(ConfigError, match="run c: .* is the finished record of run a, not this run's"):
         sweep.run("c").finished_rows()
     sweep.run("c").set_status("paused", step=2)

@@ -90,7 +90,10 @@ def tokenless_answers(procs: list[psutil.Process]) -> list[str]:
     bad = []
     for p in procs:
         try:
-            ports, name = [c.laddr.port for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN], p.name()
+            ports, name = (
+                [c.laddr.port for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN],
+                p.name(),
+            )
         except psutil.Error:
             continue
         for port, path in itertools.product(ports, ("/metrics", "/api/jobs/")):
@@ -159,9 +162,16 @@ def assert_all_gone(seen: dict[int, psutil.Process], sweep_dirs: list[Path], tem
 def lock_held_elsewhere(path: Path):
     """Another process holds the sweep lock on `path` until the block ends, then dies by kill -9."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from isoflop_cli.dispatch import sweep_lock\n"
-         "with sweep_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(300)", str(path)],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from isoflop_cli.dispatch import sweep_lock\n"
+            "with sweep_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(300)",
+            str(path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         yield holder
@@ -171,10 +181,15 @@ def lock_held_elsewhere(path: Path):
 
 
 def test_lock_names_its_holder_and_dies_with_it(tmp_path):
-    with lock_held_elsewhere(tmp_path) as holder:
-        with pytest.raises(ConfigError, match=rf"sweep dir {tmp_path} is in use by isoflop pid {holder.pid} \(started .*\); wait for it or stop it"):
-            with sweep_lock(tmp_path):
-                pass
+    with (
+        lock_held_elsewhere(tmp_path) as holder,
+        pytest.raises(
+            ConfigError,
+            match=rf"sweep dir {tmp_path} is in use by isoflop pid {holder.pid} \(started .*\); wait for it or stop it",
+        ),
+        sweep_lock(tmp_path),
+    ):
+        pass
     with sweep_lock(tmp_path):
         pass
     with sweep_lock(tmp_path):  # released on exit, in the same process too
@@ -224,12 +239,19 @@ def test_a_head_lost_during_the_preflight_is_lost_in_one_line(tmp_path):
     class Gone:  # what Ray's job client raises once its head's process is dead
         def __getattr__(self, name):
             def call(*args, **kwargs):
-                raise requests.exceptions.ConnectionError("('Connection aborted.', ConnectionResetError(104, 'Connection reset by peer'))")
+                raise requests.exceptions.ConnectionError(
+                    "('Connection aborted.', ConnectionResetError(104, 'Connection reset by peer'))"
+                )
+
             return call
 
     cfg = config.load()
     sweep = SweepDir(tmp_path)
-    sweep.write_manifest(Manifest(cells={"a": CellState(state="submitted", submission_id="isoflop-a-1"), "b": CellState(state="finished")}))
+    sweep.write_manifest(
+        Manifest(
+            cells={"a": CellState(state="submitted", submission_id="isoflop-a-1"), "b": CellState(state="finished")}
+        )
+    )
     dispatcher = Dispatcher(sweep, cfg.cluster, "http://127.0.0.1:1", head_grace_s=1, client=Gone())
     t = time.time()
     with pytest.raises(HeadLost) as e:
@@ -238,7 +260,9 @@ def test_a_head_lost_during_the_preflight_is_lost_in_one_line(tmp_path):
     assert str(e.value).startswith("lost the Ray head at http://127.0.0.1:1 (no answer for 1s: ConnectionError)")
     assert not (tmp_path / ".preflight").exists(), "the shared-dir check leaves nothing behind"
     cells = sweep.manifest().cells
-    assert cells["a"].state == "stopped" and cells["b"].state == "finished", "the lost head's job is stopped, a rerun resubmits it"
+    assert cells["a"].state == "stopped" and cells["b"].state == "finished", (
+        "the lost head's job is stopped, a rerun resubmits it"
+    )
 
 
 def test_head_ports_are_distinct_free_and_apart_from_kernel_picks():
@@ -278,7 +302,10 @@ def test_two_sweeps_at_once_run_their_own_heads_on_loopback(tmp_path):
     outs = [tmp_path / "a", tmp_path / "b"]
     dirs = [out / "default" for out in outs]
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
-    clis = [subprocess.Popen(isoflop_cmd(out, 1024), stdout=log.open("w"), stderr=subprocess.STDOUT) for out, log in zip(outs, logs)]
+    clis = [
+        subprocess.Popen(isoflop_cmd(out, 1024), stdout=log.open("w"), stderr=subprocess.STDOUT)
+        for out, log in zip(outs, logs)
+    ]
     seen: dict[int, psutil.Process] = {}
     heads: dict[int, dict] = {}
     third = None
@@ -294,7 +321,9 @@ def test_two_sweeps_at_once_run_their_own_heads_on_loopback(tmp_path):
                 heads[i] = head
                 if i == 0 and third is None:  # a third sweep on a's dir, while a's head runs
                     before = (d / "ray-head.json").read_bytes()
-                    third = subprocess.Popen(isoflop_cmd(outs[0], 1024), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                    third = subprocess.Popen(
+                        isoflop_cmd(outs[0], 1024), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                    )
                     clis.append(third)
                 jobs = job_procs(d)
                 procs = head_tree(head["pid"]) + jobs
@@ -305,7 +334,9 @@ def test_two_sweeps_at_once_run_their_own_heads_on_loopback(tmp_path):
                     seen.update((p.pid, p) for p in procs)
                     assert not non_loopback_listeners(procs), non_loopback_listeners(procs)
                     assert listeners(procs) >= 8  # the check saw Ray's servers (gcs, raylet, dashboard, agents)
-                    assert not tokenless_answers(procs), tokenless_answers(procs)  # no metrics exporter, no open endpoint
+                    assert not tokenless_answers(procs), tokenless_answers(
+                        procs
+                    )  # no metrics exporter, no open endpoint
                     # The head's temp tree is this user's alone: Ray makes its own dirs 0777, inside a 0700 one.
                     temp = Path(head["temp_dir"])
                     assert temp.stat().st_mode & 0o077 == 0, f"{temp} is {oct(temp.stat().st_mode)}"
@@ -335,17 +366,32 @@ def test_a_cluster_asking_for_a_token_the_cli_lacks_is_one_line_before_anything_
     """The suite's head takes token auth, as every head isoflop starts does; a sweep given its
     address without RAY_AUTH_MODE=token is refused in one line naming the fix (it was Ray's traceback)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
-    result = subprocess.run([*isoflop_cmd(tmp_path, 64), f"cluster.address={ray_address}"], capture_output=True, text=True, timeout=120, env=env)
+    result = subprocess.run(
+        [*isoflop_cmd(tmp_path, 64), f"cluster.address={ray_address}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert result.returncode == 2, result.stdout + result.stderr
-    assert result.stderr.strip().splitlines() == [f"error: the Ray cluster at {ray_address} asks for a token: set RAY_AUTH_MODE=token, with the "
-                                                  "cluster's token in ~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"]
+    assert result.stderr.strip().splitlines() == [
+        f"error: the Ray cluster at {ray_address} asks for a token: set RAY_AUTH_MODE=token, with the "
+        "cluster's token in ~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"
+    ]
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("limit, value, needle", [
-    ("RLIMIT_NOFILE", 256, "the open-files limit is 256 (ulimit -n); a local Ray head needs at least 1,024: raise it"),
-    ("RLIMIT_AS", 8 << 30, "the address-space limit is 8 GiB (ulimit -v)"),
-])
+@pytest.mark.parametrize(
+    "limit, value, needle",
+    [
+        (
+            "RLIMIT_NOFILE",
+            256,
+            "the open-files limit is 256 (ulimit -n); a local Ray head needs at least 1,024: raise it",
+        ),
+        ("RLIMIT_AS", 8 << 30, "the address-space limit is 8 GiB (ulimit -v)"),
+    ],
+)
 def test_the_machines_limits_for_a_local_head_are_named_before_it_starts(tmp_path, monkeypatch, limit, value, needle):
     """Issue 46: under `ulimit -n 64` a sweep was silent for 120 s, then "no room even for it";
     under `ulimit -v` the head "exited (1) ... see ray-head.log". Variants: 256 open files, 8 GiB of
@@ -357,7 +403,11 @@ def test_the_machines_limits_for_a_local_head_are_named_before_it_starts(tmp_pat
     from isoflop_cli.cli import app
 
     getrlimit = resource.getrlimit
-    monkeypatch.setattr(resource, "getrlimit", lambda which: (value, resource.RLIM_INFINITY) if which == getattr(resource, limit) else getrlimit(which))
+    monkeypatch.setattr(
+        resource,
+        "getrlimit",
+        lambda which: (value, resource.RLIM_INFINITY) if which == getattr(resource, limit) else getrlimit(which),
+    )
     result = CliRunner().invoke(app, ["sweep", "--root", str(tmp_path / "out"), *TINY, "grid.budgets=[16]"])
     lines = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert result.exit_code == 2 and len(lines) == 1 and needle in lines[0], result.output
@@ -376,7 +426,10 @@ def test_a_temp_dir_too_long_for_rays_sockets_is_named_before_a_head_starts(tmp_
     deep.mkdir(parents=True)
     monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
     monkeypatch.setenv("TMPDIR", str(deep))
-    with pytest.raises(ConfigError, match=rf"the temp dir {deep} \(\$TMPDIR\) is too long for a local Ray head's unix sockets: .* set TMPDIR"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"the temp dir {deep} \(\$TMPDIR\) is too long for a local Ray head's unix sockets: .* set TMPDIR",
+    ):
         head.check_limits()
     monkeypatch.setenv("TMPDIR", "/tmp")
     monkeypatch.setattr(tempfile, "tempdir", None)

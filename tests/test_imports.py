@@ -14,7 +14,21 @@ PACKAGE = Path(__file__).resolve().parents[1] / "isoflop_cli"
 # nothing of torch; the recipe knows nothing of Ray or the grid", and config below what reads it.
 BLIND = {
     "config": {"recipe", "grid", "dispatch", "sweep", "fit", "race", "cli", "head", "slurm", "memory"},
-    "recipe": {"grid", "dispatch", "sweep", "head", "slurm", "fit", "race", "cli", "preflight", "continuation", "report", "calibrate", "memory"},
+    "recipe": {
+        "grid",
+        "dispatch",
+        "sweep",
+        "head",
+        "slurm",
+        "fit",
+        "race",
+        "cli",
+        "preflight",
+        "continuation",
+        "report",
+        "calibrate",
+        "memory",
+    },
     "fit": {"recipe", "grid", "dispatch", "sweep", "head", "slurm", "cli", "race"},
     "tasks": {"config", "recipe", "grid", "dispatch", "sweep", "fit", "race", "cli"},
     "rewards": {"config", "recipe", "grid", "dispatch", "sweep", "fit", "race", "cli"},
@@ -24,7 +38,12 @@ BLIND = {
     "joblog": {"*"},
     "launchers": {"*"},  # the registry: its classes are imported by name, only when a sweep uses them
 }
-THIRD_PARTY_BLIND = {"recipe": {"ray"}, "config": {"torch", "ray", "scipy", "pandas"}, "grid": {"torch", "ray"}, "memory": {"torch"}}
+THIRD_PARTY_BLIND = {
+    "recipe": {"ray"},
+    "config": {"torch", "ray", "scipy", "pandas"},
+    "grid": {"torch", "ray"},
+    "memory": {"torch"},
+}
 
 
 def _part(module: str) -> str | None:
@@ -38,8 +57,13 @@ def _imports(path: Path) -> list[str]:
     `if TYPE_CHECKING:` (annotations only)."""
     tree = ast.parse(path.read_text())
     package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
-    skip = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
-            for stmt in block.body for node in ast.walk(stmt)}
+    skip = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for stmt in block.body
+        for node in ast.walk(stmt)
+    }
     found = []
     for node in ast.walk(tree):
         if id(node) in skip:
@@ -49,7 +73,9 @@ def _imports(path: Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             found += [base] + [f"{base}.{alias.name}" for alias in node.names]
     return found
 
@@ -81,7 +107,7 @@ def _cycle(graph: dict[str, dict[str, set[str]]]) -> list[str] | None:
             if nxt not in graph:
                 continue
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         stack.pop()
@@ -97,8 +123,12 @@ def _cycle(graph: dict[str, dict[str, set[str]]]) -> list[str] | None:
 def test_no_import_cycle_between_the_packages_parts():
     graph = _graph()
     cycle = _cycle(graph)
-    assert cycle is None, "import cycle: " + " -> ".join(cycle) + "; " + "; ".join(
-        f"{a} -> {b} in {sorted(graph[a][b])}" for a, b in zip(cycle, cycle[1:]))
+    assert cycle is None, (
+        "import cycle: "
+        + " -> ".join(cycle)
+        + "; "
+        + "; ".join(f"{a} -> {b} in {sorted(graph[a][b])}" for a, b in zip(cycle, cycle[1:]))
+    )
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -116,14 +146,19 @@ def test_each_layer_is_blind_to_the_layers_above(part):
     assert not banned, {b: sorted(edges[b]) for b in banned}
 
 
-PARTS = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir() if (p.suffix == ".py" or (p / "__init__.py").exists())} - {"__init__", "__main__"}
+PARTS = {
+    p.stem if p.is_file() else p.name for p in PACKAGE.iterdir() if (p.suffix == ".py" or (p / "__init__.py").exists())
+} - {"__init__", "__main__"}
 
 
-@pytest.mark.parametrize("module, heavy", [
-    ("isoflop_cli.config", ("scipy", "torch", "pandas", "ray", "matplotlib")),  # every process and Ray job loads it
-    ("isoflop_cli.cli", ("torch", "ray", "transformers", "matplotlib")),  # `isoflop --help`, `plan`, `status`
-    ("isoflop_cli.grid", ("torch", "ray", "scipy")),
-])
+@pytest.mark.parametrize(
+    "module, heavy",
+    [
+        ("isoflop_cli.config", ("scipy", "torch", "pandas", "ray", "matplotlib")),  # every process and Ray job loads it
+        ("isoflop_cli.cli", ("torch", "ray", "transformers", "matplotlib")),  # `isoflop --help`, `plan`, `status`
+        ("isoflop_cli.grid", ("torch", "ray", "scipy")),
+    ],
+)
 def test_light_modules_stay_light(module, heavy):
     """Imported, and for config also used: a config loaded and checked (the registries it reads
     import nothing heavy on the way)."""
@@ -136,16 +171,31 @@ def test_light_modules_stay_light(module, heavy):
 def test_the_samplers_do_not_import_each_other():
     """Both build on `recipe/rollouts.py`; `make_sampler` finds each through the registry."""
     for a, b in (("sampler", "vllm_sampler"), ("vllm_sampler", "sampler")):
-        assert not any(name.startswith(f"isoflop_cli.recipe.{b}") for name in _imports(PACKAGE / "recipe" / f"{a}.py")), (a, b)
+        assert not any(
+            name.startswith(f"isoflop_cli.recipe.{b}") for name in _imports(PACKAGE / "recipe" / f"{a}.py")
+        ), (a, b)
 
 
-@pytest.mark.parametrize("pattern", [r"sampler\.name\s*[!=]=", r"reward\.name\s*[!=]=\s*\"prm\"", r"\bs\.name\s*==\s*\"vllm\"",
-                                     r"launcher\s*[!=]=\s*\"", r"\bs\.name\s*!=\s*\"vllm\"", r"task(_cfg)?\.name\s*[!=]=\s*\"arith\""])
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        r"sampler\.name\s*[!=]=",
+        r"reward\.name\s*[!=]=\s*\"prm\"",
+        r"\bs\.name\s*==\s*\"vllm\"",
+        r"launcher\s*[!=]=\s*\"",
+        r"\bs\.name\s*!=\s*\"vllm\"",
+        r"task(_cfg)?\.name\s*[!=]=\s*\"arith\"",
+    ],
+)
 def test_no_module_compares_sampler_reward_task_or_launcher_names(pattern):
     """What a sampler, reward, task or launcher needs is on its registry entry (samplers.py,
     rewards.py, tasks/, launchers.py)."""
     import re
 
-    found = [f"{p.relative_to(PACKAGE.parent)}:{i}" for p in PACKAGE.rglob("*.py")
-             for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(pattern, line)]
+    found = [
+        f"{p.relative_to(PACKAGE.parent)}:{i}"
+        for p in PACKAGE.rglob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(pattern, line)
+    ]
     assert not found, found

@@ -19,8 +19,17 @@ SAMPLES = 8
 
 
 def test_regressed_and_rose_by_hand():
-    counts = {"drop": [8, 8, 8, 0, 0, 0], "noise": [4, 3, 5, 3, 4, 3], "rise": [0, 1, 0, 7, 8, 8], "blip": [6, 6, 0, 6, 6, 6]}
-    rows = [{RUN: "r", "step": s, "problem_id": p, "correct": c[s], "samples": SAMPLES} for p, c in counts.items() for s in range(6)]
+    counts = {
+        "drop": [8, 8, 8, 0, 0, 0],
+        "noise": [4, 3, 5, 3, 4, 3],
+        "rise": [0, 1, 0, 7, 8, 8],
+        "blip": [6, 6, 0, 6, 6, 6],
+    }
+    rows = [
+        {RUN: "r", "step": s, "problem_id": p, "correct": c[s], "samples": SAMPLES}
+        for p, c in counts.items()
+        for s in range(6)
+    ]
     got = changes(pd.DataFrame(rows)).set_index("problem_id")
     assert got.loc["drop", "regressed"] and not got.loc["drop", "rose"]
     # 24 of 24 before step 3 and 0 of 24 from it: one-sided Fisher p = 1 / C(48, 24), times the 15 (start, split) pairs
@@ -31,8 +40,15 @@ def test_regressed_and_rose_by_hand():
     assert (got["evals"] == 6).all()
 
 
-def sweep(fall: dict[int, float] | None = None, ns=(2, 4, 8, 16), b_ps=(8, 16), runs: int = 1, problems: int = 200, seed: int = 0,
-          drop_step: float = 100) -> tuple[pd.DataFrame, pd.DataFrame]:
+def sweep(
+    fall: dict[int, float] | None = None,
+    ns=(2, 4, 8, 16),
+    b_ps=(8, 16),
+    runs: int = 1,
+    problems: int = 200,
+    seed: int = 0,
+    drop_step: float = 100,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(results, problems) as `fit` reads them. Null (fall None): each problem's true pass rate rises
     with steps from its own base, never falls; a run of n takes 1 / (B_p n) steps per rollout, so at
     equal compute small n is further along. Otherwise every problem sits at 0.8 and exactly
@@ -51,9 +67,29 @@ def sweep(fall: dict[int, float] | None = None, ns=(2, 4, 8, 16), b_ps=(8, 16), 
                     drops = np.arange(problems) < round(fall[n] * problems)
                     rate = np.where(drops & (steps[:, None] >= drop_step), 0.2, 0.8)
                 correct = rng.binomial(SAMPLES, rate)  # (eval points, problems)
-                records.append(pd.DataFrame({RUN: run_id, "step": np.repeat(steps, problems), "problem_id": np.tile(np.arange(problems), len(steps)),
-                                             "correct": correct.ravel(), "samples": SAMPLES}))
-                results.append(pd.DataFrame({RUN: run_id, "n": n, "B_p": b_p, "step": steps, "rollouts": ROLLOUTS, "val_avg@k": correct.mean(1) / SAMPLES}))
+                records.append(
+                    pd.DataFrame(
+                        {
+                            RUN: run_id,
+                            "step": np.repeat(steps, problems),
+                            "problem_id": np.tile(np.arange(problems), len(steps)),
+                            "correct": correct.ravel(),
+                            "samples": SAMPLES,
+                        }
+                    )
+                )
+                results.append(
+                    pd.DataFrame(
+                        {
+                            RUN: run_id,
+                            "n": n,
+                            "B_p": b_p,
+                            "step": steps,
+                            "rollouts": ROLLOUTS,
+                            "val_avg@k": correct.mean(1) / SAMPLES,
+                        }
+                    )
+                )
     return pd.concat(results, ignore_index=True), pd.concat(records, ignore_index=True)
 
 
@@ -81,7 +117,11 @@ def test_known_regression_rates_are_recovered():
     for per_value in (entry["per_value"], entry["equal_steps"]["per_value"]):
         got = {v["n"]: v["regressed"] for v in per_value}
         assert got[2] == pytest.approx(0.3, abs=0.03) and got[8] == pytest.approx(0.1, abs=0.03)
-    assert entry["fewer_regressions_with_larger_n"] is True and entry["trend_p_value"] < 0.1 and entry["equal_steps"]["trend_p_value"] < 0.1
+    assert (
+        entry["fewer_regressions_with_larger_n"] is True
+        and entry["trend_p_value"] < 0.1
+        and entry["equal_steps"]["trend_p_value"] < 0.1
+    )
     assert entry["interval90"]["slope_regressed_per_log2_n"][1] < 0 and entry["permuted_within"] == "B_p"
     assert entry["compute_upto"] == 32768 and entry["equal_steps"]["steps_upto"] == 32768 / 64
 
@@ -92,7 +132,11 @@ def test_cli_writes_the_method_and_refuses_without_records(tmp_path):
     path.mkdir()
     results.rename(columns={RUN: "run_id"}).to_parquet(path / "results.parquet")
     problems.rename(columns={RUN: "run_id"}).to_parquet(path / "problems.parquet")
-    result = runner.invoke(app, ["fit", str(path), "--method", "interference", "--bootstrap", "20", "--out", str(path / "fit")], terminal_width=200)
+    result = runner.invoke(
+        app,
+        ["fit", str(path), "--method", "interference", "--bootstrap", "20", "--out", str(path / "fit")],
+        terminal_width=200,
+    )
     assert result.exit_code == 0, result.output
     entry = json.loads((path / "fit" / "fit.json").read_text())["interference"]
     assert {"per_value", "per_run", "equal_steps", "problem_test", "training_problems"} <= set(entry)

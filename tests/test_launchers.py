@@ -14,7 +14,7 @@ def cluster(**values):
     c = config.load().cluster
     for key, value in values.items():
         if key.startswith("slurm_"):
-            c.slurm[key[len("slurm_"):]] = value
+            c.slurm[key[len("slurm_") :]] = value
         else:
             c[key] = value
     return c
@@ -40,7 +40,9 @@ def test_capacity_is_what_the_launcher_can_run_at_once(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:1")
     assert launchers.of(cluster(local_cpus=6, cpus_per_run=2)).capacity(10) == 10
     assert launchers.of(cluster(launcher="slurm", slurm_executor="slurm")).capacity(7) == 7
-    assert launchers.of(cluster(launcher="slurm", slurm_executor="local", local_cpus=4, cpus_per_run=1)).capacity(7) == 4
+    assert (
+        launchers.of(cluster(launcher="slurm", slurm_executor="local", local_cpus=4, cpus_per_run=1)).capacity(7) == 4
+    )
 
 
 def test_the_runs_run_here_on_a_local_head_and_on_submitit_s_local_executor(monkeypatch):
@@ -74,8 +76,20 @@ def test_checks_before_anything_is_written(monkeypatch):
 def test_ray_placement_reads_the_probe_s_nodes():
     from isoflop_cli.preflight import Node
 
-    node = Node(host="a", cpus=4, gpus=0, count=1, version="0", python="3.11", reads_cli_file=True, wrote=None, unreadable={}, unwritable={},
-                vllm=False, trackers_missing=[])
+    node = Node(
+        host="a",
+        cpus=4,
+        gpus=0,
+        count=1,
+        version="0",
+        python="3.11",
+        reads_cli_file=True,
+        wrote=None,
+        unreadable={},
+        unwritable={},
+        vllm=False,
+        trackers_missing=[],
+    )
     ray = launchers.of(cluster())
     assert ray.placement(None, [node], 4, 0) == []
     assert ray.placement(None, [node], 1, 1)[0].startswith("no node has the 1 CPUs and 1 GPUs a run asks for")
@@ -90,14 +104,20 @@ def test_a_finished_sweep_whose_head_is_gone_reruns_without_starting_one(tmp_pat
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     sweep_dir = SweepDir(tmp_path)
-    sweep_dir.write_manifest(Manifest(cells={"a": CellState(state="finished", submission_id="isoflop-a-1-abcdef", M=1)}))
+    sweep_dir.write_manifest(
+        Manifest(cells={"a": CellState(state="finished", submission_id="isoflop-a-1-abcdef", M=1)})
+    )
     sweep_dir.run("a").dir.mkdir(parents=True)
     sweep_dir.run("a").finish([{"step": 0, "rollouts": 0}], step=1, M=1)  # no job.log: it was never copied
     cfg = config.load()
     started = []
-    monkeypatch.setattr(head, "ray_cluster", lambda *a: started.append(a) or (_ for _ in ()).throw(AssertionError("a head started")))
+    monkeypatch.setattr(
+        head, "ray_cluster", lambda *a: started.append(a) or (_ for _ in ()).throw(AssertionError("a head started"))
+    )
     assert sweep.drive(sweep_dir, cfg, sweep.View()) == {"a": "finished"}
     assert not started
-    (tmp_path / head.HEAD_FILE).write_text('{"pid": 1, "address": "http://127.0.0.1:1"}')  # a pid that is not this dir's head
+    (tmp_path / head.HEAD_FILE).write_text(
+        '{"pid": 1, "address": "http://127.0.0.1:1"}'
+    )  # a pid that is not this dir's head
     assert not launchers.of(cfg.cluster).keeps_logs(tmp_path)
     assert launchers.of(cluster(address="http://127.0.0.1:1")).keeps_logs(tmp_path)

@@ -8,18 +8,22 @@ from transformers import AutoModelForCausalLM, MistralConfig, Qwen2Config
 from isoflop_cli.recipe.learner import Actor, Layout, pack, pieces, token_logprobs, tree_pieces, tree_tokens
 
 # Two prompts (width 3, the first left-padded) with two completions each (width 3, eos = 1, pad = 0).
-SEQ = torch.tensor([
-    [0, 5, 6, 10, 11, 1],
-    [0, 5, 6, 12, 1, 0],
-    [7, 8, 9, 13, 1, 0],
-    [7, 8, 9, 1, 0, 0],
-])
-ATTN = torch.tensor([
-    [0, 1, 1, 1, 1, 1],
-    [0, 1, 1, 1, 1, 0],
-    [1, 1, 1, 1, 1, 0],
-    [1, 1, 1, 1, 0, 0],
-])
+SEQ = torch.tensor(
+    [
+        [0, 5, 6, 10, 11, 1],
+        [0, 5, 6, 12, 1, 0],
+        [7, 8, 9, 13, 1, 0],
+        [7, 8, 9, 1, 0, 0],
+    ]
+)
+ATTN = torch.tensor(
+    [
+        [0, 1, 1, 1, 1, 1],
+        [0, 1, 1, 1, 1, 0],
+        [1, 1, 1, 1, 1, 0],
+        [1, 1, 1, 1, 0, 0],
+    ]
+)
 
 
 def test_tree_layout_by_hand():
@@ -30,7 +34,10 @@ def test_tree_layout_by_hand():
     assert t.position_ids.tolist() == [[0, 1, 2, 3, 4, 2, 3, 0, 1, 2, 3, 4, 3]]
     tree = t.prompt_tree
     # attention reads the rows back as the rollout holds them (positions in the sequence; padding: 0)
-    assert tree.prompt.tolist() == [[0, 0, 1], [7, 8, 9]] and tree.prompt_on.tolist() == [[False, True, True], [True] * 3]
+    assert tree.prompt.tolist() == [[0, 0, 1], [7, 8, 9]] and tree.prompt_on.tolist() == [
+        [False, True, True],
+        [True] * 3,
+    ]
     assert tree.rows.tolist() == [[0, 0, 1, 2, 3, 4], [0, 0, 1, 5, 6, 0], [7, 8, 9, 10, 11, 0], [7, 8, 9, 12, 0, 0]]
     assert torch.equal(tree.rows_on, ATTN.bool())
     # each position's output: prompt slots 0..5 (group * 3 + slot), completion slots 6 + row * 3 + t
@@ -48,8 +55,16 @@ def test_plain_layout_picks_the_completion_positions():
     assert p.targets.tolist() == [10, 11, 1, 12, 1, 13, 1, 1]
 
 
-COMMON = dict(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, pad_token_id=0, eos_token_id=1)
+COMMON = dict(
+    vocab_size=16,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    pad_token_id=0,
+    eos_token_id=1,
+)
 CONFIGS = {
     "qwen2": Qwen2Config(**COMMON),
     # sliding windows of 3 positions (the rows are 5 long): one layer of two, and every layer
@@ -108,7 +123,9 @@ def brute_force(head, hidden, targets, T):
     return logprobs.gather(-1, targets[:, None]).squeeze(-1), -(logprobs.exp() * logprobs).sum(-1)
 
 
-@pytest.mark.parametrize("chunk", [7, 60, 300, 1000])  # 300 / 7 leaves 6, 60 divides 300; one chunk of all, one over all
+@pytest.mark.parametrize(
+    "chunk", [7, 60, 300, 1000]
+)  # 300 / 7 leaves 6, 60 divides 300; one chunk of all, one over all
 def test_chunked_logprobs_and_entropy_equal_one_pass_and_so_do_their_gradients(chunk):
     torch.manual_seed(0)
     N, H, V, T = 300, 32, 1000, 0.7
@@ -116,8 +133,10 @@ def test_chunked_logprobs_and_entropy_equal_one_pass_and_so_do_their_gradients(c
     hidden, targets = torch.randn(N, H, requires_grad=True), torch.randint(V, (N,))
     a, b = torch.randn(N), torch.randn(N)  # a loss that weighs every position's log-prob and entropy differently
     grads = {}
-    for name, fn in (("chunked", lambda: token_logprobs(head, hidden, targets, T, chunk, with_entropy=True)),
-                     ("brute force", lambda: brute_force(head, hidden, targets, T))):
+    for name, fn in (
+        ("chunked", lambda: token_logprobs(head, hidden, targets, T, chunk, with_entropy=True)),
+        ("brute force", lambda: brute_force(head, hidden, targets, T)),
+    ):
         logp, entropy = fn()
         hidden.grad, head.weight.grad = None, None
         ((a * logp).sum() + (b * entropy).sum()).backward()
@@ -153,10 +172,14 @@ def test_a_chunked_pass_saves_no_logits_for_backward_and_recomputes_them_a_chunk
             logp, entropy = token_logprobs(head, hidden, torch.randint(V, (N,)), T, size, with_entropy=True)
         forward = list(rows)
         (logp.sum() + entropy.sum()).backward()
-        measured[name] = sum(saved.values()), forward, rows[len(forward):]
+        measured[name] = sum(saved.values()), forward, rows[len(forward) :]
     (chunked, forward, backward), (whole, whole_forward, whole_backward) = measured["chunked"], measured["one pass"]
-    assert chunked <= N * H * 4 + N * 8 < chunk * V * 4 < N * V * 4 < whole  # at most the hidden states (float32) and targets (int64)
-    assert forward == [64, 64, 64, 64, 44] and backward == forward[::-1]  # backward recomputes each chunk, the last first
+    assert (
+        chunked <= N * H * 4 + N * 8 < chunk * V * 4 < N * V * 4 < whole
+    )  # at most the hidden states (float32) and targets (int64)
+    assert (
+        forward == [64, 64, 64, 64, 44] and backward == forward[::-1]
+    )  # backward recomputes each chunk, the last first
     assert whole_forward == [N] and whole_backward == []  # one chunk: nothing recomputed
 
 
@@ -173,7 +196,12 @@ def test_the_actor_gives_the_same_outputs_and_gradients_in_chunks(lora):
     if lora:
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0, init_lora_weights=False))
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=4, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0, init_lora_weights=False
+            ),
+        )
     actor = Actor(model, value_head=True)
     torch.nn.init.normal_(actor.value_head.weight)
     trained = {k: p for k, p in actor.named_parameters() if p.requires_grad}
@@ -199,10 +227,17 @@ def test_groups_pack_in_order_up_to_the_budget_and_split_past_it():
     shared, rows = torch.tensor([1, 1, 2, 1]), torch.tensor([[2, 2], [1, 2], [4, 5], [1, 1]])
     assert pack(shared, rows, 9) == [4, 1, 1, 2]  # 5 + 4; 11 over the budget: 2 + 4, then 2 + 5; 3
     assert pack(shared, rows, 100) == [8]
-    assert pack(torch.zeros(3, dtype=torch.long), torch.full((3, 2), 4), 8) == [2, 2, 2]  # plain rows: no shared positions
+    assert pack(torch.zeros(3, dtype=torch.long), torch.full((3, 2), 4), 8) == [
+        2,
+        2,
+        2,
+    ]  # plain rows: no shared positions
     assert pieces(1, [3, 3, 3, 9, 1], 7) == [2, 1, 1, 1]  # 1 + 3 + 3; 1 + 3; 9 alone, over the budget; 1 + 1
     # ATTN as trees of 2 (test_tree_layout_by_hand): prompts of 2 and 3, completions [3, 2] and [2, 1].
-    assert tree_pieces(ATTN, 3, 2, 0).tolist() == [1, 1] and tree_pieces(ATTN, 3, 2, 6).tolist() == [2, 1]  # 2 + 3 + 2 = 7 > 6
+    assert tree_pieces(ATTN, 3, 2, 0).tolist() == [1, 1] and tree_pieces(ATTN, 3, 2, 6).tolist() == [
+        2,
+        1,
+    ]  # 2 + 3 + 2 = 7 > 6
     assert tree_tokens(ATTN, 3, 2, tree_pieces(ATTN, 3, 2, 6)) == 2 * 2 + 3 + 8  # the first prompt twice
 
 
@@ -215,8 +250,17 @@ def test_activation_checkpointing_turns_on_under_either_transformers_name():
     from isoflop_cli.recipe import checkpoint
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(Qwen2Config(vocab_size=19, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                                         num_attention_heads=4, num_key_value_heads=2, use_cache=False)).train()
+    model = AutoModelForCausalLM.from_config(
+        Qwen2Config(
+            vocab_size=19,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            use_cache=False,
+        )
+    ).train()
     ids = torch.randint(3, 19, (2, 8))
 
     def backward() -> tuple[int, list[torch.Tensor]]:

@@ -79,7 +79,9 @@ def test_status_shows_runs_per_state_the_sweeps_rollouts_per_second_and_the_time
     sweep = SweepDir(tmp_path / "default")
     sweep.path.mkdir(parents=True)
     cell = {"M": 10, "columns": {"n": 2, "B_p": 4}}
-    sweep.write_manifest(Manifest(cells={"running": CellState(**cell, state="submitted"), "waiting": CellState(**cell, state="pending")}))
+    sweep.write_manifest(
+        Manifest(cells={"running": CellState(**cell, state="submitted"), "waiting": CellState(**cell, state="pending")})
+    )
     files = sweep.run("running")
     files.dir.mkdir(parents=True)
     files.set_status("running", step=5, M=10, rollouts=40, pid=os.getpid(), started=clock.time() - 10)
@@ -101,7 +103,9 @@ def test_a_sweep_logged_to_a_file_prints_a_line_per_event_and_a_summary(tmp_path
     sweep = SweepDir(tmp_path / "default")
     sweep.path.mkdir(parents=True)
     a, b = "n2_bp2_s0_aaaaaaaa", "n4_bp2_s0_bbbbbbbb"
-    manifest = Manifest(cells={a: CellState(M=4, state="submitted", attempts=1), b: CellState(M=4, state="submitted", attempts=1)})
+    manifest = Manifest(
+        cells={a: CellState(M=4, state="submitted", attempts=1), b: CellState(M=4, state="submitted", attempts=1)}
+    )
     sweep.write_manifest(manifest)
     for rid in (a, b):
         sweep.run(rid).dir.mkdir(parents=True)
@@ -121,7 +125,11 @@ def test_a_sweep_logged_to_a_file_prints_a_line_per_event_and_a_summary(tmp_path
         sweep.write_manifest(manifest)
         clock[0] = 61.0
         dispatcher.on_poll()
-        sweep.run(a).finish([{"step": 2, "rollouts": 8, "val_avg@k": 0.625}, {"step": 4, "rollouts": 16, "val_avg@k": 0.75}], step=4, M=4)
+        sweep.run(a).finish(
+            [{"step": 2, "rollouts": 8, "val_avg@k": 0.625}, {"step": 4, "rollouts": 16, "val_avg@k": 0.75}],
+            step=4,
+            M=4,
+        )
         manifest.cells[b].state, manifest.cells[b].error = "failed", "ValueError: bad row 3"
         sweep.write_manifest(manifest)
     lines = [line.split(" ", 1)[1] for line in capsys.readouterr().out.splitlines()]  # each stamped HH:MM:SS

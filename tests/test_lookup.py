@@ -19,7 +19,9 @@ from isoflop_cli.tasks.arith import ALPHABET
 from isoflop_cli.tasks.dataset import read_rows
 
 BASE_AVG = 0.592041015625  # step 0 of `isoflop run --config lookup` on the pool, on one and on two threads
-SHA256 = "1a47322bfec5da11dffe214bd6af30933437a43ce3d14f89ab0dac29a722df1d"  # printed by scripts/ship_embedded.py --lookup
+SHA256 = (
+    "1a47322bfec5da11dffe214bd6af30933437a43ce3d14f89ab0dac29a722df1d"  # printed by scripts/ship_embedded.py --lookup
+)
 
 
 def test_the_table_is_seeded_distinct_and_written_in_the_models_characters():
@@ -27,14 +29,18 @@ def test_the_table_is_seeded_distinct_and_written_in_the_models_characters():
     assert rows == lookup.table(**lookup.TABLE) != lookup.table(**{**lookup.TABLE, "seed": 1})
     assert len({p for p, _ in rows}) == lookup.TABLE["keys"]
     assert all(set(p + a) <= set(ALPHABET) for p, a in rows)
-    assert {len(p) for p, _ in rows} == {lookup.TABLE["key_digits"] + 1} and {len(a) for _, a in rows} == {lookup.TABLE["value_digits"]}
+    assert {len(p) for p, _ in rows} == {lookup.TABLE["key_digits"] + 1} and {len(a) for _, a in rows} == {
+        lookup.TABLE["value_digits"]
+    }
 
 
 def test_the_pool_reads_as_a_problem_file_and_the_model_ships(tmp_path, monkeypatch):
     monkeypatch.setenv("ISOFLOP_CACHE", str(tmp_path / "cache"))  # an empty cache: the shipped model, nothing built
     path = lookup.model_dir()
     lookup.write_pool(tmp_path / "pool.parquet")
-    assert path.parent == checkpoint.SHIPPED, "the lookup recipe changed: run scripts/ship_embedded.py --lookup and pin its SHA-256 here"
+    assert path.parent == checkpoint.SHIPPED, (
+        "the lookup recipe changed: run scripts/ship_embedded.py --lookup and pin its SHA-256 here"
+    )
     assert hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest() == SHA256
     rows = read_rows(str(tmp_path / "pool.parquet"), "task.train", "prompt", "reward_model.ground_truth")
     assert [(r.prompt, r.answer) for r in rows] == lookup.table(**lookup.TABLE)
@@ -46,7 +52,10 @@ def test_the_warm_start_leaves_keys_from_known_to_rare():
     rate rejected, the true rates' sd above 0.15), and both of the study's bands hold keys."""
     rows = lookup.table(**lookup.TABLE)
     path = lookup.model_dir()
-    tokenizer, model = AutoTokenizer.from_pretrained(path, padding_side="left"), AutoModelForCausalLM.from_pretrained(path).eval()
+    tokenizer, model = (
+        AutoTokenizer.from_pretrained(path, padding_side="left"),
+        AutoModelForCausalLM.from_pretrained(path).eval(),
+    )
     sampler = HFSampler(model, tokenizer)
     torch.manual_seed(0)
     rates = []
@@ -65,7 +74,9 @@ def test_the_base_score_is_the_same_on_one_and_two_threads(tmp_path):
     """`make sweep` on two machines with different thread counts, emulated: step 0's validation
     avg@k of the shipped lookup model over the whole pool (512 keys, 16 samples each) is pinned."""
     lookup.write_pool(pool := tmp_path / "pool.parquet")
-    scores = base_scores(tmp_path, "--config", "lookup", f"model.path={lookup.model_dir()}", f"task.train={pool}", f"task.val={pool}")
+    scores = base_scores(
+        tmp_path, "--config", "lookup", f"model.path={lookup.model_dir()}", f"task.train={pool}", f"task.val={pool}"
+    )
     assert scores[0] == scores[1] == pytest.approx(BASE_AVG, abs=1e-6), scores
 
 
@@ -91,11 +102,15 @@ def test_on_the_calibrated_hard_set_every_seed_of_n16_ends_above_every_seed_of_n
     df = pd.read_parquet(out / "calibration.parquet")
     samples = cfg.calibrate.samples
     assert list(df["problem_id"]) == list(range(lookup.TABLE["keys"])) and (df["samples"] == samples).all()
-    assert set((df["pass_rate"] * samples).round(9)) <= set(range(samples + 1)) and (df["mean_response_tokens"] > 0).all()
+    assert (
+        set((df["pass_rate"] * samples).round(9)) <= set(range(samples + 1)) and (df["mean_response_tokens"] > 0).all()
+    )
     slices = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/calibration.parquet")}
     assert len(slices) == 1
     again = run_isoflop(*calibrate)
-    assert again.returncode == 0 and {p: p.stat().st_mtime_ns for p in slices} == slices, again.stdout + again.stderr  # nothing sampled twice
+    assert again.returncode == 0 and {p: p.stat().st_mtime_ns for p in slices} == slices, (
+        again.stdout + again.stderr
+    )  # nothing sampled twice
     rates = df.set_index("prompt")["pass_rate"]
     hard = out / "hard.parquet"
     keys = pd.read_parquet(hard)["prompt"]
@@ -103,8 +118,18 @@ def test_on_the_calibrated_hard_set_every_seed_of_n16_ends_above_every_seed_of_n
     assert set(keys) == set(rates[rates.between(low, high)].index)  # the band's keys, all of them
 
     # The sweep trains on the set calibrate wrote.
-    swept = run_isoflop("sweep", *common, f"task.train={hard}", f"task.val={hard}", "name=hard", f"eval.problems={len(keys)}",
-                    "grid.n=[2,16]", "grid.seed=[0,1]", "grid.budgets=[32768]", "grid.eval_points=1")
+    swept = run_isoflop(
+        "sweep",
+        *common,
+        f"task.train={hard}",
+        f"task.val={hard}",
+        "name=hard",
+        f"eval.problems={len(keys)}",
+        "grid.n=[2,16]",
+        "grid.seed=[0,1]",
+        "grid.budgets=[32768]",
+        "grid.eval_points=1",
+    )
     assert swept.returncode == 0, swept.stdout + swept.stderr
     df = pd.read_parquet(tmp_path / "hard" / "results.parquet")
     last = df[df["rollouts"] == 32768].groupby("n")["val_avg@k"]

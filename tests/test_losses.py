@@ -58,7 +58,9 @@ def test_kl_k3_and_token_mean():
 def test_dr_grpo_advantages_are_only_mean_centred():
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
     adv = group_advantages(rewards, eps=1e-6, scale=False)
-    assert adv.flatten().tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5, 0.75, -0.25, -0.25, -0.25, 0.0, 0.0, 0.0, 0.0])
+    assert adv.flatten().tolist() == pytest.approx(
+        [0.5, -0.5, -0.5, 0.5, 0.75, -0.25, -0.25, -0.25, 0.0, 0.0, 0.0, 0.0]
+    )
 
 
 def aggregate(x, mask, mode, max_len=0):
@@ -124,7 +126,9 @@ def test_whiten_and_value_loss_hand_computed():
     # t1: V - V_old = 0.1 within the clip: 0.5 both
     assert value_loss(values, old, returns, clip=0.2).tolist() == pytest.approx([0.5, 0.5])
     # clipping binds when it makes the loss larger: V moved away from the return past the clip
-    assert value_loss(torch.tensor([0.5]), torch.tensor([2.0]), torch.tensor([3.0]), clip=0.2).tolist() == pytest.approx([0.5 * 6.25])
+    assert value_loss(
+        torch.tensor([0.5]), torch.tensor([2.0]), torch.tensor([3.0]), clip=0.2
+    ).tolist() == pytest.approx([0.5 * 6.25])
 
 
 def test_cispo_hand_computed_and_stop_gradient():

@@ -8,8 +8,8 @@ import torch
 from typer.testing import CliRunner
 
 from isoflop_cli import config, memory
-from isoflop_cli.errors import ConfigError
 from isoflop_cli.cli import app
+from isoflop_cli.errors import ConfigError
 from isoflop_cli.flops import model_shape
 
 GIB = 2**30
@@ -28,25 +28,44 @@ def qwen7b(tmp_path_factory):
     from isoflop_cli.recipe.checkpoint import char_tokenizer
 
     path = tmp_path_factory.mktemp("qwen2.5-7b")
-    Qwen2Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
-                num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=32768,
-                tie_word_embeddings=False).save_pretrained(path)
+    Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
+    ).save_pretrained(path)
     char_tokenizer().save_pretrained(path)
     problems = path.parent / "problems.jsonl"
-    problems.write_text("".join(f'{{"prompt": "What is {i} + 1?", "reward_model": {{"ground_truth": "{i + 1}"}}}}\n' for i in range(200)))
+    problems.write_text(
+        "".join(
+            f'{{"prompt": "What is {i} + 1?", "reward_model": {{"ground_truth": "{i + 1}"}}}}\n' for i in range(200)
+        )
+    )
     return path, problems
 
 
 def seed_easy(qwen7b, *overrides):
     """seed-easy as shipped on the 7B directory, with the knobs the hand computations read pinned."""
     path, problems = qwen7b
-    pinned = ["sampler.gpu_memory_utilization=0.6", "sampler.tensor_parallel=1", "learner.max_tokens_per_micro_batch=32768",
-              "learner.logit_chunk_tokens=2048", "task.max_prompt_tokens=1024", "task.max_new_tokens=2048"]
+    pinned = [
+        "sampler.gpu_memory_utilization=0.6",
+        "sampler.tensor_parallel=1",
+        "learner.max_tokens_per_micro_batch=32768",
+        "learner.logit_chunk_tokens=2048",
+        "task.max_prompt_tokens=1024",
+        "task.max_new_tokens=2048",
+    ]
     return [f"model.path={path}", f"task.train={problems}", "eval.problems=16", *pinned, *overrides]
 
 
 def predict(cfg, n, B_p):
-    return memory.predict(model_shape(cfg.model).with_lora(cfg.lora.rank, cfg.lora.targets), cfg, n, B_p, cfg.task.max_prompt_tokens)
+    return memory.predict(
+        model_shape(cfg.model).with_lora(cfg.lora.rank, cfg.lora.targets), cfg, n, B_p, cfg.task.max_prompt_tokens
+    )
 
 
 def test_7b_full_fine_tuning_over_8_ranks_by_hand(qwen7b):
@@ -55,7 +74,12 @@ def test_7b_full_fine_tuning_over_8_ranks_by_hand(qwen7b):
     32,768 budget, so a micro-batch is a piece of one group: its prompt and (32,768 - 1,024) // 2,048
     = 15 completions."""
     cfg = config.load("seed-easy", seed_easy(qwen7b))
-    assert (cfg.cluster.gpus_per_run, cfg.learner.world_size, cfg.learner.bf16, cfg.learner.activation_checkpointing) == (8, 8, True, True)
+    assert (
+        cfg.cluster.gpus_per_run,
+        cfg.learner.world_size,
+        cfg.learner.bf16,
+        cfg.learner.activation_checkpointing,
+    ) == (8, 8, True, True)
     m = predict(cfg, n=16, B_p=64)
 
     # Parameters: one layer's projections q, k, v, o (GQA: k and v 4 x 128 = 512 wide) and a gated MLP.
@@ -75,7 +99,12 @@ def test_7b_full_fine_tuning_over_8_ranks_by_hand(qwen7b):
     # The micro-batch: one prompt tree of 1024 + 15 * 2048 positions; keys: the prompt's 1024 and
     # each completion's row of 3072; masks [1024, 1024] and 15 x [2048, 3072] booleans.
     S, K, N = 1024 + 15 * 2048, 1024 + 15 * 3072, 15 * 2048
-    assert (m.micro_batch.groups, m.micro_batch.tokens, m.micro_batch.keys, m.micro_batch.logit_positions) == (1, S, K, N)
+    assert (m.micro_batch.groups, m.micro_batch.tokens, m.micro_batch.keys, m.micro_batch.logit_positions) == (
+        1,
+        S,
+        K,
+        N,
+    )
     masks = 1024 * 1024 + 15 * 2048 * 3072
     # One layer's saved bytes per position (bf16): 2 norms (fp32 input + bf16 output), the
     # inputs of qkv and gate/up, q + attention out + o_proj in (3 x 3584 x 2), the MLP's 4 x 18944 x 2;
@@ -106,8 +135,17 @@ def test_7b_full_fine_tuning_over_8_ranks_by_hand(qwen7b):
 
     resident = (4 + 4 + 8 + 2) * params / 8 + 2 * GIB
     sampling = resident + 0.6 * 141 * GIB + gather
-    learning = (resident + 1.5 * GIB + 5 * 64 * 16 * 3071 * 4 + 2 * rest + 4 * layer + 2 * rest + 6 * layer + activations
-                + 2048 * 152064 * 24)
+    learning = (
+        resident
+        + 1.5 * GIB
+        + 5 * 64 * 16 * 3071 * 4
+        + 2 * rest
+        + 4 * layer
+        + 2 * rest
+        + 6 * layer
+        + activations
+        + 2048 * 152064 * 24
+    )
     assert (m.sampling * GIB, m.learning * GIB) == (pytest.approx(sampling), pytest.approx(learning))
     assert m.peak == pytest.approx(max(sampling, learning) / GIB) == pytest.approx(102.59, abs=0.01)
     assert m.phase == "sampling" and m.learning == pytest.approx(47.44, abs=0.01)
@@ -117,9 +155,20 @@ def test_7b_lora_on_one_gpu_by_hand(qwen7b):
     """LoRA rank 32 on every projection, one GPU (bf16: FSDP2 over one rank), KL on (the reference is
     the policy with its adapters off: no copy), vLLM with a 20 GiB KV cache; micro-batches of 16
     rows: two groups of n = 8."""
-    cfg = config.load("seed-easy", seed_easy(qwen7b, "cluster.gpus_per_run=1", "lora.rank=32", "sampler.kv_cache_gib=20",
-                                             "learner.max_tokens_per_micro_batch=0", "learner.micro_batch=16",
-                                             "task.max_prompt_tokens=512", "task.max_new_tokens=1024", "algo.entropy_coef=0"))
+    cfg = config.load(
+        "seed-easy",
+        seed_easy(
+            qwen7b,
+            "cluster.gpus_per_run=1",
+            "lora.rank=32",
+            "sampler.kv_cache_gib=20",
+            "learner.max_tokens_per_micro_batch=0",
+            "learner.micro_batch=16",
+            "task.max_prompt_tokens=512",
+            "task.max_new_tokens=1024",
+            "algo.entropy_coef=0",
+        ),
+    )
     assert (cfg.learner.world_size, cfg.algo.kl_coef > 0) == (1, True)
     m = predict(cfg, n=8, B_p=16)
 
@@ -127,7 +176,9 @@ def test_7b_lora_on_one_gpu_by_hand(qwen7b):
     rest = 2 * 152064 * 3584
     params = 28 * layer + rest
     # An adapter: r x (in + out) per projection.
-    adapter_layer = 32 * ((3584 + 3584) + (3584 + 512) + (3584 + 512) + (3584 + 3584) + (3584 + 18944) + (3584 + 18944) + (18944 + 3584))
+    adapter_layer = 32 * (
+        (3584 + 3584) + (3584 + 512) + (3584 + 512) + (3584 + 3584) + (3584 + 18944) + (3584 + 18944) + (18944 + 3584)
+    )
     assert adapter_layer == 2_883_584
     adapter = 28 * adapter_layer
     assert m.weights * GIB == pytest.approx(2 * params + 4 * adapter)  # frozen bf16 backbone, fp32 adapter
@@ -161,13 +212,27 @@ def test_a_prm_cell_by_hand(qwen7b, tmp_path):
     from transformers import Qwen2Config
 
     path, _ = qwen7b
-    Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                num_key_value_heads=2, tie_word_embeddings=True, num_labels=1).save_pretrained(tmp_path / "prm")
-    steps = [a for a in seed_easy(qwen7b) if not a.startswith("task.train=")]  # the pinned knobs on the arithmetic task with steps
-    cfg = config.load("seed-easy", [*steps, "task=arith-steps", "task.train=null", "reward=prm", f"reward.path={tmp_path / 'prm'}"])
+    Qwen2Config(
+        vocab_size=151936,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        num_labels=1,
+    ).save_pretrained(tmp_path / "prm")
+    steps = [
+        a for a in seed_easy(qwen7b) if not a.startswith("task.train=")
+    ]  # the pinned knobs on the arithmetic task with steps
+    cfg = config.load(
+        "seed-easy", [*steps, "task=arith-steps", "task.train=null", "reward=prm", f"reward.path={tmp_path / 'prm'}"]
+    )
     m = memory.predict(model_shape(cfg.model), cfg, 16, 64, 1024)
     layer = 1536 * 1536 + 2 * 1536 * 256 + 1536 * 1536 + 3 * 1536 * 8960
-    assert m.reward_weights * GIB == pytest.approx(2 * (28 * layer + 151936 * 1536))  # its embeddings, the head's 1536 x 1 aside
+    assert m.reward_weights * GIB == pytest.approx(
+        2 * (28 * layer + 151936 * 1536)
+    )  # its embeddings, the head's 1536 x 1 aside
     rows, width = 10, 1024 + 2048 + 1
     S = rows * width
     # One layer's tensors as a learning pass keeps them (2 norms, the projections' inputs and
@@ -179,11 +244,17 @@ def test_a_prm_cell_by_hand(qwen7b, tmp_path):
     # graphs, rank 0's broadcast of the rollouts, one forward. Below sampling's peak here.
     assert m.scoring == pytest.approx(m.resident + 1.5 + m.broadcast_buffers + m.reward_forward)
     rule = predict(config.load("seed-easy", seed_easy(qwen7b)), 16, 64)
-    assert m.resident == pytest.approx(rule.resident + m.reward_weights) and m.peak == pytest.approx(rule.peak + m.reward_weights)
-    print(f"PRM 1.5B: weights {m.reward_weights:.2f} GiB, a forward {m.reward_forward:.2f}; scoring {m.scoring:.2f} of a {m.peak:.2f} peak")
+    assert m.resident == pytest.approx(rule.resident + m.reward_weights) and m.peak == pytest.approx(
+        rule.peak + m.reward_weights
+    )
+    print(
+        f"PRM 1.5B: weights {m.reward_weights:.2f} GiB, a forward {m.reward_forward:.2f}; scoring {m.scoring:.2f} of a {m.peak:.2f} peak"
+    )
     # A budget of 0 scores a rank's share in one forward: at n = 64, 512 rows; scoring peaks, and
     # the knob is named. With the budget, n = 64 scores in the same forwards of 10 rows.
-    whole = memory.predict(model_shape(cfg.model), config.with_values(cfg, {"reward.max_tokens_per_forward": 0}), 64, 64, 1024)
+    whole = memory.predict(
+        model_shape(cfg.model), config.with_values(cfg, {"reward.max_tokens_per_forward": 0}), 64, 64, 1024
+    )
     assert whole.reward_forward == pytest.approx(m.reward_forward * 512 / 10, rel=0.1) and whole.phase == "scoring"
     assert memory.predict(model_shape(cfg.model), cfg, 64, 64, 1024).reward_forward == m.reward_forward
     with pytest.raises(ConfigError, match=r"while scoring \(reward_forward .*lower reward\.max_tokens_per_forward"):
@@ -198,7 +269,9 @@ def test_the_7b_lora_policy_the_recipe_builds_on_one_gpu_holds_what_the_model_co
     from isoflop_cli.recipe import checkpoint
     from isoflop_cli.recipe.trainer import policy_dtype, with_adapters
 
-    cfg = config.load("seed-easy", seed_easy(qwen7b, "cluster.gpus_per_run=1", "lora.rank=32", "sampler.kv_cache_gib=20"))
+    cfg = config.load(
+        "seed-easy", seed_easy(qwen7b, "cluster.gpus_per_run=1", "lora.rank=32", "sampler.kv_cache_gib=20")
+    )
     assert cfg.learner.bf16
     _, backbone = checkpoint.load(cfg.model, cfg.task, policy_dtype(cfg), meta=True)
     policy = with_adapters(backbone, cfg.lora)
@@ -207,7 +280,9 @@ def test_the_7b_lora_policy_the_recipe_builds_on_one_gpu_holds_what_the_model_co
     held = sum(p.numel() * p.element_size() for p in policy.parameters())
     params, adapter = 7_615_283_200, 28 * 2_883_584  # as in test_7b_lora_on_one_gpu_by_hand
     by_hand = 2 * params + 4 * adapter
-    print(f"7B LoRA policy: {held / GIB:.2f} GiB held, {by_hand / GIB:.2f} by hand, {predict(cfg, n=8, B_p=16).weights:.2f} predicted")
+    print(
+        f"7B LoRA policy: {held / GIB:.2f} GiB held, {by_hand / GIB:.2f} by hand, {predict(cfg, n=8, B_p=16).weights:.2f} predicted"
+    )
     assert held == pytest.approx(by_hand, rel=0.05)
     assert held == pytest.approx(predict(cfg, n=8, B_p=16).weights * GIB, rel=0.05)
 
@@ -232,15 +307,27 @@ def test_each_knob_moves_the_prediction_as_it_claims(qwen7b):
     tp2 = at(**{"sampler.tensor_parallel": 2})
     assert tp2.sampler_weights == pytest.approx(base.sampler_weights / 2)
     assert tp2.kv_cache == pytest.approx(base.kv_cache + base.sampler_weights / 2)
-    assert tp2.sampling - tp2.gather_buffers == pytest.approx(base.sampling - base.gather_buffers)  # 4 engines' shares gathered, not 8
+    assert tp2.sampling - tp2.gather_buffers == pytest.approx(
+        base.sampling - base.gather_buffers
+    )  # 4 engines' shares gathered, not 8
     sized = at(**{"sampler.kv_cache_gib": 30.0}), at(**{"sampler.kv_cache_gib": 30.0, "sampler.tensor_parallel": 2})
-    assert sized[1].sampling - sized[1].gather_buffers == pytest.approx(sized[0].sampling - sized[0].gather_buffers - base.sampler_weights / 2)
+    assert sized[1].sampling - sized[1].gather_buffers == pytest.approx(
+        sized[0].sampling - sized[0].gather_buffers - base.sampler_weights / 2
+    )
     share = at(**{"sampler.gpu_memory_utilization": 0.4})
-    assert share.kv_cache == pytest.approx(base.kv_cache - 0.2 * 141) and share.sampling == pytest.approx(base.sampling - 0.2 * 141)
+    assert share.kv_cache == pytest.approx(base.kv_cache - 0.2 * 141) and share.sampling == pytest.approx(
+        base.sampling - 0.2 * 141
+    )
     awake = at(**{"sampler.sleep": False})
-    assert awake.learning == pytest.approx(base.learning + 0.6 * 141 - 1.5)  # the engine's whole share stays, not only its graphs
+    assert awake.learning == pytest.approx(
+        base.learning + 0.6 * 141 - 1.5
+    )  # the engine's whole share stays, not only its graphs
     eager = at(**{"sampler.enforce_eager": True})
-    assert eager.engine_graphs == 0 and eager.kv_cache == pytest.approx(base.kv_cache + 1.5) and eager.learning == pytest.approx(base.learning - 1.5)
+    assert (
+        eager.engine_graphs == 0
+        and eager.kv_cache == pytest.approx(base.kv_cache + 1.5)
+        and eager.learning == pytest.approx(base.learning - 1.5)
+    )
     more = config.with_values(cfg, {"cluster.gpus_per_run": 16.0, "learner.world_size": 16})
     assert predict(more, 8, 64).optimizer == pytest.approx(base.optimizer / 2)
 
@@ -248,22 +335,41 @@ def test_each_knob_moves_the_prediction_as_it_claims(qwen7b):
 def test_a_cell_that_cannot_fit_is_refused_with_its_knob(qwen7b):
     # Without checkpointing one prompt group's activations (17,408 positions) need ~115 GiB.
     axes = "+grid.axes={learner.activation_checkpointing:[true,false]}"
-    result = runner.invoke(app, ["plan", "--json", "--config", "seed-easy", *seed_easy(qwen7b, "grid.n=[8]", "grid.B_p=[64]", axes)])
+    result = runner.invoke(
+        app, ["plan", "--json", "--config", "seed-easy", *seed_easy(qwen7b, "grid.n=[8]", "grid.B_p=[64]", axes)]
+    )
     assert result.exit_code == 0, result.output
     on, off = json.loads(result.stdout)["cells"]
     assert on["feasible"] and on["predicted"]["gpu_memory_gib"] <= 141
     reason = off["reason"]
-    assert not off["feasible"] and reason.startswith("needs 147.6 GiB of cluster.gpu_memory_gib=141 per GPU while learning (activations 114.9")
+    assert not off["feasible"] and reason.startswith(
+        "needs 147.6 GiB of cluster.gpu_memory_gib=141 per GPU while learning (activations 114.9"
+    )
     assert "turn learner.activation_checkpointing on" in reason
     # Micro-batches by rows hold a prompt group whole: one of 263,168 positions cannot fit, and the
     # message names the knob that splits it.
     rows = ("grid.n=[128]", "grid.B_p=[64]", "learner.max_tokens_per_micro_batch=0", "learner.micro_batch=128")
     only = runner.invoke(app, ["plan", "--config", "seed-easy", *seed_easy(qwen7b, *rows)])
     assert only.exit_code == 2 and "no feasible cell: needs" in only.output
-    assert "a prompt group alone feeds 263,168 positions: set learner.max_tokens_per_micro_batch (it splits groups)" in " ".join(only.output.split())
+    assert (
+        "a prompt group alone feeds 263,168 positions: set learner.max_tokens_per_micro_batch (it splits groups)"
+        in " ".join(only.output.split())
+    )
     # vLLM's share smaller than its own weights: refused with the two knobs that fix it.
-    small = runner.invoke(app, ["plan", "--config", "seed-easy", *seed_easy(qwen7b, "grid.n=[8]", "grid.B_p=[64]", "sampler.gpu_memory_utilization=0.1")])
-    assert small.exit_code == 2 and "does not hold the engine's weights" in small.output and "sampler.tensor_parallel" in small.output
+    small = runner.invoke(
+        app,
+        [
+            "plan",
+            "--config",
+            "seed-easy",
+            *seed_easy(qwen7b, "grid.n=[8]", "grid.B_p=[64]", "sampler.gpu_memory_utilization=0.1"),
+        ],
+    )
+    assert (
+        small.exit_code == 2
+        and "does not hold the engine's weights" in small.output
+        and "sampler.tensor_parallel" in small.output
+    )
 
 
 def test_plan_needs_no_weights_and_no_vllm_a_sweep_needs_both(qwen7b, tmp_path):
@@ -272,7 +378,10 @@ def test_plan_needs_no_weights_and_no_vllm_a_sweep_needs_both(qwen7b, tmp_path):
     args = seed_easy(qwen7b, "grid.n=[8,16]", "grid.B_p=[64]")
     result = runner.invoke(app, ["plan", "--json", "--config", "seed-easy", *args])
     assert result.exit_code == 0, result.output
-    assert [r["predicted"]["gpu_memory_gib"] for r in json.loads(result.stdout)["cells"]] == [pytest.approx(102.57, abs=0.01), pytest.approx(102.59, abs=0.01)]
+    assert [r["predicted"]["gpu_memory_gib"] for r in json.loads(result.stdout)["cells"]] == [
+        pytest.approx(102.57, abs=0.01),
+        pytest.approx(102.59, abs=0.01),
+    ]
     table = runner.invoke(app, ["plan", "--config", "seed-easy", *args])
     assert table.exit_code == 0 and "GiB/GPU" in table.output and "103" in table.output
     for command in (["sweep", "--root", str(tmp_path / "out")], ["run", "--run-dir", str(tmp_path / "run")]):
@@ -290,7 +399,12 @@ def test_seed_easy_on_8_h200s(qwen7b):
 
     path, problems = qwen7b
     cfg = config.load("seed-easy", [f"model.path={path}", f"task.train={problems}", "eval.problems=16"])
-    assert (cfg.sampler.name, cfg.sampler.sleep, cfg.learner.world_size, cfg.cluster.gpus_per_run) == ("vllm", True, 8, 8)
+    assert (cfg.sampler.name, cfg.sampler.sleep, cfg.learner.world_size, cfg.cluster.gpus_per_run) == (
+        "vllm",
+        True,
+        8,
+        8,
+    )
     assert cfg.learner.bf16 and cfg.learner.activation_checkpointing and cfg.learner.max_tokens_per_micro_batch > 0
     cells = expand(cfg)
     for c in cells:
@@ -300,7 +414,9 @@ def test_seed_easy_on_8_h200s(qwen7b):
             assert c.plan.gpu_memory.peak <= 141
             micro = c.plan.gpu_memory.micro_batch
             assert micro.tokens <= cfg.learner.max_tokens_per_micro_batch
-            if 1024 + c.axes["n"] * 2048 > 32768:  # a group over the budget: pieces of (32,768 - 1,024) // 2,048 completions
+            if (
+                1024 + c.axes["n"] * 2048 > 32768
+            ):  # a group over the budget: pieces of (32,768 - 1,024) // 2,048 completions
                 assert (micro.groups, micro.rows) == (1, 15)
     # Every cell peaks while sampling: the learner's resident 16.0 GiB, the engine's share
     # 0.6 x 141, 2 GiB overhead, and rank 0's gather of 8 engines' shares (as by hand in
@@ -320,7 +436,15 @@ def test_a_cpu_run_whose_learner_state_cannot_fit_the_node_is_refused(qwen7b, mo
     this machine's where the runs run here; LoRA (a frozen fp32 backbone, no reference) fits where
     full fine-tuning does not."""
     path, problems = qwen7b
-    cpu = [f"model.path={path}", f"task.train={problems}", "task=dataset", "eval.problems=16", "grid.n=[8]", "grid.B_p=[8]", "algo.kl_coef=0.01"]
+    cpu = [
+        f"model.path={path}",
+        f"task.train={problems}",
+        "task=dataset",
+        "eval.problems=16",
+        "grid.n=[8]",
+        "grid.B_p=[8]",
+        "algo.kl_coef=0.01",
+    ]
 
     def plan(*more):
         return runner.invoke(app, ["plan", "--json", *cpu, *more])
@@ -331,8 +455,10 @@ def test_a_cpu_run_whose_learner_state_cannot_fit_the_node_is_refused(qwen7b, mo
     assert refused.exit_code == 2, refused.output
     said = " ".join(refused.output.split())
     assert f"a CPU run's learner state alone needs {need:.1f} GiB, above the 128 GiB of cluster.node_memory_gib" in said
-    assert f"(weights {4 * params / GIB:.1f}, gradients {4 * params / GIB:.1f}, AdamW states {8 * params / GIB:.1f}, KL reference " \
-           f"{4 * params / GIB:.1f}, processes 0.5): train LoRA adapters (lora.rank)" in said
+    assert (
+        f"(weights {4 * params / GIB:.1f}, gradients {4 * params / GIB:.1f}, AdamW states {8 * params / GIB:.1f}, KL reference "
+        f"{4 * params / GIB:.1f}, processes 0.5): train LoRA adapters (lora.rank)" in said
+    )
     assert plan("cluster.node_memory_gib=142.5").exit_code == 0
     assert plan("cluster.node_memory_gib=64", "lora.rank=32").exit_code == 0  # the backbone alone: 4 bytes a parameter
     # null: this machine's memory where the runs run here, unchecked on a cluster elsewhere.
@@ -340,18 +466,33 @@ def test_a_cpu_run_whose_learner_state_cannot_fit_the_node_is_refused(qwen7b, mo
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert "above the 24.0 GiB of this machine's memory" in " ".join(plan().output.split())
     assert plan("cluster.address=http://127.0.0.1:1").exit_code == 0
-    assert "above the 24.0 GiB" in " ".join(plan("cluster.launcher=slurm", "cluster.slurm.executor=local").output.split())
+    assert "above the 24.0 GiB" in " ".join(
+        plan("cluster.launcher=slurm", "cluster.slurm.executor=local").output.split()
+    )
     assert plan("cluster.launcher=slurm").exit_code == 0
 
 
-@pytest.mark.parametrize("own, files, limit", [
-    ("0::/user.slice/job\n", {"memory.max": "max", "user.slice/job/memory.max": "8589934592"}, 8589934592),  # v2, the process's own cgroup
-    ("4:memory:/process_api/x\n1:cpu:/\n", {"memory/memory.limit_in_bytes": "9223372036854771712",
-                                            "memory/process_api/x/memory.limit_in_bytes": "4294967296"}, 4294967296),  # v1
-    ("0::/\n", {"memory.max": "2147483648"}, 2147483648),  # a container that sees its cgroup as the root
-    ("0::/a\n", {"memory.max": "max", "a/memory.max": "max"}, None),  # no limit anywhere
-    ("4:cpu,cpuacct:/a\n", {}, None),  # no memory controller named, no files
-])
+@pytest.mark.parametrize(
+    "own, files, limit",
+    [
+        (
+            "0::/user.slice/job\n",
+            {"memory.max": "max", "user.slice/job/memory.max": "8589934592"},
+            8589934592,
+        ),  # v2, the process's own cgroup
+        (
+            "4:memory:/process_api/x\n1:cpu:/\n",
+            {
+                "memory/memory.limit_in_bytes": "9223372036854771712",
+                "memory/process_api/x/memory.limit_in_bytes": "4294967296",
+            },
+            4294967296,
+        ),  # v1
+        ("0::/\n", {"memory.max": "2147483648"}, 2147483648),  # a container that sees its cgroup as the root
+        ("0::/a\n", {"memory.max": "max", "a/memory.max": "max"}, None),  # no limit anywhere
+        ("4:cpu,cpuacct:/a\n", {}, None),  # no memory controller named, no files
+    ],
+)
 def test_the_memory_cgroup_limit_is_read_where_proc_self_cgroup_points(tmp_path, own, files, limit):
     (tmp_path / "cgroup").write_text(own)
     for name, text in files.items():

@@ -35,7 +35,14 @@ def status_sweep(tmp_path) -> SweepDir:
     sweep = SweepDir(tmp_path / "default")
     sweep.path.mkdir(parents=True)
     cell = {"M": 2000, "columns": {"n": 16, "B_p": 64}}
-    sweep.write_manifest(Manifest(cells={LONG_RUN: CellState(**cell, state="submitted"), "n2_bp2_s0_0123abcd": CellState(**cell, state="pending")}))
+    sweep.write_manifest(
+        Manifest(
+            cells={
+                LONG_RUN: CellState(**cell, state="submitted"),
+                "n2_bp2_s0_0123abcd": CellState(**cell, state="pending"),
+            }
+        )
+    )
     files = sweep.run(LONG_RUN)
     files.dir.mkdir(parents=True)
     files.set_status("running", step=24, M=2000, rollouts=24160.0, pid=os.getpid(), started=1.0)
@@ -61,9 +68,16 @@ def test_status_json_is_what_its_table_shows(tmp_path):
     data = json.loads(result.stdout)
     runs = {r["run"]: r for r in data["runs"]}
     assert set(runs) == {LONG_RUN, "n2_bp2_s0_0123abcd"}
-    assert runs[LONG_RUN] | {"rollouts": 24160, "step": 24, "M": 2000, "val_avg@k": 0.4567, "wall_s": 123.25} == runs[LONG_RUN]
+    assert (
+        runs[LONG_RUN] | {"rollouts": 24160, "step": 24, "M": 2000, "val_avg@k": 0.4567, "wall_s": 123.25}
+        == runs[LONG_RUN]
+    )
     assert runs["n2_bp2_s0_0123abcd"]["rollouts"] is None and runs["n2_bp2_s0_0123abcd"]["state"] == "pending"
-    assert data["totals"]["runs"] == 2 and data["totals"]["rollouts"] == 24160 and data["totals"]["states"] == {"running": 1, "pending": 1}
+    assert (
+        data["totals"]["runs"] == 2
+        and data["totals"]["rollouts"] == 24160
+        and data["totals"]["states"] == {"running": 1, "pending": 1}
+    )
     table = runner.invoke(app, ["status", str(sweep.path)]).output
     for r in data["runs"]:
         assert f"{r['step']}/{r['M']}" in table
@@ -82,7 +96,9 @@ def test_plan_piped_keeps_every_value_whole():
     assert len(rows) == len(cells)
     for row, cell in zip(rows, cells):
         words = row.replace("│", " ").split()
-        assert f"{cell['rollouts']:,}" in words and str(cell["M"]) in words and str(cell["axes"]["algo.kl_coef"]) in words
+        assert (
+            f"{cell['rollouts']:,}" in words and str(cell["M"]) in words and str(cell["axes"]["algo.kl_coef"]) in words
+        )
 
 
 def test_race_pilot_dry_run_json_is_its_plan():
@@ -92,7 +108,9 @@ def test_race_pilot_dry_run_json_is_its_plan():
     assert "…" not in shown.output
     data = json.loads(result.stdout)
     feasible = [c for c in data["cells"] if c["feasible"]]
-    assert data["totals"]["cells"] == len(data["cells"]) and data["totals"]["rollouts"] == sum(c["rollouts"] for c in feasible)
+    assert data["totals"]["cells"] == len(data["cells"]) and data["totals"]["rollouts"] == sum(
+        c["rollouts"] for c in feasible
+    )
     rows = [line for line in shown.output.splitlines() if line.startswith("│")]
     assert [f"{c['rollouts']:,}" for c in feasible] == [line.replace("│", " ").split()[7] for line in rows]
     assert ", ".join(f"n={v['n']} x {v['updates']}" for v in data["pilot"]["levels"]) in shown.output
@@ -107,8 +125,12 @@ def test_fit_json_is_fit_json_with_its_frontier(tmp_path):
     result = runner.invoke(app, [*args, "--json"])
     assert shown.exit_code == 0 and result.exit_code == 0, shown.output + result.output
     data = json.loads(result.stdout)
-    assert {k: v for k, v in data.items() if k not in ("answer", "frontier_csv", "written")} == json.loads((tmp_path / "fit" / "fit.json").read_text())
-    pd.testing.assert_frame_equal(pd.DataFrame(data["frontier_csv"]), pd.read_csv(tmp_path / "fit" / "frontier.csv"), check_dtype=False)
+    assert {k: v for k, v in data.items() if k not in ("answer", "frontier_csv", "written")} == json.loads(
+        (tmp_path / "fit" / "fit.json").read_text()
+    )
+    pd.testing.assert_frame_equal(
+        pd.DataFrame(data["frontier_csv"]), pd.read_csv(tmp_path / "fit" / "frontier.csv"), check_dtype=False
+    )
     for value in data["frontier"]["params"].values():  # the method table's estimates
         assert fmt(value) in shown.output
     assert "…" not in shown.output
@@ -123,17 +145,36 @@ def test_replay_json_is_replay_json_and_its_table(tmp_path):
     result = runner.invoke(app, [*args, "--json"])
     assert shown.exit_code == 0 and result.exit_code == 0, shown.output + result.output
     data = json.loads(result.stdout)
-    assert {k: v for k, v in data.items() if k != "written"} == json.loads((tmp_path / "replay" / "replay.json").read_text())
-    assert f"{data['compute_share']:.1%} of the full grid's" in shown.output and str(len(data["stopped_cells"])) + " cells stopped" in shown.output
+    assert {k: v for k, v in data.items() if k != "written"} == json.loads(
+        (tmp_path / "replay" / "replay.json").read_text()
+    )
+    assert (
+        f"{data['compute_share']:.1%} of the full grid's" in shown.output
+        and str(len(data["stopped_cells"])) + " cells stopped" in shown.output
+    )
 
 
 def test_calibrate_json_is_its_bands(tmp_path, monkeypatch):
     """The calibration's jobs stubbed: what it prints of the summary they make."""
     from isoflop_cli import calibrate
 
-    summary = {"rows": 1200, "calibrated": 1100, "left_out": 100, "samples": 16, "spread": None,
-               "bands": [{"name": "easy", "range": [0.3, 0.6], "problems": 412, "mean_response_tokens": 211.5,
-                          "sweep_flops_bound": 3.2e18, "sweep_flops_measured": 1.1e18}]}
+    summary = {
+        "rows": 1200,
+        "calibrated": 1100,
+        "left_out": 100,
+        "samples": 16,
+        "spread": None,
+        "bands": [
+            {
+                "name": "easy",
+                "range": [0.3, 0.6],
+                "problems": 412,
+                "mean_response_tokens": 211.5,
+                "sweep_flops_bound": 3.2e18,
+                "sweep_flops_measured": 1.1e18,
+            }
+        ],
+    }
     monkeypatch.setattr(calibrate, "check", lambda cfg: None)
     monkeypatch.setattr(calibrate, "run", lambda *a: (summary, {}))
     shown = runner.invoke(app, ["calibrate", "--root", str(tmp_path)])
@@ -147,7 +188,9 @@ def test_calibrate_json_is_its_bands(tmp_path, monkeypatch):
 
 def test_version_and_h():
     result = runner.invoke(app, ["--version"])
-    assert result.exit_code == 0 and re.fullmatch(r"isoflop \S+( \(commit [0-9a-f]{12}(, modified)?\))?\n", result.output), result.output
+    assert result.exit_code == 0 and re.fullmatch(
+        r"isoflop \S+( \(commit [0-9a-f]{12}(, modified)?\))?\n", result.output
+    ), result.output
     assert runner.invoke(app, ["-h"]).output == runner.invoke(app, ["--help"]).output
     for name in ("plan", "status", "logs", "race-pilot"):
         short = runner.invoke(app, [name, "-h"])
@@ -155,11 +198,23 @@ def test_version_and_h():
 
 
 def test_logs_names_its_argument_a_run():
-    assert "RUN" in runner.invoke(app, ["logs", "--help"]).output and "RUN_ID" not in runner.invoke(app, ["logs", "--help"]).output
+    assert (
+        "RUN" in runner.invoke(app, ["logs", "--help"]).output
+        and "RUN_ID" not in runner.invoke(app, ["logs", "--help"]).output
+    )
 
 
-@pytest.mark.parametrize("command, new", [("plan", "--root"), ("sweep", "--root"), ("doctor", "--root"), ("calibrate", "--root"),
-                                          ("race-pilot", "--root"), ("run", "--run-dir")])
+@pytest.mark.parametrize(
+    "command, new",
+    [
+        ("plan", "--root"),
+        ("sweep", "--root"),
+        ("doctor", "--root"),
+        ("calibrate", "--root"),
+        ("race-pilot", "--root"),
+        ("run", "--run-dir"),
+    ],
+)
 def test_the_old_out_still_works_with_one_line_on_stderr(tmp_path, command, new):
     old = runner.invoke(app, [command, "--out", str(tmp_path), "grid.n=[0]"])  # refused after the option is read
     assert old.exit_code == 2

@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from test_fit_trend import BUDGETS, NS, RISING, Y0, calls
 from typer.testing import CliRunner
 
 from isoflop_cli import power, sweep
 from isoflop_cli.cli import app
 from isoflop_cli.fit.data import RUN, FitSpec
 from isoflop_cli.fit.trend import n_star_trend
-from test_fit_trend import BUDGETS, NS, RISING, Y0, calls
 
 NOISE = power.Noise(0.02, 0.015, "test")
 
@@ -40,7 +40,7 @@ def fit_rate(cells: list, seeds: int, doublings: float, gap: float, grids: int, 
     zs = [np.log2([p for p in c.plan.eval_at if p > 0]) for c in feasible]
     zlo, zhi = min(z.min() for z in zs), max(z.max() for z in zs)
     room = max(max(xs) - min(xs) - doublings, 0.0)
-    offset = math.sqrt(NOISE.seed_sd ** 2 - NOISE.eval_sd ** 2)
+    offset = math.sqrt(NOISE.seed_sd**2 - NOISE.eval_sd**2)
     rises = 0
     for _ in range(grids):
         start = min(xs) + rng.uniform() * room
@@ -50,8 +50,20 @@ def fit_rate(cells: list, seeds: int, doublings: float, gap: float, grids: int, 
                 star = start + doublings * (z - zlo) / (zhi - zlo)
                 y = -gap * (x - star) ** 2 + rng.normal(0, offset) + rng.normal(0, NOISE.eval_sd, z.size)
                 rid = f"{c.axes['n']}-{c.axes['B_p']}-{s}"
-                frames.append(pd.DataFrame({RUN: rid, "run_id": rid, "n": c.axes["n"], "B_p": c.axes["B_p"], "seed": s, "lr": c.plan.lr,
-                                            "rollouts": np.r_[0.0, 2.0 ** z], "val_avg@k": np.r_[0.0, y]}))
+                frames.append(
+                    pd.DataFrame(
+                        {
+                            RUN: rid,
+                            "run_id": rid,
+                            "n": c.axes["n"],
+                            "B_p": c.axes["B_p"],
+                            "seed": s,
+                            "lr": c.plan.lr,
+                            "rollouts": np.r_[0.0, 2.0**z],
+                            "val_avg@k": np.r_[0.0, y],
+                        }
+                    )
+                )
         rises += n_star_trend(pd.concat(frames, ignore_index=True), FitSpec()).call == "rises"
     return rises / grids
 
@@ -86,8 +98,12 @@ def test_at_the_seeds_plan_recommends_fit_calls_the_saturating_truth():
     97% at 4 seeds: the gap to give plan is the smallest that matters."""
     gap, seed_sd = saturating_truth_figures()
     assert gap == pytest.approx(0.0040, abs=0.0005) and seed_sd == pytest.approx(0.029, abs=0.003)
-    cells = [types.SimpleNamespace(feasible=True, axes={"n": n, "B_p": 16, "seed": 0}, plan=types.SimpleNamespace(eval_at=(0.0, *BUDGETS)))
-             for n in NS]
+    cells = [
+        types.SimpleNamespace(
+            feasible=True, axes={"n": n, "B_p": 16, "seed": 0}, plan=types.SimpleNamespace(eval_at=(0.0, *BUDGETS))
+        )
+        for n in NS
+    ]
     found = power.analyse(cells, 4, 3.0, gap, power.Noise(seed_sd, 0.015, "the truth's"), 200)
     observed = calls(RISING, seeds=4, grids=200)["rises"] / 200
     assert abs(found.trend - observed) <= 0.10, (found.trend, observed)
@@ -116,8 +132,20 @@ def test_plan_shows_power_warns_below_one_in_two_and_reads_noise_from_results(tm
     assert shown["trend"] < 0.5 and shown["seeds_for_80"] > 1 and shown["seeds"] == 1
     # Noise read from earlier results: their between-seed sd, not power.seed_sd's.
     rng = np.random.default_rng(0)
-    rows = [{"run_id": f"n{n}s{s}", "n": n, "B_p": 8, "seed": s, "step": k, "rollouts": 256.0 * 2 ** k, "val_avg@k": 0.5 + rng.normal(0, 0.05)}
-            for n in (2, 4) for s in (0, 1, 2) for k in range(4)]
+    rows = [
+        {
+            "run_id": f"n{n}s{s}",
+            "n": n,
+            "B_p": 8,
+            "seed": s,
+            "step": k,
+            "rollouts": 256.0 * 2**k,
+            "val_avg@k": 0.5 + rng.normal(0, 0.05),
+        }
+        for n in (2, 4)
+        for s in (0, 1, 2)
+        for k in range(4)
+    ]
     pd.DataFrame(rows).to_parquet(tmp_path / "pilot.parquet")
     noisy = runner.invoke(app, ["plan", "--json", "--noise-from", str(tmp_path / "pilot.parquet")])
     assert noisy.exit_code == 0, noisy.output
@@ -127,6 +155,10 @@ def test_plan_shows_power_warns_below_one_in_two_and_reads_noise_from_results(tm
     unreplicated.to_parquet(tmp_path / "one.parquet")
     refused = runner.invoke(app, ["plan", "--noise-from", str(tmp_path / "one.parquet")])
     assert refused.exit_code == 2 and "no seed replicates" in refused.stderr
-    for bad, word in (("power.gap=0", "power.gap"), ("power.eval_sd=0.5", "power.eval_sd"), ("power.grids=3", "power.grids")):
+    for bad, word in (
+        ("power.gap=0", "power.gap"),
+        ("power.eval_sd=0.5", "power.eval_sd"),
+        ("power.grids=3", "power.grids"),
+    ):
         result = runner.invoke(app, ["plan", bad])
         assert result.exit_code == 2 and word in result.stderr, (bad, result.output)

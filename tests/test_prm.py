@@ -29,7 +29,9 @@ def test_prm_prefers_right_steps_on_held_out_problems(scorer):
     wrong = [prm._corrupted(p, rng)[0] for p in problems]
     right_scores, spent = model(problems, [p.solution for p in problems])
     wrong_scores, _ = model(problems, wrong)
-    fully_wrong, _ = model(problems, [",".join(prm._other(s, rng) for s in p.steps) + ";" + prm._other(p.answer, rng) for p in problems])
+    fully_wrong, _ = model(
+        problems, [",".join(prm._other(s, rng) for s in p.steps) + ";" + prm._other(p.answer, rng) for p in problems]
+    )
     assert sum(right_scores) / 64 > 0.8
     assert sum(fully_wrong) / 64 < 0.3
     assert sum(right_scores) > sum(wrong_scores) > sum(fully_wrong)
@@ -66,7 +68,9 @@ def _tiny(tmp_path, model_class, **extra):
 
     torch.manual_seed(0)
     tokenizer = char_tokenizer()
-    b = OmegaConf.create({"hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1})
+    b = OmegaConf.create(
+        {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1}
+    )
     model_class.from_config(qwen2_config(b, tokenizer, **extra)).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     return tmp_path
@@ -75,7 +79,9 @@ def _tiny(tmp_path, model_class, **extra):
 def _forwards(model) -> list[tuple[int, int]]:
     """Each forward's input shape, as the model runs."""
     shapes = []
-    model.register_forward_pre_hook(lambda _, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    model.register_forward_pre_hook(
+        lambda _, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
     return shapes
 
 

@@ -19,7 +19,9 @@ BUDGET = 1e11
 SLOPE = 0.6  # target change per doubling of rho, at the largest budget
 
 
-def results(shape: str, seed: int = 0, noise: float = 0.01, rewards=("sparse",), prm_gain: float = 0.0, reps: int = 2) -> pd.DataFrame:
+def results(
+    shape: str, seed: int = 0, noise: float = 0.01, rewards=("sparse",), prm_gain: float = 0.0, reps: int = 2
+) -> pd.DataFrame:
     """Pilot-shaped results: epochs 1/2/4 x `reps` runs per reward, eval points at 0, B/4, B/2, B FLOPs
     (a little past each, as FLOP-budget runs stop). The target's dependence on log2 rho grows with
     compute: `rising`, `falling` or `flat`; a run-level random effect plus noise per eval point.
@@ -35,10 +37,23 @@ def results(shape: str, seed: int = 0, noise: float = 0.01, rewards=("sparse",),
                     growth = np.log2(c / (BUDGET / 8)) / 3 if c else 0.0
                     sign = {"rising": 1, "falling": -1, "flat": 0}[shape]
                     y = 0.3 + 0.05 * growth + sign * SLOPE * (np.log2(run_rho) + 0.2) * growth
-                    y += (prm_gain * growth if reward == "prm" else 0.0) + ((run_effect + rng.normal(0, noise)) if c else 0.0)
-                    rows.append({"run_id": f"{reward}_e{epochs}_r{rep}", "reward": reward, "algo.epochs": epochs, "n": 4 * (rep + 1), "step": step,
-                                 "rho": run_rho if c else np.nan, "flops_total": c * (1 + 0.03 * rng.random()),
-                                 "flops_reward": 0.1 * c if reward == "prm" else 0.0, "val_avg@k": y, "val_native": y})
+                    y += (prm_gain * growth if reward == "prm" else 0.0) + (
+                        (run_effect + rng.normal(0, noise)) if c else 0.0
+                    )
+                    rows.append(
+                        {
+                            "run_id": f"{reward}_e{epochs}_r{rep}",
+                            "reward": reward,
+                            "algo.epochs": epochs,
+                            "n": 4 * (rep + 1),
+                            "step": step,
+                            "rho": run_rho if c else np.nan,
+                            "flops_total": c * (1 + 0.03 * rng.random()),
+                            "flops_reward": 0.1 * c if reward == "prm" else 0.0,
+                            "val_avg@k": y,
+                            "val_native": y,
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -51,7 +66,9 @@ def race(df: pd.DataFrame, tmp_path, *args: str):
     return json.loads((tmp_path / "race" / "regime.json").read_text()), result
 
 
-@pytest.mark.parametrize("shape, regime", [("rising", "update-heavy"), ("falling", "search-heavy"), ("flat", "undetermined")])
+@pytest.mark.parametrize(
+    "shape, regime", [("rising", "update-heavy"), ("falling", "search-heavy"), ("flat", "undetermined")]
+)
 def test_known_rho_regimes_via_from_results(shape, regime, tmp_path):
     report, result = race(results(shape), tmp_path)
     [entry] = report["regimes"]
@@ -61,7 +78,9 @@ def test_known_rho_regimes_via_from_results(shape, regime, tmp_path):
         low, high = entry["interval90"]
         assert (low > 0) if regime == "update-heavy" else (high < 0)
         assert np.sign(entry["effect"]) == (1 if regime == "update-heavy" else -1)
-        assert report["loo_same_regime_rate"] == 1.0 and report["same_regime_rate"] is None  # no full-scale results given
+        assert (
+            report["loo_same_regime_rate"] == 1.0 and report["same_regime_rate"] is None
+        )  # no full-scale results given
     assert report["pilot_share"] is None
     assert report["pilot_flops"] == pytest.approx(results(shape).groupby("run_id")["flops_total"].max().sum())
     assert "does not guarantee a held-out gain" in (tmp_path / "race" / "race.md").read_text()
@@ -72,8 +91,11 @@ def test_known_rho_regimes_via_from_results(shape, regime, tmp_path):
 def test_flat_noise_is_undetermined_not_a_regime():
     """Over many noise draws with no effect, a regime is named rarely (the decision needs the LOO
     noise check and the interval; the interval alone would fire about 10% of the time)."""
-    named = sum(analysis.decide(analysis.collect(results("flat", seed=s), "val_avg@k", None), "native", 100, s)[0]["regime"] != "undetermined"
-                for s in range(30))
+    named = sum(
+        analysis.decide(analysis.collect(results("flat", seed=s), "val_avg@k", None), "native", 100, s)[0]["regime"]
+        != "undetermined"
+        for s in range(30)
+    )
     assert named <= 2
 
 
@@ -106,13 +128,22 @@ def test_rho_that_moves_within_a_run_does_not_make_an_interior_regime_without_it
     assert "rho 0.00" not in result.output
     # Fewer resamples than an interval is read from: refused, not "too few runs".
     path = tmp_path / "results.parquet"
-    few = runner.invoke(app, ["race-pilot", "--from-results", str(path), "--out", str(tmp_path / "few"), "--bootstrap", "9"])
+    few = runner.invoke(
+        app, ["race-pilot", "--from-results", str(path), "--out", str(tmp_path / "few"), "--bootstrap", "9"]
+    )
     assert few.exit_code == 2 and "--bootstrap must be >= 10, got 9" in few.output
 
 
 def test_regime_json_contract(tmp_path):
     report, _ = race(results("rising"), tmp_path, "--bootstrap", "50")
-    assert {"regimes", "same_regime_rate", "loo_same_regime_rate", "pilot_flops", "pilot_share", "recommendation"} <= set(report)
+    assert {
+        "regimes",
+        "same_regime_rate",
+        "loo_same_regime_rate",
+        "pilot_flops",
+        "pilot_share",
+        "recommendation",
+    } <= set(report)
     for entry in report["regimes"]:
         assert {"reward", "target", "regime", "curve", "effect", "interval90"} <= set(entry)
         assert entry["regime"] in ("search-heavy", "update-heavy", "reward-heavy", "interior", "undetermined")
@@ -120,7 +151,11 @@ def test_regime_json_contract(tmp_path):
         assert entry["curve"] in ("constant", "log-linear", "quadratic")
     rec = report["recommendation"]
     assert rec["reward"] == "sparse" and rec["algo.epochs"] == [2, 4, 8]
-    assert rec["command"].startswith("isoflop sweep") and "algo.epochs:[2,4,8]" in rec["command"] and rec["predicted_flops"] > 0
+    assert (
+        rec["command"].startswith("isoflop sweep")
+        and "algo.epochs:[2,4,8]" in rec["command"]
+        and rec["predicted_flops"] > 0
+    )
 
 
 def test_quadratic_wins_on_a_peak():
@@ -143,11 +178,15 @@ def test_weighted_fit_matches_duplicated_points():
 def test_targets_read_their_columns(tmp_path):
     """native: val_native (the training reward on validation); downstream: a held-out set's pass@1,
     else the verified-answer accuracy; judge: a judge's score."""
-    df = results("rising").assign(**{"val_avg@k": lambda d: -d["val_native"]})  # verified accuracy falls where the native target rises
+    df = results("rising").assign(
+        **{"val_avg@k": lambda d: -d["val_native"]}
+    )  # verified accuracy falls where the native target rises
     assert race(df, tmp_path / "native")[0]["regimes"][0]["regime"] == "update-heavy"
     report, _ = race(df, tmp_path / "verified", "--target", "downstream")
     assert report["metric"] == "val_avg@k" and report["regimes"][0]["regime"] == "search-heavy"
-    report, _ = race(df.assign(**{"downstream_gsm_pass@1": df["val_native"]}), tmp_path / "held", "--target", "downstream")
+    report, _ = race(
+        df.assign(**{"downstream_gsm_pass@1": df["val_native"]}), tmp_path / "held", "--target", "downstream"
+    )
     assert report["metric"] == "downstream_gsm_pass@1" and report["regimes"][0]["regime"] == "update-heavy"
     report, _ = race(df.assign(judge_rm=df["val_native"]), tmp_path / "judge", "--target", "judge")
     assert report["metric"] == "judge_rm" and report["regimes"][0]["regime"] == "update-heavy"
@@ -159,11 +198,14 @@ def one_error_line(result, needle: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], result.output
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--target", "vibes"], "--target 'vibes'"),
-    (["--target", "judge"], "judge_*"),
-    (["--metric", "val_median@k"], "val_median@k"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--target", "vibes"], "--target 'vibes'"),
+        (["--target", "judge"], "judge_*"),
+        (["--metric", "val_median@k"], "val_median@k"),
+    ],
+)
 def test_bad_target_exits_2(args, needle, tmp_path):
     path = tmp_path / "r.parquet"
     results("flat").to_parquet(path)
@@ -174,20 +216,29 @@ def test_bad_target_exits_2(args, needle, tmp_path):
 def test_bad_input_before_any_compute(tmp_path):
     one_error_line(runner.invoke(app, ["race-pilot", "--from-results", str(tmp_path / "nope.parquet")]), "nope.parquet")
     one_error_line(runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--target", "judge"]), "eval.judges")
-    one_error_line(runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--metric", "judge_score"]), "judge_score")
+    one_error_line(
+        runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--metric", "judge_score"]), "judge_score"
+    )
     one_error_line(runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--updates", "1"]), "--updates")
     one_error_line(runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--updates", "1.5,2"]), "--updates")
-    one_error_line(runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--seed", "-1"]), "--seed must be >= 0, got -1")  # else found after the pilot's compute
+    one_error_line(
+        runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--seed", "-1"]), "--seed must be >= 0, got -1"
+    )  # else found after the pilot's compute
     assert not any(tmp_path.iterdir())
     path = tmp_path / "r.parquet"
     results("flat").drop(columns=["rho"]).to_parquet(path)
     one_error_line(runner.invoke(app, ["race-pilot", "--from-results", str(path)]), "rho")
     # Found by fuzzing: a traceback (an infinite target), or an error that named the budgets, not the value.
-    for corrupt, needle in ((lambda d: d.assign(val_native=d["val_native"].where(d["step"] != 2, np.inf)), "val_native in row 2 is not finite (inf)"),
-                            (lambda d: d.assign(rho=-d["rho"]), "rho in row 1 is -"),
-                            (lambda d: d.assign(rho=np.nan), "rho has no value"),
-                            (lambda d: d.assign(run_id=None), "run_id is empty in row 0"),
-                            (lambda d: d.assign(reward=d["reward"].where(d.index != 5, None)), "reward is empty in row 5")):  # a reward named "nan"
+    for corrupt, needle in (
+        (
+            lambda d: d.assign(val_native=d["val_native"].where(d["step"] != 2, np.inf)),
+            "val_native in row 2 is not finite (inf)",
+        ),
+        (lambda d: d.assign(rho=-d["rho"]), "rho in row 1 is -"),
+        (lambda d: d.assign(rho=np.nan), "rho has no value"),
+        (lambda d: d.assign(run_id=None), "run_id is empty in row 0"),
+        (lambda d: d.assign(reward=d["reward"].where(d.index != 5, None)), "reward is empty in row 5"),
+    ):  # a reward named "nan"
         corrupt(results("flat")).to_parquet(path)
         one_error_line(runner.invoke(app, ["race-pilot", "--from-results", str(path)]), needle)
 
@@ -195,11 +246,25 @@ def test_bad_input_before_any_compute(tmp_path):
 @pytest.mark.slow  # plans the pilot: ~7 s
 def test_pilot_above_the_cap_is_refused_with_exit_2(tmp_path):
     """A full sweep of one tiny cell: the least useful pilot costs many times that, so it is refused."""
-    result = runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]"])
+    result = runner.invoke(
+        app, ["race-pilot", "--root", str(tmp_path), "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]"]
+    )
     one_error_line(result, "above the cap of 25%")
     assert "--force" in result.output
     assert not any(tmp_path.iterdir())
-    forced = runner.invoke(app, ["race-pilot", "--root", str(tmp_path), "--force", "--dry-run", "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]"])
+    forced = runner.invoke(
+        app,
+        [
+            "race-pilot",
+            "--root",
+            str(tmp_path),
+            "--force",
+            "--dry-run",
+            "grid.n=[2]",
+            "grid.B_p=[2]",
+            "grid.budgets=[16]",
+        ],
+    )
     assert forced.exit_code == 0, forced.output
 
 
@@ -207,8 +272,13 @@ def test_pilot_above_the_cap_is_refused_with_exit_2(tmp_path):
 def test_pilot_derivation_on_the_embedded_default():
     pilot = derive(None, ["task=arith-steps", "+grid.axes={reward:[sparse,prm]}"], PilotSpec())
     feasible = [c for c in pilot.cells if c.feasible]
-    assert pilot.levels == [Level(16, 0.0625), Level(16, 0.25), Level(16, 1), Level(4, 4)] and pilot.rewards == ["sparse", "prm"]
-    assert len(feasible) == len(pilot.cells) == 16 and len({c.run_id for c in feasible}) == 16  # 4 levels x 2 seeds x 2 rewards
+    assert pilot.levels == [Level(16, 0.0625), Level(16, 0.25), Level(16, 1), Level(4, 4)] and pilot.rewards == [
+        "sparse",
+        "prm",
+    ]
+    assert (
+        len(feasible) == len(pilot.cells) == 16 and len({c.run_id for c in feasible}) == 16
+    )  # 4 levels x 2 seeds x 2 rewards
     assert {(c.axes["n"], c.axes["algo.epochs"]) for c in feasible} == {(lv.n, lv.updates) for lv in pilot.levels}
     assert all(c.plan.column == "flops_total" and c.plan.limit == max(pilot.budgets) for c in feasible)
     assert 0 < pilot.share <= 0.25 and len(pilot.budgets) in (1, 2, 3)
@@ -216,8 +286,16 @@ def test_pilot_derivation_on_the_embedded_default():
     assert pilot.share <= 0.101 or any("above the 10% target" in note for note in pilot.notes)
     assert pilot.cfg.name == "default-pilot"
     for reward in pilot.rewards:
-        rho = [np.mean([c.plan.predicted_flops["rho"] for c in feasible if c.axes["algo.epochs"] == lv.updates and c.axes["reward"] == reward])
-               for lv in pilot.levels]
+        rho = [
+            np.mean(
+                [
+                    c.plan.predicted_flops["rho"]
+                    for c in feasible
+                    if c.axes["algo.epochs"] == lv.updates and c.axes["reward"] == reward
+                ]
+            )
+            for lv in pilot.levels
+        ]
         assert rho == sorted(rho)  # more updates per batch, fewer rollouts: rho rises
     again = derive(None, ["task=arith-steps", "+grid.axes={reward:[sparse,prm]}"], PilotSpec())
     assert [c.run_id for c in again.cells] == [c.run_id for c in pilot.cells]  # same command, same pilot: it resumes
@@ -230,7 +308,10 @@ def test_pilot_derivation_on_the_embedded_default():
 
 
 def test_several_models_are_validated_leave_one_model_out():
-    small, large = results("rising", seed=1).assign(model="tiny-arith-s"), results("rising", seed=2).assign(model="tiny-arith")
+    small, large = (
+        results("rising", seed=1).assign(model="tiny-arith-s"),
+        results("rising", seed=2).assign(model="tiny-arith"),
+    )
     large["run_id"] = "l_" + large["run_id"]
     data = analysis.collect(pd.concat([small, large]), "val_avg@k", None)
     assert data.points["slice"].nunique() == 6  # 3 budgets x 2 models
@@ -270,10 +351,25 @@ def interior_results(optima: dict[str, float], seed: int = 0, noise: float = 0.0
                 for step, c in enumerate([0.0, BUDGET / 4, BUDGET / 2, BUDGET]):
                     growth = np.log2(c / (BUDGET / 8)) / 3 if c else 0.0
                     peak = 0.5 if reward == "sparse" else 0.4
-                    y = 0.3 + (peak - 0.3 - 0.2 * (np.log2(rho) - np.log2(best)) ** 2) * growth + (rng.normal(0, noise) if c else 0.0)
-                    rows.append({"run_id": f"{reward}_l{level}_r{rep}", "reward": reward, "algo.epochs": 2.0 ** (level - 4), "n": 4 * (rep + 1), "step": step,
-                                 "rho": rho if c else np.nan, "flops_total": c * (1 + 0.03 * rng.random()),
-                                 "flops_reward": 0.1 * c if reward == "prm" else 0.0, "val_native": y, "val_avg@k": y})
+                    y = (
+                        0.3
+                        + (peak - 0.3 - 0.2 * (np.log2(rho) - np.log2(best)) ** 2) * growth
+                        + (rng.normal(0, noise) if c else 0.0)
+                    )
+                    rows.append(
+                        {
+                            "run_id": f"{reward}_l{level}_r{rep}",
+                            "reward": reward,
+                            "algo.epochs": 2.0 ** (level - 4),
+                            "n": 4 * (rep + 1),
+                            "step": step,
+                            "rho": rho if c else np.nan,
+                            "flops_total": c * (1 + 0.03 * rng.random()),
+                            "flops_reward": 0.1 * c if reward == "prm" else 0.0,
+                            "val_native": y,
+                            "val_avg@k": y,
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -283,13 +379,21 @@ def test_interior_optima_are_read_as_interior(tmp_path):
     for reward, best in (("sparse", 0.72), ("prm", 0.45)):
         entry = by_reward[reward]
         assert entry["regime"] == "interior" and entry["curve"] == "quadratic", entry["why"]
-        assert abs(analysis.log_odds(entry["optimum_rho"]) - analysis.log_odds(best)) <= 0.45  # half a level: 0.76 and 0.49 here
+        assert (
+            abs(analysis.log_odds(entry["optimum_rho"]) - analysis.log_odds(best)) <= 0.45
+        )  # half a level: 0.76 and 0.49 here
         assert abs(entry["optimum_rho"] - best) <= 0.05
         low, high = entry["optimum_interval90"]
         assert INTERIOR_RHO[0] < low <= entry["optimum_rho"] <= high < INTERIOR_RHO[-1]
-        assert "algo.epochs" in entry["optimum_units"] and "n" not in entry["optimum_units"]  # earlier pilots' n was a replicate, not a lever
+        assert (
+            "algo.epochs" in entry["optimum_units"] and "n" not in entry["optimum_units"]
+        )  # earlier pilots' n was a replicate, not a lever
     rec = report["recommendation"]
-    assert rec["reward"] == "sparse" and rec["regime"] == "interior" and rec["optimum_rho"] == by_reward["sparse"]["optimum_rho"]
+    assert (
+        rec["reward"] == "sparse"
+        and rec["regime"] == "interior"
+        and rec["optimum_rho"] == by_reward["sparse"]["optimum_rho"]
+    )
     assert min(rec["rho_range"]) <= rec["optimum_rho"] <= max(rec["rho_range"]) and len(rec["algo.epochs"]) <= 3
     assert "interior" in result.output and "optimum" in (tmp_path / "race" / "race.md").read_text()
 
@@ -305,11 +409,18 @@ def test_validate_with_full_scale_results(tmp_path):
     full = tmp_path / "full.parquet"
     results("rising", seed=7).to_parquet(full)
     agree, _ = race(results("rising"), tmp_path / "agree", "--validate-with", str(full))
-    assert agree["same_regime_rate"] == 1.0 and agree["validation"]["full_scale"]["full_regimes"] == {"sparse": "update-heavy"}
+    assert agree["same_regime_rate"] == 1.0 and agree["validation"]["full_scale"]["full_regimes"] == {
+        "sparse": "update-heavy"
+    }
     results("falling", seed=7).to_parquet(full)
     disagree, _ = race(results("rising"), tmp_path / "disagree", "--validate-with", str(full))
-    assert disagree["same_regime_rate"] == 0.0 and "against full-scale results: 0%" in (tmp_path / "disagree" / "race" / "race.md").read_text()
-    bad = runner.invoke(app, ["race-pilot", "--from-results", str(full), "--validate-with", str(tmp_path / "nope.parquet")])
+    assert (
+        disagree["same_regime_rate"] == 0.0
+        and "against full-scale results: 0%" in (tmp_path / "disagree" / "race" / "race.md").read_text()
+    )
+    bad = runner.invoke(
+        app, ["race-pilot", "--from-results", str(full), "--validate-with", str(tmp_path / "nope.parquet")]
+    )
     assert bad.exit_code == 2 and "nope.parquet" in bad.output
 
 
@@ -319,10 +430,17 @@ def test_validate_with_full_scale_results(tmp_path):
 
 def test_levels_pair_n_with_updates_at_fixed_completions_learned():
     assert levels([1, 2, 4, 8], [2, 4, 8, 16]) == [Level(16, 1), Level(8, 2), Level(4, 4), Level(2, 8)]
-    assert levels([1, 2, 4, 8], [2]) == levels([1, 2, 4, 8], [16])  # N at least 2 x the largest count: every group keeps two completions
+    assert levels([1, 2, 4, 8], [2]) == levels(
+        [1, 2, 4, 8], [16]
+    )  # N at least 2 x the largest count: every group keeps two completions
     assert levels([1, 3], [4]) == [Level(6, 1), Level(2, 3)]  # N a multiple of every count
     # Below one update per batch: n = N, learning from that share of each group (rollout down-sampling).
-    assert levels([0.0625, 0.25, 1, 4], [2, 4, 8, 16]) == [Level(16, 0.0625), Level(16, 0.25), Level(16, 1), Level(4, 4)]
+    assert levels([0.0625, 0.25, 1, 4], [2, 4, 8, 16]) == [
+        Level(16, 0.0625),
+        Level(16, 0.25),
+        Level(16, 1),
+        Level(4, 4),
+    ]
     assert levels([0.25, 0.5], [8]) == [Level(8, 0.25), Level(8, 0.5)]
     PilotSpec(updates=[0.25, 0.5, 1]).check()
     for bad in ([0.25, 1.5], [1, 1], [2], [0, 1], [-1, 2]):
@@ -335,8 +453,17 @@ def test_levels_at_n_2_are_distinct_runs_with_distinct_rho():
     two). Now a sweep of n = 2 alone still gets four levels, each a run of its own n and updates,
     learning from the same 16 completions a prompt, with rho rising with the updates."""
     lv = levels([1, 2, 4, 8], [2])
-    _, cells = expand_levels(None, ["grid.n=[16,8,4,2]", "grid.B_p=[2]", "grid.budget.unit=flops", "grid.budgets=[1e11]",
-                                    "+grid.axes={algo.epochs:[1,2,4,8]}"], lv)
+    _, cells = expand_levels(
+        None,
+        [
+            "grid.n=[16,8,4,2]",
+            "grid.B_p=[2]",
+            "grid.budget.unit=flops",
+            "grid.budgets=[1e11]",
+            "+grid.axes={algo.epochs:[1,2,4,8]}",
+        ],
+        lv,
+    )
     assert [(c.axes["n"], c.axes["algo.epochs"]) for c in cells] == [(16, 1), (8, 2), (4, 4), (2, 8)]
     assert len({c.run_id for c in cells}) == 4
     rho = [c.plan.predicted_flops["rho"] for c in cells]
@@ -355,7 +482,9 @@ def asymmetric(x: np.ndarray, best: float, tau: float = 1.0) -> np.ndarray:
     return -tau * np.exp(-(x - best) / tau) - (x - best) + tau
 
 
-def pilot_results(truth, seed: int = 0, noise: float = 0.005, rewards=("sparse",), reward_share: float = 0.0) -> pd.DataFrame:
+def pilot_results(
+    truth, seed: int = 0, noise: float = 0.005, rewards=("sparse",), reward_share: float = 0.0
+) -> pd.DataFrame:
     """Results shaped as the default pilot's: its four levels x two seeds per reward, eval points at
     0, B/4, B/2 and B. The target moves by `truth(x)` x its growth with compute, x the log-odds of
     rho; a `prm` spends `reward_share` of its FLOPs on rewards (its rho is that much lower)."""
@@ -369,10 +498,27 @@ def pilot_results(truth, seed: int = 0, noise: float = 0.005, rewards=("sparse",
                 run_effect = rng.normal(0, noise / 2)
                 for step, c in enumerate([0.0, BUDGET / 4, BUDGET / 2, BUDGET]):
                     growth = np.log2(c / (BUDGET / 8)) / 3 if c else 0.0
-                    y = 0.3 + 0.05 * growth + truth(analysis.log_odds(rho)) * growth + ((run_effect + rng.normal(0, noise)) if c else 0.0)
-                    rows.append({"run_id": f"{reward}_n{n}_u{updates}_s{rep}", "reward": reward, "algo.epochs": updates, "n": n, "seed": rep,
-                                 "step": step, "rho": rho if c else np.nan, "flops_total": c * (1 + 0.03 * rng.random()),
-                                 "flops_reward": share * c, "val_avg@k": y, "val_native": y})
+                    y = (
+                        0.3
+                        + 0.05 * growth
+                        + truth(analysis.log_odds(rho)) * growth
+                        + ((run_effect + rng.normal(0, noise)) if c else 0.0)
+                    )
+                    rows.append(
+                        {
+                            "run_id": f"{reward}_n{n}_u{updates}_s{rep}",
+                            "reward": reward,
+                            "algo.epochs": updates,
+                            "n": n,
+                            "seed": rep,
+                            "step": step,
+                            "rho": rho if c else np.nan,
+                            "flops_total": c * (1 + 0.03 * rng.random()),
+                            "flops_reward": share * c,
+                            "val_avg@k": y,
+                            "val_native": y,
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -387,9 +533,13 @@ def test_an_asymmetric_peak_is_found_in_rho_without_reward_and_in_the_levers_uni
     assert entry["regime"] == "interior", entry["why"]
     assert abs(analysis.log_odds(entry["optimum_rho"]) - best) <= 0.45
     units = entry["optimum_units"]
-    assert units["rho_no_reward"]["value"] == pytest.approx(entry["optimum_rho"], abs=1e-9)  # a rule-based reward spends no reward FLOPs
-    assert 2 ** 1.5 / 1.4 <= units["algo.epochs"]["value"] <= 2 ** 1.5 * 1.4
-    assert units["n"]["value"] * units["algo.epochs"]["value"] == pytest.approx(16)  # the pilot's pairs hold n x updates
+    assert units["rho_no_reward"]["value"] == pytest.approx(
+        entry["optimum_rho"], abs=1e-9
+    )  # a rule-based reward spends no reward FLOPs
+    assert 2**1.5 / 1.4 <= units["algo.epochs"]["value"] <= 2**1.5 * 1.4
+    assert units["n"]["value"] * units["algo.epochs"]["value"] == pytest.approx(
+        16
+    )  # the pilot's pairs hold n x updates
     for unit, (lowest, highest) in (("algo.epochs", (1, 8)), ("n", (2, 16))):
         low, high = units[unit]["interval90"]
         assert lowest < low <= units[unit]["value"] <= high < highest
@@ -400,8 +550,11 @@ def test_the_optimum_without_reward_flops_undoes_the_reward_share():
     x_nr = [analysis.log_odds(r) for _, _, r in PILOT_LEVELS]
     best_nr = (x_nr[1] + x_nr[2]) / 2
     to_nr = lambda v: analysis.log_odds(analysis.rho_of(v) / 0.8)  # noqa: E731
-    data = analysis.collect(pilot_results(lambda v: 0.05 * asymmetric(np.vectorize(to_nr)(v), best_nr), rewards=("prm",), reward_share=0.2),
-                            "val_native", None)
+    data = analysis.collect(
+        pilot_results(lambda v: 0.05 * asymmetric(np.vectorize(to_nr)(v), best_nr), rewards=("prm",), reward_share=0.2),
+        "val_native",
+        None,
+    )
     [entry] = analysis.decide(data, "native", 200)
     assert entry["regime"] == "interior", entry["why"]
     rho_nr = entry["optimum_units"]["rho_no_reward"]["value"]
@@ -412,18 +565,26 @@ def test_the_optimum_without_reward_flops_undoes_the_reward_share():
 def test_a_flat_truth_on_the_pilots_levels_claims_no_optimum():
     """Null: over 30 noise draws on the pilot's levels with no effect of rho, no interior optimum,
     and a regime named at most twice."""
-    entries = [analysis.decide(analysis.collect(pilot_results(lambda v: 0.0 * v, seed=s), "val_native", None), "native", 100, s)[0]
-               for s in range(30)]
+    entries = [
+        analysis.decide(
+            analysis.collect(pilot_results(lambda v: 0.0 * v, seed=s), "val_native", None), "native", 100, s
+        )[0]
+        for s in range(30)
+    ]
     assert not any(e["regime"] == "interior" for e in entries)
     assert sum(e["regime"] != "undetermined" for e in entries) <= 2
 
 
 def test_undetermined_on_both_sides_is_not_agreement(tmp_path):
     assert analysis.agreement([("undetermined", "undetermined")]) == (None, 1)
-    assert analysis.agreement([("update-heavy", "update-heavy"), ("undetermined", "undetermined"), ("undetermined", "search-heavy")]) == (0.5, 1)
+    assert analysis.agreement(
+        [("update-heavy", "update-heavy"), ("undetermined", "undetermined"), ("undetermined", "search-heavy")]
+    ) == (0.5, 1)
     full = tmp_path / "full.parquet"
     results("flat", seed=7).to_parquet(full)
     report, _ = race(results("flat"), tmp_path / "flat", "--validate-with", str(full))
-    assert report["regimes"][0]["regime"] == "undetermined" and report["validation"]["full_scale"]["full_regimes"] == {"sparse": "undetermined"}
+    assert report["regimes"][0]["regime"] == "undetermined" and report["validation"]["full_scale"]["full_regimes"] == {
+        "sparse": "undetermined"
+    }
     assert report["same_regime_rate"] is None and report["loo_same_regime_rate"] is None  # was 100% for both
     assert "no regime to agree on" in (tmp_path / "flat" / "race" / "race.md").read_text()

@@ -33,14 +33,21 @@ def test_pilot_on_the_embedded_default_writes_a_valid_regime(tmp_path, ray_addre
     assert entry["effect"] is not None and entry["interval90"][0] <= entry["interval90"][1]
     assert report["same_regime_rate"] is None  # no full-scale results given
     assert report["loo_same_regime_rate"] is None or 0 <= report["loo_same_regime_rate"] <= 1
-    assert 0 < report["pilot_share"] < 0.25 and report["pilot_share_planned"] <= 0.102  # 8 cells, 12 to 30 steps each at the plan's bound: 10.1%
+    assert (
+        0 < report["pilot_share"] < 0.25 and report["pilot_share_planned"] <= 0.102
+    )  # 8 cells, 12 to 30 steps each at the plan's bound: 10.1%
 
     df = pd.read_parquet(sweep_dir / "results.parquet")
     assert report["pilot_flops"] == pytest.approx(df.groupby("run_id")["flops_total"].max().sum())
     # n x updates = 16 for whole counts; below one update n = 16 learns from a share of each group
-    assert set(zip(df["n"], df["algo.epochs"])) == {(16, 0.0625), (16, 0.25), (16, 1), (4, 4)} and df["run_id"].nunique() == 8
+    assert (
+        set(zip(df["n"], df["algo.epochs"])) == {(16, 0.0625), (16, 0.25), (16, 1), (4, 4)}
+        and df["run_id"].nunique() == 8
+    )
     last = df[df["step"] > 0].groupby("algo.epochs")["rho"].mean()
-    assert last[0.0625] < 0.4 < last[0.25] < last[1] < last[4]  # more learning per sampled token: rho rises in the real ledger, from ~0.3
+    assert (
+        last[0.0625] < 0.4 < last[0.25] < last[1] < last[4]
+    )  # more learning per sampled token: rho rises in the real ledger, from ~0.3
     assert df.groupby("run_id")["step"].max().min() >= MIN_STEPS  # every run measured past its warm-up
     rec = report["recommendation"]
     assert rec["reward"] == "sparse" and rec["command"].startswith("isoflop sweep") and rec["predicted_flops"] > 0

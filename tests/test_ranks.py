@@ -39,7 +39,9 @@ class LiveStorage(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        self.alive = {ref: n for ref, n in self.alive.items() if not ref.expired()}  # before adding: a freed storage's address is reused
+        self.alive = {
+            ref: n for ref, n in self.alive.items() if not ref.expired()
+        }  # before adding: a freed storage's address is reused
         for tensor in pytree.tree_leaves(out):
             for plain in _plain(tensor) if isinstance(tensor, torch.Tensor) else ():
                 if plain.device.type != "meta":
@@ -50,7 +52,9 @@ class LiveStorage(TorchDispatchMode):
     def now(self) -> int:
         """Bytes the storages created under it hold now: FSDP2 frees a gathered parameter by
         resizing its storage to 0, which no op's output shows."""
-        return sum(torch.UntypedStorage._new_with_weak_ptr(ref.cdata).nbytes() for ref in self.alive if not ref.expired())
+        return sum(
+            torch.UntypedStorage._new_with_weak_ptr(ref.cdata).nbytes() for ref in self.alive if not ref.expired()
+        )
 
 
 def _plain(tensor: torch.Tensor) -> list[torch.Tensor]:
@@ -68,13 +72,25 @@ def _build(group: Group, overrides: list[str], out: str) -> None:
     _, fresh = checkpoint.load(cfg.model, cfg.task)  # the checkpoint, read here only to compare
     expected, expected_buffers = fresh.state_dict(), dict(fresh.named_buffers())
     policy = trainer.actor.policy.get_base_model() if trainer.lora else trainer.actor.policy
-    gathered = [get_model_state_dict(m, options=StateDictOptions(full_state_dict=True)) for m in (trainer.actor, trainer.reference) if m is not None]  # every rank's shards
+    gathered = [
+        get_model_state_dict(m, options=StateDictOptions(full_state_dict=True))
+        for m in (trainer.actor, trainer.reference)
+        if m is not None
+    ]  # every rank's shards
     found = {
         "peak": live.peak,
         "tied": policy.lm_head.weight is policy.model.embed_tokens.weight,
-        "buffers": all(torch.equal(b, expected_buffers[name]) for name, b in policy.named_buffers()),  # whole on every rank, not in the state dict
-        "weights": [all(torch.equal(v, expected[_checkpoint_key(k)]) for k, v in full.items() if "lora_" not in k and k != "value_head.weight")
-                    for full in gathered],
+        "buffers": all(
+            torch.equal(b, expected_buffers[name]) for name, b in policy.named_buffers()
+        ),  # whole on every rank, not in the state dict
+        "weights": [
+            all(
+                torch.equal(v, expected[_checkpoint_key(k)])
+                for k, v in full.items()
+                if "lora_" not in k and k != "value_head.weight"
+            )
+            for full in gathered
+        ],
     }
     with open(f"{out}/rank{group.rank}.json", "w") as f:
         json.dump(found, f)
@@ -86,7 +102,9 @@ def _checkpoint_key(key: str) -> str:
 
 
 def _bytes(model: torch.nn.Module) -> int:
-    return sum(t.untyped_storage().nbytes() for t in {id(t): t for t in [*model.parameters(), *model.buffers()]}.values())
+    return sum(
+        t.untyped_storage().nbytes() for t in {id(t): t for t in [*model.parameters(), *model.buffers()]}.values()
+    )
 
 
 @pytest.mark.parametrize("variant", [["algo.kl_coef=0.1"], ["algo=ppo", "lora.rank=4"]], ids=["reference", "ppo-lora"])
@@ -105,11 +123,15 @@ def test_rank_1_never_holds_a_full_copy_of_the_weights(tmp_path, variant):
     for found in ranks:
         assert found["tied"] and found["buffers"] and all(found["weights"]), found
 
-    one = Trainer(Group(), config.load(None, overrides), Budget("rollouts", 16, (16,), 2), 1e-4, RunFiles(tmp_path / "one"), None)
+    one = Trainer(
+        Group(), config.load(None, overrides), Budget("rollouts", 16, (16,), 2), 1e-4, RunFiles(tmp_path / "one"), None
+    )
     models = [m for m in (one.actor, one.reference) if m is not None]
     full, largest = sum(map(_bytes, models)), max(t.untyped_storage().nbytes() for m in models for t in m.parameters())
     peak = ranks[1]["peak"]
-    print(f"rank 1 peak {peak} B of the full models' {full} B ({peak / full:.1%}); largest tensor {largest} B ({largest / full:.1%})")
+    print(
+        f"rank 1 peak {peak} B of the full models' {full} B ({peak / full:.1%}); largest tensor {largest} B ({largest / full:.1%})"
+    )
     assert full / 2 < peak <= full / 2 + 2 * largest + 0.01 * full  # the padding of shards and the buffers: within 1%
     assert peak < (0.6 if len(models) == 2 else 0.7) * full
 
@@ -130,11 +152,17 @@ def _reference_pass(group: Group, overrides: list[str], out: str) -> None:
     their storages held and what they hold after the step, against its root's parameters."""
     cfg = config.load(None, overrides)
     trainer = Trainer(group, cfg, Budget("rollouts", 16, (16,), 2), 1e-4, RunFiles(f"{out}/run"), None)
-    embeddings = trainer.reference.policy.get_input_embeddings().weight  # the root's (tied to the head): a DTensor, its numel the whole
+    embeddings = (
+        trainer.reference.policy.get_input_embeddings().weight
+    )  # the root's (tied to the head): a DTensor, its numel the whole
     counted = trainer.reference = _Counted(trainer.reference, LiveStorage())
     trainer.step()
-    found = {"root": embeddings.numel() * embeddings.element_size(), "peak": counted.live.peak, "after": counted.live.now(),
-             "sharded": isinstance(counted.model.policy.get_input_embeddings().weight, DTensor)}
+    found = {
+        "root": embeddings.numel() * embeddings.element_size(),
+        "peak": counted.live.peak,
+        "after": counted.live.now(),
+        "sharded": isinstance(counted.model.policy.get_input_embeddings().weight, DTensor),
+    }
     with open(f"{out}/rank{group.rank}.json", "w") as f:
         json.dump(found, f)
 
@@ -151,7 +179,9 @@ def test_the_reference_reshards_its_root_after_each_forward(tmp_path):
     distributed.launch(_reference_pass, 2, overrides, str(tmp_path), timeout_s=600)
     for rank in (0, 1):
         found = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        print(f"rank {rank}: root {found['root']} B; the reference's storages at most {found['peak']} B, after the step {found['after']} B")
+        print(
+            f"rank {rank}: root {found['root']} B; the reference's storages at most {found['peak']} B, after the step {found['after']} B"
+        )
         assert found["peak"] >= found["root"]
         assert found["after"] < 0.05 * found["root"] and found["sharded"]
 
@@ -180,7 +210,9 @@ def _one_and_two_ranks(tmp_path, args: list[str]) -> dict[int, list[dict]]:
 
     rows = {}
     for ws in (1, 2):
-        result = CliRunner().invoke(app, ["run", *args, f"learner.world_size={ws}", "--run-dir", str(tmp_path / f"ws{ws}")])
+        result = CliRunner().invoke(
+            app, ["run", *args, f"learner.world_size={ws}", "--run-dir", str(tmp_path / f"ws{ws}")]
+        )
         assert result.exit_code == 0, result.output
         rows[ws] = [json.loads(line) for line in (tmp_path / f"ws{ws}" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows[1]] == [r["step"] for r in rows[2]]
@@ -198,7 +230,15 @@ def _same_losses(rows: dict[int, list[dict]], keys: tuple[str, ...]) -> None:
 def test_two_ranks_with_lora_and_a_value_head_give_the_losses_of_one_process(tmp_path):
     """The adapters and the value head built on the meta device on rank 1 and filled from rank 0's:
     two ranks' first steps (PPO, LoRA, a KL to the adapter turned off) give one process's losses."""
-    args = [*SMALL, "B_p=4", "grid.budgets=[16,32]", "grid.eval_points=1", "algo=ppo", "lora.rank=4", "algo.kl_coef=0.1"]
+    args = [
+        *SMALL,
+        "B_p=4",
+        "grid.budgets=[16,32]",
+        "grid.eval_points=1",
+        "algo=ppo",
+        "lora.rank=4",
+        "algo.kl_coef=0.1",
+    ]
     rows = _one_and_two_ranks(tmp_path, args)
     assert [r["step"] for r in rows[1]] == [0, 1, 2]
     _same_losses(rows, ("train_loss", "kl", "value_loss", "clip_frac"))
@@ -215,7 +255,11 @@ def _problems(path) -> str:
     lines = []
     for i in range(80):
         terms = [i % 10, 7] if i % 2 else [i % 10, *range(1, 10), *range(1, 10)]
-        lines.append(json.dumps({"prompt": "+".join(map(str, terms)) + "=", "reward_model": {"ground_truth": str(sum(terms))[::-1]}}))
+        lines.append(
+            json.dumps(
+                {"prompt": "+".join(map(str, terms)) + "=", "reward_model": {"ground_truth": str(sum(terms))[::-1]}}
+            )
+        )
     path.write_text("\n".join(lines) + "\n")
     return str(path)
 
@@ -228,20 +272,36 @@ def test_ranks_packing_different_numbers_of_micro_batches_run_in_step(tmp_path, 
     well within a short collective timeout, with one process's losses. Its reward (a function of
     the user's) sleeps per completion, and each rank scores only its share: rank 0 spends about
     half the one process's reward time."""
-    (tmp_path / "slow_rewards.py").write_text(textwrap.dedent(f"""
+    (tmp_path / "slow_rewards.py").write_text(
+        textwrap.dedent(f"""
         import time
 
         def exact(problems, completions):
             time.sleep({SCORE_S} * len(completions))
             return [float(c.strip() == p.answer) for p, c in zip(problems, completions)]
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))  # the ranks, spawned, start from this process's path
-    args = [*SMALL, "B_p=4", "grid.budgets=[48]", "grid.eval_points=1", "task=dataset", f"task.train={_problems(tmp_path / 'sums.jsonl')}",
-            "task.max_prompt_tokens=48", "task.max_new_tokens=6", "reward=custom", "reward.fn=slow_rewards:exact", "algo.kl_coef=0.1",
-            "learner.max_tokens_per_micro_batch=24", "learner.collective_timeout_s=60"]
+    args = [
+        *SMALL,
+        "B_p=4",
+        "grid.budgets=[48]",
+        "grid.eval_points=1",
+        "task=dataset",
+        f"task.train={_problems(tmp_path / 'sums.jsonl')}",
+        "task.max_prompt_tokens=48",
+        "task.max_new_tokens=6",
+        "reward=custom",
+        "reward.fn=slow_rewards:exact",
+        "algo.kl_coef=0.1",
+        "learner.max_tokens_per_micro_batch=24",
+        "learner.collective_timeout_s=60",
+    ]
     counts = []
     original = Trainer.arrange
-    monkeypatch.setattr(Trainer, "arrange", lambda self, batch: original(self, batch) or counts.append(_shares(self, batch)))
+    monkeypatch.setattr(
+        Trainer, "arrange", lambda self, batch: original(self, batch) or counts.append(_shares(self, batch))
+    )
     rows = _one_and_two_ranks(tmp_path, args)
     assert [r["step"] for r in rows[1]] == [0, 3]
     print(f"micro-batches of the two ranks' shares, step by step: {counts}")

@@ -31,12 +31,17 @@ def test_rewards_on_hand_made_completions(name, column):
 
 
 def test_reward_is_a_grid_axis_and_model_family_too():
-    overrides = ["grid.n=[4]", "grid.B_p=[4]", "+grid.axes={reward:[sparse,structured,dense],model:[tiny-arith-s,tiny-arith-l]}"]
+    overrides = [
+        "grid.n=[4]",
+        "grid.B_p=[4]",
+        "+grid.axes={reward:[sparse,structured,dense],model:[tiny-arith-s,tiny-arith-l]}",
+    ]
     cfg = config.load(None, overrides)
     cells = expand(cfg, recompose=lambda extra: config.load(None, overrides + extra))
     assert len(cells) == 6 and len({c.run_id for c in cells}) == 6
     assert {(c.cfg.reward.name, c.cfg.model.name) for c in cells} == {
-        (r, m) for r in ("sparse", "structured", "dense") for m in ("tiny-arith-s", "tiny-arith-l")}
+        (r, m) for r in ("sparse", "structured", "dense") for m in ("tiny-arith-s", "tiny-arith-l")
+    }
     sizes = {c.cfg.model.name: c.cfg.model.build.hidden_size for c in cells}
     assert sizes == {"tiny-arith-s": 64, "tiny-arith-l": 256}
 
@@ -93,7 +98,10 @@ def test_each_reward_config_names_a_registered_reward_and_only_prm_scores_with_a
     assert names <= set(REWARDS)
     assert {name for name, spec in REWARDS.items() if spec.model_based} == {"prm"}
     assert {name: spec.needs for name, spec in REWARDS.items() if spec.needs} == {
-        "dense": "has_partial_credit", "prm_proxy": "has_steps", "prm": "has_steps"}
+        "dense": "has_partial_credit",
+        "prm_proxy": "has_steps",
+        "prm": "has_steps",
+    }
 
 
 # --- the users' own signatures: verl's compute_score, TRL's reward functions --------------------------
@@ -128,8 +136,11 @@ def isoflop_style(problems, completions):
 '''
 
 # A problem file with chat prompts and columns of its own: (question, answer, data_source, difficulty).
-ROWS = [("What is 2+2?", "4", "openai/gsm8k", "easy"), ("What is 7*6?", "42", "openai/gsm8k", "hard"),
-        ("Name a prime.", "7", "other", "hard")]
+ROWS = [
+    ("What is 2+2?", "4", "openai/gsm8k", "easy"),
+    ("What is 7*6?", "42", "openai/gsm8k", "hard"),
+    ("Name a prime.", "7", "other", "hard"),
+]
 COMPLETIONS = ["so #### 4", "#### 41", "#### 7"]  # right, wrong, right
 VERL = [0.5, 0.0, 0.0]  # verl: 0.5 * right (easy); hard but wrong; another data_source scores 0
 
@@ -159,10 +170,20 @@ def _problem_file(tmp_path):
 
     from isoflop_cli.tasks.dataset import DatasetTask
 
-    rows = [{"prompt": [{"role": "user", "content": q}], "solution": a, "data_source": s, "difficulty": d, "extra_info": {"index": i}}
-            for i, (q, a, s, d) in enumerate(ROWS)]
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": q}],
+            "solution": a,
+            "data_source": s,
+            "difficulty": d,
+            "extra_info": {"index": i},
+        }
+        for i, (q, a, s, d) in enumerate(ROWS)
+    ]
     pd.DataFrame(rows).to_parquet(tmp_path / "problems.parquet")
-    task = DatasetTask(train=str(tmp_path / "problems.parquet"), val=str(tmp_path / "problems.parquet"), answer_key="solution")
+    task = DatasetTask(
+        train=str(tmp_path / "problems.parquet"), val=str(tmp_path / "problems.parquet"), answer_key="solution"
+    )
     task.prepare(Words())
     return task, sorted(task.problems("train"), key=lambda p: int(p.id))
 
@@ -174,7 +195,12 @@ def _custom(fn, style="auto"):
 def test_a_verl_compute_score_from_a_file_scores_as_in_verl(user_files):
     task, problems = _problem_file(user_files)
     assert task.columns == ("solution", "data_source", "difficulty", "extra_info")
-    assert problems[1].columns == {"solution": "42", "data_source": "openai/gsm8k", "difficulty": "hard", "extra_info": {"index": 1}}
+    assert problems[1].columns == {
+        "solution": "42",
+        "data_source": "openai/gsm8k",
+        "difficulty": "hard",
+        "extra_info": {"index": 1},
+    }
     reward = make_reward(_custom(f"{user_files / 'verl_reward.py'}:compute_score"), task)
     assert reward(problems, COMPLETIONS)[0] == VERL  # a dict returned is verl's {"score": ...}
     # The adapter alone, by hand: data_source and ground truth as arguments, extra_info the row's other columns over verl's own.
@@ -182,9 +208,17 @@ def test_a_verl_compute_score_from_a_file_scores_as_in_verl(user_files):
 
     seen = []
     STYLES["verl"].call(lambda **kw: seen.append(kw) or 1.0, task.columns)(problems[:1], ["#### 4"])
-    assert seen == [{"data_source": "openai/gsm8k", "solution_str": "#### 4", "ground_truth": "4",
-                     "extra_info": {"solution": "4", "difficulty": "easy", "index": 0}}]
-    assert load_function(f"{user_files / 'verl_reward.py'}:compute_score") is load_function(f"{user_files / 'verl_reward.py'}:compute_score")
+    assert seen == [
+        {
+            "data_source": "openai/gsm8k",
+            "solution_str": "#### 4",
+            "ground_truth": "4",
+            "extra_info": {"solution": "4", "difficulty": "easy", "index": 0},
+        }
+    ]
+    assert load_function(f"{user_files / 'verl_reward.py'}:compute_score") is load_function(
+        f"{user_files / 'verl_reward.py'}:compute_score"
+    )
 
 
 def test_a_trl_reward_function_gets_chat_completions_and_the_columns_as_in_trl(user_files):
@@ -195,7 +229,9 @@ def test_a_trl_reward_function_gets_chat_completions_and_the_columns_as_in_trl(u
     assert reward(problems, COMPLETIONS)[0] == [0.0, 0.0, 0.0]  # TRL compares the whole text: '#### 7' is not '7'
     # Plain-text prompts: prompts and completions are the strings, as TRL gives a standard (not conversational) set.
     plain = [Problem(prompt="rendered by the template", answer="4", given_prompt="What is 2+2?")]
-    assert make_reward(_custom("trl_rewards:length_reward", "trl"), task)(plain, ["four"])[0] == [pytest.approx(0.4 + 0.12)]
+    assert make_reward(_custom("trl_rewards:length_reward", "trl"), task)(plain, ["four"])[0] == [
+        pytest.approx(0.4 + 0.12)
+    ]
 
 
 def test_styles_are_told_from_signatures_and_isoflops_own_still_works(user_files):
@@ -207,25 +243,36 @@ def test_styles_are_told_from_signatures_and_isoflops_own_still_works(user_files
     assert style_of(lambda completions, solution: 0, "auto", columns, "f") == "trl"  # a column by name, no **kwargs
     assert style_of(lambda problems, completions: 0, "auto", columns, "f") == "isoflop"
     # isoflop's own (problems, completions), the only one before styles, with a config that has no reward.style.
-    assert make_reward(OmegaConf.create({"name": "custom", "fn": "trl_rewards:isoflop_style"}), TASK)([P, P], ["58", "85"])[0] == [1.0, 0.0]
+    assert make_reward(OmegaConf.create({"name": "custom", "fn": "trl_rewards:isoflop_style"}), TASK)(
+        [P, P], ["58", "85"]
+    )[0] == [1.0, 0.0]
 
 
-@pytest.mark.parametrize("fn, style, message", [
-    ("{d}/missing.py:compute_score", "auto", "missing.py does not exist"),
-    ("{d}/verl_reward.py:nothing", "auto", "verl_reward.py has no 'nothing'"),
-    ("trl_rewards:nothing", "auto", "module trl_rewards has no 'nothing'"),
-    ("trl_rewards:three", "auto", "fits no reward signature"),
-    ("trl_rewards:accuracy_reward", "auto", "fits no reward signature"),  # 'solution' is no column of the arithmetic task
-    ("trl_rewards:accuracy_reward", "verl", "does not fit reward.style=verl"),
-    ("{d}/verl_reward.py:compute_score", "trl", "it requires 'data_source'"),
-    ("trl_rewards:length_reward", "other", "reward.style 'other' is not one of: auto, verl, trl, isoflop"),
-])
+@pytest.mark.parametrize(
+    "fn, style, message",
+    [
+        ("{d}/missing.py:compute_score", "auto", "missing.py does not exist"),
+        ("{d}/verl_reward.py:nothing", "auto", "verl_reward.py has no 'nothing'"),
+        ("trl_rewards:nothing", "auto", "module trl_rewards has no 'nothing'"),
+        ("trl_rewards:three", "auto", "fits no reward signature"),
+        (
+            "trl_rewards:accuracy_reward",
+            "auto",
+            "fits no reward signature",
+        ),  # 'solution' is no column of the arithmetic task
+        ("trl_rewards:accuracy_reward", "verl", "does not fit reward.style=verl"),
+        ("{d}/verl_reward.py:compute_score", "trl", "it requires 'data_source'"),
+        ("trl_rewards:length_reward", "other", "reward.style 'other' is not one of: auto, verl, trl, isoflop"),
+    ],
+)
 def test_bad_reward_functions_are_refused_before_any_compute(user_files, fn, style, message):
     from typer.testing import CliRunner
 
     from isoflop_cli.cli import app
 
-    result = CliRunner().invoke(app, ["plan", "reward=custom", f"reward.fn={fn.format(d=user_files)}", f"reward.style={style}"])
+    result = CliRunner().invoke(
+        app, ["plan", "reward=custom", f"reward.fn={fn.format(d=user_files)}", f"reward.style={style}"]
+    )
     errors = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
     assert len(errors) == 1 and "Traceback" not in result.output, result.output

@@ -14,7 +14,9 @@ ARGS = ["n=4", "B_p=2", "grid.budgets=[32]", "grid.eval_points=2", "eval.problem
 
 def read(run_dir):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in ("wall_s", "reward_cpu_s") and not k.startswith("time_")} for r in rows]  # timings vary
+    return [
+        {k: v for k, v in r.items() if k not in ("wall_s", "reward_cpu_s") and not k.startswith("time_")} for r in rows
+    ]  # timings vary
 
 
 def test_run_is_deterministic_and_writes_its_files(tmp_path):
@@ -29,9 +31,14 @@ def test_run_is_deterministic_and_writes_its_files(tmp_path):
     assert json.loads((tmp_path / "a" / "status.json").read_text())["state"] == "finished"
 
 
-@pytest.mark.parametrize("updates", [["algo.epochs=1"], ["algo.epochs=2", "algo.minibatches=2"], ["algo.epochs=0.5"], ["lora.rank=4"], ["algo=ppo"]])
+@pytest.mark.parametrize(
+    "updates",
+    [["algo.epochs=1"], ["algo.epochs=2", "algo.minibatches=2"], ["algo.epochs=0.5"], ["lora.rank=4"], ["algo=ppo"]],
+)
 def test_run_ledger_agrees_with_measurement(tmp_path, updates):
-    result = CliRunner().invoke(app, ["run", *ARGS, *updates, "flops.measure=true", "algo.kl_coef=0.1", "--run-dir", str(tmp_path)])
+    result = CliRunner().invoke(
+        app, ["run", *ARGS, *updates, "flops.measure=true", "algo.kl_coef=0.1", "--run-dir", str(tmp_path)]
+    )
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]
@@ -80,8 +87,16 @@ def test_local_checkpoint_by_path_and_gpu_hours(tmp_path):
     assert bad.exit_code == 2 and "flops.utilization" in bad.output
 
 
-@pytest.mark.parametrize("algo", [["algo=dr_grpo"], ["algo=cispo", "algo.epochs=2"], ["algo.loss_agg=seq-mean-token-mean", "algo.filter_zero_variance=true"],
-                                  ["algo=ppo", "learner.micro_batch=3"], ["learner.activation_checkpointing=true", "lora.rank=4"]])
+@pytest.mark.parametrize(
+    "algo",
+    [
+        ["algo=dr_grpo"],
+        ["algo=cispo", "algo.epochs=2"],
+        ["algo.loss_agg=seq-mean-token-mean", "algo.filter_zero_variance=true"],
+        ["algo=ppo", "learner.micro_batch=3"],
+        ["learner.activation_checkpointing=true", "lora.rank=4"],
+    ],
+)
 def test_algorithms_run(tmp_path, algo):
     result = CliRunner().invoke(app, ["run", *ARGS, *algo, "--run-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
@@ -100,13 +115,27 @@ def test_a_fractional_epoch_learns_from_a_share_of_each_group(tmp_path):
         assert result.exit_code == 0, result.output
         rows[epochs] = read(tmp_path / epochs)[1]  # the first step: same sampled batch (same seed, same weights)
     whole, half = rows["1"], rows["0.5"]
-    assert (half["rollouts"], half["flops_search"], half["tokens_generated"]) == (whole["rollouts"], whole["flops_search"], whole["tokens_generated"])
+    assert (half["rollouts"], half["flops_search"], half["tokens_generated"]) == (
+        whole["rollouts"],
+        whole["flops_search"],
+        whole["tokens_generated"],
+    )
     assert 0.5 < half["flops_learning"] / whole["flops_learning"] < 0.8 and half["rho"] < whole["rho"]
     bad = CliRunner().invoke(app, ["plan", "algo.epochs=1.5"])
     assert bad.exit_code == 2 and "algo.epochs must be whole passes" in bad.output
 
 
-@pytest.mark.parametrize("updates", [[], ["algo.epochs=2", "algo.kl_coef=0.1"], ["algo.epochs=0.5"], ["algo=ppo"], ["lora.rank=4"], ["learner.shared_prompt=false"]])
+@pytest.mark.parametrize(
+    "updates",
+    [
+        [],
+        ["algo.epochs=2", "algo.kl_coef=0.1"],
+        ["algo.epochs=0.5"],
+        ["algo=ppo"],
+        ["lora.rank=4"],
+        ["learner.shared_prompt=false"],
+    ],
+)
 def test_plan_and_run_assemble_a_step_s_flops_the_same_way(tmp_path, updates):
     """Where every prompt has the same width and every completion the full task.max_new_tokens
     (two-digit operands, one new token), a step's measured sizes are the plan's bounds: the run's
@@ -116,22 +145,44 @@ def test_plan_and_run_assemble_a_step_s_flops_the_same_way(tmp_path, updates):
     from isoflop_cli import config
     from isoflop_cli.grid import step_flops
 
-    args = ["n=4", "B_p=2", "task.digits=[2]", "task.max_new_tokens=1", "model.build.steps=1", "grid.budgets=[24]", "grid.eval_points=1",
-            "eval.problems=8", *updates]
+    args = [
+        "n=4",
+        "B_p=2",
+        "task.digits=[2]",
+        "task.max_new_tokens=1",
+        "model.build.steps=1",
+        "grid.budgets=[24]",
+        "grid.eval_points=1",
+        "eval.problems=8",
+        *updates,
+    ]
     result = CliRunner().invoke(app, ["run", *args, "--run-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     last = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
     search, learning, reward = step_flops(config.load(None, args))
     assert last["step"] == 3 and last["tokens_generated"] == 24
-    assert (last["flops_search"], last["flops_learning"], last["flops_reward"]) == pytest.approx((3 * search, 3 * learning, 3 * reward), rel=1e-12)
+    assert (last["flops_search"], last["flops_learning"], last["flops_reward"]) == pytest.approx(
+        (3 * search, 3 * learning, 3 * reward), rel=1e-12
+    )
 
 
 def test_the_embedded_default_learns_to_stop_after_its_answer(tmp_path):
     """The embedded study's cell n=2, B_p=8 (README: 0.689 -> 0.920 at 2,048 rollouts on 256 problems),
     cut to 64 validation problems: GRPO lifts validation avg@4 well above the base, and what it
     learns is to stop: the share of completions longer than their answer falls."""
-    result = CliRunner().invoke(app, ["run", "n=2", "B_p=8", "grid.budgets=[2048]", "grid.eval_points=2", "eval.problems=64",
-                                      "--run-dir", str(tmp_path)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "n=2",
+            "B_p=8",
+            "grid.budgets=[2048]",
+            "grid.eval_points=2",
+            "eval.problems=64",
+            "--run-dir",
+            str(tmp_path),
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = [r for r in read(tmp_path) if r.get("val_avg@k") is not None]
     base, last = rows[0], rows[-1]

@@ -20,13 +20,15 @@ from isoflop_cli.fit.replay import replay
 from isoflop_cli.fit.schedule import decide
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from bench_replay import synthetic, true_gap  # noqa: E402
+from bench_replay import synthetic, true_gap
 
 runner = CliRunner()
 
 
 def curves(values: dict[str, list[float]], computes=(0, 0.5, 1, 2, 4, 8)) -> pd.DataFrame:
-    return pd.DataFrame([{"run_id": r, "rollouts": c, "val_avg@k": v} for r, ys in values.items() for c, v in zip(computes, ys)])
+    return pd.DataFrame(
+        [{"run_id": r, "rollouts": c, "val_avg@k": v} for r, ys in values.items() for c, v in zip(computes, ys)]
+    )
 
 
 def sigmoid(x, lower, upper, mid, k):
@@ -112,10 +114,24 @@ def test_the_rule_by_hand():
     moved, and a flat line through its points is all it can be)."""
     rng = np.random.default_rng(0)
     x = np.arange(1, 9.0)
-    curves = {"saturated": sigmoid(x, 0.1, 0.5, 3.0, 1.0) + rng.normal(0, 0.01, x.size),
-              "leader": sigmoid(x, 0.1, 0.8, 4.0, 1.0) + rng.normal(0, 0.01, x.size), "flat": np.full(x.size, 0.1)}
-    points = pd.concat([pd.DataFrame({"run_id": r, "rollouts": [0.0, *2.0**x], "val_avg@k": [0.1, *y], "zero_var_frac": [np.nan, *[0.5] * x.size]})
-                        for r, y in curves.items()])
+    curves = {
+        "saturated": sigmoid(x, 0.1, 0.5, 3.0, 1.0) + rng.normal(0, 0.01, x.size),
+        "leader": sigmoid(x, 0.1, 0.8, 4.0, 1.0) + rng.normal(0, 0.01, x.size),
+        "flat": np.full(x.size, 0.1),
+    }
+    points = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "run_id": r,
+                    "rollouts": [0.0, *2.0**x],
+                    "val_avg@k": [0.1, *y],
+                    "zero_var_frac": [np.nan, *[0.5] * x.size],
+                }
+            )
+            for r, y in curves.items()
+        ]
+    )
     got = {d.run: d for d in decide(points, 2.0**8, [2.0**6, 2.0**8, 2.0**9], margin=2.0)}
     assert got["leader"].go and not got["saturated"].go and got["flat"].go and got["flat"].learns
     assert got["saturated"].reach < 0.55 and got["saturated"].frontier > 0.7 and got["saturated"].at == 2.0**9
@@ -129,9 +145,13 @@ def test_the_rule_by_hand():
     sigma = np.sqrt(sum(b.sse for b in bands.values()) / (3 * 5))
     assert 0.003 < sigma < 0.015
     assert got["flat"].reach == pytest.approx(bands["flat"].extreme([9.0], (2 * sigma) ** 2, rise_max=0.0)[0])
-    assert got["flat"].reach == pytest.approx(0.1 + 2 * sigma / 3, abs=1e-6)  # the mean of 9 points at 0.1, plus 2 sigma / sqrt(9)
+    assert got["flat"].reach == pytest.approx(
+        0.1 + 2 * sigma / 3, abs=1e-6
+    )  # the mean of 9 points at 0.1, plus 2 sigma / sqrt(9)
     # Results without the column are taken to learn.
-    assert {d.run: d.go for d in decide(points.drop(columns="zero_var_frac"), 2.0**8, [2.0**8, 2.0**9], margin=2.0)}["flat"]
+    assert {d.run: d.go for d in decide(points.drop(columns="zero_var_frac"), 2.0**8, [2.0**8, 2.0**9], margin=2.0)}[
+        "flat"
+    ]
     # At the last budget, or before the noise can be read (MIN_DOF), no cell is stopped.
     assert all(d.go for d in decide(mute, 2.0**9, [2.0**8, 2.0**9]))
     early = mute[mute["rollouts"] <= 2.0**3]
@@ -145,10 +165,24 @@ def test_the_noise_is_at_least_what_the_variance_model_measured():
     above its level, and keeps the saturated cell, which the residual alone (sd ~0.01) stops."""
     rng = np.random.default_rng(0)
     x = np.arange(1, 9.0)
-    curves = {"saturated": sigmoid(x, 0.1, 0.7, 3.0, 1.0) + rng.normal(0, 0.01, x.size),
-              "leader": sigmoid(x, 0.1, 0.8, 4.0, 1.0) + rng.normal(0, 0.01, x.size), "flat": np.full(x.size, 0.1)}
-    points = pd.concat([pd.DataFrame({"run_id": r, "rollouts": [0.0, *2.0**x], "val_avg@k": [0.1, *y],
-                                      "zero_var_frac": [np.nan, *[1.0 if r == "flat" else 0.5] * x.size]}) for r, y in curves.items()])
+    curves = {
+        "saturated": sigmoid(x, 0.1, 0.7, 3.0, 1.0) + rng.normal(0, 0.01, x.size),
+        "leader": sigmoid(x, 0.1, 0.8, 4.0, 1.0) + rng.normal(0, 0.01, x.size),
+        "flat": np.full(x.size, 0.1),
+    }
+    points = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "run_id": r,
+                    "rollouts": [0.0, *2.0**x],
+                    "val_avg@k": [0.1, *y],
+                    "zero_var_frac": [np.nan, *[1.0 if r == "flat" else 0.5] * x.size],
+                }
+            )
+            for r, y in curves.items()
+        ]
+    )
     budgets = [2.0**6, 2.0**8, 2.0**9]
     quiet = {d.run: d for d in decide(points, 2.0**8, budgets, margin=2.0)}
     loud = {d.run: d for d in decide(points.assign(**{"val_avg@k_var": 0.03**2}), 2.0**8, budgets, margin=2.0)}
@@ -160,8 +194,19 @@ def flat_cells(level: float = 0.3, cells: int = 5, noise: float = 0.0, signal: f
     """Identical cells that stay at `level` (with noise), their groups' zero_var_frac `signal`."""
     rng = np.random.default_rng(5)
     x = np.arange(1, 7.0)
-    return pd.concat([pd.DataFrame({"run_id": f"r{i}", "rollouts": [0.0, *2.0**x], "val_avg@k": [level, *(level + rng.normal(0, noise, x.size))],
-                                    "zero_var_frac": [np.nan, *[signal] * x.size]}) for i in range(cells)])
+    return pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "run_id": f"r{i}",
+                    "rollouts": [0.0, *2.0**x],
+                    "val_avg@k": [level, *(level + rng.normal(0, noise, x.size))],
+                    "zero_var_frac": [np.nan, *[signal] * x.size],
+                }
+            )
+            for i in range(cells)
+        ]
+    )
 
 
 def test_a_null_grid_claims_no_winner_and_ties_stop_costing_compute():
@@ -180,8 +225,18 @@ def test_no_margin_stops_only_what_falls_short():
     """With margin 0 on noisy curves the leader still goes on, and so does a run without a base evaluation."""
     x = np.arange(1, 7.0)
     rng = np.random.default_rng(3)
-    noisy = pd.concat([pd.DataFrame({"run_id": r, "rollouts": [0.0, *2.0**x], "val_avg@k": [0.1, *(sigmoid(x, 0.1, top, 3.0, 1.0) + rng.normal(0, 0.01, x.size))]})
-                       for r, top in (("lead", 0.8), ("mid", 0.5), ("low", 0.3), ("low2", 0.3), ("low3", 0.3))])
+    noisy = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "run_id": r,
+                    "rollouts": [0.0, *2.0**x],
+                    "val_avg@k": [0.1, *(sigmoid(x, 0.1, top, 3.0, 1.0) + rng.normal(0, 0.01, x.size))],
+                }
+            )
+            for r, top in (("lead", 0.8), ("mid", 0.5), ("low", 0.3), ("low2", 0.3), ("low3", 0.3))
+        ]
+    )
     noisy = noisy[~((noisy["run_id"] == "low3") & (noisy["rollouts"] == 0))]  # no base evaluation
     got = {d.run: d for d in decide(noisy, 2.0**6, [2.0**6, 2.0**7], margin=0.0)}
     assert got["lead"].go and np.isfinite(got["lead"].frontier) and not got["low"].go and np.isfinite(got["low3"].reach)
@@ -189,7 +244,9 @@ def test_no_margin_stops_only_what_falls_short():
 
 def small_grid(name: str, seed: int, noise: float = 0.02) -> pd.DataFrame:
     """A bench_replay family on 8 cells (n 16 to 128, B_p 8 and 16) and 8 budgets: a replay in ~1 s."""
-    return synthetic(noise, seed, name, n_values=(16, 32, 64, 128), c_max=2.0**20, points=8).assign(**{RUN: lambda d: d["run_id"]})
+    return synthetic(noise, seed, name, n_values=(16, 32, 64, 128), c_max=2.0**20, points=8).assign(
+        **{RUN: lambda d: d["run_id"]}
+    )
 
 
 @pytest.mark.parametrize("name", ["late", "linear"])
@@ -204,7 +261,9 @@ def test_curves_that_are_not_sigmoids_keep_their_winner(name):
         r = replay(df, "val_avg@k", "n", "rollouts", Schedule.adaptive, DEFAULT_MARGIN)
         assert true_gap(df, r) <= 0.01
         if name == "late":
-            assert not r.stopped["n"].eq(128).any() and r.stopped["n"].isin([16, 32]).sum() == 4 and r.compute_share < 0.7
+            assert (
+                not r.stopped["n"].eq(128).any() and r.stopped["n"].isin([16, 32]).sum() == 4 and r.compute_share < 0.7
+            )
 
 
 def test_a_wider_indifference_stops_ties_sooner():
@@ -212,9 +271,15 @@ def test_a_wider_indifference_stops_ties_sooner():
     Widening it runs fewer cell-budgets and loses nothing (every truth is the same); at 0 the cells
     go on until their bounds part."""
     df = small_grid("tied", 0, noise=0.005)
-    shares = [replay(df, "val_avg@k", "n", "rollouts", Schedule.adaptive, DEFAULT_MARGIN, indifference=e).compute_share for e in (0.0, 0.01, 0.03)]
+    shares = [
+        replay(df, "val_avg@k", "n", "rollouts", Schedule.adaptive, DEFAULT_MARGIN, indifference=e).compute_share
+        for e in (0.0, 0.01, 0.03)
+    ]
     assert shares[0] > shares[1] > shares[2] and shares[2] < 0.5
-    assert true_gap(df, replay(df, "val_avg@k", "n", "rollouts", Schedule.adaptive, DEFAULT_MARGIN, indifference=0.03)) == 0.0
+    assert (
+        true_gap(df, replay(df, "val_avg@k", "n", "rollouts", Schedule.adaptive, DEFAULT_MARGIN, indifference=0.03))
+        == 0.0
+    )
 
 
 @pytest.mark.slow  # a replay: 4-7 s each
@@ -246,7 +311,10 @@ def test_replay_keeps_the_frontier_of_a_grid_whose_n_star_rises_for_less_compute
 @pytest.mark.slow  # two replays of a synthetic grid: ~10 s
 def test_full_schedule_and_an_infinite_margin_stop_nothing():
     df = synthetic(0.02).assign(**{RUN: lambda d: d["run_id"]})
-    for r in (replay(df, "val_avg@k", "n", "rollouts", Schedule.full, 0.0), replay(df, "val_avg@k", "n", "rollouts", Schedule.adaptive, 1e9)):
+    for r in (
+        replay(df, "val_avg@k", "n", "rollouts", Schedule.full, 0.0),
+        replay(df, "val_avg@k", "n", "rollouts", Schedule.adaptive, 1e9),
+    ):
         assert r.compute_share == 1.0 and r.stopped.empty and r.n_star_agreement == 1.0 and r.max_value_gap == 0.0
 
 
@@ -257,20 +325,33 @@ def test_replay_command_writes_its_figures(tmp_path):
     result = runner.invoke(app, ["replay", str(path)], terminal_width=100)
     assert result.exit_code == 0, result.output
     written = json.loads((tmp_path / "replay" / "replay.json").read_text())
-    assert {"compute_share", "n_star_agreement", "max_value_gap", "noise_sd", "per_budget", "stopped_cells"} <= set(written)
+    assert {"compute_share", "n_star_agreement", "max_value_gap", "noise_sd", "per_budget", "stopped_cells"} <= set(
+        written
+    )
     assert written["margin"] == DEFAULT_MARGIN and written["schedule"] == "adaptive"
     assert len(written["per_budget"]) == 10 and written["per_budget"][-1]["budget"] == 2.0**20
     assert (tmp_path / "replay" / "replay.png").stat().st_size > 1000
     assert "of the full grid's" in result.output
-    for args, needle in ((["--schedule", "fast"], "--schedule"), (["--margin", "-1"], "--margin"), (["--budgets", "1,x"], "--budgets"),
-                         (["--budgets", "1,2"], "--budgets 1 is below every eval point"), (["--budgets", "4096,4096"], "two or more distinct values"),
-                         (["--metric", "B_p"], "bounded to [0, 1]; B_p ranges 8..16 (--metric)")):
+    for args, needle in (
+        (["--schedule", "fast"], "--schedule"),
+        (["--margin", "-1"], "--margin"),
+        (["--budgets", "1,x"], "--budgets"),
+        (["--budgets", "1,2"], "--budgets 1 is below every eval point"),
+        (["--budgets", "4096,4096"], "two or more distinct values"),
+        (["--metric", "B_p"], "bounded to [0, 1]; B_p ranges 8..16 (--metric)"),
+    ):
         bad = runner.invoke(app, ["replay", str(path), *args])
         assert bad.exit_code == 2 and needle in bad.output, bad.output
 
 
-@pytest.mark.parametrize("args, needle", [(["grid.schedule=adaptive", "grid.budgets=[64]"], "two or more"),
-                                          (["grid.margin=-1"], "grid.margin"), (["grid.schedule=soon"], "grid.schedule")])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["grid.schedule=adaptive", "grid.budgets=[64]"], "two or more"),
+        (["grid.margin=-1"], "grid.margin"),
+        (["grid.schedule=soon"], "grid.schedule"),
+    ],
+)
 def test_bad_schedule_settings_are_one_line(args, needle):
     result = runner.invoke(app, ["plan", *args])
     assert result.exit_code == 2 and needle in result.output, result.output
@@ -281,7 +362,9 @@ RUN_ARGS = ["n=4", "B_p=2", "grid.budgets=[16,32]", "grid.eval_points=3", "eval.
 
 def metrics(run_dir: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in ("wall_s", "reward_cpu_s") and not k.startswith("time_")} for r in rows]  # timings vary
+    return [
+        {k: v for k, v in r.items() if k not in ("wall_s", "reward_cpu_s") and not k.startswith("time_")} for r in rows
+    ]  # timings vary
 
 
 @pytest.mark.slow
@@ -309,17 +392,33 @@ def test_a_climb_seen_at_two_points_is_not_bounded_yet():
     climb is bounded and it stops."""
     rng = np.random.default_rng(0)
     x = np.arange(1, 10.0)
-    curves = {"leader": sigmoid(x, 0.1, 0.8, 4.0, 1.0) + rng.normal(0, 0.01, x.size),
-              "saturated": sigmoid(x, 0.1, 0.5, 3.0, 1.0) + rng.normal(0, 0.01, x.size), "climber": np.array([0.1] * 7 + [0.21, 0.29])}
+    curves = {
+        "leader": sigmoid(x, 0.1, 0.8, 4.0, 1.0) + rng.normal(0, 0.01, x.size),
+        "saturated": sigmoid(x, 0.1, 0.5, 3.0, 1.0) + rng.normal(0, 0.01, x.size),
+        "climber": np.array([0.1] * 7 + [0.21, 0.29]),
+    }
 
     def points(curves, x):
-        return pd.concat([pd.DataFrame({"run_id": r, "rollouts": [0.0, *2.0**x], "val_avg@k": [0.1, *y], "zero_var_frac": [np.nan, *[0.5] * len(y)]})
-                          for r, y in curves.items()])
+        return pd.concat(
+            [
+                pd.DataFrame(
+                    {
+                        "run_id": r,
+                        "rollouts": [0.0, *2.0**x],
+                        "val_avg@k": [0.1, *y],
+                        "zero_var_frac": [np.nan, *[0.5] * len(y)],
+                    }
+                )
+                for r, y in curves.items()
+            ]
+        )
 
     budgets = [2.0**9, 2.0**10, 2.0**11]
     got = {d.run: d for d in decide(points(curves, x), 2.0**9, budgets)}
     assert got["climber"].go and got["climber"].reach == math.inf and not got["saturated"].go
-    assert CurveBand(x, curves["climber"], 0.1, 11.0).extreme([10.0, 11.0], 0.025**2).max() < got["climber"].frontier  # the band alone would stop it
+    assert (
+        CurveBand(x, curves["climber"], 0.1, 11.0).extreme([10.0, 11.0], 0.025**2).max() < got["climber"].frontier
+    )  # the band alone would stop it
     more = {r: np.append(y, v) for (r, y), v in zip(curves.items(), (0.79, 0.5, 0.31))}
     got = {d.run: d for d in decide(points(more, np.arange(1, 11.0)), 2.0**10, budgets)}
     assert not got["climber"].go and got["climber"].reach < 0.4 and got["leader"].go

@@ -48,22 +48,37 @@ def test_a_jobs_state_log_exit_code_and_cancel_read_as_the_dispatcher_reads_ray_
     assert wait(c, user_error) == "FAILED" and "bad config" in c.get_job_logs(user_error)
     assert c.get_job_info(user_error).driver_exit_code == 2  # the dispatcher does not retry exit 2
     assert c.get_job_status(long).value == "RUNNING"
-    c.stop_job(long)  # a stop ends the job's command, also where this suite runs with SIGINT ignored (a background shell)
+    c.stop_job(
+        long
+    )  # a stop ends the job's command, also where this suite runs with SIGINT ignored (a background shell)
     assert wait(c, long, timeout=120) == "STOPPED"
     assert json.loads((tmp_path / "job-ok.json").read_text())["executor"] == "local"
 
 
 def test_without_sbatch_slurm_is_one_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch there
-    result = CliRunner().invoke(app, ["sweep", "--root", str(tmp_path), "cluster.launcher=slurm", "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]"])
+    result = CliRunner().invoke(
+        app,
+        ["sweep", "--root", str(tmp_path), "cluster.launcher=slurm", "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]"],
+    )
     assert result.exit_code == 2 and "cluster.launcher=slurm needs SLURM's sbatch on PATH" in result.output
 
 
 @pytest.mark.e2e
 def test_a_sweep_through_submitit_jobs(tmp_path):
     """Two cells as submitit jobs: both finish, their logs are in their run dirs, status reads them."""
-    args = ["--root", str(tmp_path), "grid.n=[2,4]", "grid.B_p=[2]", "grid.budgets=[16]", "grid.eval_points=1", "eval.problems=8",
-            "eval.samples=4", "cluster.launcher=slurm", "cluster.slurm.executor=local"]
+    args = [
+        "--root",
+        str(tmp_path),
+        "grid.n=[2,4]",
+        "grid.B_p=[2]",
+        "grid.budgets=[16]",
+        "grid.eval_points=1",
+        "eval.problems=8",
+        "eval.samples=4",
+        "cluster.launcher=slurm",
+        "cluster.slurm.executor=local",
+    ]
     result = run_isoflop("sweep", *args, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     sweep = tmp_path / "default"
@@ -82,19 +97,28 @@ SLURM = Path(__file__).resolve().parent.parent / "scripts" / "local_slurm.py"
 def slurm(tmp_path_factory):
     """A real SLURM, started for these tests and stopped after them (every daemon by its PID)."""
     path = tmp_path_factory.mktemp("slurm")
-    started = subprocess.run([sys.executable, str(SLURM), "start", str(path)], capture_output=True, text=True, timeout=180)
+    started = subprocess.run(
+        [sys.executable, str(SLURM), "start", str(path)], capture_output=True, text=True, timeout=180
+    )
     if "not installed" in started.stderr:
         pytest.skip(started.stderr.strip())
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         pids = json.loads((path / "slurm.json").read_text())["pids"]
-        listening = {c.laddr.ip for pid in pids for c in psutil.Process(pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+        listening = {
+            c.laddr.ip
+            for pid in pids
+            for c in psutil.Process(pid).net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN
+        }
         assert listening == {"127.0.0.1"}, f"a SLURM daemon listens beyond loopback: {listening}"
         yield {**os.environ, "SLURM_CONF": started.stdout.strip()}
     finally:
         subprocess.run([sys.executable, str(SLURM), "stop", str(path)], timeout=120)
         pids = json.loads((path / "slurm.json").read_text())["pids"]
-        assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        assert not [
+            pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        ]
 
 
 @pytest.mark.e2e
@@ -104,12 +128,31 @@ def test_a_sweep_on_a_real_slurm_survives_a_killed_run_and_a_preemption(slurm, t
     requeued by SLURM (a preemption): the sweep waits for SLURM to run it again, or (where it reads
     the requeue's end first) submits it once more. Both runs resume from their checkpoints, and
     every eval point is there once."""
-    args = ["--root", str(tmp_path), "cluster=slurm", "cluster.cpus_per_run=1", "cluster.gpus_per_run=0", f"cluster.python={sys.executable}",
-            # 4,096 rollouts: each run lasts long enough past its first checkpoint that the kill and the requeue land
-            # mid-run (at 1,024 a run could end between the checkpoint and the requeue, and its job then ends FAILED).
-            "cluster.poll_s=1", "grid.n=[2]", "grid.B_p=[2,4]", "grid.budgets=[4096]", "grid.eval_points=3", "eval.problems=16",
-            "eval.samples=4", "checkpoint.every=16"]
-    proc = subprocess.Popen([sys.executable, "-m", "isoflop_cli", "sweep", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=slurm)
+    args = [
+        "--root",
+        str(tmp_path),
+        "cluster=slurm",
+        "cluster.cpus_per_run=1",
+        "cluster.gpus_per_run=0",
+        f"cluster.python={sys.executable}",
+        # 4,096 rollouts: each run lasts long enough past its first checkpoint that the kill and the requeue land
+        # mid-run (at 1,024 a run could end between the checkpoint and the requeue, and its job then ends FAILED).
+        "cluster.poll_s=1",
+        "grid.n=[2]",
+        "grid.B_p=[2,4]",
+        "grid.budgets=[4096]",
+        "grid.eval_points=3",
+        "eval.problems=16",
+        "eval.samples=4",
+        "checkpoint.every=16",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "isoflop_cli", "sweep", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=slurm,
+    )
     sweep = tmp_path / "default"
     deadline = time.monotonic() + 300
     killed = requeued = None
@@ -129,9 +172,16 @@ def test_a_sweep_on_a_real_slurm_survives_a_killed_run_and_a_preemption(slurm, t
                     sid = json.loads((sweep / "manifest.json").read_text())["cells"][run_id]["submission_id"]
                     job = json.loads((sweep / "slurm" / f"{sid}.json").read_text())["job_id"]
                     subprocess.run(["scontrol", "requeue", job], check=True, env=slurm)
-                    while subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, env=slurm).stdout.strip() != "PENDING":
+                    while (
+                        subprocess.run(
+                            ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, env=slurm
+                        ).stdout.strip()
+                        != "PENDING"
+                    ):
                         time.sleep(0.2)
-                    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, env=slurm)  # SLURM holds a requeued job ~2 min
+                    subprocess.run(
+                        ["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, env=slurm
+                    )  # SLURM holds a requeued job ~2 min
         time.sleep(0.3)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-3000:] + err
@@ -153,8 +203,14 @@ def test_a_sweep_on_a_real_slurm_survives_a_killed_run_and_a_preemption(slurm, t
     assert sum("preflight" in name for name in jobs) == 1
     jobs = {name: job for name, job in jobs.items() if "preflight" not in name}
     first = [job for name, job in jobs.items() if name.startswith(tuple(f"isoflop-{rid}-1-" for rid in cells))]
-    assert len(jobs) == 3 + (not waited) and len({j.split("_")[0] for j in first}) == 1 and sorted(j.split("_")[1] for j in first) == ["0", "1"], jobs
-    accounted = subprocess.run(["sacct", "-n", "-X", "-o", "JobID%20,State"], capture_output=True, text=True, env=slurm).stdout.split()
+    assert (
+        len(jobs) == 3 + (not waited)
+        and len({j.split("_")[0] for j in first}) == 1
+        and sorted(j.split("_")[1] for j in first) == ["0", "1"]
+    ), jobs
+    accounted = subprocess.run(
+        ["sacct", "-n", "-X", "-o", "JobID%20,State"], capture_output=True, text=True, env=slurm
+    ).stdout.split()
     assert set(jobs.values()) <= set(accounted), accounted
     df = pd.read_parquet(sweep / "results.parquet")
     assert not df.duplicated(["run_id", "step"]).any() and len(df) == sum(len(c["eval_steps"]) for c in cells.values())
@@ -165,16 +221,32 @@ def test_the_preflight_on_a_real_slurm(slurm, tmp_path):
     """`isoflop doctor` sends its probe as a SLURM job and checks the node SLURM gives it; a run's
     request SLURM cannot place (more CPUs than any node, GPUs it has none of) stops the sweep in its
     preflight, one line per problem, exit 2, before any run's job is submitted."""
+
     def isoflop(command, *overrides):
-        return run_isoflop(command, "--root", str(tmp_path), "cluster=slurm", f"cluster.python={sys.executable}", "cluster.cpus_per_run=1",
-                           "cluster.gpus_per_run=0", *overrides, timeout=300, env=slurm)
+        return run_isoflop(
+            command,
+            "--root",
+            str(tmp_path),
+            "cluster=slurm",
+            f"cluster.python={sys.executable}",
+            "cluster.cpus_per_run=1",
+            "cluster.gpus_per_run=0",
+            *overrides,
+            timeout=300,
+            env=slurm,
+        )
 
     ok = isoflop("doctor")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "sweep dir shared, run files readable" in ok.stdout and "ready: a run asks for 1 CPU and 0 GPU" in ok.stdout
-    bad = isoflop("sweep", "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]", "cluster.cpus_per_run=64", "cluster.gpus_per_run=2")
+    bad = isoflop(
+        "sweep", "grid.n=[2]", "grid.B_p=[2]", "grid.budgets=[16]", "cluster.cpus_per_run=64", "cluster.gpus_per_run=2"
+    )
     assert bad.returncode == 2, bad.stdout + bad.stderr
-    assert "preflight found 1 problem(s) before any run started" in bad.stderr and "SLURM would never start a run's job (64 CPUs, 2 GPUs)" in bad.stderr
+    assert (
+        "preflight found 1 problem(s) before any run started" in bad.stderr
+        and "SLURM would never start a run's job (64 CPUs, 2 GPUs)" in bad.stderr
+    )
     sweep = tmp_path / "default"
     assert all(c["state"] == "pending" for c in json.loads((sweep / "manifest.json").read_text())["cells"].values())
     assert all("preflight" in f.name for f in (sweep / "slurm").glob("*.json"))  # the probes only

@@ -24,7 +24,9 @@ def test_atomic_write_and_torn_metrics(tmp_path):
 
 def test_collect_only_finished_runs(tmp_path):
     sweep = SweepDir(tmp_path)
-    sweep.write_manifest(Manifest(cells={"a": CellState(columns={"n": 2, "B_p": 4}), "b": CellState(columns={"n": 8, "B_p": 4})}))
+    sweep.write_manifest(
+        Manifest(cells={"a": CellState(columns={"n": 2, "B_p": 4}), "b": CellState(columns={"n": 8, "B_p": 4})})
+    )
     for rid, state in (("a", FINISHED), ("b", "running")):
         files = sweep.run(rid)
         files.dir.mkdir(parents=True)
@@ -114,8 +116,14 @@ def test_one_attempt_writes_a_run_dir_and_waits_only_where_the_last_may_still_ru
     first.set_status(RUNNING, pid=os.getpid())
     second = files.take_lease()
     assert slept == [store.LEASE_GRACE_S]  # the first is alive on this host
-    for write in (lambda f: f.append_metrics({"step": 1}), lambda f: f.set_status(RUNNING), lambda f: f.finish([{"step": 1}]),
-                  lambda f: f.keep_metrics(0), lambda f: f.reset_metrics(), lambda f: f.append_problems(1, [])):
+    for write in (
+        lambda f: f.append_metrics({"step": 1}),
+        lambda f: f.set_status(RUNNING),
+        lambda f: f.finish([{"step": 1}]),
+        lambda f: f.keep_metrics(0),
+        lambda f: f.reset_metrics(),
+        lambda f: f.append_problems(1, []),
+    ):
         with pytest.raises(store.LeaseLost, match="another attempt"):
             write(first)
     assert not files.metrics.exists() and files.status().state == RUNNING
@@ -168,7 +176,16 @@ def test_files_and_dirs_follow_the_umask_and_are_never_world_writable(tmp_path, 
         sweep.collect()
     finally:
         os.umask(previous)
-    made = [tmp_path / "out", sweep.path, sweep.path / "runs", files.dir, sweep.manifest_file, sweep.results_file, files.metrics, files.status_file]
+    made = [
+        tmp_path / "out",
+        sweep.path,
+        sweep.path / "runs",
+        files.dir,
+        sweep.manifest_file,
+        sweep.results_file,
+        files.metrics,
+        files.status_file,
+    ]
     modes = {p.name: p.stat().st_mode & 0o777 for p in made}
     want = {True: 0o777 & ~umask & ~0o002, False: 0o666 & ~umask & ~0o002}
     assert modes == {p.name: want[p.is_dir()] for p in made}
@@ -202,7 +219,9 @@ def _denied(monkeypatch, where: Path, error=PermissionError) -> None:
 
     def refuse(self, *args, **kwargs):
         if self == where:
-            raise error(13 if error is PermissionError else 36, os.strerror(13 if error is PermissionError else 36), str(self))
+            raise error(
+                13 if error is PermissionError else 36, os.strerror(13 if error is PermissionError else 36), str(self)
+            )
         return read_text(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "read_text", refuse)
@@ -210,12 +229,18 @@ def _denied(monkeypatch, where: Path, error=PermissionError) -> None:
 
 def _one_line(result, needle: str) -> str:
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], result.output
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], (
+        result.output
+    )
     return lines[0]
 
 
-@pytest.mark.parametrize("state_file, command", [("status.json", "status"), ("job.log", "logs"), ("metrics.jsonl", "status")])
-def test_a_state_file_that_cannot_be_read_is_one_line_saying_so_not_a_damaged_record(tmp_path, monkeypatch, state_file, command):
+@pytest.mark.parametrize(
+    "state_file, command", [("status.json", "status"), ("job.log", "logs"), ("metrics.jsonl", "status")]
+)
+def test_a_state_file_that_cannot_be_read_is_one_line_saying_so_not_a_damaged_record(
+    tmp_path, monkeypatch, state_file, command
+):
     """Issue 46: a permissions error on status.json advised "move it aside (the run is then
     redone)", throwing a finished run away; an unreadable job.log or metrics.jsonl was a traceback.
     Variants: each file under the command that reads it, read denied; the files are left as they are."""
@@ -225,8 +250,10 @@ def test_a_state_file_that_cannot_be_read_is_one_line_saying_so_not_a_damaged_re
         files.set_status(RUNNING, step=2)
     before = {p: p.read_bytes() for p in sweep.path.rglob("*") if p.is_file()}
     _denied(monkeypatch, files.dir / state_file)
-    line = _one_line(CliRunner().invoke(app, [command, str(sweep.path), *(["a"] if command == "logs" else [])]),
-                     f"cannot read {files.dir / state_file}: permission denied: fix its permissions")
+    line = _one_line(
+        CliRunner().invoke(app, [command, str(sweep.path), *(["a"] if command == "logs" else [])]),
+        f"cannot read {files.dir / state_file}: permission denied: fix its permissions",
+    )
     assert "move it aside" not in line and "redone" not in line
     monkeypatch.undo()
     assert {p: p.read_bytes() for p in sweep.path.rglob("*") if p.is_file()} == before
@@ -239,7 +266,9 @@ def test_state_files_that_cannot_be_written_or_named_are_one_line_naming_them(tm
     a sweep dir whose name is too long under `status` and under the store's own writes."""
     sweep = _sealed(tmp_path)
     (sweep.path / "problems.parquet").mkdir()
-    with pytest.raises(ConfigError, match=r"cannot write .*problems.parquet: it is a directory where a file belongs: move it aside"):
+    with pytest.raises(
+        ConfigError, match=r"cannot write .*problems.parquet: it is a directory where a file belongs: move it aside"
+    ):
         sweep.collect()
     (sweep.path / "problems.parquet").rmdir()
     replace = os.replace
@@ -250,12 +279,17 @@ def test_state_files_that_cannot_be_written_or_named_are_one_line_naming_them(tm
         return replace(src, dst, *args, **kwargs)
 
     monkeypatch.setattr(os, "replace", immutable)
-    with pytest.raises(ConfigError, match=r"cannot write .*results.parquet: operation not permitted: it may be immutable \(lsattr; chattr -i\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"cannot write .*results.parquet: operation not permitted: it may be immutable \(lsattr; chattr -i\)",
+    ):
         sweep.collect()
     monkeypatch.undo()
     assert [p.name for p in sweep.path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
     too_long = tmp_path / ("x" * 300)
-    _one_line(CliRunner().invoke(app, ["status", str(too_long)]), f"cannot read {too_long}: a name in its path is too long")
+    _one_line(
+        CliRunner().invoke(app, ["status", str(too_long)]), f"cannot read {too_long}: a name in its path is too long"
+    )
     with pytest.raises(ConfigError, match="a name in its path is too long for the file system: use a shorter --root"):
         SweepDir(too_long).write_manifest(Manifest())
     with pytest.raises(ConfigError, match="cannot read .*manifest.json: a name in its path is too long"):
@@ -273,6 +307,8 @@ def test_a_sweep_refuses_state_it_could_not_write_before_any_compute(tmp_path, m
         sweep.check_tree()
     sweep.config_file.rmdir()
     access = os.access
-    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != sweep.run("a").dir and access(path, mode, **kw))
+    monkeypatch.setattr(
+        os, "access", lambda path, mode, **kw: Path(path) != sweep.run("a").dir and access(path, mode, **kw)
+    )
     with pytest.raises(ConfigError, match=r"cannot write .*runs/a: permission denied: .*chattr -i"):
         sweep.check_tree()

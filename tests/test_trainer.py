@@ -38,15 +38,25 @@ def sampled(trainer: Trainer, rewards=REWARDS):
     return batch
 
 
-@pytest.mark.parametrize("overrides, expected", [([], SCALED), (["algo=dr_grpo"], CENTRED), (["algo.std_norm=false"], CENTRED), (["algo=cispo"], SCALED)])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [([], SCALED), (["algo=dr_grpo"], CENTRED), (["algo.std_norm=false"], CENTRED), (["algo=cispo"], SCALED)],
+)
 def test_group_advantages_divide_by_the_group_std_only_where_the_spec_says(tmp_path, overrides, expected):
     batch = sampled(make_trainer(tmp_path, *overrides))
     assert torch.allclose(batch.advantages.advantages, torch.tensor(expected), atol=1e-5)
     assert batch.advantages.returns is None
 
 
-@pytest.mark.parametrize("overrides, agg", [([], "token-mean"), (["algo=dr_grpo"], "constant"), (["algo.loss_agg=seq-mean-token-mean"], "seq-mean-token-mean"),
-                                            (["algo=dr_grpo", "algo.loss_agg=token-mean"], "token-mean")])
+@pytest.mark.parametrize(
+    "overrides, agg",
+    [
+        ([], "token-mean"),
+        (["algo=dr_grpo"], "constant"),
+        (["algo.loss_agg=seq-mean-token-mean"], "seq-mean-token-mean"),
+        (["algo=dr_grpo", "algo.loss_agg=token-mean"], "token-mean"),
+    ],
+)
 def test_token_weights_follow_the_spec_and_its_knob(tmp_path, overrides, agg):
     trainer = make_trainer(tmp_path, *overrides)
     batch = sampled(trainer)
@@ -65,7 +75,9 @@ def test_cispo_keeps_the_gradient_on_tokens_the_clipped_ratio_zeroes(tmp_path):
     stop-gradient weight still multiplies log pi."""
     grads = {}
     for name in ("grpo", "cispo"):
-        trainer = make_trainer(tmp_path / name, f"algo={name}", "algo.epochs=2", "algo.tis_cap=null")  # epochs 2: the loss reads old log-probs
+        trainer = make_trainer(
+            tmp_path / name, f"algo={name}", "algo.epochs=2", "algo.tis_cap=null"
+        )  # epochs 2: the loss reads old log-probs
         assert trainer.passes.old_policy
         batch = sampled(trainer)
         batch.old_logp = batch.old_logp - 5 * batch.mask
@@ -121,8 +133,11 @@ def test_the_reference_pass_runs_where_kl_is_on(tmp_path):
 
 def test_a_new_algorithm_is_one_spec(tmp_path, monkeypatch):
     """Registered under a new name, a spec of existing parts passes the config checks and runs."""
-    monkeypatch.setitem(algorithms.ALGORITHMS, "grpo_seq", algorithms.Algorithm(advantage="group", policy_loss="cispo", std_norm=False,
-                                                                                loss_agg="seq-mean-token-mean"))
+    monkeypatch.setitem(
+        algorithms.ALGORITHMS,
+        "grpo_seq",
+        algorithms.Algorithm(advantage="group", policy_loss="cispo", std_norm=False, loss_agg="seq-mean-token-mean"),
+    )
     trainer = make_trainer(tmp_path, "algo.name=grpo_seq")
     batch = sampled(trainer)
     assert torch.allclose(batch.advantages.advantages, torch.tensor(CENTRED))
@@ -137,13 +152,22 @@ def test_dr_grpo_is_grpo_with_its_two_knobs(tmp_path):
     for name, extra in (("preset", ["algo=dr_grpo"]), ("knobs", ["algo.std_norm=false", "algo.loss_agg=constant"])):
         result = CliRunner().invoke(app, ["run", *args, *extra, "--run-dir", str(tmp_path / name)])
         assert result.exit_code == 0, result.output
-        rows[name] = [{k: v for k, v in json.loads(line).items() if k not in ("wall_s", "fingerprint") and not k.startswith(("time_", "reward_cpu"))}
-                      for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        rows[name] = [
+            {
+                k: v
+                for k, v in json.loads(line).items()
+                if k not in ("wall_s", "fingerprint") and not k.startswith(("time_", "reward_cpu"))
+            }
+            for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        ]
     assert rows["preset"] == rows["knobs"]
 
 
-@pytest.mark.parametrize("shared_prompt, budget", [(True, "two groups"), (True, "below any group"), (False, "two groups"), (False, "below any group")],
-                         ids=["tree", "tree-groups-split", "plain", "plain-groups-split"])
+@pytest.mark.parametrize(
+    "shared_prompt, budget",
+    [(True, "two groups"), (True, "below any group"), (False, "two groups"), (False, "below any group")],
+    ids=["tree", "tree-groups-split", "plain", "plain-groups-split"],
+)
 def test_token_budget_micro_batches_give_the_whole_mini_batch_gradient(tmp_path, shared_prompt, budget):
     """learner.max_tokens_per_micro_batch packs whole groups, in order, into forwards of at most that
     many layout positions (tree: each prompt once and its completions; plain: every row at the
@@ -151,15 +175,22 @@ def test_token_budget_micro_batches_give_the_whole_mini_batch_gradient(tmp_path,
     prompt): more forwards, the same summed gradients and losses as one forward over the mini-batch
     (the token weights are the mini-batch's)."""
     rewards = [[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0]]
-    common = ["B_p=4", f"learner.shared_prompt={str(shared_prompt).lower()}", "algo.kl_coef=0.1", "algo.entropy_coef=0.01",
-              "algo.max_grad_norm=1e9"]  # no clipping: the gradients after the update are the summed ones
+    common = [
+        "B_p=4",
+        f"learner.shared_prompt={str(shared_prompt).lower()}",
+        "algo.kl_coef=0.1",
+        "algo.entropy_coef=0.01",
+        "algo.max_grad_norm=1e9",
+    ]  # no clipping: the gradients after the update are the summed ones
     whole = make_trainer(tmp_path / "whole", *common)
     whole_batch = sampled(whole, rewards)
     r = whole_batch.rollouts
     P, width = r.prompt_width, r.sequences.shape[1]
-    prompt = r.attention_mask[:, :P].sum(-1).tolist() if shared_prompt else [0] * 16  # each row's group's shared positions
+    prompt = (
+        r.attention_mask[:, :P].sum(-1).tolist() if shared_prompt else [0] * 16
+    )  # each row's group's shared positions
     own = r.attention_mask[:, P:].sum(-1).tolist() if shared_prompt else [width] * 16  # each row's own positions
-    tokens = [prompt[4 * g] + sum(own[4 * g:4 * g + 4]) for g in range(4)]
+    tokens = [prompt[4 * g] + sum(own[4 * g : 4 * g + 4]) for g in range(4)]
     limit = tokens[0] + tokens[1] if budget == "two groups" else min(tokens) - 1
     split = make_trainer(tmp_path / "split", *common, f"learner.max_tokens_per_micro_batch={limit}")
     batch = sampled(split, rewards)
@@ -194,8 +225,11 @@ def test_token_budget_micro_batches_give_the_whole_mini_batch_gradient(tmp_path,
         assert split.progress.since_eval[key] == pytest.approx(whole.progress.since_eval[key], abs=1e-6), key
 
 
-@pytest.mark.parametrize("gpus, lora, backbone", [(0, 4, torch.float32), (1, 4, torch.bfloat16), (1, 0, None)],
-                         ids=["cpu-lora", "gpu-lora", "gpu-full"])
+@pytest.mark.parametrize(
+    "gpus, lora, backbone",
+    [(0, 4, torch.float32), (1, 4, torch.bfloat16), (1, 0, None)],
+    ids=["cpu-lora", "gpu-lora", "gpu-full"],
+)
 def test_a_lora_backbone_is_held_in_the_compute_dtype_and_what_trains_in_fp32(gpus, lora, backbone):
     """With LoRA the frozen backbone is loaded in the compute dtype (bf16 where the run is, on GPUs;
     fp32 on the CPU) and the adapters train in fp32; full fine-tuning keeps fp32 master weights."""

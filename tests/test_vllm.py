@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
+
 @pytest.mark.parametrize("installed", ["0.32.0", "0.32.0+cpu", "0.32.0+cu129"])
 def test_the_pinned_vllm_starts(installed):
     from isoflop_cli.recipe.vllm_sampler import check_version
@@ -40,7 +41,9 @@ def test_no_vllm_is_refused_with_how_to_install_it(monkeypatch):
         vllm_sampler.check_version(None)
 
 
-@pytest.mark.parametrize("rank, engine", [(1, 1), (2, 8), (4, 8), (8, 8), (12, 16), (32, 32), (100, 128), (300, 320), (512, 512)])
+@pytest.mark.parametrize(
+    "rank, engine", [(1, 1), (2, 8), (4, 8), (8, 8), (12, 16), (32, 32), (100, 128), (300, 320), (512, 512)]
+)
 def test_the_engines_max_lora_rank_is_the_next_one_vllm_accepts(rank, engine):
     from isoflop_cli.recipe.vllm_sampler import max_lora_rank
 
@@ -167,7 +170,9 @@ def test_a_tied_heads_weights_reach_the_engine(tiny, full):
     names = [name for name, _ in stream_weights(model, trainable_only=False, dtype=torch.float32)]
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
     full.load_weights(stream_weights(model, trainable_only=False, dtype=torch.float32))
-    (embedding,) = full.llm.apply_model(lambda m: m.model.embed_tokens.weight.detach().clone())  # the vocabulary padded to 64 rows
+    (embedding,) = full.llm.apply_model(
+        lambda m: m.model.embed_tokens.weight.detach().clone()
+    )  # the vocabulary padded to 64 rows
     assert torch.equal(embedding[: model.config.vocab_size], model.model.embed_tokens.weight)
     torch.manual_seed(4)
     r = full.sample(PROMPTS, N, T, 1.0, MAX_NEW)
@@ -184,10 +189,15 @@ def _two_engines(group, out: str) -> None:
 
     cfg = config.load()
     tokenizer, base = checkpoint.load(cfg.model, cfg.task)
-    sampler = VllmSampler(checkpoint.model_path(cfg.model, cfg.task), cfg.sampler, cfg.lora, tokenizer, seed=0, max_len=32, group=group)
+    sampler = VllmSampler(
+        checkpoint.model_path(cfg.model, cfg.task), cfg.sampler, cfg.lora, tokenizer, seed=0, max_len=32, group=group
+    )
     asked = []  # each request's prompt ids, as this rank's engine got them
     generate = sampler.llm.generate
-    sampler.llm.generate = lambda prompts, *args, **kwargs: (asked.append([p["prompt_token_ids"] for p in prompts]), generate(prompts, *args, **kwargs))[1]
+    sampler.llm.generate = lambda prompts, *args, **kwargs: (
+        asked.append([p["prompt_token_ids"] for p in prompts]),
+        generate(prompts, *args, **kwargs),
+    )[1]
     learner = copy.deepcopy(base)
     with torch.no_grad():
         learner.model.embed_tokens.weight.mul_(1.5)
@@ -206,8 +216,11 @@ def _two_engines(group, out: str) -> None:
         after = sampler.sample(PROMPTS, N, T, 1.0, MAX_NEW)
         sampler.release()
         half = 2 * N
-        found.update(rows=[same.sequences.shape[0], before.sequences.shape[0]], engines_differ=not torch.equal(same.sequences[:half], same.sequences[half:]),
-                     gaps=[gap(base, before), gap(changed, after), gap(base, after)])
+        found.update(
+            rows=[same.sequences.shape[0], before.sequences.shape[0]],
+            engines_differ=not torch.equal(same.sequences[:half], same.sequences[half:]),
+            gaps=[gap(base, before), gap(changed, after), gap(base, after)],
+        )
     else:
         sampler.serve()
     sampler.close()
@@ -227,11 +240,17 @@ def test_two_ranks_each_sample_their_share_with_an_engine_of_their_own(tiny, tmp
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     ids = [tokenizer.encode(p) for p in PROMPTS]
     same = [tokenizer.encode("12+34=")] * 2
-    assert ranks[0]["asked"] == [same, ids[:2], ids[:2]] and ranks[1]["asked"] == [same, ids[2:], ids[2:]]  # PROMPTS split 2 + 1
+    assert ranks[0]["asked"] == [same, ids[:2], ids[:2]] and ranks[1]["asked"] == [
+        same,
+        ids[2:],
+        ids[2:],
+    ]  # PROMPTS split 2 + 1
     zero = ranks[0]
     assert zero["rows"] == [4 * N, len(PROMPTS) * N] and zero["engines_differ"]
     before, after_new, after_old = zero["gaps"]
-    assert before < 1e-4 and after_new < 1e-4 and after_old > 1e-2  # the engines' log-probs are the learner's, on both engines' rows
+    assert (
+        before < 1e-4 and after_new < 1e-4 and after_old > 1e-2
+    )  # the engines' log-probs are the learner's, on both engines' rows
 
 
 @pytest.mark.vllm
@@ -240,8 +259,10 @@ def test_lora_updates_reuse_one_adapter(tiny):
 
     cfg, _, _, base = tiny
     sampler = engine(tiny, lora_rank=4)
-    policy = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, lora_alpha=cfg.lora.alpha, target_modules=list(cfg.lora.targets),
-                                                            init_lora_weights=False))
+    policy = get_peft_model(
+        copy.deepcopy(base),
+        LoraConfig(r=4, lora_alpha=cfg.lora.alpha, target_modules=list(cfg.lora.targets), init_lora_weights=False),
+    )
     torch.manual_seed(2)
     assert gap(base, sampler.sample(PROMPTS, N, T, 1.0, MAX_NEW)) < 1e-4  # no adapter yet: the base model
     for _ in range(2):  # the second push overwrites the first, and the engine reloads it
@@ -294,10 +315,23 @@ def test_two_ranks_with_vllm_give_the_losses_of_one_process(tmp_path):
 
     from isoflop_cli.cli import app
 
-    args = ["n=4", "B_p=4", "eval.problems=8", "eval.samples=4", "grid.budgets=[16,32,48]", "grid.eval_points=1", "algo.kl_coef=0.1",
-            "algo.entropy_coef=0.01", "algo.minibatches=2", "algo.top_p=1e-6", "sampler=vllm"]
+    args = [
+        "n=4",
+        "B_p=4",
+        "eval.problems=8",
+        "eval.samples=4",
+        "grid.budgets=[16,32,48]",
+        "grid.eval_points=1",
+        "algo.kl_coef=0.1",
+        "algo.entropy_coef=0.01",
+        "algo.minibatches=2",
+        "algo.top_p=1e-6",
+        "sampler=vllm",
+    ]
     for ws in (1, 2):
-        result = CliRunner().invoke(app, ["run", *args, f"learner.world_size={ws}", "--run-dir", str(tmp_path / f"ws{ws}")])
+        result = CliRunner().invoke(
+            app, ["run", *args, f"learner.world_size={ws}", "--run-dir", str(tmp_path / f"ws{ws}")]
+        )
         assert result.exit_code == 0, result.output
     one, two = metrics(tmp_path / "ws1"), metrics(tmp_path / "ws2")
     assert [r["step"] for r in one] == [r["step"] for r in two] == [0, 1, 2, 3]
@@ -320,22 +354,46 @@ def test_a_paused_two_rank_run_continues_as_if_never_stopped(tmp_path):
 
     from isoflop_cli.cli import app
 
-    args = ["sampler=vllm", "learner.world_size=2", "n=4", "B_p=4", "eval.problems=4", "eval.samples=4", "grid.budgets=[16,32]",
-            "grid.eval_points=1", "algo.kl_coef=0.1"]
+    args = [
+        "sampler=vllm",
+        "learner.world_size=2",
+        "n=4",
+        "B_p=4",
+        "eval.problems=4",
+        "eval.samples=4",
+        "grid.budgets=[16,32]",
+        "grid.eval_points=1",
+        "algo.kl_coef=0.1",
+    ]
     for out, extra in (("paused", ["--pause-at", "16"]), ("paused", []), ("whole", [])):
         result = CliRunner().invoke(app, ["run", *args, *extra, "--run-dir", str(tmp_path / out)])
         assert result.exit_code == 0, result.output
         if extra:  # stopped after step 1, its state kept for the next attempt
             assert metrics(tmp_path / out)[-1]["step"] == 1 and (tmp_path / out / "checkpoint").is_dir()
-    rows = {out: [{k: v for k, v in r.items() if not k.startswith("time_") and k not in ("wall_s", "reward_cpu_s")} for r in metrics(tmp_path / out)]
-            for out in ("paused", "whole")}
+    rows = {
+        out: [
+            {k: v for k, v in r.items() if not k.startswith("time_") and k not in ("wall_s", "reward_cpu_s")}
+            for r in metrics(tmp_path / out)
+        ]
+        for out in ("paused", "whole")
+    }
     assert [r["step"] for r in rows["whole"]] == [0, 1, 2] and rows["paused"] == rows["whole"]
 
 
 @pytest.mark.vllm
 def test_grpo_sweep_with_vllm_through_a_local_ray_head(tmp_path):
-    args = ["sweep", "--root", str(tmp_path), "sampler=vllm", "grid.n=[4]", "grid.B_p=[4]", "grid.budgets=[48]", "grid.eval_points=2",
-            "eval.problems=16", "eval.samples=4"]
+    args = [
+        "sweep",
+        "--root",
+        str(tmp_path),
+        "sampler=vllm",
+        "grid.n=[4]",
+        "grid.B_p=[4]",
+        "grid.budgets=[48]",
+        "grid.eval_points=2",
+        "eval.problems=16",
+        "eval.samples=4",
+    ]
     result = subprocess.run([sys.executable, "-m", "isoflop_cli", *args], capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     sweep = tmp_path / "default"

@@ -141,7 +141,9 @@ def _check_not_empty(path: Path) -> None:
     if data is None:
         raise ConfigError(f"config file {path} is empty: start it with a defaults list (see sweeps/default.yaml)")
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must be a YAML mapping (defaults, name, grid ...), got a {type(data).__name__}")
+        raise ConfigError(
+            f"config file {path} must be a YAML mapping (defaults, name, grid ...), got a {type(data).__name__}"
+        )
 
 
 def _check_expansion(path: Path, root: yaml.Node | None) -> None:
@@ -152,12 +154,19 @@ def _check_expansion(path: Path, root: yaml.Node | None) -> None:
     def count(node: yaml.Node) -> int:
         if id(node) not in counts:
             counts[id(node)] = 0  # a node inside itself counts as nothing here: _compose names it
-            children = [part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) else \
-                node.value if isinstance(node, yaml.SequenceNode) else []
+            children = (
+                [part for pair in node.value for part in pair]
+                if isinstance(node, yaml.MappingNode)
+                else node.value
+                if isinstance(node, yaml.SequenceNode)
+                else []
+            )
             counts[id(node)] = 1 + sum(count(child) for child in children)
             if counts[id(node)] > MAX_VALUES:
-                raise ConfigError(f"config file {path} expands to more than {MAX_VALUES:,} values through its YAML aliases (*name): "
-                                  "a config holds hundreds; write the values out instead of aliasing aliases")
+                raise ConfigError(
+                    f"config file {path} expands to more than {MAX_VALUES:,} values through its YAML aliases (*name): "
+                    "a config holds hundreds; write the values out instead of aliasing aliases"
+                )
         return counts[id(node)]
 
     if root is not None:
@@ -212,8 +221,10 @@ def _parse_message(override: str, e: OverrideParseException) -> str:
     if bad is None:  # the grammar, not a character: `grid.n=[4,`
         return f"cannot parse the override '{shown}': {_printable(str(e).splitlines()[0])} (overrides are key=value, lists [a,b])"
     key, _, value = override.partition("=")
-    return (f"cannot parse the override '{shown}': '{_printable(bad.group(1))}' is not allowed in an unquoted value; "
-            f"quote the value, {_printable(key)}='{_printable(value)}' (in the shell: \"{_printable(key)}='{_printable(value)}'\")")
+    return (
+        f"cannot parse the override '{shown}': '{_printable(bad.group(1))}' is not allowed in an unquoted value; "
+        f"quote the value, {_printable(key)}='{_printable(value)}' (in the shell: \"{_printable(key)}='{_printable(value)}'\")"
+    )
 
 
 def _printable(text: str) -> str:
@@ -253,7 +264,7 @@ def _first_line(e: Exception) -> str:
 def omegaconf_message(e: OmegaConfBaseException) -> str:
     msg = _first_line(e)
     key = getattr(e, "full_key", None)
-    if "not in struct" in msg or "Key '" in msg and "not in" in msg:
+    if "not in struct" in msg or ("Key '" in msg and "not in" in msg):
         return unknown_key(key)
     if key:
         return f"bad value for '{key}': {msg}"

@@ -27,7 +27,14 @@ from isoflop_cli.config.schema import cache_dir
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.store import atomic_write, read_json
 
-SWEEP_ONLY = ("grid", "cluster", "name", "calibrate", "tracking", "power")  # config parts that do not change what a run computes
+SWEEP_ONLY = (
+    "grid",
+    "cluster",
+    "name",
+    "calibrate",
+    "tracking",
+    "power",
+)  # config parts that do not change what a run computes
 
 
 def run_content(cfg: DictConfig) -> dict[str, Any]:
@@ -48,28 +55,52 @@ def applicable(content: dict[str, Any]) -> dict[str, Any]:
     added later leave earlier run ids as they were. A new copy where it drops any; with `data`, the
     digests of the data files it reads, where it reads any (`data_files`)."""
     task = {k: v for k, v in content["task"].items() if k in tasks.config_keys(content["task"]["name"])}
-    reward = {k: v for k, v in content["reward"].items() if not (k == "fn" and v is None or k == "style" and v == "auto")}
+    reward = {
+        k: v for k, v in content["reward"].items() if not ((k == "fn" and v is None) or (k == "style" and v == "auto"))
+    }
     reward.pop("max_tokens_per_forward", None)  # how a reward model splits its forwards, not what it scores
     evaluation = {k: v for k, v in content["eval"].items() if not (k in ("sets", "judges") and not v)}
     epochs = content["algo"]["epochs"]  # whole epochs hash as the integers they were before fractions
     algo = {**content["algo"], "epochs": int(epochs) if float(epochs).is_integer() else epochs}
-    if algo["name"] in ALGORITHMS:  # the knobs as the run applies them; std_norm only where it departs from the algorithm's own
+    if (
+        algo["name"] in ALGORITHMS
+    ):  # the knobs as the run applies them; std_norm only where it departs from the algorithm's own
         effective = spec(SimpleNamespace(**algo))
         algo["loss_agg"] = effective.loss_agg
         algo.pop("std_norm", None)
         if effective.std_norm != ALGORITHMS[algo["name"]].std_norm:
             algo["std_norm"] = effective.std_norm
-    sampler = {k: v for k, v in content["sampler"].items() if not (k in ("kv_cache_gib", "enforce_eager") and v is None)}
+    sampler = {
+        k: v for k, v in content["sampler"].items() if not (k in ("kv_cache_gib", "enforce_eager") and v is None)
+    }
     build = {k: v for k, v in content["model"]["build"].items() if not (k == "stray" and v == 0)}
-    model = {k: v for k, v in content["model"].items() if k != "download"}  # where the checkpoint came from, not what it is
-    kept = {k: v for k, v in content["checkpoint"].items() if k != "keep_final"}  # what a run leaves, not what it computes
+    model = {
+        k: v for k, v in content["model"].items() if k != "download"
+    }  # where the checkpoint came from, not what it is
+    kept = {
+        k: v for k, v in content["checkpoint"].items() if k != "keep_final"
+    }  # what a run leaves, not what it computes
     # How the learner splits its work in memory and time, not what it computes: a token-budget
     # micro-batch only when set, the logit chunk and the collective timeout never.
-    learner = {k: v for k, v in content["learner"].items()
-               if k not in ("logit_chunk_tokens", "collective_timeout_s") and not (k == "max_tokens_per_micro_batch" and v == 0)}
+    learner = {
+        k: v
+        for k, v in content["learner"].items()
+        if k not in ("logit_chunk_tokens", "collective_timeout_s")
+        and not (k == "max_tokens_per_micro_batch" and v == 0)
+    }
     data = data_files(task, evaluation)
-    return {**content, "task": task, "reward": reward, "eval": evaluation, "algo": algo, "sampler": sampler,
-            "model": {**model, "build": build}, "checkpoint": kept, "learner": learner, **({"data": data} if data else {})}
+    return {
+        **content,
+        "task": task,
+        "reward": reward,
+        "eval": evaluation,
+        "algo": algo,
+        "sampler": sampler,
+        "model": {**model, "build": build},
+        "checkpoint": kept,
+        "learner": learner,
+        **({"data": data} if data else {}),
+    }
 
 
 def data_files(task: dict[str, Any], evaluation: dict[str, Any]) -> dict[str, str]:
@@ -109,7 +140,12 @@ def _digest_of(path: str, size: int, mtime_ns: int) -> str:
     entries = read_json(cache, default={})
     entries = entries if isinstance(entries, dict) else {}
     entry = entries.get(path)
-    if isinstance(entry, dict) and entry.get("size") == size and entry.get("mtime_ns") == mtime_ns and isinstance(entry.get("sha1"), str):
+    if (
+        isinstance(entry, dict)
+        and entry.get("size") == size
+        and entry.get("mtime_ns") == mtime_ns
+        and isinstance(entry.get("sha1"), str)
+    ):
         return entry["sha1"]
     sha = hashlib.sha1()
     with open(path, "rb") as f:
@@ -204,7 +240,12 @@ class RunIds:
         plan = json.dumps(plan_key)
         for seed in seeds:
             pieces = self.pieces.copy()
-            for key, value in (("n", json.dumps(n)), ("B_p", json.dumps(B_p)), ("seed", json.dumps(seed)), ("plan", plan)):
+            for key, value in (
+                ("n", json.dumps(n)),
+                ("B_p", json.dumps(B_p)),
+                ("seed", json.dumps(seed)),
+                ("plan", plan),
+            ):
                 pieces[self.slots[key]] = value
             digest = hashlib.sha1(("{" + "".join(pieces) + "}").encode()).hexdigest()
             yield seed, digest, f"n{n}_bp{B_p}_s{seed}{self.extra}"[:80] + f"_{digest[:8]}"

@@ -9,14 +9,16 @@ import enum
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import MISSING, DictConfig
 
 from isoflop_cli.flops import PROJECTIONS
 
 DEFAULT_SWEEP = "default"
-DEFAULT_MARGIN = 2.5  # adaptive: in standard deviations of the metric's noise; chosen from replays (README: Adaptive sweeps)
+DEFAULT_MARGIN = (
+    2.5  # adaptive: in standard deviations of the metric's noise; chosen from replays (README: Adaptive sweeps)
+)
 DEFAULT_INDIFFERENCE = 0.01  # adaptive: in the metric's units; a cell that could beat the frontier by no more stops (README: Adaptive sweeps)
 
 
@@ -73,8 +75,10 @@ class ModelConfig:
     # A local Hugging Face checkpoint directory, or a Hub id org/name[@revision] found in the local
     # Hugging Face cache (hub.py); null builds the embedded model (`build`) instead.
     # Required (no default): a model group that forgets it is an error, not the embedded model.
-    path: Optional[str] = MISSING
-    download: bool = False  # a Hub id not in the local cache is downloaded (never with HF_HUB_OFFLINE=1); false: refused
+    path: str | None = MISSING
+    download: bool = (
+        False  # a Hub id not in the local cache is downloaded (never with HF_HUB_OFFLINE=1); false: refused
+    )
     build: ModelBuildConfig = field(default_factory=ModelBuildConfig)
 
 
@@ -92,27 +96,33 @@ class TaskConfig:
     # dataset (tasks/dataset.py): verl-style parquet, JSONL, or a datasets save_to_disk directory;
     # or a Hub data set org/name[@revision] (a file in it: hf://datasets/org/name[@revision]/path) in
     # the local Hugging Face cache (hub.py)
-    train: Optional[str] = None
-    val: Optional[str] = None  # null: task.val_fraction of task.train, by a stable hash of the prompt
+    train: str | None = None
+    val: str | None = None  # null: task.val_fraction of task.train, by a stable hash of the prompt
     prompt_key: str = "prompt"  # a string, or a list of chat messages
     answer_key: str = "reward_model.ground_truth"  # dotted: a path into nested columns
     max_prompt_tokens: int = 512  # longer prompts are dropped (and counted), never cut
     chat_template: str = "auto"  # auto: the tokenizer's chat template if it has one; none: plain text
-    system_prompt: Optional[str] = None
-    instruction: Optional[str] = None  # appended to the prompt, e.g. "Put the final answer within \\boxed{}."
+    system_prompt: str | None = None
+    instruction: str | None = None  # appended to the prompt, e.g. "Put the final answer within \\boxed{}."
     verifier: str = "math"  # math (math-verify), exact, choice
-    download: bool = False  # a Hub data set (task.train, task.val, eval.sets) not in the local cache is downloaded; false: refused
+    download: bool = (
+        False  # a Hub data set (task.train, task.val, eval.sets) not in the local cache is downloaded; false: refused
+    )
 
 
 @dataclass
 class RewardConfig:
     name: str = "sparse"  # see rewards.py
     format_weight: float = 0.2  # structured: the share of the reward for the answer's form
-    fn: Optional[str] = None  # custom: package.module:function or /path/to/file.py:function (rewards.py)
+    fn: str | None = None  # custom: package.module:function or /path/to/file.py:function (rewards.py)
     style: str = "auto"  # custom: its signature, verl, trl or isoflop (rewards.STYLES); auto: told from its parameters
     # prm: a local PRM checkpoint (a token classifier scoring step ends); null builds the embedded one.
-    path: Optional[str] = None
-    build: BuildConfig = field(default_factory=lambda: BuildConfig(hidden_size=64, intermediate_size=256, num_layers=2, num_heads=2, num_kv_heads=1, steps=300))
+    path: str | None = None
+    build: BuildConfig = field(
+        default_factory=lambda: BuildConfig(
+            hidden_size=64, intermediate_size=256, num_layers=2, num_heads=2, num_kv_heads=1, steps=300
+        )
+    )
     # A reward model's (the PRM's, eval.judges') padded positions per forward: rows at the batch's
     # width, a row over it alone (`recipe.prm.micro_batches`); 0: the whole batch in one forward.
     max_tokens_per_forward: int = 32768
@@ -141,12 +151,12 @@ class AlgoConfig:
     minibatches: int = 1
     # The algorithm's own (algorithms.ALGORITHMS) unless set: grpo's are Dr. GRPO's with
     # std_norm=false and loss_agg=constant.
-    std_norm: Optional[bool] = None  # group advantages divided by the group's std
-    loss_agg: Optional[str] = None  # token-mean, seq-mean-token-mean or constant (1 / (rows * task.max_new_tokens))
+    std_norm: bool | None = None  # group advantages divided by the group's std
+    loss_agg: str | None = None  # token-mean, seq-mean-token-mean or constant (1 / (rows * task.max_new_tokens))
     filter_zero_variance: bool = False  # leave out of the loss the groups whose rewards are all equal
     # Truncated importance sampling: each token's policy gradient times min(pi_learner / pi_sampler,
     # tis_cap), correcting the sampler/learner mismatch (vLLM vs FSDP); null: off.
-    tis_cap: Optional[float] = 2.0
+    tis_cap: float | None = 2.0
     # ppo: a value head on the policy's last hidden state, GAE over completion tokens.
     gamma: float = 1.0
     lam: float = 0.95
@@ -159,13 +169,13 @@ class LearnerConfig:
     # Processes of one run (started inside its Ray job, torchrun-style): data parallel, FSDP2-sharded.
     # null: one per GPU of cluster.gpus_per_run (every GPU a learner rank; vLLM engines span
     # sampler.tensor_parallel of them), one on CPU. Resolved when the config loads.
-    world_size: Optional[int] = None
-    fsdp: Optional[bool] = None  # shard with FSDP2 (default: when world_size > 1 or bf16; true: also on one GPU)
+    world_size: int | None = None
+    fsdp: bool | None = None  # shard with FSDP2 (default: when world_size > 1 or bf16; true: also on one GPU)
     # bf16 compute and sampling, fp32 weights and gradient reduction (FSDP2 mixed precision); GPU
     # only. null: on with GPUs, off on CPU (resolved when the config loads).
-    bf16: Optional[bool] = None
+    bf16: bool | None = None
     # Recompute layer activations in backward (not in the ledger). null: on with GPUs, off on CPU.
-    activation_checkpointing: Optional[bool] = None
+    activation_checkpointing: bool | None = None
     micro_batch: int = 0  # rows per forward/backward on each rank (whole prompt groups), gradients accumulated; 0: all
     # Tokens per forward/backward on each rank (whole prompt groups, the positions the layout feeds
     # the model), gradients accumulated; 0: by learner.micro_batch. A group over it learns in pieces of its rows.
@@ -173,7 +183,9 @@ class LearnerConfig:
     # Completion tokens whose [tokens, vocab] logits one chunk holds when log-probs and entropy are
     # computed (each chunk recomputed in backward, so at most one chunk's logits live at a time).
     logit_chunk_tokens: int = 2048
-    collective_timeout_s: float = 1800.0  # a rank waiting longer than this in a collective fails the run (NCCL watchdog; gloo)
+    collective_timeout_s: float = (
+        1800.0  # a rank waiting longer than this in a collective fails the run (NCCL watchdog; gloo)
+    )
     # Learning passes lay the batch out as prompt trees: each prompt once then its n completions,
     # no padding (`learner.Layout.tree`); false: the padded rows as sampled.
     shared_prompt: bool = True
@@ -184,9 +196,13 @@ class SamplerConfig:
     name: str = "hf"  # hf: Hugging Face generate in the learner's process; vllm: a vLLM engine beside the learner (GPU, or its CPU build)
     shared_prefill: bool = True  # hf: prefill each prompt once and share its KV cache over its n rollouts
     tensor_parallel: int = 1  # vllm: GPUs per engine
-    gpu_memory_utilization: float = 0.4  # vllm on GPU: its share of the GPU (the learner has the rest); unused when kv_cache_gib is set
-    kv_cache_gib: Optional[float] = None  # vllm: KV-cache size in GiB; null: gpu_memory_utilization on GPU, 1 GiB on CPU
-    enforce_eager: Optional[bool] = None  # vllm: no compiled graphs; null: eager on CPU (compiling costs ~25 s per engine start), graphs on GPU
+    gpu_memory_utilization: float = (
+        0.4  # vllm on GPU: its share of the GPU (the learner has the rest); unused when kv_cache_gib is set
+    )
+    kv_cache_gib: float | None = None  # vllm: KV-cache size in GiB; null: gpu_memory_utilization on GPU, 1 GiB on CPU
+    enforce_eager: bool | None = (
+        None  # vllm: no compiled graphs; null: eager on CPU (compiling costs ~25 s per engine start), graphs on GPU
+    )
     sleep: bool = True  # vllm on GPU: release its memory while the learner trains (the CPU build has no sleep mode)
 
 
@@ -224,8 +240,12 @@ class GridConfig:
     # full: every cell runs to the largest budget. adaptive: every cell runs to the smallest budget,
     # then continues past each budget only while it can still reach the frontier (fit/schedule.py).
     schedule: Schedule = Schedule.full
-    margin: float = DEFAULT_MARGIN  # adaptive: how wide the rule's bounds on each curve are, in sd of the metric's noise
-    indifference: float = DEFAULT_INDIFFERENCE  # adaptive: a cell whose best case beats the frontier's worst by no more than this stops
+    margin: float = (
+        DEFAULT_MARGIN  # adaptive: how wide the rule's bounds on each curve are, in sd of the metric's noise
+    )
+    indifference: float = (
+        DEFAULT_INDIFFERENCE  # adaptive: a cell whose best case beats the frontier's worst by no more than this stops
+    )
 
 
 @dataclass
@@ -233,24 +253,28 @@ class SlurmConfig:
     """cluster.launcher=slurm: each run a SLURM job through submitit (slurm.py)."""
 
     executor: str = "slurm"  # slurm (sbatch; jobs survive the CLI), or local: the same submitit calls as local processes (no SLURM: tests)
-    partition: Optional[str] = None  # null: the cluster's default
-    time_min: int = 4320  # each job's time limit; a run it cuts is retried by the sweep (cluster.max_attempts) from its checkpoint
+    partition: str | None = None  # null: the cluster's default
+    time_min: int = (
+        4320  # each job's time limit; a run it cuts is retried by the sweep (cluster.max_attempts) from its checkpoint
+    )
     requeue: bool = True  # SLURM requeues a preempted job (the run resumes from its checkpoint)
 
 
 @dataclass
 class ClusterConfig:
-    address: Optional[str] = None  # Ray Jobs address (http://HEAD:8265); null: $RAY_ADDRESS or a local head
+    address: str | None = None  # Ray Jobs address (http://HEAD:8265); null: $RAY_ADDRESS or a local head
     cpus_per_run: float = 1.0
     gpus_per_run: float = 0.0
-    gpu_memory_gib: Optional[float] = None  # each GPU's memory (H200: 141); `plan` refuses cells predicted not to fit; null: unchecked
+    gpu_memory_gib: float | None = (
+        None  # each GPU's memory (H200: 141); `plan` refuses cells predicted not to fit; null: unchecked
+    )
     # Each node's memory for CPU runs (cluster.gpus_per_run = 0): `plan` refuses a run whose learner
     # state alone does not fit (memory.check_node); null: this machine's where the runs run here (a
     # local head, SLURM's local executor), else unchecked.
-    node_memory_gib: Optional[float] = None
-    local_cpus: Optional[int] = None  # CPUs a local head offers (default: all of this machine)
-    max_concurrent: Optional[int] = None  # jobs in flight (default: what the resources allow)
-    python: Optional[str] = None  # interpreter on the nodes (default: this one)
+    node_memory_gib: float | None = None
+    local_cpus: int | None = None  # CPUs a local head offers (default: all of this machine)
+    max_concurrent: int | None = None  # jobs in flight (default: what the resources allow)
+    python: str | None = None  # interpreter on the nodes (default: this one)
     # Jobs per run in one sweep: a job that fails for a reason that may pass (a lost node, a killed
     # process, an OOM) is resubmitted after a wait and resumes from its checkpoint; a user error
     # (exit 2) or the same error twice is not. 1: never retry.
@@ -274,8 +298,8 @@ class LoraConfig:
 @dataclass
 class FlopsConfig:
     measure: bool = False  # also count with torch's FlopCounterMode, beside the analytic ledger (slower)
-    peak_tflops: Optional[float] = None  # the device's peak, for gpu_hours (e.g. 989 for an H200, dense bf16)
-    utilization: Optional[float] = None  # the share of that peak a run achieves (MFU), for gpu_hours
+    peak_tflops: float | None = None  # the device's peak, for gpu_hours (e.g. 989 for an H200, dense bf16)
+    utilization: float | None = None  # the share of that peak a run achieves (MFU), for gpu_hours
 
 
 @dataclass
@@ -286,7 +310,7 @@ class CalibrateConfig:
     easy: list[float] = field(default_factory=lambda: [0.3, 0.6])  # pass-rate band of easy.parquet (bounds included)
     hard: list[float] = field(default_factory=lambda: [0.0, 0.0625])  # pass-rate band of hard.parquet
     shard: int = 512  # problems per Ray job
-    rows: Optional[list[int]] = None  # set by calibrate for each job: its rows [start, stop) of task.train
+    rows: list[int] | None = None  # set by calibrate for each job: its rows [start, stop) of task.train
 
 
 @dataclass
@@ -295,9 +319,11 @@ class TrackingConfig:
 
     backends: list[str] = field(default_factory=list)  # any of wandb, mlflow, tensorboard
     project: str = "isoflop"  # the wandb project and the MLflow experiment
-    dir: Optional[str] = None  # offline files (wandb offline runs, MLflow file store, TensorBoard events); null: <sweep dir>/tracking
+    dir: str | None = (
+        None  # offline files (wandb offline runs, MLflow file store, TensorBoard events); null: <sweep dir>/tracking
+    )
     wandb_mode: str = "offline"  # offline (upload later with `wandb sync`) or online
-    mlflow_uri: Optional[str] = None  # an MLflow server or database URI; null: a file store under tracking.dir
+    mlflow_uri: str | None = None  # an MLflow server or database URI; null: a file store under tracking.dir
 
 
 @dataclass
@@ -308,7 +334,9 @@ class PowerConfig:
     # One eval point's sd between the seeds of a cell (fit.json's noise.seed_sd; `plan --noise-from`
     # reads it from earlier results): 0.02 is the lookup study's order.
     seed_sd: float = 0.02
-    eval_sd: Optional[float] = None  # the evaluation's share of it; null: binomial at a pass rate of 0.5 over eval.problems x eval.samples
+    eval_sd: float | None = (
+        None  # the evaluation's share of it; null: binomial at a pass rate of 0.5 over eval.problems x eval.samples
+    )
     doublings: float = 1.0  # the effect: n* moves this many doublings over the grid's budgets (1: by a factor of 2)
     gap: float = 0.02  # the effect: the metric lost one doubling of n away from n*, at every budget
     grids: int = 200  # simulated sweeps per estimate (its sd is at most 0.5 / sqrt(grids))

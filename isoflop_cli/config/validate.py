@@ -13,8 +13,9 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -30,7 +31,14 @@ from isoflop_cli.tasks.arith import ALPHABET
 from isoflop_cli.tracking import BACKENDS, writes_dir
 
 # What AutoTokenizer reads a tokenizer from (fast, then the slow tokenizers' vocabularies).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
 
 
 def check(cfg: DictConfig, axes: bool = True, evaluation: bool = True) -> None:
@@ -44,11 +52,20 @@ def check(cfg: DictConfig, axes: bool = True, evaluation: bool = True) -> None:
             if not isinstance(v, (int, float)) or not (v > 0 and math.isfinite(v)):
                 raise ConfigError(f"{name} must be a finite number > 0, got {v}")
 
-    for key in ("name", "model.name"):  # a directory's name (OUT/<name>, the embedded model's cache entry <model.name>-<digest>)
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", OmegaConf.select(cfg, key)):  # no separator, no leading dot: it stays under its root
-            raise ConfigError(f"{key} '{OmegaConf.select(cfg, key)}' must be a plain directory name (letters, digits, '.', '_', '-')")
+    for key in (
+        "name",
+        "model.name",
+    ):  # a directory's name (OUT/<name>, the embedded model's cache entry <model.name>-<digest>)
+        if not re.fullmatch(
+            r"[A-Za-z0-9][A-Za-z0-9._-]*", OmegaConf.select(cfg, key)
+        ):  # no separator, no leading dot: it stays under its root
+            raise ConfigError(
+                f"{key} '{OmegaConf.select(cfg, key)}' must be a plain directory name (letters, digits, '.', '_', '-')"
+            )
         if len(OmegaConf.select(cfg, key)) > MAX_NAME:
-            raise ConfigError(f"{key} is {len(OmegaConf.select(cfg, key))} characters long: at most {MAX_NAME} (it names a directory)")
+            raise ConfigError(
+                f"{key} is {len(OmegaConf.select(cfg, key))} characters long: at most {MAX_NAME} (it names a directory)"
+            )
     _check_seeds(cfg)
 
     g = cfg.grid
@@ -61,7 +78,9 @@ def check(cfg: DictConfig, axes: bool = True, evaluation: bool = True) -> None:
     if g.eval_points > 64:
         raise ConfigError(f"grid.eval_points must be <= 64, got {g.eval_points}")
     if g.schedule == Schedule.adaptive and len(g.budgets) < 2:
-        raise ConfigError("grid.schedule=adaptive decides at each budget which cells go on: give grid.budgets two or more values")
+        raise ConfigError(
+            "grid.schedule=adaptive decides at each budget which cells go on: give grid.budgets two or more values"
+        )
     if g.margin < 0:
         raise ConfigError(f"grid.margin must be >= 0 (standard deviations of the metric's noise), got {g.margin}")
     if g.indifference < 0:
@@ -78,19 +97,32 @@ def check(cfg: DictConfig, axes: bool = True, evaluation: bool = True) -> None:
         if key in ("n", "B_p", "seed"):
             raise ConfigError(f"grid.axes.{key}: set grid.{key} instead")
         if key.split(".")[0] == "cluster":  # the dispatcher submits every job with the sweep's cluster settings
-            raise ConfigError(f"grid.axes.{key}: the cluster is the sweep's, not a cell's (each job asks for the sweep's CPUs and GPUs); "
-                              "run one sweep per cluster setting")
+            raise ConfigError(
+                f"grid.axes.{key}: the cluster is the sweep's, not a cell's (each job asks for the sweep's CPUs and GPUs); "
+                "run one sweep per cluster setting"
+            )
         if key not in GROUPS and OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
             raise ConfigError(f"grid.axes.{key}: {unknown_key(key)}")
         if key in GROUPS and any(OmegaConf.is_config(v) for v in values):
-            raise ConfigError(f"grid.axes.{key} takes names of {key} configs (conf/{key}/NAME.yaml), got {_show(next(v for v in values if OmegaConf.is_config(v)))}")
+            raise ConfigError(
+                f"grid.axes.{key} takes names of {key} configs (conf/{key}/NAME.yaml), got {_show(next(v for v in values if OmegaConf.is_config(v)))}"
+            )
         _check_no_repeats(f"grid.axes.{key}", values)
     positive("eval.k", cfg.eval.k)
     positive("eval.problems", cfg.eval.problems)
     if cfg.eval.samples < cfg.eval.k:
         raise ConfigError(f"eval.samples ({cfg.eval.samples}) must be >= eval.k ({cfg.eval.k})")
     a = cfg.algo
-    for key in ("weight_decay", "clip_low", "clip_high", "adv_eps", "kl_coef", "entropy_coef", "vf_coef", "warmup_steps"):
+    for key in (
+        "weight_decay",
+        "clip_low",
+        "clip_high",
+        "adv_eps",
+        "kl_coef",
+        "entropy_coef",
+        "vf_coef",
+        "warmup_steps",
+    ):
         if not (math.isfinite(a[key]) and a[key] >= 0):
             raise ConfigError(f"algo.{key} must be a finite number >= 0, got {a[key]}")
     for key in ("max_grad_norm", "value_clip"):
@@ -100,27 +132,39 @@ def check(cfg: DictConfig, axes: bool = True, evaluation: bool = True) -> None:
     positive("algo.ref_batch", cfg.algo.ref_batch)
     positive("algo.epochs", cfg.algo.epochs)
     if cfg.algo.epochs > 1 and not float(cfg.algo.epochs).is_integer():
-        raise ConfigError(f"algo.epochs must be whole passes (1, 2, ...) or a share of each group's completions below 1, got {cfg.algo.epochs}")
+        raise ConfigError(
+            f"algo.epochs must be whole passes (1, 2, ...) or a share of each group's completions below 1, got {cfg.algo.epochs}"
+        )
     positive("algo.minibatches", cfg.algo.minibatches)
     positive("algo.base_lr", cfg.algo.base_lr)
-    if not (MIN_TEMPERATURE <= cfg.algo.temperature and math.isfinite(cfg.algo.temperature)):
-        raise ConfigError(f"algo.temperature must be a finite number >= {MIN_TEMPERATURE} (below it logits / temperature "
-                          f"overflow and the loss's gradients scale by 1 / temperature), got {cfg.algo.temperature}")
+    if not (cfg.algo.temperature >= MIN_TEMPERATURE and math.isfinite(cfg.algo.temperature)):
+        raise ConfigError(
+            f"algo.temperature must be a finite number >= {MIN_TEMPERATURE} (below it logits / temperature "
+            f"overflow and the loss's gradients scale by 1 / temperature), got {cfg.algo.temperature}"
+        )
     if not 0 < cfg.algo.top_p <= 1:
         raise ConfigError(f"algo.top_p must be in (0, 1], got {cfg.algo.top_p}")
     check_choice("algo.name", cfg.algo.name, tuple(ALGORITHMS))
     if cfg.algo.std_norm is not None and ALGORITHMS[cfg.algo.name].advantage != "group":
-        raise ConfigError(f"algo.std_norm divides group advantages by the group's std; {cfg.algo.name}'s advantages are "
-                          f"{ALGORITHMS[cfg.algo.name].advantage}'s (leave it null)")
+        raise ConfigError(
+            f"algo.std_norm divides group advantages by the group's std; {cfg.algo.name}'s advantages are "
+            f"{ALGORITHMS[cfg.algo.name].advantage}'s (leave it null)"
+        )
     if cfg.algo.loss_agg is not None:
         check_choice("algo.loss_agg", cfg.algo.loss_agg, LOSS_AGGS)
-    if not (axes and "algo.name" in cfg.grid.axes):  # an algorithm on an axis: each of its cells is checked (grid.expand)
+    if not (
+        axes and "algo.name" in cfg.grid.axes
+    ):  # an algorithm on an axis: each of its cells is checked (grid.expand)
         _check_group(cfg)
     positive("task.max_new_tokens", cfg.task.max_new_tokens)
     if evaluation and cfg.eval.problems > MAX_EVAL_PROBLEMS:
-        raise ConfigError(f"eval.problems must be <= {MAX_EVAL_PROBLEMS:,} (every eval point samples eval.samples completions of each), got {cfg.eval.problems}")
+        raise ConfigError(
+            f"eval.problems must be <= {MAX_EVAL_PROBLEMS:,} (every eval point samples eval.samples completions of each), got {cfg.eval.problems}"
+        )
     if OmegaConf.is_missing(cfg.model, "path"):
-        raise ConfigError(f"model '{cfg.model.name}' has no checkpoint path: set model.path=/path/to/checkpoint, or model=tiny-arith (the embedded model)")
+        raise ConfigError(
+            f"model '{cfg.model.name}' has no checkpoint path: set model.path=/path/to/checkpoint, or model=tiny-arith (the embedded model)"
+        )
     task = _task(cfg, evaluation)
     _check_reward(cfg, task)
     if evaluation:
@@ -130,7 +174,10 @@ def check(cfg: DictConfig, axes: bool = True, evaluation: bool = True) -> None:
             hf_config = _check_checkpoint(f"{part}.path", checkpoint_dir(cfg, part))
             positions, what = hf_config.get("max_position_embeddings"), f"{part}.path {cfg[part].path}"
         else:
-            positions, what = EMBEDDED_MAX_POSITIONS, f"the embedded {'model' if part == 'model' else 'reward model'} ({part}.build)"
+            positions, what = (
+                EMBEDDED_MAX_POSITIONS,
+                f"the embedded {'model' if part == 'model' else 'reward model'} ({part}.build)",
+            )
             if part == "model" or REWARDS[cfg.reward.name].model_based:  # the embedded model (and PRM) this run builds
                 _check_build(f"{part}.build", cfg[part].build)
         if part == "model" or REWARDS[cfg.reward.name].model_based:
@@ -163,7 +210,9 @@ def check(cfg: DictConfig, axes: bool = True, evaluation: bool = True) -> None:
     for key in ("local_cpus", "max_concurrent", "gpu_memory_gib", "node_memory_gib"):
         if c[key] is not None:
             positive(f"cluster.{key}", c[key])
-    here = launchers.runs_here(c)  # else the interpreter, the model cache and the trackers' files are the nodes' (the preflight's)
+    here = launchers.runs_here(
+        c
+    )  # else the interpreter, the model cache and the trackers' files are the nodes' (the preflight's)
     if here and c.python is not None:
         _check_executable("cluster.python", c.python)
     if here and builds_embedded(cfg):
@@ -186,7 +235,12 @@ EMBEDDED_MAX_POSITIONS = 64  # the embedded models' context (recipe.checkpoint.q
 
 def _check_seeds(cfg: DictConfig) -> None:
     """Every seed a run feeds its generators is a whole number in [0, SEED_LIMIT)."""
-    seeds = {"seed": [cfg.seed], "grid.seed": cfg.grid.seed, "model.build.seed": [cfg.model.build.seed], "reward.build.seed": [cfg.reward.build.seed]}
+    seeds = {
+        "seed": [cfg.seed],
+        "grid.seed": cfg.grid.seed,
+        "model.build.seed": [cfg.model.build.seed],
+        "reward.build.seed": [cfg.reward.build.seed],
+    }
     for key, values in seeds.items():
         for value in values:
             if not 0 <= value < SEED_LIMIT:
@@ -219,7 +273,9 @@ def _check_no_repeats(name: str, values: Any) -> None:
     for value in values:
         key = _frozen(value)
         if key in seen:
-            raise ConfigError(f"{name} lists {_show(value)} twice: each value is one cell of the sweep; drop the repeat")
+            raise ConfigError(
+                f"{name} lists {_show(value)} twice: each value is one cell of the sweep; drop the repeat"
+            )
         seen.add(key)
 
 
@@ -278,12 +334,16 @@ def _task(cfg: DictConfig, evaluation: bool = True) -> tasks.Task:
     for part in ("task", "reward"):
         missing = [key for key in cfg[part] if OmegaConf.is_missing(cfg[part], key)]
         if missing:
-            raise ConfigError(f"{part}={cfg[part].name} needs {part}.{missing[0]}=... (see conf/{part}/{cfg[part].name}.yaml)")
+            raise ConfigError(
+                f"{part}={cfg[part].name} needs {part}.{missing[0]}=... (see conf/{part}/{cfg[part].name}.yaml)"
+            )
     if cfg.task.name != "dataset":  # the other dataset keys also read eval.sets' files; these two name the task's own
         given = [key for key in ("train", "val") if cfg.task[key] is not None]
         if given:
-            raise ConfigError(f"task.{given[0]} names the problems of task=dataset; task={cfg.task.name} makes its own "
-                              f"and would not read it: add task=dataset")
+            raise ConfigError(
+                f"task.{given[0]} names the problems of task=dataset; task={cfg.task.name} makes its own "
+                f"and would not read it: add task=dataset"
+            )
     try:
         task = tasks.make(cfg.task)
         if cfg.model.path is None:
@@ -302,7 +362,9 @@ def _check_eval_sets(cfg: DictConfig) -> None:
     for part in ("sets", "judges"):
         for name in cfg.eval[part]:
             if not re.fullmatch(r"[A-Za-z0-9_-]+", str(name)):
-                raise ConfigError(f"eval.{part} name '{name}' must be letters, digits, '_' or '-' (it names a metrics column)")
+                raise ConfigError(
+                    f"eval.{part} name '{name}' must be letters, digits, '_' or '-' (it names a metrics column)"
+                )
     for name, path in cfg.eval.sets.items():
         try:
             held = held_out(cfg.task, path, f"eval.sets.{name}")
@@ -322,13 +384,17 @@ def _check_reward(cfg: DictConfig, task: tasks.Task) -> None:
     if need and not getattr(task, need):
         if need == "has_steps":
             raise ConfigError(f"reward {r.name} scores steps: use task=arith-steps (task.steps=true)")
-        raise ConfigError(f"reward {r.name} gives partial credit, which task {cfg.task.name} does not define: use reward=sparse or reward=structured")
+        raise ConfigError(
+            f"reward {r.name} gives partial credit, which task {cfg.task.name} does not define: use reward=sparse or reward=structured"
+        )
     if not 0 <= r.format_weight <= 1:
         raise ConfigError(f"reward.format_weight must be in [0, 1], got {r.format_weight}")
     if (r.name == "custom") != (r.fn is not None):
         raise ConfigError("reward.fn=package.module:function goes with reward=custom (and reward=custom needs it)")
     if r.style != "auto" and r.fn is None:
-        raise ConfigError(f"reward.style={r.style} is the signature of reward.fn: it goes with reward=custom reward.fn=...")
+        raise ConfigError(
+            f"reward.style={r.style} is the signature of reward.fn: it goes with reward=custom reward.fn=..."
+        )
     if r.fn is not None:
         REWARDS["custom"].scorer(task, r)  # loaded and its style settled: what is wrong is a ConfigError
 
@@ -343,8 +409,10 @@ def _check_positions(cfg: DictConfig, task: tasks.Task, positions: Any, what: st
         room = positions - prompt - scored
         fix = f"at most task.max_new_tokens={room}" if room > 0 else task.PROMPT_KNOBS
         longest = f"the longest prompt ({prompt} tokens)"
-        raise ConfigError(f"task.max_new_tokens={new}: {longest} and its completion need {need} positions, "
-                          f"above the {positions} of {what}; {fix}")
+        raise ConfigError(
+            f"task.max_new_tokens={new}: {longest} and its completion need {need} positions, "
+            f"above the {positions} of {what}; {fix}"
+        )
 
 
 def _check_checkpoint(name: str, path: Path) -> dict:
@@ -357,7 +425,10 @@ def _check_checkpoint(name: str, path: Path) -> dict:
         if not isinstance(config, dict):
             raise ValueError("config.json does not hold an object")
         shape = Shape.from_config(config)
-        if not all(isinstance(v, int) and v > 0 for v in (shape.layers, shape.hidden, shape.intermediate, shape.heads, shape.vocab)):
+        if not all(
+            isinstance(v, int) and v > 0
+            for v in (shape.layers, shape.hidden, shape.intermediate, shape.heads, shape.vocab)
+        ):
             raise ValueError("config.json lacks the model's sizes (num_hidden_layers, hidden_size, ...)")
     except (UnsupportedModel, ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
         raise ConfigError(f"{name} {path}: {e}") from None
@@ -371,7 +442,9 @@ def check_runnable(cfgs: Iterable[DictConfig]) -> None:
     checkpoint's config.json, and plans a vLLM sweep from a machine without vLLM."""
     checked: set = set()
     for cfg in cfgs:
-        paths = {f"{part}.path": checkpoint_dir(cfg, part) for part in ("model", "reward") if cfg[part].path is not None}
+        paths = {
+            f"{part}.path": checkpoint_dir(cfg, part) for part in ("model", "reward") if cfg[part].path is not None
+        }
         paths.update({f"eval.judges.{name}": Path(path).expanduser() for name, path in cfg.eval.judges.items()})
         for name, path in paths.items():
             if path not in checked:
@@ -400,17 +473,23 @@ def _check_weights(name: str, path: Path) -> None:
 
     shards = sorted(path.glob("*.safetensors"))
     if not shards and not any(path.glob("pytorch_model*.bin")):
-        raise ConfigError(f"{name} {path} has no weights (*.safetensors or pytorch_model*.bin): "
-                          "`plan` reads its config.json alone, a run needs the weights")
+        raise ConfigError(
+            f"{name} {path} has no weights (*.safetensors or pytorch_model*.bin): "
+            "`plan` reads its config.json alone, a run needs the weights"
+        )
     for shard in shards:
         try:
             with safe_open(shard, framework="numpy") as f:
                 f.keys()
         except (SafetensorError, OSError) as e:
-            raise ConfigError(f"{name} {shard} is not a readable safetensors file ({' '.join(str(e).split())})") from None
+            raise ConfigError(
+                f"{name} {shard} is not a readable safetensors file ({' '.join(str(e).split())})"
+            ) from None
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
-        raise ConfigError(f"{name} {path} has no tokenizer ({', '.join(TOKENIZER_FILES[:3])} ...): save it beside the weights "
-                          "(tokenizer.save_pretrained)")
+        raise ConfigError(
+            f"{name} {path} has no tokenizer ({', '.join(TOKENIZER_FILES[:3])} ...): save it beside the weights "
+            "(tokenizer.save_pretrained)"
+        )
 
 
 def _check_build(name: str, b: DictConfig) -> None:
@@ -419,8 +498,10 @@ def _check_build(name: str, b: DictConfig) -> None:
         if b[key] <= 0:
             raise ConfigError(f"{name}.{key} must be > 0, got {b[key]}")
     if b.hidden_size % b.num_heads or b.num_heads % b.num_kv_heads:
-        raise ConfigError(f"{name}: num_heads must divide hidden_size and num_kv_heads num_heads, got "
-                          f"{b.hidden_size}, {b.num_heads}, {b.num_kv_heads}")
+        raise ConfigError(
+            f"{name}: num_heads must divide hidden_size and num_kv_heads num_heads, got "
+            f"{b.hidden_size}, {b.num_heads}, {b.num_kv_heads}"
+        )
     if b.steps < 0 or not (math.isfinite(b.lr) and b.lr > 0):
         raise ConfigError(f"{name}: steps must be >= 0 and lr > 0, got {b.steps} and {b.lr}")
     if "stray" in b and not 0 <= b.stray < 1:
@@ -451,7 +532,9 @@ def check_engine(cfg: DictConfig) -> None:
         if value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
     if lrn.micro_batch < 0 or lrn.max_tokens_per_micro_batch < 0 or cfg.checkpoint.every < 0:
-        raise ConfigError("learner.micro_batch, learner.max_tokens_per_micro_batch and checkpoint.every must be >= 0 (0: off)")
+        raise ConfigError(
+            "learner.micro_batch, learner.max_tokens_per_micro_batch and checkpoint.every must be >= 0 (0: off)"
+        )
     if lrn.logit_chunk_tokens < 1:
         raise ConfigError(f"learner.logit_chunk_tokens must be >= 1, got {lrn.logit_chunk_tokens}")
     if not (math.isfinite(lrn.collective_timeout_s) and lrn.collective_timeout_s > 0):
@@ -465,21 +548,29 @@ def check_engine(cfg: DictConfig) -> None:
     if lrn.world_size > 1 and gpus and gpus < lrn.world_size:
         raise ConfigError(f"learner.world_size={lrn.world_size} needs a GPU each: cluster.gpus_per_run is {gpus}")
     if gpus >= 1 and lrn.world_size < int(gpus):  # every GPU a learner rank: the sampler's engines span them too
-        raise ConfigError(f"learner.world_size={lrn.world_size} leaves {int(gpus) - lrn.world_size} of cluster.gpus_per_run={gpus:g} GPUs idle: "
-                          "leave learner.world_size unset (one rank per GPU) or lower cluster.gpus_per_run")
+        raise ConfigError(
+            f"learner.world_size={lrn.world_size} leaves {int(gpus) - lrn.world_size} of cluster.gpus_per_run={gpus:g} GPUs idle: "
+            "leave learner.world_size unset (one rank per GPU) or lower cluster.gpus_per_run"
+        )
     if SAMPLERS[smp.name].own_engine:  # its package importable is `check_runnable`'s: `plan` does not need it
         if not 0 < smp.gpu_memory_utilization < 1:
             raise ConfigError(f"sampler.gpu_memory_utilization must be in (0, 1), got {smp.gpu_memory_utilization}")
         if smp.kv_cache_gib is not None and smp.kv_cache_gib <= 0:
             raise ConfigError(f"sampler.kv_cache_gib must be > 0 (null: the default), got {smp.kv_cache_gib}")
         if smp.tensor_parallel > 1 and (gpus or 0) < smp.tensor_parallel:
-            raise ConfigError(f"sampler.tensor_parallel={smp.tensor_parallel} needs that many GPUs: cluster.gpus_per_run is {gpus}")
+            raise ConfigError(
+                f"sampler.tensor_parallel={smp.tensor_parallel} needs that many GPUs: cluster.gpus_per_run is {gpus}"
+            )
         if smp.tensor_parallel > 1 and lrn.world_size % smp.tensor_parallel:
-            raise ConfigError(f"sampler.tensor_parallel={smp.tensor_parallel} must divide learner.world_size={lrn.world_size} "
-                              f"(cluster.gpus_per_run={gpus:g}): each engine spans that many of the run's GPUs")
+            raise ConfigError(
+                f"sampler.tensor_parallel={smp.tensor_parallel} must divide learner.world_size={lrn.world_size} "
+                f"(cluster.gpus_per_run={gpus:g}): each engine spans that many of the run's GPUs"
+            )
         if cfg.flops.measure:
-            raise ConfigError("flops.measure counts torch operations in the run's process; sampler=vllm samples with its own "
-                              "kernels, which it cannot see: measure with sampler=hf")
+            raise ConfigError(
+                "flops.measure counts torch operations in the run's process; sampler=vllm samples with its own "
+                "kernels, which it cannot see: measure with sampler=hf"
+            )
 
 
 def check_vllm(python: str | None) -> None:
@@ -487,11 +578,15 @@ def check_vllm(python: str | None) -> None:
     the cluster checks found to run)."""
     if not python:
         if importlib.util.find_spec("vllm") is None:
-            raise ConfigError("sampler=vllm needs vLLM in this environment: pip install 'isoflop[vllm]' on GPU nodes, "
-                              "`make setup-vllm` for the CPU build (then run .venv-vllm/bin/isoflop), or use sampler=hf")
+            raise ConfigError(
+                "sampler=vllm needs vLLM in this environment: pip install 'isoflop[vllm]' on GPU nodes, "
+                "`make setup-vllm` for the CPU build (then run .venv-vllm/bin/isoflop), or use sampler=hf"
+            )
         return
-    probe = subprocess.run([python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
-                           capture_output=True)
+    probe = subprocess.run(
+        [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
+        capture_output=True,
+    )
     if probe.returncode:
         raise ConfigError(f"sampler=vllm needs vLLM in cluster.python ({python}): it does not import there")
 
@@ -502,9 +597,11 @@ def _check_group(cfg: DictConfig) -> None:
     for name, values in (("n", [cfg.n]), ("grid.n", cfg.grid.n)):
         short = [v for v in values if v < need]
         if short:
-            raise ConfigError(f"{name}={short[0]} with algo.name={cfg.algo.name}: its advantages are relative to each prompt's group of "
-                              f"n completions, and a group of {short[0]} has no learning signal (its advantage is always 0) yet would be "
-                              f"charged learning FLOPs; use n >= {need}, or an algorithm with a value head (ppo)")
+            raise ConfigError(
+                f"{name}={short[0]} with algo.name={cfg.algo.name}: its advantages are relative to each prompt's group of "
+                f"n completions, and a group of {short[0]} has no learning signal (its advantage is always 0) yet would be "
+                f"charged learning FLOPs; use n >= {need}, or an algorithm with a value head (ppo)"
+            )
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

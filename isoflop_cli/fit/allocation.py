@@ -81,9 +81,15 @@ def fit_axis_curves(best: pd.DataFrame, spec: FitSpec, runs: pd.Index, method: s
         if len(g) < MIN_POINTS or np.unique(x).size < 3:
             dropped.append(f"{spec.axis}={plain(value)} ({len(g)} points)")
             continue
-        out.append(AxisCurve(float(value), x, g[spec.metric].to_numpy(float), runs.get_indexer(g[RUN]), (x.min(), x.max()), g.index))
+        out.append(
+            AxisCurve(
+                float(value), x, g[spec.metric].to_numpy(float), runs.get_indexer(g[RUN]), (x.min(), x.max()), g.index
+            )
+        )
     if dropped:
-        warn(f"{method}: too few eval points (need {MIN_POINTS} at 3 computes) for {', '.join(dropped)}; left out of the frontier")
+        warn(
+            f"{method}: too few eval points (need {MIN_POINTS} at 3 computes) for {', '.join(dropped)}; left out of the frontier"
+        )
     return out
 
 
@@ -105,7 +111,9 @@ def envelope(curves: list[AxisCurve], fits: list[CurveFit], grid: np.ndarray) ->
     return np.where(np.isfinite(top), top, np.nan), np.where(np.isfinite(top), star, np.nan)
 
 
-def fit_law(grid: np.ndarray, star: np.ndarray, levels: tuple[float, float], start: dict | None = None) -> CurveFit | None:
+def fit_law(
+    grid: np.ndarray, star: np.ndarray, levels: tuple[float, float], start: dict | None = None
+) -> CurveFit | None:
     """Sigmoid of log2 axis* against log10 C; None when axis* is one value everywhere (no law)."""
     ok = np.isfinite(star)
     if np.unique(star[ok]).size < 2:
@@ -118,7 +126,11 @@ def saturation(law: CurveFit, grid: np.ndarray) -> dict:
     (`within_data`: at or below the largest budget of `grid`, the budgets the law was fitted on)."""
     p = law.params
     log_c = p["midpoint"] + np.log(9) / p["slope"] if p["slope"] > 0 else np.inf
-    return {"compute": float(10**log_c), "axis_star": float(2 ** p["upper"]), "within_data": bool(grid.size and log_c <= grid.max())}
+    return {
+        "compute": float(10**log_c),
+        "axis_star": float(2 ** p["upper"]),
+        "within_data": bool(grid.size and log_c <= grid.max()),
+    }
 
 
 def analyse(df: pd.DataFrame, spec: FitSpec, method: str, sigma: float, noise: Noise) -> dict | None:
@@ -167,15 +179,34 @@ def analyse(df: pd.DataFrame, spec: FitSpec, method: str, sigma: float, noise: N
         draws.append(draw)
     points = best[spec.compute].to_numpy(float), best[spec.metric].to_numpy(float)
     seen = evidence.measured_next(*points, 10**grid)
-    return {"curves": curves, "fits": fits, "grid": grid, "value": value, "star": star, "law": law, "draws": draws,
-            "star_band": bootstrap.band(np.array(stars), discrete=True) if stars else None, "best": best, "sigma": sigma, "noise": noise,
-            "measured": evidence.measured(*points, 10**grid), "measured_next": seen, "extrapolated": evidence.extrapolated(value, seen, sigma),
-            "tied": ties, "resolved": resolved, "between": between}
+    return {
+        "curves": curves,
+        "fits": fits,
+        "grid": grid,
+        "value": value,
+        "star": star,
+        "law": law,
+        "draws": draws,
+        "star_band": bootstrap.band(np.array(stars), discrete=True) if stars else None,
+        "best": best,
+        "sigma": sigma,
+        "noise": noise,
+        "measured": evidence.measured(*points, 10**grid),
+        "measured_next": seen,
+        "extrapolated": evidence.extrapolated(value, seen, sigma),
+        "tied": ties,
+        "resolved": resolved,
+        "between": between,
+    }
 
 
-def _redrawn(df: pd.DataFrame, spec: FitSpec, plan: Resampling, rng: np.random.Generator, curves: list[AxisCurve]) -> list[np.ndarray]:
+def _redrawn(
+    df: pd.DataFrame, spec: FitSpec, plan: Resampling, rng: np.random.Generator, curves: list[AxisCurve]
+) -> list[np.ndarray]:
     """Each curve's running bests in one replicate: of the eval points redrawn with their evaluation noise."""
-    best = running_best(df.assign(**{spec.metric: plan.redraw(df[spec.metric].to_numpy(float), rng)}), spec.metric, spec.compute)
+    best = running_best(
+        df.assign(**{spec.metric: plan.redraw(df[spec.metric].to_numpy(float), rng)}), spec.metric, spec.compute
+    )
     return [best.loc[c.rows, spec.metric].to_numpy(float) for c in curves]
 
 
@@ -184,7 +215,7 @@ def _between(mask: np.ndarray) -> np.ndarray:
     out = np.zeros_like(mask)
     where = np.flatnonzero(mask)
     if where.size:
-        out[where[0]:where[-1] + 1] = True
+        out[where[0] : where[-1] + 1] = True
     return out
 
 
@@ -193,14 +224,21 @@ def frontier_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     noise = estimate(df, spec.metric, spec.compute)
     a = analyse(df, spec, "frontier", evidence.metric_noise(df, spec, "frontier", noise), noise)
     if a is None:
-        raise ConfigError(f"frontier: no {spec.axis} value has a fitted sigmoid ({MIN_POINTS} eval points at 3 computes, and a converged fit)")
+        raise ConfigError(
+            f"frontier: no {spec.axis} value has a fitted sigmoid ({MIN_POINTS} eval points at 3 computes, and a converged fit)"
+        )
     entry = _law_entry(a, spec.axis, "frontier")
     entry["curves"] = _curve_entries(a, spec.axis)
     entry["axis_star"] = _axis_star_rows(a)
     if spec.holdout:
         entry["holdout"] = frontier_holdout(df, spec, a["sigma"], noise)
-    frames = {"frontier": _frontier_frame(a, df[spec.axis]), "curves": _curve_frame(a), "rows": df,
-              "running_best": a["best"], "axis_star": pd.DataFrame(entry["axis_star"])}
+    frames = {
+        "frontier": _frontier_frame(a, df[spec.axis]),
+        "curves": _curve_frame(a),
+        "rows": df,
+        "running_best": a["best"],
+        "axis_star": pd.DataFrame(entry["axis_star"]),
+    }
     return MethodResult(entry, frames)
 
 
@@ -255,7 +293,14 @@ def fixed_batch_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
         per_batch[str(plain(B))] = {**e, "best": best}
     if not per_batch:
         raise ConfigError(f"fixed-batch: no batch size has two splits with {MIN_POINTS} eval points each")
-    entry = {"params": params, "interval90": interval, "median": median, "converged": converged, "batches": per_batch, "noise": noise.entry()}
+    entry = {
+        "params": params,
+        "interval90": interval,
+        "median": median,
+        "converged": converged,
+        "batches": per_batch,
+        "noise": noise.entry(),
+    }
     return MethodResult(entry, {"fixed_batch": pd.DataFrame(rows)})
 
 
@@ -263,19 +308,40 @@ def _law_entry(a: dict, axis: str, method: str) -> dict:
     law: CurveFit | None = a["law"]
     median, interval = bootstrap.summarise(a["draws"], LAW)
     on_grid = np.isfinite(a["star"])
-    honest = {"noise_sd": a["sigma"], "tie_within": evidence.TIE_SD * a["sigma"], "budgets": int(on_grid.sum()),
-              "budgets_tied": int((on_grid & ~a["resolved"]).sum()), "budgets_extrapolated": int(a["extrapolated"].sum()),
-              "noise": a["noise"].entry()}
+    honest = {
+        "noise_sd": a["sigma"],
+        "tie_within": evidence.TIE_SD * a["sigma"],
+        "budgets": int(on_grid.sum()),
+        "budgets_tied": int((on_grid & ~a["resolved"]).sum()),
+        "budgets_extrapolated": int(a["extrapolated"].sum()),
+        "noise": a["noise"].entry(),
+    }
     if law is None:
         only = np.unique(a["star"][a["resolved"]])
-        where = "at every budget" + (f" where one {axis} wins beyond the noise (tied at {honest['budgets_tied']})" if honest["budgets_tied"] else "")
-        note = f"{axis}* is {plain(only[0])} {where}" if only.size else f"{axis}* is tied within the noise at every budget"
+        where = "at every budget" + (
+            f" where one {axis} wins beyond the noise (tied at {honest['budgets_tied']})"
+            if honest["budgets_tied"]
+            else ""
+        )
+        note = (
+            f"{axis}* is {plain(only[0])} {where}" if only.size else f"{axis}* is tied within the noise at every budget"
+        )
         warn(f"{method}: {note}: no law of {axis}* against compute to fit")
         return {"params": {}, "interval90": {}, "median": {}, "converged": False, "note": note, **honest}
-    entry = {"params": law.params, "interval90": interval, "median": median, "converged": law.converged,
-             "at_bound": law.at_bound, "saturation": saturation(law, a["grid"][a["between"]]),
-             "bootstrap": {"resamples": len(a["draws"]), "converged": sum(all(k in d for k in LAW) for d in a["draws"]),
-                           "at_bound_share": _bound_shares(a["draws"])}, **honest}
+    entry = {
+        "params": law.params,
+        "interval90": interval,
+        "median": median,
+        "converged": law.converged,
+        "at_bound": law.at_bound,
+        "saturation": saturation(law, a["grid"][a["between"]]),
+        "bootstrap": {
+            "resamples": len(a["draws"]),
+            "converged": sum(all(k in d for k in LAW) for d in a["draws"]),
+            "at_bound_share": _bound_shares(a["draws"]),
+        },
+        **honest,
+    }
     if not law.converged:
         warn(f"{method}: the sigmoid of log2 {axis}* against log10 compute did not converge")
     return entry
@@ -297,10 +363,16 @@ def _curve_entries(a: dict, axis: str) -> dict:
         median, interval = bootstrap.summarise(a["draws"], names)
         x = a["grid"][(a["grid"] >= c.span[0] - 1e-9) & (a["grid"] <= c.span[1] + 1e-9)]
         above = float(np.max(sigmoid(x, **f.params) - c.measured_next(x), initial=-np.inf))
-        out[f"{axis}={plain(c.value)}"] = {"params": f.params, "converged": f.converged, "at_bound": f.at_bound, "points": int(c.x.size),
-                                           "median": {k.split("/")[1]: v for k, v in median.items()},
-                                           "interval90": {k.split("/")[1]: v for k, v in interval.items()},
-                                           "above_measured": above, "extrapolated": bool(above > a["sigma"])}
+        out[f"{axis}={plain(c.value)}"] = {
+            "params": f.params,
+            "converged": f.converged,
+            "at_bound": f.at_bound,
+            "points": int(c.x.size),
+            "median": {k.split("/")[1]: v for k, v in median.items()},
+            "interval90": {k.split("/")[1]: v for k, v in interval.items()},
+            "above_measured": above,
+            "extrapolated": bool(above > a["sigma"]),
+        }
     return out
 
 
@@ -315,12 +387,20 @@ def _axis_star_rows(a: dict) -> list[dict]:
     rows = []
     for i, (x, s) in enumerate(zip(a["grid"], a["star"])):
         if np.isfinite(s):
-            row = {"compute": float(10**x), "axis_star": float(s), "axis_star_set": [plain(v) for v in sorted(values[a["tied"][:, i]])],
-                   "value": float(a["value"][i]), "measured": float(a["measured"][i]), "measured_next": float(a["measured_next"][i]),
-                   "extrapolated": bool(a["extrapolated"][i])}
+            row = {
+                "compute": float(10**x),
+                "axis_star": float(s),
+                "axis_star_set": [plain(v) for v in sorted(values[a["tied"][:, i]])],
+                "value": float(a["value"][i]),
+                "measured": float(a["measured"][i]),
+                "measured_next": float(a["measured_next"][i]),
+                "extrapolated": bool(a["extrapolated"][i]),
+            }
             if band is not None:
                 tie = row["axis_star_set"]
-                row.update(median=float(band[0, i]), low=float(min(band[1, i], tie[0])), high=float(max(band[2, i], tie[-1])))
+                row.update(
+                    median=float(band[0, i]), low=float(min(band[1, i], tie[0])), high=float(max(band[2, i], tie[-1]))
+                )
             rows.append(row)
     return rows
 
@@ -339,5 +419,14 @@ def _curve_frame(a: dict) -> pd.DataFrame:
     for c, f in zip(a["curves"], a["fits"]):
         x = np.linspace(c.span[0], c.span[1], 80)
         y = sigmoid(x, **f.params)
-        parts.append(pd.DataFrame({"axis_value": c.value, "compute": 10**x, "value": y, "extrapolated": evidence.extrapolated(y, c.measured_next(x), a["sigma"])}))
+        parts.append(
+            pd.DataFrame(
+                {
+                    "axis_value": c.value,
+                    "compute": 10**x,
+                    "value": y,
+                    "extrapolated": evidence.extrapolated(y, c.measured_next(x), a["sigma"]),
+                }
+            )
+        )
     return pd.concat(parts, ignore_index=True)

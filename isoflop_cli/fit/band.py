@@ -37,12 +37,18 @@ import numpy as np
 from scipy import special
 
 MID_STEP = 0.05  # grid step of the midpoint m, in doublings of compute
-SLOPES = 160  # grid points of the slope k, geometric from SLOPE_MIN to SLOPE_MAX (a bound within ~0.001 of a 4x finer grid)
+SLOPES = (
+    160  # grid points of the slope k, geometric from SLOPE_MIN to SLOPE_MAX (a bound within ~0.001 of a 4x finer grid)
+)
 SLOPE_MIN = 0.05  # per doubling: flatter than this over a sweep's range is a constant
 SHAPES = ("sigmoid", "ramp")
 SLOPE_MAX = 30.0  # per doubling (curves.SLOPE_MAX, 100 per decade): steeper is a step
 # The triangle 0 <= lower <= upper <= 1 in (lower, upper), where the best fit lies: its edges lower = 0, upper = 1, lower = upper.
-EDGES = (((0.0, 0.0), (0.0, 1.0)), ((0.0, 1.0), (1.0, 0.0)), ((0.0, 0.0), (1.0, 1.0)))  # (start, direction): start + t * direction, t in [0, 1]
+EDGES = (
+    ((0.0, 0.0), (0.0, 1.0)),
+    ((0.0, 1.0), (1.0, 0.0)),
+    ((0.0, 0.0), (1.0, 1.0)),
+)  # (start, direction): start + t * direction, t in [0, 1]
 
 
 class CurveBand:
@@ -50,11 +56,15 @@ class CurveBand:
     `x_max` (the sweep's largest budget, log2) and, per grid point, the normal equations in
     (lower, upper): SSE(lower, upper) = (lower, upper) H (lower, upper)' - 2 g . (lower, upper) + yy."""
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, base: float | None, x_max: float, shapes: tuple[str, ...] = SHAPES):
+    def __init__(
+        self, x: np.ndarray, y: np.ndarray, base: float | None, x_max: float, shapes: tuple[str, ...] = SHAPES
+    ):
         x, y = np.asarray(x, float), np.asarray(y, float)
         mids = np.arange(x.min() - 1.0, x_max + 1.0 + 1e-9, MID_STEP)
         slopes = np.geomspace(SLOPE_MIN, SLOPE_MAX, SLOPES)
-        self.mid, self.slope, self.ramp = (a.ravel() for a in np.meshgrid(mids, slopes, np.asarray(shapes) == "ramp", indexing="ij"))
+        self.mid, self.slope, self.ramp = (
+            a.ravel() for a in np.meshgrid(mids, slopes, np.asarray(shapes) == "ramp", indexing="ij")
+        )
         s = self._shape(x[None, :], slice(None))  # (grid, points)
         if base is not None:  # the base evaluation sits on the lower plateau: s = 0
             s, y = np.concatenate([np.zeros((len(s), 1)), s], axis=1), np.concatenate([[base], y])
@@ -105,17 +115,25 @@ class CurveBand:
         threshold = self.sse + slack + 1e-12 * max(self.yy, 1.0)
         keep = self.sse_by_grid <= threshold  # only these grid points have (lower, upper) within the threshold
         H, inverse = self.H.rows(keep), self.inverse.rows(keep)
-        g, free, regular = (self.g[0][keep], self.g[1][keep]), (self.free[0][keep], self.free[1][keep]), self.regular[keep]
+        g, free, regular = (
+            (self.g[0][keep], self.g[1][keep]),
+            (self.free[0][keep], self.free[1][keep]),
+            self.regular[keep],
+        )
         k = self.slope[keep]
-        gain = np.where(self.ramp[keep], np.minimum(k / 4, 1.0), 2 * special.expit(k / 2) - 1)  # over the doubling centred on m, per unit of upper - lower
+        gain = np.where(
+            self.ramp[keep], np.minimum(k / 4, 1.0), 2 * special.expit(k / 2) - 1
+        )  # over the doubling centred on m, per unit of upper - lower
         width = np.clip(rise_max / gain, 0.0, 1.0)  # upper - lower <= width at each grid point
         room = threshold - _sse(free, H, g, self.yy)
         # The polygon 0 <= lower <= upper <= 1, upper - lower <= width: its edges, start + t * direction, t in [0, 1].
         zero, one, w = np.zeros_like(width), np.ones_like(width), width
-        edges = [((zero, zero), (zero, w)),  # lower = 0
-                 ((zero, zero), (one, one)),  # lower = upper
-                 ((1 - w, one), (w, zero)),  # upper = 1
-                 ((zero, w), (1 - w, 1 - w))]  # upper = lower + width
+        edges = [
+            ((zero, zero), (zero, w)),  # lower = 0
+            ((zero, zero), (one, one)),  # lower = upper
+            ((1 - w, one), (w, zero)),  # upper = 1
+            ((zero, w), (1 - w, 1 - w)),
+        ]  # upper = lower + width
         crossings = []  # where the ellipse {sse <= threshold} meets each edge, and the edges' ends within it
         for start, d in edges:  # sse(start + t d) = A t^2 - 2 B t + C
             A = H.form(d, d)
@@ -134,7 +152,9 @@ class CurveBand:
             # The ellipse's tangent point in direction c: free + sqrt(room / c'H^-1c) H^-1 c.
             direction = inverse.times(c)
             reach = _dot(c, direction)
-            with np.errstate(over="ignore", invalid="ignore"):  # a singular grid point (reach 0) is not `regular`: masked here
+            with np.errstate(
+                over="ignore", invalid="ignore"
+            ):  # a singular grid point (reach 0) is not `regular`: masked here
                 top = _along(free, np.sqrt(np.clip(room, 0.0, None) / np.maximum(reach, 1e-300)), direction)
                 ok = regular & (room >= 0) & _in_polygon(top, width)
                 best = np.where(ok, _dot(c, top), -np.inf)

@@ -20,7 +20,9 @@ from isoflop_cli.tracking import log_fit, sweep_tracker_root
 
 @dataclass
 class Fitted:
-    answer: list[str]  # the question the sweep exists for, its answer, how sure (trend.Trend.lines); empty without the columns
+    answer: list[
+        str
+    ]  # the question the sweep exists for, its answer, how sure (trend.Trend.lines); empty without the columns
     tables: list[Table]
     written: list[Path]
     warnings: list[str]

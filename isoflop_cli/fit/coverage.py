@@ -60,38 +60,77 @@ def summary(table: pd.DataFrame, spec: FitSpec) -> pd.DataFrame:
         rows = rows.sort_values(spec.compute)
         first, last = rows.iloc[0], rows.iloc[-1]
         trained = rows[rows["zero_var_frac"].notna()]
-        out.append({spec.axis: value, "from": first[spec.compute], "to": last[spec.compute],
-                    "best@k": last["val_best@k"], "d_best@k": last["val_best@k"] - first["val_best@k"],
-                    "worst@k": last["val_worst@k"], "d_worst@k": last["val_worst@k"] - first["val_worst@k"],
-                    "zero_var_first": trained["zero_var_frac"].iloc[0] if len(trained) else np.nan,
-                    "zero_var_last": trained["zero_var_frac"].iloc[-1] if len(trained) else np.nan})
+        out.append(
+            {
+                spec.axis: value,
+                "from": first[spec.compute],
+                "to": last[spec.compute],
+                "best@k": last["val_best@k"],
+                "d_best@k": last["val_best@k"] - first["val_best@k"],
+                "worst@k": last["val_worst@k"],
+                "d_worst@k": last["val_worst@k"] - first["val_worst@k"],
+                "zero_var_first": trained["zero_var_frac"].iloc[0] if len(trained) else np.nan,
+                "zero_var_last": trained["zero_var_frac"].iloc[-1] if len(trained) else np.nan,
+            }
+        )
     return pd.DataFrame(out)
 
 
 def entry(table: pd.DataFrame, spec: FitSpec) -> dict:
     """fit.json's `coverage`: the summary per axis value and the table behind it (coverage.csv)."""
-    return {"axis": spec.axis, "compute": spec.compute, "per_value": summary(table, spec).to_dict("records"), "csv": "coverage.csv"}
+    return {
+        "axis": spec.axis,
+        "compute": spec.compute,
+        "per_value": summary(table, spec).to_dict("records"),
+        "csv": "coverage.csv",
+    }
 
 
 def rich_table(table: pd.DataFrame, spec: FitSpec) -> Table:
-    out = Table(title=f"coverage and sharpening per {spec.axis}: validation best@k and worst@k at the last budget (change from the first), "
-                      "zero_var_frac at the first and last trained budget")
-    for col in (spec.axis, f"{spec.compute} to", "best@k", "change", "worst@k", "change", "zero_var first", "zero_var last"):
+    out = Table(
+        title=f"coverage and sharpening per {spec.axis}: validation best@k and worst@k at the last budget (change from the first), "
+        "zero_var_frac at the first and last trained budget"
+    )
+    for col in (
+        spec.axis,
+        f"{spec.compute} to",
+        "best@k",
+        "change",
+        "worst@k",
+        "change",
+        "zero_var first",
+        "zero_var last",
+    ):
         out.add_column(col, justify="right")
     for r in summary(table, spec).to_dict("records"):
-        out.add_row(f"{r[spec.axis]:g}", f"{r['to']:,.4g}", f"{r['best@k']:.3f}", f"{r['d_best@k']:+.3f}", f"{r['worst@k']:.3f}",
-                    f"{r['d_worst@k']:+.3f}", f"{r['zero_var_first']:.3f}", f"{r['zero_var_last']:.3f}")
+        out.add_row(
+            f"{r[spec.axis]:g}",
+            f"{r['to']:,.4g}",
+            f"{r['best@k']:.3f}",
+            f"{r['d_best@k']:+.3f}",
+            f"{r['worst@k']:.3f}",
+            f"{r['d_worst@k']:+.3f}",
+            f"{r['zero_var_first']:.3f}",
+            f"{r['zero_var_last']:.3f}",
+        )
     return out
 
 
 def markdown(table: pd.DataFrame, spec: FitSpec, plots: list[str]) -> list[str]:
     """report.md's section: what the columns mean, the summary per axis value, the plot."""
-    lines = ["## coverage and sharpening", "",
-             "`zero_var_frac`: the share of training groups whose rewards were all equal (no GRPO signal); `best@k` rising: RL covers "
-             "problems the base could not solve; `worst@k` rising with `best@k` flat: RL sharpens what the base could sometimes do. "
-             f"Means over runs per {spec.axis} (coverage.csv has every budget); changes from the first eval point to the last.", "",
-             f"| {spec.axis} | {spec.compute} | best@k | change | worst@k | change | zero_var_frac first | last |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {r[spec.axis]:g} | {r['to']:.4g} | {r['best@k']:.3f} | {r['d_best@k']:+.3f} | {r['worst@k']:.3f} | {r['d_worst@k']:+.3f} | "
-              f"{r['zero_var_first']:.3f} | {r['zero_var_last']:.3f} |" for r in summary(table, spec).to_dict("records")]
+    lines = [
+        "## coverage and sharpening",
+        "",
+        "`zero_var_frac`: the share of training groups whose rewards were all equal (no GRPO signal); `best@k` rising: RL covers "
+        "problems the base could not solve; `worst@k` rising with `best@k` flat: RL sharpens what the base could sometimes do. "
+        f"Means over runs per {spec.axis} (coverage.csv has every budget); changes from the first eval point to the last.",
+        "",
+        f"| {spec.axis} | {spec.compute} | best@k | change | worst@k | change | zero_var_frac first | last |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {r[spec.axis]:g} | {r['to']:.4g} | {r['best@k']:.3f} | {r['d_best@k']:+.3f} | {r['worst@k']:.3f} | {r['d_worst@k']:+.3f} | "
+        f"{r['zero_var_first']:.3f} | {r['zero_var_last']:.3f} |"
+        for r in summary(table, spec).to_dict("records")
+    ]
     return lines + [""] + [f"![coverage]({name})" for name in plots if name.endswith(".png")] + [""]

@@ -82,7 +82,9 @@ def fit_sigmoid(
     return CurveFit(params, bool(best.success), float(2 * best.cost), at_bound(params, edges))
 
 
-def _sigmoid_starts(x: np.ndarray, y: np.ndarray, levels: tuple[float, float], increasing: bool, start: dict | None) -> list[np.ndarray]:
+def _sigmoid_starts(
+    x: np.ndarray, y: np.ndarray, levels: tuple[float, float], increasing: bool, start: dict | None
+) -> list[np.ndarray]:
     lo, hi = levels
     if start is not None:
         lower, upper = start["lower"], start["upper"]
@@ -112,7 +114,9 @@ def scalerl(c: np.ndarray, R0: float, A: float, C_mid: float, B: float) -> np.nd
     return R0 + (A - R0) * special.expit(-B * np.log(C_mid / np.asarray(c, float)))
 
 
-def fit_scalerl(c: np.ndarray, y: np.ndarray, w: np.ndarray, R0: float, start: dict[str, float] | None = None) -> CurveFit:
+def fit_scalerl(
+    c: np.ndarray, y: np.ndarray, w: np.ndarray, R0: float, start: dict[str, float] | None = None
+) -> CurveFit:
     """ScaleRL's procedure: a grid over A and C_mid, B fitted by least squares for each pair, the
     pair with the lowest residual wins; then A, C_mid and B are polished jointly from the winner.
 
@@ -136,7 +140,9 @@ def fit_scalerl(c: np.ndarray, y: np.ndarray, w: np.ndarray, R0: float, start: d
     params = {"R0": float(R0), "A": float(res.x[0]), "C_mid": float(np.exp(res.x[1])), "B": float(res.x[2])}
     # C_mid's bounds in log C, where it is fitted (in C the tolerance would scale with the largest compute).
     edges = {"A": (R0, top), "C_mid": (lc_lo, lc_hi), "B": (1e-3, 20.0)}
-    return CurveFit(params, bool(res.success), float(2 * res.cost), at_bound({**params, "C_mid": float(res.x[1])}, edges))
+    return CurveFit(
+        params, bool(res.success), float(2 * res.cost), at_bound({**params, "C_mid": float(res.x[1])}, edges)
+    )
 
 
 def _scalerl_grid(c, y, w, R0: float, top: float, lc_lo: float, lc_hi: float) -> tuple[float, float, float]:

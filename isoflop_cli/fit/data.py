@@ -9,9 +9,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -96,7 +97,9 @@ def one_row_per_eval_point(df: pd.DataFrame, path: Path) -> None:
     """Each (run_id, step) once: a row twice counts twice in every fit, bootstrap and regime."""
     if "step" in df.columns and df.duplicated(["run_id", "step"]).any():
         row = df[df.duplicated(["run_id", "step"])].iloc[0]
-        raise ConfigError(f"{path}: run {row['run_id']} has step {row['step']} twice: each eval point once (a row twice counts twice in every fit)")
+        raise ConfigError(
+            f"{path}: run {row['run_id']} has step {row['step']} twice: each eval point once (a row twice counts twice in every fit)"
+        )
 
 
 def of_sweep(df: pd.DataFrame, path: Path) -> None:
@@ -108,17 +111,27 @@ def of_sweep(df: pd.DataFrame, path: Path) -> None:
         return
     cells = sweep.manifest().cells
     if "run_id" not in df.columns:
-        raise ConfigError(f"{sweep.results_file}: no run_id column, so its rows cannot be checked against {sweep.manifest_file}")
+        raise ConfigError(
+            f"{sweep.results_file}: no run_id column, so its rows cannot be checked against {sweep.manifest_file}"
+        )
     for run_id, rows in df.groupby(df["run_id"].astype(str), sort=False):
         cell = cells.get(run_id)
         if cell is None:
-            raise ConfigError(f"{sweep.results_file}: run {run_id} is not a cell of {sweep.manifest_file}: these are not this sweep's results "
-                              "(rerun the sweep to collect them again)")
+            raise ConfigError(
+                f"{sweep.results_file}: run {run_id} is not a cell of {sweep.manifest_file}: these are not this sweep's results "
+                "(rerun the sweep to collect them again)"
+            )
         for column, value in cell.columns.items():
-            other = next((v for v in rows[column].unique() if not _same(v, value)), None) if column in rows.columns and _scalar(value) else None
+            other = (
+                next((v for v in rows[column].unique() if not _same(v, value)), None)
+                if column in rows.columns and _scalar(value)
+                else None
+            )
             if other is not None:
-                raise ConfigError(f"{sweep.results_file}: run {run_id} has {column} {other} where its cell in {sweep.manifest_file} has {value}: "
-                                  "these are not this sweep's results (rerun the sweep to collect them again)")
+                raise ConfigError(
+                    f"{sweep.results_file}: run {run_id} has {column} {other} where its cell in {sweep.manifest_file} has {value}: "
+                    "these are not this sweep's results (rerun the sweep to collect them again)"
+                )
 
 
 def _scalar(value: Any) -> bool:
@@ -152,12 +165,21 @@ def load(paths: list[Path]) -> tuple[pd.DataFrame, dict[str, Any]]:
                 first = seen_runs.setdefault(run_id, path)
                 if first is not path:
                     raise ConfigError(f"run {run_id} is in both {first} and {path}: give each run once")
-        key = df["run_id"].astype(str) if "run_id" in df.columns else pd.Series(np.arange(len(df)), index=df.index).astype(str)
+        key = (
+            df["run_id"].astype(str)
+            if "run_id" in df.columns
+            else pd.Series(np.arange(len(df)), index=df.index).astype(str)
+        )
         frames.append(df.assign(**{RUN: f"{i}:" + key}))
     df = pd.concat(frames, ignore_index=True)
     if df.empty:
         raise ConfigError(f"{', '.join(map(str, paths))}: no results yet")
-    info = {"paths": [str(p) for p in paths], "sha256": digest.hexdigest(), "rows": len(df), "runs": int(df[RUN].nunique())}
+    info = {
+        "paths": [str(p) for p in paths],
+        "sha256": digest.hexdigest(),
+        "rows": len(df),
+        "runs": int(df[RUN].nunique()),
+    }
     return df, info
 
 
@@ -165,14 +187,18 @@ def named_runs(df: pd.DataFrame, path: Path) -> None:
     """Every row of a results input names its run (a row without one would be a run of its own, or
     all of them one run called 'nan')."""
     if df["run_id"].isna().any():
-        raise ConfigError(f"{path}: run_id is empty in row {int(np.flatnonzero(df['run_id'].isna())[0])}: every row names its run")
+        raise ConfigError(
+            f"{path}: run_id is empty in row {int(np.flatnonzero(df['run_id'].isna())[0])}: every row names its run"
+        )
 
 
 def usable(df: pd.DataFrame, columns: list[str], method: str) -> pd.DataFrame:
     """Rows with a finite number in every column; missing or non-numeric columns are an error."""
     missing = [c for c in columns if c not in df.columns]
     if missing:
-        raise ConfigError(f"{method}: results have no column {', '.join(missing)} (have: {', '.join(c for c in df.columns if c != RUN)})")
+        raise ConfigError(
+            f"{method}: results have no column {', '.join(missing)} (have: {', '.join(c for c in df.columns if c != RUN)})"
+        )
     numeric = df[columns].apply(pd.to_numeric, errors="coerce")
     finite = np.isfinite(numeric.to_numpy(float))
     bad = [c for c, any_finite in zip(columns, finite.any(axis=0)) if not any_finite]
@@ -187,11 +213,15 @@ def usable(df: pd.DataFrame, columns: list[str], method: str) -> pd.DataFrame:
 def signs(df: pd.DataFrame, spec: FitSpec, columns: list[str], method: str) -> None:
     """Of the method's columns: the axis is a count or a size (its laws and plots are in log axis):
     positive. Compute is spent: never negative (step 0 spends none)."""
-    for column, ok, what in ((spec.axis, df[spec.axis] > 0 if spec.axis in columns else None, "positive"),
-                             (spec.compute, df[spec.compute] >= 0 if spec.compute in columns else None, ">= 0")):
+    for column, ok, what in (
+        (spec.axis, df[spec.axis] > 0 if spec.axis in columns else None, "positive"),
+        (spec.compute, df[spec.compute] >= 0 if spec.compute in columns else None, ">= 0"),
+    ):
         if ok is not None and not ok.all():
             row = df[~ok].iloc[0]
-            raise ConfigError(f"{method}: {column} must be {what}, got {plain(row[column])} in run {str(row[RUN]).split(':', 1)[-1]}")
+            raise ConfigError(
+                f"{method}: {column} must be {what}, got {plain(row[column])} in run {str(row[RUN]).split(':', 1)[-1]}"
+            )
 
 
 def one_per_run(df: pd.DataFrame, columns: list[str], method: str) -> None:
@@ -203,8 +233,10 @@ def one_per_run(df: pd.DataFrame, columns: list[str], method: str) -> None:
         if (counts > 1).any():
             run = counts.index[counts > 1][0]
             values = sorted(df.loc[df[RUN] == run, column].unique())
-            raise ConfigError(f"{method}: run {str(run).split(':', 1)[-1]} has {column} {', '.join(f'{plain(v):g}' for v in values[:3])}"
-                              f"{' ...' if len(values) > 3 else ''}: a run's {column} is one value (two runs under one run_id?)")
+            raise ConfigError(
+                f"{method}: run {str(run).split(':', 1)[-1]} has {column} {', '.join(f'{plain(v):g}' for v in values[:3])}"
+                f"{' ...' if len(values) > 3 else ''}: a run's {column} is one value (two runs under one run_id?)"
+            )
 
 
 def numbers(df: pd.DataFrame, column: str, where: Path | str) -> pd.Series:
@@ -213,12 +245,18 @@ def numbers(df: pd.DataFrame, column: str, where: Path | str) -> pd.Series:
     if column not in df.columns:
         raise ConfigError(f"{where}: no column {column} (have: {', '.join(str(c) for c in df.columns if c != RUN)})")
     values = pd.to_numeric(df[column], errors="coerce")
-    for bad, what in ((values.isna() & df[column].notna(), "not a number"), (np.isinf(values.to_numpy(float)), "not finite")):
+    for bad, what in (
+        (values.isna() & df[column].notna(), "not a number"),
+        (np.isinf(values.to_numpy(float)), "not finite"),
+    ):
         if bad.any():
             row = np.asarray(bad).nonzero()[0][0]
             value = df[column].iloc[row]
-            raise ConfigError(f"{where}: {column} in row {row} is {what} ({value!r})" if isinstance(value, str) else
-                              f"{where}: {column} in row {row} is {what} ({value})")
+            raise ConfigError(
+                f"{where}: {column} in row {row} is {what} ({value!r})"
+                if isinstance(value, str)
+                else f"{where}: {column} in row {row} is {what} ({value})"
+            )
     return values
 
 

@@ -38,10 +38,20 @@ def metric_noise(df: pd.DataFrame, spec: FitSpec, method: str, model: Noise) -> 
     the model holds. 0 with a warning when neither can be read (then any excess is an
     extrapolation and only exact equality a tie)."""
     runs = df[RUN].unique()
-    pick = runs[np.unique(np.linspace(0, runs.size - 1, min(runs.size, NOISE_RUNS)).round().astype(int))] if runs.size else runs
-    sigmas = [s for s in (noise(df[df[RUN].isin(pick)], spec.metric, spec.compute, RUN, shapes=("sigmoid",)), model.sd) if s is not None]
+    pick = (
+        runs[np.unique(np.linspace(0, runs.size - 1, min(runs.size, NOISE_RUNS)).round().astype(int))]
+        if runs.size
+        else runs
+    )
+    sigmas = [
+        s
+        for s in (noise(df[df[RUN].isin(pick)], spec.metric, spec.compute, RUN, shapes=("sigmoid",)), model.sd)
+        if s is not None
+    ]
     if not sigmas:
-        warn(f"{method}: too few eval points to read the metric's noise, and no variance recorded; extrapolation and ties are judged with zero noise")
+        warn(
+            f"{method}: too few eval points to read the metric's noise, and no variance recorded; extrapolation and ties are judged with zero noise"
+        )
         return 0.0
     return max(sigmas)
 

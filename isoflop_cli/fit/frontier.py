@@ -47,13 +47,17 @@ def best_below(df: pd.DataFrame, metric: str, compute: str, grid: np.ndarray, ax
     return out
 
 
-def frontier(df: pd.DataFrame, metric: str = "val_avg@k", axis: str = "n", compute: str = "rollouts", points: int = 24) -> pd.DataFrame:
+def frontier(
+    df: pd.DataFrame, metric: str = "val_avg@k", axis: str = "n", compute: str = "rollouts", points: int = 24
+) -> pd.DataFrame:
     """Columns compute, value, axis_star: one row per point of a log grid over the runs' compute."""
     _require(df, [metric, axis, compute])
     return best_below(df, metric, compute, compute_grid(df, compute, points), axis=axis)
 
 
-def axis_curves(df: pd.DataFrame, metric: str = "val_avg@k", axis: str = "n", compute: str = "rollouts", points: int = 24) -> pd.DataFrame:
+def axis_curves(
+    df: pd.DataFrame, metric: str = "val_avg@k", axis: str = "n", compute: str = "rollouts", points: int = 24
+) -> pd.DataFrame:
     """Per axis value (each n), its own best-so-far curve over the other axes (B_p ...)."""
     _require(df, [metric, axis, compute])
     grid = compute_grid(df, compute, points)

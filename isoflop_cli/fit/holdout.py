@@ -14,8 +14,8 @@ is read with that in mind, and n* errors are on a log2 scale (a factor, as n* is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -44,7 +44,9 @@ def split(df: pd.DataFrame, spec: FitSpec, k: int, method: str) -> tuple[pd.Data
     K + 3 budgets exist (a law from fewer than three is no law)."""
     budgets = np.unique(df.loc[df[spec.compute] > 0, spec.compute].to_numpy(float))
     if budgets.size < k + 3:
-        raise ConfigError(f"{method}: --holdout {k} needs at least {k + 3} distinct positive {spec.compute} values (have {budgets.size})")
+        raise ConfigError(
+            f"{method}: --holdout {k} needs at least {k + 3} distinct positive {spec.compute} values (have {budgets.size})"
+        )
     held = budgets[-k:]
     return df[df[spec.compute] < held[0]], held
 
@@ -71,13 +73,28 @@ def score(df: pd.DataFrame, spec: FitSpec, held: np.ndarray, predict: Predict) -
     out = []
     for c, s, v in zip(held, star, value):
         s_obs, v_obs = observed(df, spec, c)
-        out.append(HeldBudget(float(c), float(s), s_obs, float(np.log2(s / s_obs)) if s > 0 and s_obs > 0 else np.nan, float(v), v_obs, float(v - v_obs)))
+        out.append(
+            HeldBudget(
+                float(c),
+                float(s),
+                s_obs,
+                float(np.log2(s / s_obs)) if s > 0 and s_obs > 0 else np.nan,
+                float(v),
+                v_obs,
+                float(v - v_obs),
+            )
+        )
     return out
 
 
 def entry(k: int, train: pd.DataFrame, spec: FitSpec, rows: list[HeldBudget]) -> dict:
     """fit.json's `holdout`: what was held out, and per budget and at worst the errors."""
     errors = [r.axis_star_log2_error for r in rows if np.isfinite(r.axis_star_log2_error)]
-    return {"k": k, "fitted_below": float(min(r.compute for r in rows)), "train_max_compute": float(train[spec.compute].max()),
-            "budgets": [asdict(r) for r in rows], "max_abs_axis_star_log2_error": max(map(abs, errors), default=None),
-            "max_abs_value_error": max((abs(r.value_error) for r in rows if np.isfinite(r.value_error)), default=None)}
+    return {
+        "k": k,
+        "fitted_below": float(min(r.compute for r in rows)),
+        "train_max_compute": float(train[spec.compute].max()),
+        "budgets": [asdict(r) for r in rows],
+        "max_abs_axis_star_log2_error": max(map(abs, errors), default=None),
+        "max_abs_value_error": max((abs(r.value_error) for r in rows if np.isfinite(r.value_error)), default=None),
+    }

@@ -56,10 +56,14 @@ def load_problems(paths: list[Path]) -> pd.DataFrame | None:
             try:
                 df = pd.read_parquet(where)
             except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
-                raise ConfigError(f"{where}: cannot read per-problem records ({' '.join(str(e).split())[:200]})") from None
+                raise ConfigError(
+                    f"{where}: cannot read per-problem records ({' '.join(str(e).split())[:200]})"
+                ) from None
             missing = [c for c in PROBLEM_COLUMNS if c not in df.columns]
             if missing:
-                raise ConfigError(f"{where}: no column {', '.join(missing)} (per-problem records: {', '.join(PROBLEM_COLUMNS)})")
+                raise ConfigError(
+                    f"{where}: no column {', '.join(missing)} (per-problem records: {', '.join(PROBLEM_COLUMNS)})"
+                )
             frames.append(df.assign(**{RUN: f"{i}:" + df["run_id"].astype(str)}))
     return pd.concat(frames, ignore_index=True) if frames else None
 
@@ -102,8 +106,10 @@ def changes(problems: pd.DataFrame) -> pd.DataFrame:
 
 def interference_method(df: pd.DataFrame, spec: FitSpec, problems: pd.DataFrame | None) -> MethodResult:
     if problems is None or problems.empty:
-        raise ConfigError("interference: no problems.parquet beside the results (sweeps record it from this isoflop on: "
-                          "each eval point's per-problem correct samples)")
+        raise ConfigError(
+            "interference: no problems.parquet beside the results (sweeps record it from this isoflop on: "
+            "each eval point's per-problem correct samples)"
+        )
     extra = [STRATUM] if STRATUM in df.columns and spec.axis != STRATUM else []
     runs = df[[RUN, "step", spec.axis, spec.compute, *extra]].drop_duplicates([RUN, "step"])
     rated = problems.merge(runs, on=[RUN, "step"], how="inner")
@@ -116,18 +122,36 @@ def interference_method(df: pd.DataFrame, spec: FitSpec, problems: pd.DataFrame 
     main, steps = windows["compute"], windows["steps"]
     agree = main["fewer"] is not None and main["fewer"] == steps["fewer"]
     entry = {
-        "params": main["params"], "median": main["median"], "interval90": main["interval90"], "converged": True,
-        "fewer_regressions_with_larger_n": main["fewer"] if agree else None, "trend_p_value": main["p"], "compute_upto": main["upto"],
-        "per_value": main["per_value"], "per_run": main["per_run"],
-        "equal_steps": {"steps_upto": steps["upto"], "params": steps["params"], "interval90": steps["interval90"], "per_value": steps["per_value"],
-                        "trend_p_value": steps["p"], "fewer_regressions_with_larger_n": steps["fewer"]},
-        "equal_compute_call": main["fewer"], "permuted_within": extra[0] if extra else None,
-        "problem_test": {"alpha": ALPHA_PROBLEM, "test": "one-sided Fisher exact, pooled counts of [a, s) against [s, end), Bonferroni over the pairs"},
+        "params": main["params"],
+        "median": main["median"],
+        "interval90": main["interval90"],
+        "converged": True,
+        "fewer_regressions_with_larger_n": main["fewer"] if agree else None,
+        "trend_p_value": main["p"],
+        "compute_upto": main["upto"],
+        "per_value": main["per_value"],
+        "per_run": main["per_run"],
+        "equal_steps": {
+            "steps_upto": steps["upto"],
+            "params": steps["params"],
+            "interval90": steps["interval90"],
+            "per_value": steps["per_value"],
+            "trend_p_value": steps["p"],
+            "fewer_regressions_with_larger_n": steps["fewer"],
+        },
+        "equal_compute_call": main["fewer"],
+        "permuted_within": extra[0] if extra else None,
+        "problem_test": {
+            "alpha": ALPHA_PROBLEM,
+            "test": "one-sided Fisher exact, pooled counts of [a, s) against [s, end), Bonferroni over the pairs",
+        },
         "training_problems": "not recorded per problem: seen against unseen cannot be compared",
     }
     if main["fewer"] is not None and not agree:
-        warn(f"interference: the trend in {spec.axis} at equal compute (p = {main['p']:.2g}) is not there at equal steps "
-             f"(p = {steps['p']:.2g}): it may be progress, not {spec.axis}; no trend is called")
+        warn(
+            f"interference: the trend in {spec.axis} at equal compute (p = {main['p']:.2g}) is not there at equal steps "
+            f"(p = {steps['p']:.2g}): it may be progress, not {spec.axis}; no trend is called"
+        )
     rates = problems.assign(rate=problems["correct"] / problems["samples"]).merge(runs, on=[RUN, "step"], how="inner")
     return MethodResult(entry, {"per_run": main["frame"], "rates": rates})
 
@@ -137,17 +161,24 @@ def _window(rated: pd.DataFrame, spec: FitSpec, extra: list[str], upto: float) -
     per_problem = changes(rated)
     testable = per_problem[per_problem["evals"] >= 2]
     meta = rated.drop_duplicates(RUN).set_index(RUN)
-    per_run = testable.groupby(RUN).agg(rose=("rose", "mean"), regressed=("regressed", "mean"), problems=("evals", "size"),
-                                        evals=("evals", "max")).reset_index()
+    per_run = (
+        testable.groupby(RUN)
+        .agg(rose=("rose", "mean"), regressed=("regressed", "mean"), problems=("evals", "size"), evals=("evals", "max"))
+        .reset_index()
+    )
     per_run["value"] = meta.loc[per_run[RUN], spec.axis].to_numpy(float)
     strata = meta.loc[per_run[RUN], extra[0]].to_numpy() if extra else np.zeros(len(per_run))
     values = sorted(per_run["value"].unique())
     if len(values) < 2:
         warn(f"interference: one {spec.axis} value ({plain(values[0])}): shares are reported, no trend in {spec.axis}")
     labels = per_run["value"].to_numpy(float)
-    counts = np.vstack([np.ones((1, len(per_run)), dtype=np.int64), bootstrap.run_counts(spec.bootstrap, labels, spec.seed)])
+    counts = np.vstack(
+        [np.ones((1, len(per_run)), dtype=np.int64), bootstrap.run_counts(spec.bootstrap, labels, spec.seed)]
+    )
     x = np.log2(np.asarray(values, float))
-    means = {s: _weighted_means(per_run[s].to_numpy(float), labels, values, counts) for s in SHARES}  # (replicates, values)
+    means = {
+        s: _weighted_means(per_run[s].to_numpy(float), labels, values, counts) for s in SHARES
+    }  # (replicates, values)
     slopes = {s: _slopes(x, means[s]) for s in SHARES}
     names = {s: f"slope_{s}_per_log2_{spec.axis}" for s in SHARES}
     interval90, median = {}, {}
@@ -167,10 +198,27 @@ def _window(rated: pd.DataFrame, spec: FitSpec, extra: list[str], upto: float) -
             ok = means[s][1:, j][np.isfinite(means[s][1:, j])]
             row[f"{s}_interval90"] = [float(q) for q in np.quantile(ok, [0.05, 0.95])] if ok.size >= 10 else None
         per_value.append(row)
-    rows = [{"run": r[RUN].split(":", 1)[-1], spec.axis: plain(r["value"]), **{s: float(r[s]) for s in SHARES},
-             "problems": int(r["problems"]), "evals": int(r["evals"])} for _, r in per_run.iterrows()]
-    return {"upto": upto, "params": {names[s]: float(slopes[s][0]) for s in SHARES}, "median": median, "interval90": interval90,
-            "per_value": per_value, "per_run": rows, "p": p, "fewer": fewer, "frame": per_run}
+    rows = [
+        {
+            "run": r[RUN].split(":", 1)[-1],
+            spec.axis: plain(r["value"]),
+            **{s: float(r[s]) for s in SHARES},
+            "problems": int(r["problems"]),
+            "evals": int(r["evals"]),
+        }
+        for _, r in per_run.iterrows()
+    ]
+    return {
+        "upto": upto,
+        "params": {names[s]: float(slopes[s][0]) for s in SHARES},
+        "median": median,
+        "interval90": interval90,
+        "per_value": per_value,
+        "per_run": rows,
+        "p": p,
+        "fewer": fewer,
+        "frame": per_run,
+    }
 
 
 def _weighted_means(y: np.ndarray, axis: np.ndarray, values: list, counts: np.ndarray) -> np.ndarray:

@@ -41,7 +41,9 @@ class Noise:
     """The variance model of a sweep's metric: what each source says, and what the intervals hold."""
 
     eval_var: float | None  # mean evaluation variance of one eval point; None where results do not record it
-    seed_var: float | None  # pooled variance between seed replicates of a cell at one eval point; None without replicates
+    seed_var: (
+        float | None
+    )  # pooled variance between seed replicates of a cell at one eval point; None without replicates
     seed_dof: int  # degrees of freedom of seed_var
     cells: int  # cells: runs alike in every run-level column but seed
     replicated: int  # cells with two or more seeds
@@ -65,9 +67,13 @@ class Noise:
         """What the bootstrap behind the n* intervals resamples (`Resampling`), in words."""
         if self.replicated:
             rest = self.cells - self.replicated
-            return (f"intervals hold seed noise (the runs of {self.replicated} replicated cells resampled)"
-                    + (f" and evaluation noise in the {rest} unreplicated" if rest and self.eval_var is not None else
-                       f"; the {rest} unreplicated cells add none" if rest else ""))
+            return f"intervals hold seed noise (the runs of {self.replicated} replicated cells resampled)" + (
+                f" and evaluation noise in the {rest} unreplicated"
+                if rest and self.eval_var is not None
+                else f"; the {rest} unreplicated cells add none"
+                if rest
+                else ""
+            )
         if self.eval_var is not None:
             return "intervals hold evaluation noise only (no seed replicates)"
         return "intervals resample runs within each axis value: no seed replicates and no evaluation variance in the results"
@@ -75,15 +81,29 @@ class Noise:
     def entry(self) -> dict:
         """fit.json's `noise`: each source's sd, the replicates it was read from, what the intervals
         hold, and the report's line (`describe`)."""
-        return {"eval_sd": self.eval_sd, "seed_sd": self.seed_sd, "seed_dof": self.seed_dof, "cells": self.cells,
-                "cells_replicated": self.replicated, "sd": self.sd, "intervals": self.intervals, "summary": self.describe()}
+        return {
+            "eval_sd": self.eval_sd,
+            "seed_sd": self.seed_sd,
+            "seed_dof": self.seed_dof,
+            "cells": self.cells,
+            "cells_replicated": self.replicated,
+            "sd": self.sd,
+            "intervals": self.intervals,
+            "summary": self.describe(),
+        }
 
     def describe(self) -> str:
         """One line for the report: both sources, and what the intervals hold."""
-        evaluation = f"evaluation sd {self.eval_sd:.3g} (binomial, paired across runs)" if self.eval_var is not None else \
-            "no evaluation variance recorded"
-        seeds = (f"between seeds sd {self.seed_sd:.3g} ({self.replicated} of {self.cells} cells replicated, {self.seed_dof} dof)"
-                 if self.seed_var is not None else "no seed replicates")
+        evaluation = (
+            f"evaluation sd {self.eval_sd:.3g} (binomial, paired across runs)"
+            if self.eval_var is not None
+            else "no evaluation variance recorded"
+        )
+        seeds = (
+            f"between seeds sd {self.seed_sd:.3g} ({self.replicated} of {self.cells} cells replicated, {self.seed_dof} dof)"
+            if self.seed_var is not None
+            else "no seed replicates"
+        )
         return f"{evaluation}; {seeds}; {self.intervals}"
 
 
@@ -97,7 +117,13 @@ def cells(df: pd.DataFrame, run: str = RUN) -> pd.Series:
     without a `seed` column have no replicates to tell apart: there every run is a cell of its own."""
     if SEED not in df.columns:
         return df.groupby(run, sort=False).ngroup()
-    constant = df.drop(columns=[SEED, "run_id", run], errors="ignore").groupby(df[run], sort=False).nunique(dropna=False).le(1).all()
+    constant = (
+        df.drop(columns=[SEED, "run_id", run], errors="ignore")
+        .groupby(df[run], sort=False)
+        .nunique(dropna=False)
+        .le(1)
+        .all()
+    )
     keys = list(constant.index[constant])
     return df.groupby(keys, dropna=False, sort=False).ngroup() if keys else pd.Series(0, index=df.index)
 
@@ -161,5 +187,9 @@ def resampling(df: pd.DataFrame, runs: pd.Index, axis: str, metric: str, noise: 
     runs_per_cell = per_run.value_counts()
     single = cell.map(runs_per_cell).to_numpy() == 1
     column = variance_column(metric)
-    var = pd.to_numeric(df[column], errors="coerce").fillna(0.0).clip(lower=0.0).to_numpy() if column in df.columns else np.zeros(len(df))
+    var = (
+        pd.to_numeric(df[column], errors="coerce").fillna(0.0).clip(lower=0.0).to_numpy()
+        if column in df.columns
+        else np.zeros(len(df))
+    )
     return Resampling(per_run.loc[runs].to_numpy(), np.where(single, np.sqrt(var), 0.0))

@@ -35,7 +35,9 @@ PLOTS = {
 }
 
 
-def frontier_frame(df: pd.DataFrame, spec: FitSpec, results: dict[str, MethodResult]) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+def frontier_frame(
+    df: pd.DataFrame, spec: FitSpec, results: dict[str, MethodResult]
+) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """(rows, frontier): the fitted envelope, else the empirical frontier; None without frontier columns."""
     if "frontier" in results:
         return results["frontier"].frames["rows"], results["frontier"].frames["frontier"]
@@ -45,8 +47,15 @@ def frontier_frame(df: pd.DataFrame, spec: FitSpec, results: dict[str, MethodRes
     return rows, empirical_frontier(rows, spec.metric, spec.axis, spec.compute, spec.points)
 
 
-def write(df: pd.DataFrame, info: dict, spec: FitSpec, results: dict[str, MethodResult], out: Path,
-          cover: pd.DataFrame | None = None, answer: Trend | None = None) -> tuple[list[Path], pd.DataFrame | None]:
+def write(
+    df: pd.DataFrame,
+    info: dict,
+    spec: FitSpec,
+    results: dict[str, MethodResult],
+    out: Path,
+    cover: pd.DataFrame | None = None,
+    answer: Trend | None = None,
+) -> tuple[list[Path], pd.DataFrame | None]:
     """Every output file of a fit (with `cover`, the coverage table: coverage.csv, its plot and its
     report section; with `answer`, the trend test: fit.json's `n_star_trend` and report.md's first
     lines); returns the paths written and the frontier table."""
@@ -58,7 +67,10 @@ def write(df: pd.DataFrame, info: dict, spec: FitSpec, results: dict[str, Method
         paths = plots.frontier_plot(rows, front, spec, out / "frontier", results.get("frontier"))
         names["frontier.csv"] = [p.name for p in paths]
         written += [out / "frontier.csv", *paths]
-    draw = {**PLOTS, "frontier": lambda r, spec, out: plots.axis_star_plot(r, spec, out / "axis_star", answer)}  # with the verdict
+    draw = {
+        **PLOTS,
+        "frontier": lambda r, spec, out: plots.axis_star_plot(r, spec, out / "axis_star", answer),
+    }  # with the verdict
     for method, result in results.items():
         paths = draw[method](result, spec, out)
         names[method] = [p.name for p in paths]
@@ -76,7 +88,10 @@ def write(df: pd.DataFrame, info: dict, spec: FitSpec, results: dict[str, Method
         document["coverage"] = coverage.entry(cover, spec)
         section += coverage.markdown(cover, spec, [p.name for p in paths])
     atomic_write(out / "fit.json", json.dumps(jsonable(document), indent=1) + "\n")
-    atomic_write(out / "report.md", markdown(entries, spec, info, names, front, section, answer.lines(spec.axis) if answer else []))
+    atomic_write(
+        out / "report.md",
+        markdown(entries, spec, info, names, front, section, answer.lines(spec.axis) if answer else []),
+    )
     return [out / "fit.json", *written, out / "report.md"], front
 
 

@@ -33,7 +33,9 @@ def start_grid() -> np.ndarray:
     return np.array(list(itertools.product(ab, ab, e, ex, ex)))
 
 
-def objective(theta: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_l: np.ndarray, w: np.ndarray) -> tuple[float, np.ndarray]:
+def objective(
+    theta: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_l: np.ndarray, w: np.ndarray
+) -> tuple[float, np.ndarray]:
     """Weighted Huber objective on log-loss residuals and its exact gradient."""
     a, b, e, alpha, beta = theta
     z_n, z_d = a - alpha * log_n, b - beta * log_d
@@ -49,14 +51,22 @@ def grid_values(grid: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_l: n
     """The unweighted objective at every grid point, in chunks to bound memory."""
     out = []
     for chunk in np.array_split(grid, max(1, grid.shape[0] * log_n.size // 2_000_000)):
-        z = np.stack([chunk[:, :1] - chunk[:, 3:4] * log_n, chunk[:, 1:2] - chunk[:, 4:5] * log_d, np.broadcast_to(chunk[:, 2:3], (len(chunk), log_n.size))])
+        z = np.stack(
+            [
+                chunk[:, :1] - chunk[:, 3:4] * log_n,
+                chunk[:, 1:2] - chunk[:, 4:5] * log_d,
+                np.broadcast_to(chunk[:, 2:3], (len(chunk), log_n.size)),
+            ]
+        )
         out.append(special.huber(DELTA, special.logsumexp(z, axis=0) - log_l).sum(1))
     return np.concatenate(out)
 
 
 def minimise(starts: np.ndarray, data: tuple, w: np.ndarray) -> optimize.OptimizeResult:
     """L-BFGS from each start; the lowest objective wins."""
-    runs = [optimize.minimize(objective, s, args=(*data, w), jac=True, method="L-BFGS-B", options=LBFGS) for s in starts]
+    runs = [
+        optimize.minimize(objective, s, args=(*data, w), jac=True, method="L-BFGS-B", options=LBFGS) for s in starts
+    ]
     return min(runs, key=lambda r: r.fun)
 
 
@@ -67,7 +77,13 @@ def converged(r: optimize.OptimizeResult) -> bool:
 
 def natural(theta: np.ndarray) -> dict[str, float]:
     a, b, e, alpha, beta = theta
-    return {"E": float(np.exp(e)), "A": float(np.exp(a)), "B": float(np.exp(b)), "alpha": float(alpha), "beta": float(beta)}
+    return {
+        "E": float(np.exp(e)),
+        "A": float(np.exp(a)),
+        "B": float(np.exp(b)),
+        "alpha": float(alpha),
+        "beta": float(beta),
+    }
 
 
 def exponents(p: dict[str, float]) -> dict[str, float]:
@@ -90,7 +106,9 @@ def columns(df: pd.DataFrame, spec: FitSpec) -> tuple[np.ndarray, np.ndarray, np
 def parametric_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     """E, A, B, alpha, beta with bootstrap intervals over runs, and the implied exponents a and b."""
     if len(df) < 10 or df[spec.size_col].nunique() < 3:
-        raise ConfigError(f"parametric: needs 10 or more rows at 3 or more values of {spec.size_col} (have {len(df)} rows, {df[spec.size_col].nunique()} sizes)")
+        raise ConfigError(
+            f"parametric: needs 10 or more rows at 3 or more values of {spec.size_col} (have {len(df)} rows, {df[spec.size_col].nunique()} sizes)"
+        )
     data = columns(df, spec)
     ones = np.ones(len(df))
     sub = np.random.default_rng(spec.seed).choice(len(df), min(len(df), SUBSAMPLE), replace=False)
@@ -112,11 +130,19 @@ def parametric_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     median, interval = bootstrap.summarise(draws, NAMES + ["a", "b"])
     if not converged(best):
         warn(f"parametric: L-BFGS did not converge ({best.message})")
-    entry = {"params": params, "interval90": {k: interval[k] for k in NAMES if k in interval}, "median": {k: median[k] for k in NAMES if k in median},
-             "converged": converged(best), "objective": float(best.fun), "huber_delta": DELTA, "rows": len(df), "runs": int(runs.size),
-             "exponents": {"params": exponents(params), "interval90": {k: interval[k] for k in ("a", "b") if k in interval}},
-             "columns": {"N": spec.size_col, "D": spec.tokens_col or f"{spec.compute_col} / (6 N)", "L": spec.metric},
-             "bootstrap": {"resamples": spec.bootstrap, "converged": len(draws)}}
+    entry = {
+        "params": params,
+        "interval90": {k: interval[k] for k in NAMES if k in interval},
+        "median": {k: median[k] for k in NAMES if k in median},
+        "converged": converged(best),
+        "objective": float(best.fun),
+        "huber_delta": DELTA,
+        "rows": len(df),
+        "runs": int(runs.size),
+        "exponents": {"params": exponents(params), "interval90": {k: interval[k] for k in ("a", "b") if k in interval}},
+        "columns": {"N": spec.size_col, "D": spec.tokens_col or f"{spec.compute_col} / (6 N)", "L": spec.metric},
+        "bootstrap": {"resamples": spec.bootstrap, "converged": len(draws)},
+    }
     frame = pd.DataFrame({"N": np.exp(data[0]), "D": np.exp(data[1]), "loss": np.exp(data[2])})
     return MethodResult(entry, {"parametric": frame.assign(fit=predict(params, frame["N"], frame["D"]))})
 

@@ -11,15 +11,15 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-from isoflop_cli.fit.curves import sigmoid  # noqa: E402
-from isoflop_cli.fit.data import FitSpec, MethodResult, plain  # noqa: E402
-from isoflop_cli.fit.frontier import axis_curves  # noqa: E402
-from isoflop_cli.fit.trend import Trend  # noqa: E402
-from isoflop_cli.store import atomic_write  # noqa: E402
+from isoflop_cli.fit.curves import sigmoid
+from isoflop_cli.fit.data import FitSpec, MethodResult, plain
+from isoflop_cli.fit.frontier import axis_curves
+from isoflop_cli.fit.trend import Trend
+from isoflop_cli.store import atomic_write
 
 
 def save(fig: plt.Figure, out: Path) -> list[Path]:
@@ -55,7 +55,9 @@ def palette(values) -> dict:
     return {v: cmap(i / max(1, len(values) - 1)) for i, v in enumerate(values)}
 
 
-def frontier_plot(df: pd.DataFrame, front: pd.DataFrame, spec: FitSpec, out: Path, fitted: MethodResult | None) -> list[Path]:
+def frontier_plot(
+    df: pd.DataFrame, front: pd.DataFrame, spec: FitSpec, out: Path, fitted: MethodResult | None
+) -> list[Path]:
     """Eval points per axis value, their fitted sigmoids through the running bests (or best-so-far
     steps without a fit), and the frontier with markers coloured by axis*(C). Where a fitted curve or
     the frontier stands above what was measured by the next eval point by more than the noise its
@@ -70,13 +72,31 @@ def frontier_plot(df: pd.DataFrame, front: pd.DataFrame, spec: FitSpec, out: Pat
     tied = np.zeros(len(front), dtype=bool)
     if fitted is not None:
         best = fitted.frames["running_best"]
-        ax.scatter(best[compute], best[metric], s=10, color=[colour[v] for v in best[axis]], edgecolors="none", alpha=0.6)
+        ax.scatter(
+            best[compute], best[metric], s=10, color=[colour[v] for v in best[axis]], edgecolors="none", alpha=0.6
+        )
         for value, c in fitted.frames["curves"].groupby("axis_value"):
-            _dashed_where(ax, c["compute"].to_numpy(), c["value"].to_numpy(), c["extrapolated"].to_numpy(),
-                          color=colour.get(value, "grey"), lw=1.6, label=f"{axis}={plain(value)}")
+            _dashed_where(
+                ax,
+                c["compute"].to_numpy(),
+                c["value"].to_numpy(),
+                c["extrapolated"].to_numpy(),
+                color=colour.get(value, "grey"),
+                lw=1.6,
+                label=f"{axis}={plain(value)}",
+            )
         rows = fitted.frames["axis_star"]
-        _dashed_where(ax, front["compute"].to_numpy(), front["value"].to_numpy(), rows["extrapolated"].to_numpy(bool),
-                      color="black", lw=2.5, alpha=0.35, zorder=3, label="frontier (dashed: extrapolated)")
+        _dashed_where(
+            ax,
+            front["compute"].to_numpy(),
+            front["value"].to_numpy(),
+            rows["extrapolated"].to_numpy(bool),
+            color="black",
+            lw=2.5,
+            alpha=0.35,
+            zorder=3,
+            label="frontier (dashed: extrapolated)",
+        )
         tied = rows["axis_star_set"].map(len).to_numpy() > 1
     else:
         steps = axis_curves(df, metric, axis, compute)
@@ -84,12 +104,31 @@ def frontier_plot(df: pd.DataFrame, front: pd.DataFrame, spec: FitSpec, out: Pat
             ax.step(c["compute"], c["value"], where="post", color=colour[value], lw=1.5, label=f"{axis}={plain(value)}")
         ax.plot(front["compute"], front["value"], color="black", lw=2.5, alpha=0.35, zorder=3, label="frontier")
     marks = [colour.get(v, "grey") for v in front["axis_star"]]
-    ax.scatter(front["compute"][~tied], front["value"][~tied], c=[m for m, t in zip(marks, tied) if not t], edgecolors="black", s=36, zorder=4)
+    ax.scatter(
+        front["compute"][~tied],
+        front["value"][~tied],
+        c=[m for m, t in zip(marks, tied) if not t],
+        edgecolors="black",
+        s=36,
+        zorder=4,
+    )
     if tied.any():
-        ax.scatter(front["compute"][tied], front["value"][tied], facecolors="white", edgecolors=[m for m, t in zip(marks, tied) if t],
-                   linewidths=1.5, s=36, zorder=4, label=f"{axis}* tied within the noise")
-    ax.set(xscale="log", xlabel=compute, ylabel=metric,
-           title=f"{'fitted' if fitted is not None else 'empirical'} frontier; markers coloured by {axis}*(C)")
+        ax.scatter(
+            front["compute"][tied],
+            front["value"][tied],
+            facecolors="white",
+            edgecolors=[m for m, t in zip(marks, tied) if t],
+            linewidths=1.5,
+            s=36,
+            zorder=4,
+            label=f"{axis}* tied within the noise",
+        )
+    ax.set(
+        xscale="log",
+        xlabel=compute,
+        ylabel=metric,
+        title=f"{'fitted' if fitted is not None else 'empirical'} frontier; markers coloured by {axis}*(C)",
+    )
     ax.legend(fontsize=7, loc="best", ncol=2)
     return save(fig, out)
 
@@ -123,15 +162,26 @@ def axis_star_figure(result: MethodResult, spec: FitSpec, answer: Trend | None) 
     entry, star = result.entry, result.frames["axis_star"]
     fig, ax = plt.subplots(figsize=(6.5, 4.4), dpi=120)
     if "low" in star:
-        ax.fill_between(star["compute"], star["low"], star["high"], step="mid", color="tab:blue", alpha=0.12, label="bootstrap 90%")
+        ax.fill_between(
+            star["compute"], star["low"], star["high"], step="mid", color="tab:blue", alpha=0.12, label="bootstrap 90%"
+        )
     marks = star_marks(star)
     ties = marks[marks["tied"]]
     spans = ties.groupby("compute")["axis_value"].agg(["min", "max"])
     ax.vlines(spans.index, spans["min"], spans["max"], color="tab:blue", lw=1, alpha=0.6)
-    ax.scatter(ties["compute"], ties["axis_value"], s=24, facecolors="white", edgecolors="tab:blue", zorder=3,
-               label=f"{spec.axis}* tied within the noise")
+    ax.scatter(
+        ties["compute"],
+        ties["axis_value"],
+        s=24,
+        facecolors="white",
+        edgecolors="tab:blue",
+        zorder=3,
+        label=f"{spec.axis}* tied within the noise",
+    )
     alone = marks[~marks["tied"]]
-    ax.scatter(alone["compute"], alone["axis_value"], s=24, color="tab:blue", zorder=3, label=f"{spec.axis}* (one value wins)")
+    ax.scatter(
+        alone["compute"], alone["axis_value"], s=24, color="tab:blue", zorder=3, label=f"{spec.axis}* (one value wins)"
+    )
     if entry["params"]:
         c = np.geomspace(star["compute"].min(), star["compute"].max(), 200)
         ax.plot(c, np.exp2(sigmoid(np.log10(c), **entry["params"])), color="black", lw=2, label="sigmoid law")
@@ -151,7 +201,9 @@ def star_marks(star: pd.DataFrame) -> pd.DataFrame:
     axis_value, tied: the set has more than one member)."""
     sets = star[["compute", "axis_star_set"]].explode("axis_star_set").rename(columns={"axis_star_set": "axis_value"})
     sizes = star["axis_star_set"].map(len)
-    return sets.assign(axis_value=sets["axis_value"].astype(float), tied=sizes.loc[sets.index].to_numpy() > 1).reset_index(drop=True)
+    return sets.assign(
+        axis_value=sets["axis_value"].astype(float), tied=sizes.loc[sets.index].to_numpy() > 1
+    ).reset_index(drop=True)
 
 
 def verdict(entry: dict, answer: Trend | None, axis: str) -> str:
@@ -159,7 +211,11 @@ def verdict(entry: dict, answer: Trend | None, axis: str) -> str:
     budgets where axis* is a tie (the frontier's `budgets_tied` of `budgets`)."""
     parts = []
     if answer is not None:
-        parts.append(f"trend test: {answer.call} (p = {answer.p_value:.2g})" if answer.p_value is not None else f"trend test: cannot tell ({answer.why})")
+        parts.append(
+            f"trend test: {answer.call} (p = {answer.p_value:.2g})"
+            if answer.p_value is not None
+            else f"trend test: cannot tell ({answer.why})"
+        )
     if entry.get("budgets_tied"):
         parts.append(f"{axis}* tied at {entry['budgets_tied']} of {entry['budgets']} budgets")
     return "; ".join(parts)
@@ -182,15 +238,37 @@ def surface_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
         left.fill_between(rows["compute"], rows["value_low"], rows["value_high"], color="black", alpha=0.15)
     left.set(xscale="log", xlabel=spec.compute, ylabel=spec.metric, title="surface")
     left.legend(fontsize=7, ncol=2)
-    tied = rows[f"{axis}_star_set"]  # empty where no value run is within the noise of an optimum off the values run: nothing shaded
-    right.fill_between(rows["compute"], [min(t, default=np.nan) for t in tied], [max(t, default=np.nan) for t in tied], color="grey", alpha=0.15,
-                       step="mid", label="within the noise")
+    tied = rows[
+        f"{axis}_star_set"
+    ]  # empty where no value run is within the noise of an optimum off the values run: nothing shaded
+    right.fill_between(
+        rows["compute"],
+        [min(t, default=np.nan) for t in tied],
+        [max(t, default=np.nan) for t in tied],
+        color="grey",
+        alpha=0.15,
+        step="mid",
+        label="within the noise",
+    )
     if f"{axis}_star_low" in rows:
-        right.fill_between(rows["compute"], rows[f"{axis}_star_low"], rows[f"{axis}_star_high"], color="tab:blue", alpha=0.25, label="bootstrap 90%")
+        right.fill_between(
+            rows["compute"],
+            rows[f"{axis}_star_low"],
+            rows[f"{axis}_star_high"],
+            color="tab:blue",
+            alpha=0.25,
+            label="bootstrap 90%",
+        )
     right.plot(rows["compute"], rows[f"{axis}_star"], color="tab:blue", lw=2, label=f"{axis}*(C)")
     lo, hi = points[axis].min(), points[axis].max()
-    right.set(xscale="log", yscale="log", xlabel=spec.compute, ylabel=f"{axis}*", title=f"{axis}*(C) from the surface",
-              ylim=(lo / 2, hi * 2))
+    right.set(
+        xscale="log",
+        yscale="log",
+        xlabel=spec.compute,
+        ylabel=f"{axis}*",
+        title=f"{axis}*(C) from the surface",
+        ylim=(lo / 2, hi * 2),
+    )
     plain_ticks(right.yaxis)
     right.legend(fontsize=8)
     return save(fig, out)
@@ -205,7 +283,13 @@ def fixed_batch_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Pat
         ax.step(g["compute"], g["axis_star"], where="mid", color=colour[B], lw=1.5, label=f"B={B}")
         if "low" in g:
             ax.fill_between(g["compute"], g["low"], g["high"], step="mid", color=colour[B], alpha=0.12)
-    ax.set(xscale="log", yscale="log", xlabel=spec.compute, ylabel=f"best {spec.axis} at fixed B", title="fixed batch: the winning split")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel=spec.compute,
+        ylabel=f"best {spec.axis} at fixed B",
+        title="fixed batch: the winning split",
+    )
     plain_ticks(ax.yaxis)
     ax.legend(fontsize=8)
     return save(fig, out)
@@ -221,10 +305,24 @@ def slices_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
         pts = points[points["budget"] == row.compute]
         left.scatter(pts["axis_value"], pts["value"], s=14, color=colour[row.compute])
         x = np.linspace(pts["x"].min(), pts["x"].max(), 60)
-        left.plot(np.exp2(x), row.c2 * x**2 + row.c1 * x + row.c0, color=colour[row.compute], lw=1.2, label=f"C={row.compute:.3g}")
+        left.plot(
+            np.exp2(x),
+            row.c2 * x**2 + row.c1 * x + row.c0,
+            color=colour[row.compute],
+            lw=1.2,
+            label=f"C={row.compute:.3g}",
+        )
         if row.interior:
             xv = np.log2(row.optimum)
-            left.scatter([row.optimum], [row.c2 * xv**2 + row.c1 * xv + row.c0], marker="*", s=80, color=colour[row.compute], edgecolors="black", zorder=4)
+            left.scatter(
+                [row.optimum],
+                [row.c2 * xv**2 + row.c1 * xv + row.c0],
+                marker="*",
+                s=80,
+                color=colour[row.compute],
+                edgecolors="black",
+                zorder=4,
+            )
     left.set(xscale="log", xlabel=spec.axis, ylabel=spec.metric, title="isoFLOP slices")
     left.legend(fontsize=6, ncol=2)
     inner = optima[optima["interior"]]
@@ -233,10 +331,25 @@ def slices_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
     right.scatter(inner["compute"], inner["optimum"], color="tab:blue", zorder=3, label="optimum")
     c = np.geomspace(inner["compute"].min(), inner["compute"].max(), 200)
     p = entry["params"]
-    right.plot(c, p["coef"] * c ** p["exponent"], color="black", lw=1.5, label=f"power law, exponent {p['exponent']:.3f}")
+    right.plot(
+        c, p["coef"] * c ** p["exponent"], color="black", lw=1.5, label=f"power law, exponent {p['exponent']:.3f}"
+    )
     if entry["sigmoid"]:
-        right.plot(c, np.exp2(sigmoid(np.log10(c), **entry["sigmoid"]["params"])), color="tab:red", lw=1.5, ls="--", label="sigmoid")
-    right.set(xscale="log", yscale="log", xlabel=spec.compute, ylabel=f"{spec.axis}*", title=f"optimum against compute (preferred: {entry['preferred']})")
+        right.plot(
+            c,
+            np.exp2(sigmoid(np.log10(c), **entry["sigmoid"]["params"])),
+            color="tab:red",
+            lw=1.5,
+            ls="--",
+            label="sigmoid",
+        )
+    right.set(
+        xscale="log",
+        yscale="log",
+        xlabel=spec.compute,
+        ylabel=f"{spec.axis}*",
+        title=f"optimum against compute (preferred: {entry['preferred']})",
+    )
     right.legend(fontsize=7)
     plain_ticks(left.xaxis)
     plain_ticks(right.yaxis)
@@ -252,8 +365,12 @@ def curves_plot(curves: pd.DataFrame, spec: FitSpec, out: Path) -> list[Path]:
     for value, g in curves.groupby(axis):
         ax.plot(g["compute"], g["mean"], marker="o", ms=3, color=colour[value], label=f"{axis}={plain(value)}")
         ax.fill_between(g["compute"], g["mean"] - g["sd"], g["mean"] + g["sd"], color=colour[value], alpha=0.15, lw=0)
-    ax.set(xscale="log", xlabel=f"{spec.compute} (leftmost point: the base model)", ylabel=spec.metric,
-           title=f"mean over runs per {axis}; band: ±1 sd between seeds")
+    ax.set(
+        xscale="log",
+        xlabel=f"{spec.compute} (leftmost point: the base model)",
+        ylabel=spec.metric,
+        title=f"mean over runs per {axis}; band: ±1 sd between seeds",
+    )
     ax.legend(fontsize=7, ncol=2)
     return save(fig, out)
 
@@ -268,7 +385,11 @@ def budget_slices_plot(points: pd.DataFrame, spec: FitSpec, out: Path) -> list[P
         ax.scatter(g[axis], g["value"], s=10, alpha=0.35, color=colour[budget])
         mean = g.groupby(axis)["value"].mean()
         ax.plot(mean.index, mean.to_numpy(), marker="o", ms=4, color=colour[budget], label=f"C={budget:,.4g}")
-    ax.set(xlabel=axis, ylabel=spec.metric, title=f"{spec.metric} against {axis} at fixed {spec.compute}: runs and their mean")
+    ax.set(
+        xlabel=axis,
+        ylabel=spec.metric,
+        title=f"{spec.metric} against {axis} at fixed {spec.compute}: runs and their mean",
+    )
     ax.set_xscale("log", base=2)
     plain_ticks(ax.xaxis)
     ax.legend(fontsize=7)
@@ -285,7 +406,12 @@ def scalerl_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:
         ax.scatter(fit["compute"], fit["value"], s=14, color=colour[value])
         ax.scatter(held["compute"], held["value"], s=18, facecolors="none", edgecolors=colour[value])
         ax.plot(g["compute"], g["fit"], color=colour[value], lw=1.5, label=f"{spec.axis}={plain(value)}")
-    ax.set(xscale="log", xlabel=spec.compute, ylabel=spec.metric, title="ScaleRL fit R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)")
+    ax.set(
+        xscale="log",
+        xlabel=spec.compute,
+        ylabel=spec.metric,
+        title="ScaleRL fit R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)",
+    )
     ax.legend(fontsize=7, ncol=2)
     return save(fig, out)
 
@@ -299,8 +425,11 @@ def parametric_plot(result: MethodResult, out: Path) -> list[Path]:
     ax.plot(lim, lim, color="black", lw=1)
     fig.colorbar(sc, ax=ax, label="log10 N")
     p = result.entry["params"]
-    ax.set(xlabel="fitted L(N, D)", ylabel="observed loss",
-           title=f"E={p['E']:.3g}, A={p['A']:.4g}, B={p['B']:.4g}, alpha={p['alpha']:.3f}, beta={p['beta']:.3f}")
+    ax.set(
+        xlabel="fitted L(N, D)",
+        ylabel="observed loss",
+        title=f"E={p['E']:.3g}, A={p['A']:.4g}, B={p['B']:.4g}, alpha={p['alpha']:.3f}, beta={p['beta']:.3f}",
+    )
     ax.title.set_fontsize(8)
     return save(fig, out)
 
@@ -326,7 +455,9 @@ def interference_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Pa
         by_compute = sub.groupby(spec.compute)["rate"]
         shares = np.array([[test(g).mean() for test in BANDS.values()] for _, g in by_compute])
         compute = np.array(sorted(sub[spec.compute].unique()), float)
-        x = np.maximum(compute, compute[compute > 0].min() / 2 if (compute > 0).any() else 1.0)  # the base point left of the first
+        x = np.maximum(
+            compute, compute[compute > 0].min() / 2 if (compute > 0).any() else 1.0
+        )  # the base point left of the first
         ax.stackplot(x, shares.T, colors=colours, labels=list(BANDS))
         ax.set(xscale="log", ylim=(0, 1), title=f"{spec.axis}={plain(value)}", xlabel=spec.compute)
     axes[0][0].set_ylabel("share of validation problems")
@@ -336,10 +467,19 @@ def interference_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Pa
     xs = np.array([v[spec.axis] for v in per_value], float)
     for share, colour in (("rose", "#2f7f4f"), ("regressed", "#c44e52")):
         ys = np.array([v[share] for v in per_value], float)
-        err = np.array([[y - (v[f"{share}_interval90"] or [y, y])[0], (v[f"{share}_interval90"] or [y, y])[1] - y] for y, v in zip(ys, per_value)]).T
+        err = np.array(
+            [
+                [y - (v[f"{share}_interval90"] or [y, y])[0], (v[f"{share}_interval90"] or [y, y])[1] - y]
+                for y, v in zip(ys, per_value)
+            ]
+        ).T
         ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=colour, label=share)
-    ax.set(xscale="log", xlabel=spec.axis, ylabel="share of problems (binomial test)",
-           title=f"up to {spec.compute} {result.entry['compute_upto']:.3g}")
+    ax.set(
+        xscale="log",
+        xlabel=spec.axis,
+        ylabel="share of problems (binomial test)",
+        title=f"up to {spec.compute} {result.entry['compute_upto']:.3g}",
+    )
     plain_ticks(ax.xaxis)
     ax.legend(fontsize=7)
     return save(fig, out)
@@ -355,7 +495,9 @@ def coverage_plot(table: pd.DataFrame, spec: FitSpec, out: Path) -> list[Path]:
         rows = table[(table[axis] == value) & (table[compute] > 0)].sort_values(compute)
         left.plot(rows[compute], rows["zero_var_frac"], marker="o", ms=3, color=c, label=f"{axis}={value:g}")
         right.plot(rows[compute], rows["val_best@k"], marker="o", ms=3, color=c, label=f"{axis}={value:g} best@k")
-        right.plot(rows[compute], rows["val_worst@k"], marker="o", ms=3, color=c, ls="--", label=f"{axis}={value:g} worst@k")
+        right.plot(
+            rows[compute], rows["val_worst@k"], marker="o", ms=3, color=c, ls="--", label=f"{axis}={value:g} worst@k"
+        )
     left.set(xscale="log", xlabel=compute, ylabel="zero_var_frac (groups with no signal)", ylim=(-0.02, 1.02))
     right.set(xscale="log", xlabel=compute, ylabel="validation best@k (solid), worst@k (dashed)", ylim=(-0.02, 1.02))
     left.legend(fontsize=7)

@@ -32,10 +32,16 @@ class Replay:
     margin: float
     indifference: float
     stages: list[float]
-    per_budget: pd.DataFrame  # budget, full_value, adaptive_value, value_gap, full_star, adaptive_star, star_agrees, cells_running
-    stopped: pd.DataFrame  # run, axis value, stopped at budget, best; at the later budget it came closest: reach, frontier; learns
+    per_budget: (
+        pd.DataFrame
+    )  # budget, full_value, adaptive_value, value_gap, full_star, adaptive_star, star_agrees, cells_running
+    stopped: (
+        pd.DataFrame
+    )  # run, axis value, stopped at budget, best; at the later budget it came closest: reach, frontier; learns
     compute_share: float  # compute the schedule spends / the full grid's
-    noise: float | None  # the metric's noise (sd) the rule reads from the full grid: the scale of a frontier gap between noisy points
+    noise: (
+        float | None
+    )  # the metric's noise (sd) the rule reads from the full grid: the scale of a frontier gap between noisy points
 
     @property
     def n_star_agreement(self) -> float:
@@ -46,9 +52,18 @@ class Replay:
         return float(self.per_budget["value_gap"].max())
 
     def summary(self) -> dict:
-        return {"schedule": self.schedule.value, "margin": self.margin, "indifference": self.indifference, "stages": self.stages, "compute_share": self.compute_share,
-                "n_star_agreement": self.n_star_agreement, "max_value_gap": self.max_value_gap, "noise_sd": self.noise,
-                "cells": int(self.per_budget["cells_running"].iloc[0]), "stopped": len(self.stopped)}
+        return {
+            "schedule": self.schedule.value,
+            "margin": self.margin,
+            "indifference": self.indifference,
+            "stages": self.stages,
+            "compute_share": self.compute_share,
+            "n_star_agreement": self.n_star_agreement,
+            "max_value_gap": self.max_value_gap,
+            "noise_sd": self.noise,
+            "cells": int(self.per_budget["cells_running"].iloc[0]),
+            "stopped": len(self.stopped),
+        }
 
 
 def default_stages(rows: pd.DataFrame, compute: str) -> list[float]:
@@ -63,23 +78,38 @@ def default_stages(rows: pd.DataFrame, compute: str) -> list[float]:
     return sorted(stages)
 
 
-def replay(df: pd.DataFrame, metric: str, axis: str, compute: str, schedule: Schedule, margin: float,
-           stages: list[float] | None = None, indifference: float = DEFAULT_INDIFFERENCE) -> Replay:
+def replay(
+    df: pd.DataFrame,
+    metric: str,
+    axis: str,
+    compute: str,
+    schedule: Schedule,
+    margin: float,
+    stages: list[float] | None = None,
+    indifference: float = DEFAULT_INDIFFERENCE,
+) -> Replay:
     rows = usable(df, [metric, axis, compute], "replay")
     one_per_run(rows, [axis], "replay")
     given = stages is not None
     stages = sorted(set(stages)) if given else default_stages(rows, compute)
     first = float(rows.loc[rows[compute] > 0, compute].min())
     if given and stages[0] < first / 1.1:  # a budget no eval point reaches would stop cells on no data
-        raise ConfigError(f"replay: --budgets {stages[0]:g} is below every eval point of these results (the first is at {first:g} {compute})")
-    bounded = 0 <= rows[metric].min() and rows[metric].max() <= 1
+        raise ConfigError(
+            f"replay: --budgets {stages[0]:g} is below every eval point of these results (the first is at {first:g} {compute})"
+        )
+    bounded = rows[metric].min() >= 0 and rows[metric].max() <= 1
     if schedule is Schedule.adaptive:
         if len(stages) < 2:
-            raise ConfigError("replay: the adaptive schedule decides between budgets; give --budgets two or more distinct values" if given else
-                              "replay: the adaptive schedule decides between budgets; these results span one budget (give --budgets)")
+            raise ConfigError(
+                "replay: the adaptive schedule decides between budgets; give --budgets two or more distinct values"
+                if given
+                else "replay: the adaptive schedule decides between budgets; these results span one budget (give --budgets)"
+            )
         if not bounded:
-            raise ConfigError(f"replay: the adaptive rule's sigmoid is bounded to [0, 1]; {metric} ranges "
-                              f"{rows[metric].min():.3g}..{rows[metric].max():.3g} (--metric)")
+            raise ConfigError(
+                f"replay: the adaptive rule's sigmoid is bounded to [0, 1]; {metric} ranges "
+                f"{rows[metric].min():.3g}..{rows[metric].max():.3g} (--metric)"
+            )
     rows = rows.assign(_stage=stage_of(rows[compute].to_numpy(), stages))
     runs = pd.Index(rows[RUN].unique())
     last = len(stages) - 1
@@ -102,14 +132,44 @@ def replay(df: pd.DataFrame, metric: str, axis: str, compute: str, schedule: Sch
     for i, budget in enumerate(stages):
         full = _frontier_at(rows[rows["_stage"] <= i], metric, axis)
         adaptive = _frontier_at(reached[reached["_stage"] <= i], metric, axis)
-        table.append({"budget": budget, "full_value": full[0], "adaptive_value": adaptive[0], "value_gap": full[0] - adaptive[0],
-                      "full_star": full[1], "adaptive_star": adaptive[1], "star_agrees": _within_2x(full[1], adaptive[1]),
-                      "cells_running": int((stop >= i).sum())})
-    stopped = pd.DataFrame([{"run": d.run, axis: plain(axis_of[d.run]), "stopped_at": d.budget, "best": d.best, "at": d.at, "reach": d.reach,
-                             "frontier": d.frontier, "learns": d.learns} for d in decisions],
-                           columns=["run", axis, "stopped_at", "best", "at", "reach", "frontier", "learns"])
-    return Replay(schedule, margin, indifference, stages, pd.DataFrame(table), stopped, float(spend / full_spend),
-                  noise(rows, metric, compute, RUN) if bounded else None)
+        table.append(
+            {
+                "budget": budget,
+                "full_value": full[0],
+                "adaptive_value": adaptive[0],
+                "value_gap": full[0] - adaptive[0],
+                "full_star": full[1],
+                "adaptive_star": adaptive[1],
+                "star_agrees": _within_2x(full[1], adaptive[1]),
+                "cells_running": int((stop >= i).sum()),
+            }
+        )
+    stopped = pd.DataFrame(
+        [
+            {
+                "run": d.run,
+                axis: plain(axis_of[d.run]),
+                "stopped_at": d.budget,
+                "best": d.best,
+                "at": d.at,
+                "reach": d.reach,
+                "frontier": d.frontier,
+                "learns": d.learns,
+            }
+            for d in decisions
+        ],
+        columns=["run", axis, "stopped_at", "best", "at", "reach", "frontier", "learns"],
+    )
+    return Replay(
+        schedule,
+        margin,
+        indifference,
+        stages,
+        pd.DataFrame(table),
+        stopped,
+        float(spend / full_spend),
+        noise(rows, metric, compute, RUN) if bounded else None,
+    )
 
 
 def _frontier_at(rows: pd.DataFrame, metric: str, axis: str) -> tuple[float, float]:
@@ -125,14 +185,25 @@ def _within_2x(a: float, b: float) -> bool:
 
 def write(result: Replay, info: dict, axis: str, compute: str, out: Path) -> list[Path]:
     """replay.json (the summary, the per-budget table, the cells stopped) and the two frontiers' plot."""
-    entry = {**result.summary(), "axis": axis, "compute": compute, "input": info,
-             "per_budget": result.per_budget.to_dict("records"), "stopped_cells": result.stopped.to_dict("records")}
+    entry = {
+        **result.summary(),
+        "axis": axis,
+        "compute": compute,
+        "input": info,
+        "per_budget": result.per_budget.to_dict("records"),
+        "stopped_cells": result.stopped.to_dict("records"),
+    }
     atomic_write(out / "replay.json", json.dumps(jsonable(entry), indent=1) + "\n")
     t = result.per_budget
     fig, (top, bottom) = plots.plt.subplots(2, 1, figsize=(7, 6.5), sharex=True, height_ratios=[2, 1])
     top.plot(t["budget"], t["full_value"], "o-", color="black", label="full grid")
-    top.plot(t["budget"], t["adaptive_value"], "s--", color="tab:orange",
-             label=f"{result.schedule.value} (margin {result.margin:g}, indifference {result.indifference:g}): {result.compute_share:.0%} of the compute")
+    top.plot(
+        t["budget"],
+        t["adaptive_value"],
+        "s--",
+        color="tab:orange",
+        label=f"{result.schedule.value} (margin {result.margin:g}, indifference {result.indifference:g}): {result.compute_share:.0%} of the compute",
+    )
     top.set_ylabel("frontier (best metric with compute <= C)")
     top.set_xscale("log")
     top.legend()

@@ -72,12 +72,28 @@ def series(df: pd.DataFrame, spec: FitSpec, runs: pd.Index, held: np.ndarray | N
         if held is not None:
             cut = held[0] * (1 - 1e-9)
         else:  # no holdout: every compute (exp(log(c)) may land an ulp below the largest c)
-            cut = float(np.exp(log_c.max() - spec.holdout_frac * (log_c.max() - log_c.min()))) if spec.holdout_frac > 0 else math.inf
-        if (computes <= cut).sum() < MIN_COMPUTES or ((spec.holdout_frac > 0 or held is not None) and not (computes > cut).any()):
+            cut = (
+                float(np.exp(log_c.max() - spec.holdout_frac * (log_c.max() - log_c.min())))
+                if spec.holdout_frac > 0
+                else math.inf
+            )
+        if (computes <= cut).sum() < MIN_COMPUTES or (
+            (spec.holdout_frac > 0 or held is not None) and not (computes > cut).any()
+        ):
             dropped.append(f"{spec.axis}={plain(value)} ({computes.size} computes)")
             continue
-        out.append(Series(float(value), computes, at, g[spec.metric].to_numpy(float), runs.get_indexer(g[RUN]),
-                          base[spec.metric].to_numpy(float), runs.get_indexer(base[RUN]), cut))
+        out.append(
+            Series(
+                float(value),
+                computes,
+                at,
+                g[spec.metric].to_numpy(float),
+                runs.get_indexer(g[RUN]),
+                base[spec.metric].to_numpy(float),
+                runs.get_indexer(base[RUN]),
+                cut,
+            )
+        )
     if dropped:
         warn(f"scalerl: too few computes to fit (need {MIN_COMPUTES} below the holdout cut) for {', '.join(dropped)}")
     return out
@@ -109,22 +125,42 @@ def scalerl_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     for s, f, d in zip(fitted, fits, draws):
         median, interval = bootstrap.summarise(d, NAMES)
         fitted_max = float(s.computes[s.computes <= s.cut].max())
-        curves[f"{spec.axis}={plain(s.value)}"] = {"params": f.params, "interval90": interval, "median": median, "converged": f.converged,
-                                                   "at_bound": f.at_bound, "holdout_cut": s.cut if spec.holdout_frac > 0 else None,
-                                                   # The midpoint past every fitted compute: the points saw the lower half of
-                                                   # the curve only, so its ceiling A is extrapolated, not measured.
-                                                   "C_mid_beyond_data": bool(f.params["C_mid"] > fitted_max),
-                                                   "bootstrap": {"resamples": spec.bootstrap, "converged": len(d)}}
+        curves[f"{spec.axis}={plain(s.value)}"] = {
+            "params": f.params,
+            "interval90": interval,
+            "median": median,
+            "converged": f.converged,
+            "at_bound": f.at_bound,
+            "holdout_cut": s.cut if spec.holdout_frac > 0 else None,
+            # The midpoint past every fitted compute: the points saw the lower half of
+            # the curve only, so its ceiling A is extrapolated, not measured.
+            "C_mid_beyond_data": bool(f.params["C_mid"] > fitted_max),
+            "bootstrap": {"resamples": spec.bootstrap, "converged": len(d)},
+        }
         if not f.converged:
             warn(f"scalerl {spec.axis}={plain(s.value)}: the fit did not converge")
     names = list(curves)
     top = max(names, key=lambda k: curves[k]["params"]["A"])
-    tied = [names[i] for i in _tied(ceilings, np.array([curves[k]["params"]["A"] for k in names]), names.index(top),
-                                    np.array([np.unique(s.run).size for s in fitted]), _residual_sd(fitted, fits))]
+    tied = [
+        names[i]
+        for i in _tied(
+            ceilings,
+            np.array([curves[k]["params"]["A"] for k in names]),
+            names.index(top),
+            np.array([np.unique(s.run).size for s in fitted]),
+            _residual_sd(fitted, fits),
+        )
+    ]
     best = top if tied == [top] else None
-    entry = {**{k: curves[top][k] for k in ("params", "interval90", "median", "converged", "at_bound")}, "best": best, "best_set": tied,
-             "curves": curves, "drop_early": spec.drop_early, "holdout_frac": spec.holdout_frac,
-             "held": ["R0"]}  # not fitted: the base model's measured value
+    entry = {
+        **{k: curves[top][k] for k in ("params", "interval90", "median", "converged", "at_bound")},
+        "best": best,
+        "best_set": tied,
+        "curves": curves,
+        "drop_early": spec.drop_early,
+        "holdout_frac": spec.holdout_frac,
+        "held": ["R0"],
+    }  # not fitted: the base model's measured value
     if held is not None:
         entry["holdout"] = _holdout(df, spec, held, fitted, fits)
     return MethodResult(entry, {"scalerl": _frame(fitted, fits)})
@@ -139,15 +175,21 @@ def _tied(ceilings: np.ndarray, fitted: np.ndarray, top: int, runs: np.ndarray, 
     if ceilings.shape[0] < 10:
         return list(range(ceilings.shape[1]))
     var = np.nanvar(ceilings, axis=0, ddof=1) * runs / np.maximum(runs - 1, 1)
-    return [i for i in range(ceilings.shape[1])
-            if i == top or not fitted[top] - fitted[i] > TIE_SD * max(sigma, math.sqrt(var[top] + var[i]))]
+    return [
+        i
+        for i in range(ceilings.shape[1])
+        if i == top or not fitted[top] - fitted[i] > TIE_SD * max(sigma, math.sqrt(var[top] + var[i]))
+    ]
 
 
 def _residual_sd(fitted: list[Series], fits: list[CurveFit]) -> float:
     """One eval point's sd about its curve, pooled over every curve's fitted points."""
-    residuals = [s.y - scalerl(s.computes[s.at], **{k: f.params[k] for k in ("R0", "A", "C_mid", "B")}) for s, f in zip(fitted, fits)]
+    residuals = [
+        s.y - scalerl(s.computes[s.at], **{k: f.params[k] for k in ("R0", "A", "C_mid", "B")})
+        for s, f in zip(fitted, fits)
+    ]
     kept = np.concatenate([r[s.computes[s.at] <= s.cut] for r, s in zip(residuals, fitted)])
-    return float(np.sqrt(np.mean(kept ** 2))) if kept.size else 0.0
+    return float(np.sqrt(np.mean(kept**2))) if kept.size else 0.0
 
 
 def _holdout(df: pd.DataFrame, spec: FitSpec, held: np.ndarray, fitted: list[Series], fits: list[CurveFit]) -> dict:
@@ -167,5 +209,15 @@ def _frame(fitted: list[Series], fits: list[CurveFit]) -> pd.DataFrame:
     for s, f in zip(fitted, fits):
         mean, _, _ = s.means(None)
         p = {k: f.params[k] for k in ("R0", "A", "C_mid", "B")}
-        parts.append(pd.DataFrame({"axis_value": s.value, "compute": s.computes, "value": mean, "fit": scalerl(s.computes, **p), "held_out": s.computes > s.cut}))
+        parts.append(
+            pd.DataFrame(
+                {
+                    "axis_value": s.value,
+                    "compute": s.computes,
+                    "value": mean,
+                    "fit": scalerl(s.computes, **p),
+                    "held_out": s.computes > s.cut,
+                }
+            )
+        )
     return pd.concat(parts, ignore_index=True)

@@ -66,7 +66,9 @@ from isoflop_cli.fit.noise import estimate as variance_model
 
 MIN_DOF = 8  # residual degrees of freedom the noise is read from before any cell is stopped
 MIN_POINTS = 3  # eval points past the base a cell needs before it can be stopped
-MIN_RISEN = 3  # eval points above its base (by the margin) a cell that has left its base needs before its climb is bounded
+MIN_RISEN = (
+    3  # eval points above its base (by the margin) a cell that has left its base needs before its climb is bounded
+)
 TIE = 1e-9  # rounding: an exact fit of flat points bounds a cell at the frontier to within this
 TOLERANCE = 1.1  # a FLOP-budget run stops at the first step whose ledger reaches a budget: a little above it
 SIGNAL = "zero_var_frac"  # per eval point, the share of the groups since the last one whose rewards were all equal
@@ -88,9 +90,16 @@ class Decision:
     go: bool
 
 
-def decide(points: pd.DataFrame, budget: float, budgets: list[float], margin: float = DEFAULT_MARGIN,
-           indifference: float = DEFAULT_INDIFFERENCE, metric: str = "val_avg@k", compute: str = "rollouts",
-           run: str = "run_id") -> list[Decision]:
+def decide(
+    points: pd.DataFrame,
+    budget: float,
+    budgets: list[float],
+    margin: float = DEFAULT_MARGIN,
+    indifference: float = DEFAULT_INDIFFERENCE,
+    metric: str = "val_avg@k",
+    compute: str = "rollouts",
+    run: str = "run_id",
+) -> list[Decision]:
     """Which runs continue past `budget` towards the later of the sweep's `budgets`; `points` holds
     the eval points each run had when it reached `budget` (with its step-0 base evaluation, and
     SIGNAL where the run recorded it)."""
@@ -102,7 +111,10 @@ def decide(points: pd.DataFrame, budget: float, budgets: list[float], margin: fl
     if sigma is not None:
         sigma = max(sigma, variance_model(points, metric, compute, run).sd or 0.0)
     if not later or sigma is None:  # the last budget, or too few points to read the noise: no cell is stopped
-        return [Decision(str(r), float(budget), float(v), math.inf, math.nan, float(max(budgets)), bool(learns[r]), True) for r, v in best.items()]
+        return [
+            Decision(str(r), float(budget), float(v), math.inf, math.nan, float(max(budgets)), bool(learns[r]), True)
+            for r, v in best.items()
+        ]
     slack = (margin * sigma) ** 2
     x = np.log2(later)
     lows = np.array([b.extreme(x, slack, upper=False) for b in bands.values()])
@@ -117,7 +129,18 @@ def decide(points: pd.DataFrame, budget: float, budgets: list[float], margin: fl
         i = int(np.argmax(reach - frontier))
         # A cell goes on while it holds the frontier, or could beat it by more than the indifference.
         go = r in holders or reach[i] > frontier[i] + indifference + TIE
-        out.append(Decision(str(r), float(budget), float(value), float(reach[i]), float(frontier[i]), float(later[i]), bool(learns[r]), bool(go)))
+        out.append(
+            Decision(
+                str(r),
+                float(budget),
+                float(value),
+                float(reach[i]),
+                float(frontier[i]),
+                float(later[i]),
+                bool(learns[r]),
+                bool(go),
+            )
+        )
     return out
 
 
@@ -152,20 +175,32 @@ def _learns(points: pd.DataFrame, compute: str, run: str) -> pd.Series:
     return learned.reindex(points[run].unique(), fill_value=True).astype(bool)
 
 
-def _bands(points: pd.DataFrame, x_max: float, metric: str, compute: str, run: str, shapes: tuple[str, ...] = SHAPES) -> dict[str, CurveBand]:
+def _bands(
+    points: pd.DataFrame, x_max: float, metric: str, compute: str, run: str, shapes: tuple[str, ...] = SHAPES
+) -> dict[str, CurveBand]:
     """A CurveBand per run with MIN_POINTS eval points past its base."""
     out = {}
     for r, g in points.groupby(run, sort=False):
         later = g[g[compute] > 0]
         if len(later) >= MIN_POINTS:
             base = g.loc[g[compute] == 0, metric]
-            out[r] = CurveBand(np.log2(later[compute].to_numpy(float)), later[metric].to_numpy(float),
-                               float(base.iloc[0]) if len(base) else None, x_max, shapes)
+            out[r] = CurveBand(
+                np.log2(later[compute].to_numpy(float)),
+                later[metric].to_numpy(float),
+                float(base.iloc[0]) if len(base) else None,
+                x_max,
+                shapes,
+            )
     return out
 
 
-def noise(points: pd.DataFrame, metric: str = "val_avg@k", compute: str = "rollouts", run: str = "run_id",
-          shapes: tuple[str, ...] = SHAPES) -> float | None:
+def noise(
+    points: pd.DataFrame,
+    metric: str = "val_avg@k",
+    compute: str = "rollouts",
+    run: str = "run_id",
+    shapes: tuple[str, ...] = SHAPES,
+) -> float | None:
     """The metric's noise (one sd): the pooled residual of each run's best curve of `shapes` (the
     rule's own, by default); None if too few points."""
     return _noise(_bands(points, math.log2(points[compute].max()), metric, compute, run, shapes).values())

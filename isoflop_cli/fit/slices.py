@@ -38,7 +38,9 @@ def budgets(compute: np.ndarray) -> np.ndarray:
     return ids
 
 
-def optima(x: np.ndarray, y: np.ndarray, budget: np.ndarray, w: np.ndarray, minimise: bool) -> tuple[np.ndarray, np.ndarray]:
+def optima(
+    x: np.ndarray, y: np.ndarray, budget: np.ndarray, w: np.ndarray, minimise: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """Weighted parabola y = c2 x^2 + c1 x + c0 per budget for each weight row of `w` (replicates, points).
 
     Solved from the 3x3 normal equations of every (replicate, budget) at once. Returns vertices
@@ -135,22 +137,33 @@ def slices_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     bent = curved(x, y, budget, coef[0], minimise)
     if not bent.all():
         flat = ", ".join(f"{c:.3g}" for c in compute[~bent])
-        warn(f"isoflop-slices: at budget(s) {flat} the parabola's curvature is within the noise of its points "
-             f"({CURVATURE_P:.0%} one-sided): no optimum of {spec.axis} is told there; left out of the law")
+        warn(
+            f"isoflop-slices: at budget(s) {flat} the parabola's curvature is within the noise of its points "
+            f"({CURVATURE_P:.0%} one-sided): no optimum of {spec.axis} is told there; left out of the law"
+        )
     vertex[0, ~bent] = np.nan
     interior = np.isfinite(vertex[0]) & (vertex[0] >= lo) & (vertex[0] <= hi)
     if not (interior | ~bent).all():
         edge = ", ".join(f"{c:.3g}" for c in compute[~interior & bent])
-        warn(f"isoflop-slices: at budget(s) {edge} the best {spec.axis} is on the edge of the values tried (or the slice has no optimum); left out of the law")
+        warn(
+            f"isoflop-slices: at budget(s) {edge} the best {spec.axis} is on the edge of the values tried (or the slice has no optimum); left out of the law"
+        )
     if interior.sum() < 2:
-        fix = (f"widen the {spec.axis} range" if bent.sum() >= 2 else
-               f"at {(~bent).sum()} of {bent.size} budgets the metric does not bend with {spec.axis} beyond its noise: it may not depend on {spec.axis}")
+        fix = (
+            f"widen the {spec.axis} range"
+            if bent.sum() >= 2
+            else f"at {(~bent).sum()} of {bent.size} budgets the metric does not bend with {spec.axis} beyond its noise: it may not depend on {spec.axis}"
+        )
         raise ConfigError(f"isoflop-slices: fewer than 2 budgets have an interior optimum of {spec.axis}; {fix}")
     power, sig = _laws(compute[interior], vertex[0, interior], levels)
 
     strata = df.drop_duplicates(RUN).set_index(RUN).loc[runs, spec.axis].to_numpy()
     counts = bootstrap.run_counts(spec.bootstrap, strata, spec.seed)
-    boot = optima(x, y, budget, counts[:, run].astype(float), minimise)[0] if spec.bootstrap else np.empty((0, compute.size))
+    boot = (
+        optima(x, y, budget, counts[:, run].astype(float), minimise)[0]
+        if spec.bootstrap
+        else np.empty((0, compute.size))
+    )
     boot = np.where((boot >= lo) & (boot <= hi), boot, np.nan)
     draws = []
     for v in boot:
@@ -159,13 +172,24 @@ def slices_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
             p, s = _laws(compute[ok], v[ok], levels, sig.params if sig else None)
             draws.append({**p.params, **(s.params if s is not None and s.converged else {})})
     band = bootstrap.band(np.exp2(boot), discrete=False) if len(boot) else None
-    return MethodResult(_entry(power, sig, draws, compute, vertex[0], coef[0, :, 0], interior, band, levels),
-                        {"slices": _frame(df, spec, budget, compute, x), "optima": _optima_frame(compute, vertex[0], coef[0], interior, band)})
+    return MethodResult(
+        _entry(power, sig, draws, compute, vertex[0], coef[0, :, 0], interior, band, levels),
+        {
+            "slices": _frame(df, spec, budget, compute, x),
+            "optima": _optima_frame(compute, vertex[0], coef[0], interior, band),
+        },
+    )
 
 
-def _laws(compute: np.ndarray, vertex: np.ndarray, levels: tuple[float, float], start: dict | None = None) -> tuple[CurveFit, CurveFit | None]:
+def _laws(
+    compute: np.ndarray, vertex: np.ndarray, levels: tuple[float, float], start: dict | None = None
+) -> tuple[CurveFit, CurveFit | None]:
     power = fit_power_law(compute, np.exp2(vertex))
-    sig = fit_sigmoid(np.log10(compute), vertex, levels=levels, increasing=False, start=start) if compute.size >= 5 else None
+    sig = (
+        fit_sigmoid(np.log10(compute), vertex, levels=levels, increasing=False, start=start)
+        if compute.size >= 5
+        else None
+    )
     return power, sig
 
 
@@ -173,23 +197,48 @@ def _aic(sse: float, m: int, k: int) -> float:
     return m * np.log(max(sse, 1e-300) / m) + 2 * k
 
 
-def _entry(power: CurveFit, sig: CurveFit | None, draws: list[dict], compute, vertex, curvature, interior, band, levels) -> dict:
+def _entry(
+    power: CurveFit, sig: CurveFit | None, draws: list[dict], compute, vertex, curvature, interior, band, levels
+) -> dict:
     median, interval = bootstrap.summarise(draws, POWER)
     m = int(interior.sum())
-    entry = {"params": power.params, "interval90": interval, "median": median, "converged": power.converged,
-             "law": "axis* = coef * C^exponent", "preferred": "power law", "sigmoid": None,
-             "bootstrap": {"resamples": len(draws)}}
+    entry = {
+        "params": power.params,
+        "interval90": interval,
+        "median": median,
+        "converged": power.converged,
+        "law": "axis* = coef * C^exponent",
+        "preferred": "power law",
+        "sigmoid": None,
+        "bootstrap": {"resamples": len(draws)},
+    }
     if sig is not None:
         s_median, s_interval = bootstrap.summarise(draws, LAW)
         sat = saturation(sig, np.log10(compute))
-        entry["sigmoid"] = {"params": sig.params, "interval90": s_interval, "median": s_median, "converged": sig.converged,
-                            "at_bound": sig.at_bound, "saturation": sat, "levels_log2": list(levels)}
+        entry["sigmoid"] = {
+            "params": sig.params,
+            "interval90": s_interval,
+            "median": s_median,
+            "converged": sig.converged,
+            "at_bound": sig.at_bound,
+            "saturation": sat,
+            "levels_log2": list(levels),
+        }
         power_sse_log2 = power.sse / np.log(2) ** 2
         if sig.converged and _aic(sig.sse, m, 4) < _aic(power_sse_log2, m, 2) and sat["within_data"]:
             entry["preferred"] = "sigmoid"
     entry["budgets"] = [
-        {"compute": float(c), "optimum": float(2**v) if np.isfinite(v) else None, "interior": bool(i), "curvature": float(k),
-         **({"median": float(band[0, j]), "low": float(band[1, j]), "high": float(band[2, j])} if band is not None and np.isfinite(band[0, j]) else {})}
+        {
+            "compute": float(c),
+            "optimum": float(2**v) if np.isfinite(v) else None,
+            "interior": bool(i),
+            "curvature": float(k),
+            **(
+                {"median": float(band[0, j]), "low": float(band[1, j]), "high": float(band[2, j])}
+                if band is not None and np.isfinite(band[0, j])
+                else {}
+            ),
+        }
         for j, (c, v, i, k) in enumerate(zip(compute, vertex, interior, curvature))
     ]
     return entry
@@ -203,7 +252,16 @@ def _frame(df: pd.DataFrame, spec: FitSpec, budget: np.ndarray, compute: np.ndar
 
 def _optima_frame(compute, vertex, coef, interior, band) -> pd.DataFrame:
     """Per budget: the optimum, whether it is interior, its band and the parabola (c2, c1, c0 in log2 axis)."""
-    out = pd.DataFrame({"compute": compute, "optimum": np.exp2(vertex), "interior": interior, "c2": coef[:, 0], "c1": coef[:, 1], "c0": coef[:, 2]})
+    out = pd.DataFrame(
+        {
+            "compute": compute,
+            "optimum": np.exp2(vertex),
+            "interior": interior,
+            "c2": coef[:, 0],
+            "c1": coef[:, 1],
+            "c0": coef[:, 2],
+        }
+    )
     if band is not None:
         out = out.assign(median=band[0], low=band[1], high=band[2])
     return out

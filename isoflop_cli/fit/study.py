@@ -28,7 +28,11 @@ def rows(df: pd.DataFrame, spec: FitSpec) -> pd.DataFrame | None:
     if not set(columns) <= set(df.columns):
         return None
     numbers = df[columns].apply(pd.to_numeric, errors="coerce")
-    keep = np.isfinite(numbers.to_numpy(float)).all(1) & (numbers[spec.axis] > 0).to_numpy() & (numbers[spec.compute] >= 0).to_numpy()
+    keep = (
+        np.isfinite(numbers.to_numpy(float)).all(1)
+        & (numbers[spec.axis] > 0).to_numpy()
+        & (numbers[spec.compute] >= 0).to_numpy()
+    )
     d = df[keep].assign(**{c: numbers.loc[keep, c] for c in columns})
     positive = d.loc[d[spec.compute] > 0, spec.compute]
     if positive.empty:
@@ -45,8 +49,17 @@ def at(d: pd.DataFrame, spec: FitSpec, x: np.ndarray) -> pd.DataFrame:
     for run, g in d.groupby(RUN, sort=False):
         mean = g.groupby("_x")[spec.metric].mean()
         inside = x[(x >= mean.index[0] - 1e-9) & (x <= mean.index[-1] + 1e-9)]
-        parts.append(pd.DataFrame({RUN: run, spec.axis: g[spec.axis].iloc[0], "_cell": g["_cell"].iloc[0], "_x": inside,
-                                   "value": np.interp(inside, mean.index.to_numpy(), mean.to_numpy())}))
+        parts.append(
+            pd.DataFrame(
+                {
+                    RUN: run,
+                    spec.axis: g[spec.axis].iloc[0],
+                    "_cell": g["_cell"].iloc[0],
+                    "_x": inside,
+                    "value": np.interp(inside, mean.index.to_numpy(), mean.to_numpy()),
+                }
+            )
+        )
     return pd.concat(parts, ignore_index=True)
 
 
@@ -57,7 +70,11 @@ def mean_curves(d: pd.DataFrame, spec: FitSpec) -> pd.DataFrame:
     values = pd.concat([at(g, spec, np.unique(g["_x"])) for _, g in d.groupby(spec.axis)], ignore_index=True)
     keys = [spec.axis, "_x"]
     spread = (values["value"] - values.groupby([*keys, "_cell"])["value"].transform("mean")) ** 2
-    t = values.assign(ss=spread).groupby(keys).agg(mean=("value", "mean"), runs=("value", "size"), ss=("ss", "sum"), cells=("_cell", "nunique"))
+    t = (
+        values.assign(ss=spread)
+        .groupby(keys)
+        .agg(mean=("value", "mean"), runs=("value", "size"), ss=("ss", "sum"), cells=("_cell", "nunique"))
+    )
     dof = t["runs"] - t["cells"]
     t["sd"] = np.sqrt(t["ss"] / dof.where(dof > 0))
     return t.reset_index().assign(compute=lambda f: np.exp2(f["_x"]))[[spec.axis, "compute", "mean", "runs", "sd"]]
@@ -68,9 +85,15 @@ def slice_budgets(d: pd.DataFrame, spec: FitSpec) -> np.ndarray:
     more axis values reach (each within its own eval points)."""
     spans = d[d[spec.compute] > 0].groupby(RUN).agg(value=(spec.axis, "first"), lo=("_x", "min"), hi=("_x", "max"))
     candidates = np.unique(d.loc[d[spec.compute] > 0, "_x"])
-    reached = np.array([spans.loc[(spans["lo"] <= x + 1e-9) & (spans["hi"] >= x - 1e-9), "value"].nunique() for x in candidates])
+    reached = np.array(
+        [spans.loc[(spans["lo"] <= x + 1e-9) & (spans["hi"] >= x - 1e-9), "value"].nunique() for x in candidates]
+    )
     shared = candidates[reached >= 2]
-    return shared[np.unique(np.linspace(0, shared.size - 1, min(SLICES, shared.size)).round().astype(int))] if shared.size else shared
+    return (
+        shared[np.unique(np.linspace(0, shared.size - 1, min(SLICES, shared.size)).round().astype(int))]
+        if shared.size
+        else shared
+    )
 
 
 def slice_points(d: pd.DataFrame, spec: FitSpec) -> pd.DataFrame:
@@ -84,14 +107,27 @@ def slice_points(d: pd.DataFrame, spec: FitSpec) -> pd.DataFrame:
 
 def markdown(spec: FitSpec, curves: pd.DataFrame, points: pd.DataFrame, names: dict[str, list[str]]) -> list[str]:
     """report.md's section on the runs: each figure with one line on what it shows."""
-    band = "±1 sd between seeds where a cell (runs alike in all but the seed) has two or more" if curves["sd"].notna().any() else \
-        "no band: no cell has two seeds"
+    band = (
+        "±1 sd between seeds where a cell (runs alike in all but the seed) has two or more"
+        if curves["sd"].notna().any()
+        else "no band: no cell has two seeds"
+    )
     budgets = ", ".join(f"{plain(c):,.4g}" for c in sorted(points["compute"].unique()))
-    out = ["## the runs", "", *[f"![curves]({n})" for n in names["curves"] if n.endswith(".png")], "",
-           f"{spec.metric} against {spec.compute} per {spec.axis}: the mean over its runs at each eval point (the base model leftmost), "
-           f"shaded {band}.", ""]
+    out = [
+        "## the runs",
+        "",
+        *[f"![curves]({n})" for n in names["curves"] if n.endswith(".png")],
+        "",
+        f"{spec.metric} against {spec.compute} per {spec.axis}: the mean over its runs at each eval point (the base model leftmost), "
+        f"shaded {band}.",
+        "",
+    ]
     if names.get("slices"):
-        out += [*[f"![slices]({n})" for n in names["slices"] if n.endswith(".png")], "",
-                f"isoFLOP slices: {spec.metric} against log2 {spec.axis} at fixed {spec.compute} ({budgets}): each run's value there "
-                f"(points) and the mean per {spec.axis} (line).", ""]
+        out += [
+            *[f"![slices]({n})" for n in names["slices"] if n.endswith(".png")],
+            "",
+            f"isoFLOP slices: {spec.metric} against log2 {spec.axis} at fixed {spec.compute} ({budgets}): each run's value there "
+            f"(points) and the mean per {spec.axis} (line).",
+            "",
+        ]
     return out

@@ -117,7 +117,7 @@ def names(axes: list[str], family: str) -> list[str]:
 def model(theta: np.ndarray, z: np.ndarray, u: np.ndarray, d: Data) -> np.ndarray:
     """The metric at log10 C = z and log2 allocation u (points, axes)."""
     lower, upper, m, a = theta[:4]
-    k, b0, b1 = theta[4:4 + 3 * len(d.axes)].reshape(-1, 3).T
+    k, b0, b1 = theta[4 : 4 + 3 * len(d.axes)].reshape(-1, 3).T
     star = b0 + b1 * (z[:, None] - d.z_ref)
     return rise(z - ((u - star) ** 2 * k).sum(1), lower, ceiling(upper, slope(theta, d), u[:, 0], d.u_ref), m, a)
 
@@ -145,7 +145,7 @@ def optimum(theta: np.ndarray, d: Data, z: np.ndarray) -> tuple[dict[str, np.nda
     doublings within REACH doublings of the values run: a ceiling rising with the axis pulls its
     optimum above s(C), the further the nearer C comes to the plateau."""
     z = np.asarray(z, float)
-    _, b0, b1 = theta[4:4 + 3 * len(d.axes)].reshape(-1, 3).T
+    _, b0, b1 = theta[4 : 4 + 3 * len(d.axes)].reshape(-1, 3).T
     s = b0 + b1 * (z[:, None] - d.z_ref)
     stars = {a: np.exp2(s[:, j]) for j, a in enumerate(d.axes)}
     if not slope(theta, d):
@@ -181,18 +181,26 @@ def starts(d: Data, family: str) -> list[np.ndarray]:
     lower, upper = np.quantile(d.y, [0.02, 0.98])
     rest = [v for j in range(1, len(d.axes)) for v in (0.05, float(np.median(d.u[:, j])), 0.0)]
     slope = [0.0] if family == PER_AXIS else []
-    return [np.array([lower, upper, m, 1.0, k, b0, b1, *rest, *slope])
-            for m, k, b0, b1 in itertools.product(np.quantile(d.z, [0.5, 0.9]), [0.05, 0.5], np.quantile(d.u[:, 0], [0.1, 0.5, 0.9]), [0.0, 0.5])]
+    return [
+        np.array([lower, upper, m, 1.0, k, b0, b1, *rest, *slope])
+        for m, k, b0, b1 in itertools.product(
+            np.quantile(d.z, [0.5, 0.9]), [0.05, 0.5], np.quantile(d.u[:, 0], [0.1, 0.5, 0.9]), [0.0, 0.5]
+        )
+    ]
 
 
-def fit(d: Data, family: str, w: np.ndarray | None = None, start: np.ndarray | None = None) -> tuple[SurfaceFit, np.ndarray]:
+def fit(
+    d: Data, family: str, w: np.ndarray | None = None, start: np.ndarray | None = None
+) -> tuple[SurfaceFit, np.ndarray]:
     """Weighted least squares from each start (or from `start` alone); the lowest cost wins."""
     sw = np.sqrt(np.ones(d.y.size) if w is None else np.asarray(w, float))
     lo, hi = bounds(d, family)
     best = None
     for p0 in [start] if start is not None else starts(d, family):
         p0 = np.clip(p0, lo + 1e-6 * (hi - lo), hi - 1e-6 * (hi - lo))
-        res = optimize.least_squares(lambda p: sw * (model(p, d.z, d.u, d) - d.y), p0, bounds=(lo, hi), method="trf", x_scale="jac")
+        res = optimize.least_squares(
+            lambda p: sw * (model(p, d.z, d.u, d) - d.y), p0, bounds=(lo, hi), method="trf", x_scale="jac"
+        )
         if best is None or res.cost < best.cost:
             best = res
     params = dict(zip(names(d.axes, family), map(float, best.x)))
@@ -210,14 +218,25 @@ def prepare(df: pd.DataFrame, spec: FitSpec, runs: pd.Index, note: bool = True) 
     axes = [a for a in holdout.cells(d, spec) if d[a].nunique() >= MIN_AXIS_VALUES]
     few = [a for a in holdout.cells(d, spec) if a != spec.axis and 1 < d[a].nunique() < MIN_AXIS_VALUES]
     if few and note:
-        warn(f"surface: {few[0]} has {d[few[0]].nunique()} values, too few to place its optimum ({MIN_AXIS_VALUES} needed): "
-             f"left out of the model, its cells pooled")
+        warn(
+            f"surface: {few[0]} has {d[few[0]].nunique()} values, too few to place its optimum ({MIN_AXIS_VALUES} needed): "
+            f"left out of the model, its cells pooled"
+        )
     if spec.axis not in axes or len(d) < MIN_POINTS or (d[axes].to_numpy(float) <= 0).any():
-        raise ConfigError(f"surface: needs {MIN_POINTS} eval points at {MIN_AXIS_VALUES} or more positive values of {spec.axis} "
-                          f"(have {len(d)} points, {d[spec.axis].nunique()} values)")
+        raise ConfigError(
+            f"surface: needs {MIN_POINTS} eval points at {MIN_AXIS_VALUES} or more positive values of {spec.axis} "
+            f"(have {len(d)} points, {d[spec.axis].nunique()} values)"
+        )
     z, u = np.log10(d[spec.compute].to_numpy(float)), np.log2(d[axes].to_numpy(float))
-    return Data(z, u, d[spec.metric].to_numpy(float), runs.get_indexer(d[RUN]), float((z.min() + z.max()) / 2),
-                float((u[:, 0].min() + u[:, 0].max()) / 2), axes)
+    return Data(
+        z,
+        u,
+        d[spec.metric].to_numpy(float),
+        runs.get_indexer(d[RUN]),
+        float((z.min() + z.max()) / 2),
+        float((u[:, 0].min() + u[:, 0].max()) / 2),
+        axes,
+    )
 
 
 def surface_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
@@ -247,18 +266,44 @@ def surface_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     sigma = float(np.sqrt(best.sse / max(1, d.y.size - x.size)))
     rows = _optimum_rows(x, d, grid, np.array(curves), df, sigma)
     determined = _determined(best, rows, d, spec)
-    entry = {"family": family, "family_choice": choice,
-             "params": best.params, "median": median, "interval90": interval, "converged": best.converged, "at_bound": best.at_bound,
-             "sse": best.sse, "noise_sd": sigma, "tie_within": TIE_SD * sigma, "points": int(d.y.size), "runs": int(runs.size),
-             "axes": d.axes, "log10_C_ref": d.z_ref, f"log2_{spec.axis}_ref": d.u_ref, "axis_star_determined": determined, "optimum": rows,
-             "bootstrap": {"resamples": spec.bootstrap, "converged": len(draws),
-                           "at_bound_share": {k: sum(k in dr["_at_bound"] for dr in draws) / len(draws) for k in names(d.axes, family)} if draws else {}}}
+    entry = {
+        "family": family,
+        "family_choice": choice,
+        "params": best.params,
+        "median": median,
+        "interval90": interval,
+        "converged": best.converged,
+        "at_bound": best.at_bound,
+        "sse": best.sse,
+        "noise_sd": sigma,
+        "tie_within": TIE_SD * sigma,
+        "points": int(d.y.size),
+        "runs": int(runs.size),
+        "axes": d.axes,
+        "log10_C_ref": d.z_ref,
+        f"log2_{spec.axis}_ref": d.u_ref,
+        "axis_star_determined": determined,
+        "optimum": rows,
+        "bootstrap": {
+            "resamples": spec.bootstrap,
+            "converged": len(draws),
+            "at_bound_share": {k: sum(k in dr["_at_bound"] for dr in draws) / len(draws) for k in names(d.axes, family)}
+            if draws
+            else {},
+        },
+    }
     if not best.converged:
         warn("surface: least squares did not converge")
     if spec.holdout:
         entry["holdout"] = held[family]
-    frame = pd.DataFrame({"compute": 10**d.z, "value": d.y, **{a: np.exp2(d.u[:, j]) for j, a in enumerate(d.axes)},
-                          "fit": model(x, d.z, d.u, d)})
+    frame = pd.DataFrame(
+        {
+            "compute": 10**d.z,
+            "value": d.y,
+            **{a: np.exp2(d.u[:, j]) for j, a in enumerate(d.axes)},
+            "fit": model(x, d.z, d.u, d),
+        }
+    )
     return MethodResult(entry, {"surface": frame, "optimum": pd.DataFrame(rows)})
 
 
@@ -295,9 +340,12 @@ def _held_scores(h: dict) -> dict:
     """A family's held-out predictions and errors (holdout.HeldBudget per budget), the worst, and
     n*'s mean absolute error (what the family is chosen by)."""
     errors = [abs(b["axis_star_log2_error"]) for b in h["budgets"] if np.isfinite(b["axis_star_log2_error"])]
-    return {"mean_abs_axis_star_log2_error": float(np.mean(errors)) if errors else None,
-            "max_abs_axis_star_log2_error": h["max_abs_axis_star_log2_error"], "max_abs_value_error": h["max_abs_value_error"],
-            "budgets": h["budgets"]}
+    return {
+        "mean_abs_axis_star_log2_error": float(np.mean(errors)) if errors else None,
+        "max_abs_axis_star_log2_error": h["max_abs_axis_star_log2_error"],
+        "max_abs_value_error": h["max_abs_value_error"],
+        "budgets": h["budgets"],
+    }
 
 
 def by_criterion(fits: dict[str, tuple[SurfaceFit, np.ndarray]], d: Data) -> tuple[str, dict]:
@@ -313,8 +361,12 @@ def by_criterion(fits: dict[str, tuple[SurfaceFit, np.ndarray]], d: Data) -> tup
     n = d.y.size / design_effect(model(x_per, d.z, d.u, d) - d.y, d.run)
     bic = {f: float(n * np.log(max(law.sse, 1e-300) / d.y.size) + x.size * np.log(n)) for f, (law, x) in fits.items()}
     return (PER_AXIS if bic[SHARED] - bic[PER_AXIS] > BIC_MARGIN else SHARED), {
-        "by": "bic", "margin": BIC_MARGIN, "effective_points": float(n), "design_effect": float(d.y.size / n),
-        "scores": {f: {"bic": bic[f], "sse": law.sse, "parameters": int(x.size)} for f, (law, x) in fits.items()}}
+        "by": "bic",
+        "margin": BIC_MARGIN,
+        "effective_points": float(n),
+        "design_effect": float(d.y.size / n),
+        "scores": {f: {"bic": bic[f], "sse": law.sse, "parameters": int(x.size)} for f, (law, x) in fits.items()},
+    }
 
 
 def design_effect(resid: np.ndarray, run: np.ndarray) -> float:
@@ -332,7 +384,9 @@ def design_effect(resid: np.ndarray, run: np.ndarray) -> float:
     return 1 + (resid.size / groups.size - 1) * rho
 
 
-def _optimum_rows(theta: np.ndarray, d: Data, grid: np.ndarray, curves: np.ndarray, df: pd.DataFrame, sigma: float) -> list[dict]:
+def _optimum_rows(
+    theta: np.ndarray, d: Data, grid: np.ndarray, curves: np.ndarray, df: pd.DataFrame, sigma: float
+) -> list[dict]:
     """Per budget of the grid: each axis's optimum and the value there, with bootstrap median and
     5%-95% (`<axis>_star_low` ...), whether the optimum lies within the values run, and
     `<axis>_star_set`: the values run whose surface value (the other axes at their optimum) is
@@ -348,11 +402,17 @@ def _optimum_rows(theta: np.ndarray, d: Data, grid: np.ndarray, curves: np.ndarr
         for j, col in enumerate(cols):
             row[col] = float(estimates[j, i])
             if band is not None:
-                row.update({f"{col}_median": float(band[0, j, i]), f"{col}_low": float(band[1, j, i]), f"{col}_high": float(band[2, j, i])})
+                row.update(
+                    {
+                        f"{col}_median": float(band[0, j, i]),
+                        f"{col}_low": float(band[1, j, i]),
+                        f"{col}_high": float(band[2, j, i]),
+                    }
+                )
         for j, a in enumerate(d.axes):
             row[f"{a}_star_within_grid"] = bool(df[a].min() <= row[f"{a}_star"] <= df[a].max())
             run = np.unique(d.u[:, j])
-            u = np.tile(np.log2(estimates[:len(d.axes), i]), (run.size, 1))
+            u = np.tile(np.log2(estimates[: len(d.axes), i]), (run.size, 1))
             u[:, j] = run
             y = model(theta, np.full(run.size, z), u, d)
             row[f"{a}_star_set"] = [plain(v) for v in np.exp2(run[y >= value[i] - TIE_SD * sigma])]
@@ -368,18 +428,26 @@ def _determined(best: SurfaceFit, rows: list[dict], d: Data, spec: FitSpec) -> b
     budget spans every value run."""
     axis = spec.axis
     if f"k_{axis}" in best.at_bound and best.params[f"k_{axis}"] < K_MAX / 2:
-        why = f"{axis} does not matter to the fit" if best.family == SHARED else f"{axis} moves only the ceiling, so {axis}* is the edge of the search"
+        why = (
+            f"{axis} does not matter to the fit"
+            if best.family == SHARED
+            else f"{axis} moves only the ceiling, so {axis}* is the edge of the search"
+        )
         warn(f"surface: k_{axis} is pinned at 0: {why}, so {axis}*(C) is not determined")
         return False
     top = rows[-1]
     if len(top[f"{axis}_star_set"]) == np.unique(d.u[:, 0]).size:
-        warn(f"surface: at the largest budget every {axis} run is within {TIE_SD:g} sd of the noise of the optimum: "
-             f"{axis} does not matter there as far as the data tell, so {axis}*(C) is not determined")
+        warn(
+            f"surface: at the largest budget every {axis} run is within {TIE_SD:g} sd of the noise of the optimum: "
+            f"{axis} does not matter there as far as the data tell, so {axis}*(C) is not determined"
+        )
         return False
     lo, hi = top.get(f"{axis}_star_low"), top.get(f"{axis}_star_high")
     values = np.exp2(d.u[:, 0])
     if lo is not None and lo <= values.min() and hi >= values.max():
-        warn(f"surface: {axis}*'s 90% interval at the largest budget ({lo:.3g}..{hi:.3g}) spans every {axis} run "
-             f"({plain(values.min())}..{plain(values.max())}): {axis}*(C) is not determined")
+        warn(
+            f"surface: {axis}*'s 90% interval at the largest budget ({lo:.3g}..{hi:.3g}) spans every {axis} run "
+            f"({plain(values.min())}..{plain(values.max())}): {axis}*(C) is not determined"
+        )
         return False
     return True

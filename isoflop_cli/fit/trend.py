@@ -44,8 +44,10 @@ from isoflop_cli.fit.noise import SEED
 
 ALPHA = 0.05  # the call's two-sided level: a trend is called when p < ALPHA
 BUDGETS = 6  # common budgets each run is read at (log-spaced over the range every run covers)
-METHOD = ("levels and per-doubling gains of each run at common budgets; quadratic in log2 of the axis (a stratum intercept per "
-          "designed column); slope of the gains at the levels' optimum; delta-method t test, runs as the unit")
+METHOD = (
+    "levels and per-doubling gains of each run at common budgets; quadratic in log2 of the axis (a stratum intercept per "
+    "designed column); slope of the gains at the levels' optimum; delta-method t test, runs as the unit"
+)
 
 
 @dataclass(frozen=True)
@@ -75,13 +77,25 @@ class Trend:
         question = f"Does the best {axis} ({axis}*) grow with compute?"
         if self.effect is None:
             return [question, f"Answer: cannot tell: {self.why}.", "How sure: no test was made."]
-        answer = {"rises": f"yes: {axis}* rises with compute", "falls": f"no: {axis}* falls with compute",
-                  "none": f"not shown: {self.why}" if self.why else f"not shown: no trend of {axis}* with compute at the {ALPHA:g} level"}[self.call]
-        drift = f"; {axis}* moves about {self.drift:+.2f} doublings per doubling of compute" if self.drift is not None else ""
+        answer = {
+            "rises": f"yes: {axis}* rises with compute",
+            "falls": f"no: {axis}* falls with compute",
+            "none": f"not shown: {self.why}"
+            if self.why
+            else f"not shown: no trend of {axis}* with compute at the {ALPHA:g} level",
+        }[self.call]
+        drift = (
+            f"; {axis}* moves about {self.drift:+.2f} doublings per doubling of compute"
+            if self.drift is not None
+            else ""
+        )
         lo, hi = self.interval90
-        return [question, f"Answer: {answer} (at {axis} ~ {self.axis_at_optimum:.3g}{drift}).",
-                f"How sure: p = {self.p_value:.3g}; effect {self.effect:+.4g} (90% interval {lo:+.4g} to {hi:+.4g}) from "
-                f"{self.runs} runs in {self.cells} cells, {self.dof} dof."]
+        return [
+            question,
+            f"Answer: {answer} (at {axis} ~ {self.axis_at_optimum:.3g}{drift}).",
+            f"How sure: p = {self.p_value:.3g}; effect {self.effect:+.4g} (90% interval {lo:+.4g} to {hi:+.4g}) from "
+            f"{self.runs} runs in {self.cells} cells, {self.dof} dof.",
+        ]
 
 
 def none(why: str, **known) -> Trend:
@@ -99,7 +113,9 @@ def n_star_trend(df: pd.DataFrame, spec: FitSpec) -> Trend:
         return none("the runs share less than one doubling of compute", runs=len(runs))
     curves = dict(tuple(rows.groupby(RUN, sort=False)))
     y = np.stack([_at(curves[r], spec, budgets) for r in runs.index])  # (runs, budgets)
-    return test(np.log2(runs[spec.axis].to_numpy(float)), runs["_stratum"].to_numpy(), runs["_cell"].to_numpy(), y, budgets)
+    return test(
+        np.log2(runs[spec.axis].to_numpy(float)), runs["_stratum"].to_numpy(), runs["_cell"].to_numpy(), y, budgets
+    )
 
 
 def test(x: np.ndarray, stratum: np.ndarray, cell: np.ndarray, y: np.ndarray, budgets: np.ndarray) -> Trend:
@@ -110,14 +126,18 @@ def test(x: np.ndarray, stratum: np.ndarray, cell: np.ndarray, y: np.ndarray, bu
     return read(x, stratum, cell, y.mean(1), y @ w, [float(b) for b in budgets])  # levels, gains: (runs,)
 
 
-def read(x: np.ndarray, stratum: np.ndarray, cell: np.ndarray, levels: np.ndarray, gains: np.ndarray, budgets: list[float]) -> Trend:
+def read(
+    x: np.ndarray, stratum: np.ndarray, cell: np.ndarray, levels: np.ndarray, gains: np.ndarray, budgets: list[float]
+) -> Trend:
     """The test on per-run (x = log2 axis, stratum, cell, level, gain): see the module docstring."""
     values = np.unique(x)
     quadratic = values.size >= 3
     centre = x.mean()
     u = x - centre
     strata = np.unique(stratum)
-    X = np.column_stack([(stratum == s).astype(float) for s in strata] + [u] + ([u ** 2] if quadratic else []))  # (runs, p)
+    X = np.column_stack(
+        [(stratum == s).astype(float) for s in strata] + [u] + ([u**2] if quadratic else [])
+    )  # (runs, p)
     Y = np.column_stack([levels, gains])  # (runs, 2)
     known = dict(runs=int(x.size), cells=int(np.unique(cell).size), budgets=budgets)
     if np.linalg.matrix_rank(X) < X.shape[1]:
@@ -136,10 +156,10 @@ def read(x: np.ndarray, stratum: np.ndarray, cell: np.ndarray, levels: np.ndarra
     effect = g1 + 2 * g2 * ustar
     # The delta method: T = g1 + 2 g2 u*(b1, b2); u* moves with the levels' fit only where it is interior.
     grad_g = np.array([1.0, 2 * ustar])[: 2 if quadratic else 1]
-    grad_b = 2 * g2 * np.array([-1 / (2 * b2), b1 / (2 * b2 ** 2)]) if interior else np.zeros(2 if quadratic else 1)
+    grad_b = 2 * g2 * np.array([-1 / (2 * b2), b1 / (2 * b2**2)]) if interior else np.zeros(2 if quadratic else 1)
     terms = slice(k, k + (2 if quadratic else 1))
     Ab = A[terms, terms]
-    var = (cov[1, 1] * grad_g @ Ab @ grad_g + 2 * cov[0, 1] * grad_g @ Ab @ grad_b + cov[0, 0] * grad_b @ Ab @ grad_b)
+    var = cov[1, 1] * grad_g @ Ab @ grad_g + 2 * cov[0, 1] * grad_g @ Ab @ grad_b + cov[0, 0] * grad_b @ Ab @ grad_b
     se = float(np.sqrt(max(var, 0.0)))
     if se == 0.0:
         return none("the runs' gains have no spread to test against", dof=dof, **known)
@@ -151,11 +171,27 @@ def read(x: np.ndarray, stratum: np.ndarray, cell: np.ndarray, levels: np.ndarra
     # outwards say it stays at the edge (or lies beyond it), not that it moves within the grid.
     outward = not interior and (ustar == ulo) == (direction == "falls")
     call = direction if p < ALPHA and not outward else "none"
-    why = (f"the optimum is the grid's {'smallest' if ustar == ulo else 'largest'} value and the gains push it further out: "
-           "it may lie beyond the grid (extend it to see)") if p < ALPHA and outward else None
+    why = (
+        (
+            f"the optimum is the grid's {'smallest' if ustar == ulo else 'largest'} value and the gains push it further out: "
+            "it may lie beyond the grid (extend it to see)"
+        )
+        if p < ALPHA and outward
+        else None
+    )
     drift = float(-effect / (2 * b2)) if interior else None
-    return Trend(call, float(effect), [float(effect - half), float(effect + half)], p, METHOD, axis_at_optimum=float(2 ** (ustar + centre)),
-                 drift=drift, dof=dof, why=why, **known)
+    return Trend(
+        call,
+        float(effect),
+        [float(effect - half), float(effect + half)],
+        p,
+        METHOD,
+        axis_at_optimum=float(2 ** (ustar + centre)),
+        drift=drift,
+        dof=dof,
+        why=why,
+        **known,
+    )
 
 
 def _residual_cov(Y: np.ndarray, X: np.ndarray, beta: np.ndarray, cell: np.ndarray) -> tuple[np.ndarray, int]:
@@ -206,7 +242,13 @@ def run_table(df: pd.DataFrame, spec: FitSpec) -> pd.DataFrame:
     value into a stratum of its own). The most varied column is dropped first."""
     drop = {SEED, "run_id", RUN, spec.metric, spec.compute}
     first = df.groupby(RUN, sort=False).first()
-    constant = df.drop(columns=[c for c in drop if c in df.columns]).groupby(df[RUN], sort=False).nunique(dropna=False).le(1).all()
+    constant = (
+        df.drop(columns=[c for c in drop if c in df.columns])
+        .groupby(df[RUN], sort=False)
+        .nunique(dropna=False)
+        .le(1)
+        .all()
+    )
     keys = [c for c in constant.index[constant] if c != spec.axis and first[c].nunique(dropna=False) > 1]
     for column in sorted(keys, key=lambda c: -first[c].nunique(dropna=False)):
         rest = [spec.axis] + [c for c in keys if c != column]

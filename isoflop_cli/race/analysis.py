@@ -41,7 +41,9 @@ CURVES = {"constant": 0, "log-linear": 1, "quadratic": 2}  # polynomial degree i
 SEARCH, UPDATE, REWARD, UNDETERMINED = "search-heavy", "update-heavy", "reward-heavy", "undetermined"
 INTERIOR = "interior"  # the target peaks inside the pilot's rho range (the second seed study's finding)
 REACH = 1.5  # a run is read at a budget up to this factor beyond its first or last eval point
-BANDWIDTH = 0.75  # the optimum's local quadratic weighs points by a normal kernel of this sd in x (about 3/4 of a level)
+BANDWIDTH = (
+    0.75  # the optimum's local quadratic weighs points by a normal kernel of this sd in x (about 3/4 of a level)
+)
 LOCAL_STEPS = 3  # ... re-centred on its own vertex this many times
 
 
@@ -114,13 +116,17 @@ def collect(df: pd.DataFrame, metric: str, budgets: list[float] | None, count: i
     needed = ["run_id", "reward", "rho", "flops_total", metric]
     missing = [c for c in needed if c not in df.columns]
     if missing:
-        raise ConfigError(f"results have no column {', '.join(missing)} (RACE needs run_id, reward, rho, flops_total and the target)")
+        raise ConfigError(
+            f"results have no column {', '.join(missing)} (RACE needs run_id, reward, rho, flops_total and the target)"
+        )
     df = df.assign(**{c: pd.to_numeric(df[c], errors="coerce") for c in ("rho", "flops_total", metric)})
     if df[metric].notna().sum() == 0:
         raise ConfigError(f"results column {metric} has no numeric values")
     budgets = sorted(budgets) if budgets else infer_budgets(df, count)
     models = df["model"].astype(str) if "model" in df.columns else pd.Series("", index=df.index)
-    number = lambda col: pd.to_numeric(df[col], errors="coerce") if col in df.columns else pd.Series(np.nan, index=df.index)  # noqa: E731
+    number = lambda col: (
+        pd.to_numeric(df[col], errors="coerce") if col in df.columns else pd.Series(np.nan, index=df.index)
+    )
     df = df.assign(_model=models, _n=number("n"), _epochs=number("algo.epochs"), _rho_no_reward=rho_no_reward(df))
     several_models = df["_model"].nunique() > 1
     rows = []
@@ -132,11 +138,28 @@ def collect(df: pd.DataFrame, metric: str, budgets: list[float] | None, count: i
                 continue
             y, rho, rho_nr = got
             label = f"{budget:.3g}" + (f" {first['_model']}" if several_models else "")
-            rows.append({"run": str(run_id), "reward": str(first["reward"]), "model": first["_model"], "budget": budget, "slice": label,
-                         "n": first["_n"], "epochs": first["_epochs"], "rho": rho, "x": log_odds(rho), "x_no_reward": log_odds(rho_nr), "y": y})
-    points = pd.DataFrame(rows, columns=["run", "reward", "model", "budget", "slice", "n", "epochs", "rho", "x", "x_no_reward", "y"])
+            rows.append(
+                {
+                    "run": str(run_id),
+                    "reward": str(first["reward"]),
+                    "model": first["_model"],
+                    "budget": budget,
+                    "slice": label,
+                    "n": first["_n"],
+                    "epochs": first["_epochs"],
+                    "rho": rho,
+                    "x": log_odds(rho),
+                    "x_no_reward": log_odds(rho_nr),
+                    "y": y,
+                }
+            )
+    points = pd.DataFrame(
+        rows, columns=["run", "reward", "model", "budget", "slice", "n", "epochs", "rho", "x", "x_no_reward", "y"]
+    )
     if points.empty:
-        raise ConfigError(f"no run reaches the budgets {', '.join(f'{b:.3g}' for b in budgets)} FLOPs with a value of {metric}")
+        raise ConfigError(
+            f"no run reaches the budgets {', '.join(f'{b:.3g}' for b in budgets)} FLOPs with a value of {metric}"
+        )
     read = [b for b in budgets if (points["budget"] == b).any()]
     return Data(points, metric, read, model_based_rewards(df), sorted(points["run"].unique()))
 
@@ -181,7 +204,9 @@ def one_se_choice(errors: dict[str, np.ndarray]) -> tuple[str, dict[str, dict]]:
     for name in table:
         diff = errors[name] ** 2 - errors[best] ** 2
         table[name]["se_vs_best"] = float(np.std(diff, ddof=1) / np.sqrt(diff.size)) if diff.size > 1 else 0.0
-    chosen = next(n for n in errors if n in table and table[n]["loo_mse"] - table[best]["loo_mse"] <= table[n]["se_vs_best"])
+    chosen = next(
+        n for n in errors if n in table and table[n]["loo_mse"] - table[best]["loo_mse"] <= table[n]["se_vs_best"]
+    )
     return chosen, table
 
 
@@ -198,8 +223,12 @@ class Slices:
     def of(cls, pts: pd.DataFrame, runs: list[str]) -> Slices:
         index = {r: i for i, r in enumerate(runs)}
         groups = [g for _, g in pts.groupby("slice", sort=False)]
-        return cls([g["slice"].iloc[0] for g in groups], [g["x"].to_numpy(float) for g in groups], [g["y"].to_numpy(float) for g in groups],
-                   [g["run"].map(index).to_numpy() for g in groups])
+        return cls(
+            [g["slice"].iloc[0] for g in groups],
+            [g["x"].to_numpy(float) for g in groups],
+            [g["y"].to_numpy(float) for g in groups],
+            [g["run"].map(index).to_numpy() for g in groups],
+        )
 
 
 def trend_effect(s: Slices, degree: int, counts: np.ndarray) -> np.ndarray:
@@ -223,9 +252,16 @@ def trend(s: Slices, counts: np.ndarray) -> dict:
     """Curve choice, effect, interval and the rho regime of one reward system."""
     usable = [i for i, x in enumerate(s.x) if np.unique(x).size >= 3]
     if not usable:
-        return {"regime": UNDETERMINED, "curve": "constant", "effect": None, "interval90": None,
-                "why": "needs at least 3 runs at 2 or more rho levels in a budget"}
-    s = Slices([s.names[i] for i in usable], [s.x[i] for i in usable], [s.y[i] for i in usable], [s.run[i] for i in usable])
+        return {
+            "regime": UNDETERMINED,
+            "curve": "constant",
+            "effect": None,
+            "interval90": None,
+            "why": "needs at least 3 runs at 2 or more rho levels in a budget",
+        }
+    s = Slices(
+        [s.names[i] for i in usable], [s.x[i] for i in usable], [s.y[i] for i in usable], [s.run[i] for i in usable]
+    )
     errors = {name: np.concatenate([loo_errors(x, y, d) for x, y in zip(s.x, s.y)]) for name, d in CURVES.items()}
     curve, loo = one_se_choice(errors)
     degree = CURVES[curve]
@@ -235,22 +271,44 @@ def trend(s: Slices, counts: np.ndarray) -> dict:
     regime = UNDETERMINED
     if curve != "constant" and band is not None:
         regime = UPDATE if band[0] > 0 else SEARCH if band[1] < 0 else UNDETERMINED
-    optimum, optimum_band = (optimum_x(s, counts) if degree == 2 else (None, None))
-    low, high = max(x.min() for x in s.x), min(x.max() for x in s.x)  # the range every slice covers, where `optimum_x` reads a peak
+    optimum, optimum_band = optimum_x(s, counts) if degree == 2 else (None, None)
+    low, high = (
+        max(x.min() for x in s.x),
+        min(x.max() for x in s.x),
+    )  # the range every slice covers, where `optimum_x` reads a peak
     if optimum is not None and optimum_band is not None and low < optimum_band[0] and optimum_band[1] < high:
         regime = INTERIOR
     params = {}
     for name, x, y, run in zip(s.names, s.x, s.y, s.run):
         coef = fit_weighted(x, y, np.ones((1, x.size)), degree)[0]
-        params[name] = {"coef": [float(c) for c in coef], "rho_range": [rho_of(x.min()), rho_of(x.max())], "points": int(x.size)}
+        params[name] = {
+            "coef": [float(c) for c in coef],
+            "rho_range": [rho_of(x.min()), rho_of(x.max())],
+            "points": int(x.size),
+        }
         if degree == 2 and coef[2] < 0 and x.min() < -coef[1] / (2 * coef[2]) < x.max():
             params[name]["optimum_rho"] = rho_of(-coef[1] / (2 * coef[2]))
-    why = {UNDETERMINED: "the constant curve is not beaten by more than the noise" if curve == "constant"
-           else "the effect's 90% interval covers 0" if band is not None else "too few runs for a bootstrap interval",
-           UPDATE: "the target rises toward higher rho", SEARCH: "the target rises toward lower rho (more rollouts)",
-           INTERIOR: "the target peaks inside the rho range (the optimum's 90% interval excludes both ends)"}[regime]
-    return {"regime": regime, "curve": curve, "effect": effect, "interval90": band, "loo": loo, "params": params, "why": why,
-            "optimum_x": optimum, "optimum_x_interval90": optimum_band if optimum is not None else None}
+    why = {
+        UNDETERMINED: "the constant curve is not beaten by more than the noise"
+        if curve == "constant"
+        else "the effect's 90% interval covers 0"
+        if band is not None
+        else "too few runs for a bootstrap interval",
+        UPDATE: "the target rises toward higher rho",
+        SEARCH: "the target rises toward lower rho (more rollouts)",
+        INTERIOR: "the target peaks inside the rho range (the optimum's 90% interval excludes both ends)",
+    }[regime]
+    return {
+        "regime": regime,
+        "curve": curve,
+        "effect": effect,
+        "interval90": band,
+        "loo": loo,
+        "params": params,
+        "why": why,
+        "optimum_x": optimum,
+        "optimum_x_interval90": optimum_band if optimum is not None else None,
+    }
 
 
 def optimum_x(s: Slices, counts: np.ndarray) -> tuple[float | None, list[float] | None]:
@@ -264,8 +322,14 @@ def optimum_x(s: Slices, counts: np.ndarray) -> tuple[float | None, list[float] 
     def vertices(weights: np.ndarray, centre: np.ndarray | None) -> np.ndarray:
         """Per replicate, where the slice-averaged quadratic peaks in the range, its points weighted
         by a kernel around `centre` (none: all alike)."""
-        near = (lambda x: np.exp(-0.5 * ((x[None, :] - centre[:, None]) / BANDWIDTH) ** 2)) if centre is not None else (lambda x: 1.0)  # noqa: E731
-        coef = np.mean([fit_weighted(x, y, weights[:, run] * near(x), 2) for x, y, run in zip(s.x, s.y, s.run)], axis=0)  # (B, 3)
+        near = (
+            (lambda x: np.exp(-0.5 * ((x[None, :] - centre[:, None]) / BANDWIDTH) ** 2))
+            if centre is not None
+            else (lambda x: 1.0)
+        )
+        coef = np.mean(
+            [fit_weighted(x, y, weights[:, run] * near(x), 2) for x, y, run in zip(s.x, s.y, s.run)], axis=0
+        )  # (B, 3)
         with np.errstate(divide="ignore", invalid="ignore"):
             vertex = -coef[:, 1] / (2 * coef[:, 2])
         peak_inside = (coef[:, 2] < 0) & (vertex > low) & (vertex < high)
@@ -290,7 +354,11 @@ def optimum_x(s: Slices, counts: np.ndarray) -> tuple[float | None, list[float] 
     return (float(data) if inside else None), band
 
 
-UNITS = {"rho_no_reward": rho_of, "algo.epochs": np.exp2, "n": np.exp2}  # each unit's column in `level_table`, and back from it
+UNITS = {
+    "rho_no_reward": rho_of,
+    "algo.epochs": np.exp2,
+    "n": np.exp2,
+}  # each unit's column in `level_table`, and back from it
 
 
 def level_table(pts: pd.DataFrame) -> pd.DataFrame:
@@ -318,9 +386,14 @@ def optimum_units(pts: pd.DataFrame, x: float | None, band: list[float] | None) 
     units = {}
     for unit, back in UNITS.items():
         if unit in table and table[unit].notna().all():
+
             def at(v: float, column=table[unit].to_numpy(float), back=back) -> float:
                 return float(back(np.interp(v, table["x"].to_numpy(float), column)))
-            units[unit] = {"value": at(x), "interval90": sorted(at(v) for v in band) if band else None}  # n falls as x rises
+
+            units[unit] = {
+                "value": at(x),
+                "interval90": sorted(at(v) for v in band) if band else None,
+            }  # n falls as x rises
     return units
 
 
@@ -339,8 +412,11 @@ def reward_gap(data: Data, model: str, counts: np.ndarray) -> dict | None:
     if not rule:
         return None
     index = {r: i for i, r in enumerate(data.runs)}
-    slices = [g for _, g in pts[pts["reward"].isin([model, *rule])].groupby("slice", sort=False)
-              if (g["reward"] == model).sum() >= 2 and g["reward"].isin(rule).sum() >= 2]
+    slices = [
+        g
+        for _, g in pts[pts["reward"].isin([model, *rule])].groupby("slice", sort=False)
+        if (g["reward"] == model).sum() >= 2 and g["reward"].isin(rule).sum() >= 2
+    ]
     if not slices:
         return None
     gaps, pooled, split = [], [], []
@@ -388,7 +464,9 @@ def replicate_counts(data: Data, n_boot: int, seed: int) -> np.ndarray:
     system. Not within allocation levels: with the two or three runs a pilot has per level, that
     would understate the spread; a replicate that loses a level is fitted on the levels it has."""
     by_run = data.points.drop_duplicates("run").set_index("run").loc[data.runs]
-    return np.vstack([np.ones((1, len(data.runs)), dtype=np.int64), bootstrap.run_counts(n_boot, by_run["reward"].to_numpy(), seed)])
+    return np.vstack(
+        [np.ones((1, len(data.runs)), dtype=np.int64), bootstrap.run_counts(n_boot, by_run["reward"].to_numpy(), seed)]
+    )
 
 
 def decide(data: Data, target: str, n_boot: int = 200, seed: int = 0) -> list[dict]:
@@ -400,16 +478,32 @@ def decide(data: Data, target: str, n_boot: int = 200, seed: int = 0) -> list[di
         t = trend(Slices.of(pts, data.runs), boot)
         gap = reward_gap(data, reward, counts) if reward in data.model_based else None
         x, band = t.get("optimum_x"), t.get("optimum_x_interval90")
-        entry = {"reward": reward, "target": target, "metric": data.metric,
-                 **{k: t[k] for k in ("regime", "curve", "effect", "interval90")}, "optimum_rho": rho_of(x) if x is not None else None,
-                 "optimum_interval90": [rho_of(v) for v in band] if band else None, "optimum_units": optimum_units(pts, x, band),
-                 "basis": "rho", "why": t["why"], "rho_regime": t["regime"], "loo": t.get("loo"), "params": t.get("params"),
-                 "model_based": reward in data.model_based, "runs": int(pts["run"].nunique())}
+        entry = {
+            "reward": reward,
+            "target": target,
+            "metric": data.metric,
+            **{k: t[k] for k in ("regime", "curve", "effect", "interval90")},
+            "optimum_rho": rho_of(x) if x is not None else None,
+            "optimum_interval90": [rho_of(v) for v in band] if band else None,
+            "optimum_units": optimum_units(pts, x, band),
+            "basis": "rho",
+            "why": t["why"],
+            "rho_regime": t["regime"],
+            "loo": t.get("loo"),
+            "params": t.get("params"),
+            "model_based": reward in data.model_based,
+            "runs": int(pts["run"].nunique()),
+        }
         if gap is not None:
             entry["reward_gap"] = gap
             if gap["beats_rule_based"]:
-                entry.update(regime=REWARD, effect=gap["effect"], interval90=gap["interval90"], basis="reward",
-                             why=f"beats the best rule-based reward ({', '.join(gap['against'])}) at equal compute")
+                entry.update(
+                    regime=REWARD,
+                    effect=gap["effect"],
+                    interval90=gap["interval90"],
+                    basis="reward",
+                    why=f"beats the best rule-based reward ({', '.join(gap['against'])}) at equal compute",
+                )
         entries.append(entry)
     return entries
 
@@ -436,14 +530,27 @@ def validate(data: Data, target: str, entries: list[dict], n_boot: int = 100, se
     checks, pairs = [], []
     for kind, left_out, keep in subsets:
         pts = data.points[keep]
-        sub = Data(pts, data.metric, [b for b in data.budgets if kind != "budget" or b != left_out], data.model_based, sorted(pts["run"].unique()))
+        sub = Data(
+            pts,
+            data.metric,
+            [b for b in data.budgets if kind != "budget" or b != left_out],
+            data.model_based,
+            sorted(pts["run"].unique()),
+        )
         regimes = {e["reward"]: e["regime"] for e in decide(sub, target, n_boot, seed)}
         these = [(g, regimes.get(r, UNDETERMINED)) for r, g in full.items()]
         pairs += these
-        checks.append({"left_out": {kind: left_out}, "regimes": regimes, "same": sum(a == b != UNDETERMINED for a, b in these)})
+        checks.append(
+            {"left_out": {kind: left_out}, "regimes": regimes, "same": sum(a == b != UNDETERMINED for a, b in these)}
+        )
     rate, both_undetermined = agreement(pairs)
-    why = (None if rate is not None else "one budget and one model: no subset to leave out" if not checks
-           else "undetermined with and without every subset: no regime to agree on")
+    why = (
+        None
+        if rate is not None
+        else "one budget and one model: no subset to leave out"
+        if not checks
+        else "undetermined with and without every subset: no regime to agree on"
+    )
     return {"loo_same_regime_rate": rate, "subsets": checks, "both_undetermined": both_undetermined, "why": why}
 
 
@@ -453,6 +560,17 @@ def same_regime(entries: list[dict], full: Data, target: str, n_boot: int = 100,
     calls = {e["reward"]: e["regime"] for e in decide(full, target, n_boot, seed)}
     shared = [e["reward"] for e in entries if e["reward"] in calls]
     rate, both_undetermined = agreement([(e["regime"], calls[e["reward"]]) for e in entries if e["reward"] in calls])
-    why = (None if rate is not None else "the full-scale results share no reward system with the pilot" if not shared
-           else "undetermined in the pilot and at full scale for every reward system: no regime to agree on")
-    return {"same_regime_rate": rate, "full_regimes": calls, "rewards_compared": shared, "both_undetermined": both_undetermined, "why": why}
+    why = (
+        None
+        if rate is not None
+        else "the full-scale results share no reward system with the pilot"
+        if not shared
+        else "undetermined in the pilot and at full scale for every reward system: no regime to agree on"
+    )
+    return {
+        "same_regime_rate": rate,
+        "full_regimes": calls,
+        "rewards_compared": shared,
+        "both_undetermined": both_undetermined,
+        "why": why,
+    }

@@ -9,20 +9,22 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from rich.console import Group  # noqa: E402
-from rich.table import Table  # noqa: E402
-from rich.text import Text  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
 
-from isoflop_cli.fit.outputs import jsonable  # noqa: E402
-from isoflop_cli.fit.plots import palette, save  # noqa: E402
-from isoflop_cli.fit.report import fmt  # noqa: E402
-from isoflop_cli.race.analysis import CURVES, Data, predict, rho_of  # noqa: E402
-from isoflop_cli.store import atomic_write, write_json  # noqa: E402
+from isoflop_cli.fit.outputs import jsonable
+from isoflop_cli.fit.plots import palette, save
+from isoflop_cli.fit.report import fmt
+from isoflop_cli.race.analysis import CURVES, Data, predict, rho_of
+from isoflop_cli.store import atomic_write, write_json
 
-CAVEAT = ("The pilot identifies a regime; it does not guarantee a held-out gain. It reads small budgets of a few runs: "
-          "confirm at full scale before relying on it.")
+CAVEAT = (
+    "The pilot identifies a regime; it does not guarantee a held-out gain. It reads small budgets of a few runs: "
+    "confirm at full scale before relying on it."
+)
 
 
 def write(report: dict, data: Data, out: Path) -> list[Path]:
@@ -50,7 +52,11 @@ def plot(report: dict, data: Data, out: Path) -> list[Path]:
             if entry.get("optimum_interval90"):
                 ax.axvspan(*entry["optimum_interval90"], color="0.85", zorder=0, label="optimum, 90%")
             ax.axvline(entry["optimum_rho"], color="k", ls="--", lw=1, label=f"optimum rho {entry['optimum_rho']:.2f}")
-        ax.set(xscale="logit", xlabel="rho = C_learning / C_total (log-odds scale, as fitted)", title=f"{entry['reward']}: {entry['regime']} ({entry['curve']})")
+        ax.set(
+            xscale="logit",
+            xlabel="rho = C_learning / C_total (log-odds scale, as fitted)",
+            title=f"{entry['reward']}: {entry['regime']} ({entry['curve']})",
+        )
         for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
             axis(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.2f}"))
         ax.legend(fontsize=7)
@@ -61,61 +67,120 @@ def plot(report: dict, data: Data, out: Path) -> list[Path]:
 
 def markdown(report: dict, plots: list[str]) -> str:
     rec = report["recommendation"]
-    lines = ["# RACE pilot", "", f"**{CAVEAT}**", "",
-             f"Target `{report['target']}` (column `{report['metric']}`), read at budgets {', '.join(f'{b:.3g}' for b in report['budgets'])} FLOPs "
-             f"from {report['runs']} runs. Curves of the target against x = log2(rho / (1 - rho)) per reward system and budget "
-             f"({', '.join(CURVES)}), chosen by leave-one-out error with the one-standard-error rule; effects with 90% intervals "
-             f"from {report['bootstrap']} bootstrap resamples over runs. A regime is named only when the constant curve is beaten "
-             "by more than the noise and the interval excludes 0; `interior` when the quadratic is chosen and the 90% interval of its "
-             "peak (the optimum rho) lies strictly inside the pilot's rho range; the optimum also in rho without reward FLOPs and in the "
-             "lever's units (algo.epochs: updates per rollout batch; n), read off the pilot's levels around it.", "",
-             "| reward | regime | basis | curve | effect | 90% interval | optimum rho | 90% interval | optimum in other units [90%] | rho regime | runs | why |",
-             "| --- | --- | --- | --- | ---: | --- | ---: | --- | --- | --- | ---: | --- |"]
+    lines = [
+        "# RACE pilot",
+        "",
+        f"**{CAVEAT}**",
+        "",
+        f"Target `{report['target']}` (column `{report['metric']}`), read at budgets {', '.join(f'{b:.3g}' for b in report['budgets'])} FLOPs "
+        f"from {report['runs']} runs. Curves of the target against x = log2(rho / (1 - rho)) per reward system and budget "
+        f"({', '.join(CURVES)}), chosen by leave-one-out error with the one-standard-error rule; effects with 90% intervals "
+        f"from {report['bootstrap']} bootstrap resamples over runs. A regime is named only when the constant curve is beaten "
+        "by more than the noise and the interval excludes 0; `interior` when the quadratic is chosen and the 90% interval of its "
+        "peak (the optimum rho) lies strictly inside the pilot's rho range; the optimum also in rho without reward FLOPs and in the "
+        "lever's units (algo.epochs: updates per rollout batch; n), read off the pilot's levels around it.",
+        "",
+        "| reward | regime | basis | curve | effect | 90% interval | optimum rho | 90% interval | optimum in other units [90%] | rho regime | runs | why |",
+        "| --- | --- | --- | --- | ---: | --- | ---: | --- | --- | --- | ---: | --- |",
+    ]
     for e in report["regimes"]:
-        lines.append(f"| {e['reward']} | **{e['regime']}** | {e['basis']} | {e['curve']} | {fmt(e['effect'])} | {_interval(e['interval90'])} "
-                     f"| {fmt(e.get('optimum_rho'))} | {_interval(e.get('optimum_interval90'))} | {_units(e.get('optimum_units'))} "
-                     f"| {e['rho_regime']} | {e['runs']} | {e['why']} |")
+        lines.append(
+            f"| {e['reward']} | **{e['regime']}** | {e['basis']} | {e['curve']} | {fmt(e['effect'])} | {_interval(e['interval90'])} "
+            f"| {fmt(e.get('optimum_rho'))} | {_interval(e.get('optimum_interval90'))} | {_units(e.get('optimum_units'))} "
+            f"| {e['rho_regime']} | {e['runs']} | {e['why']} |"
+        )
     if any(e["reward"] == "prm_proxy" for e in report["regimes"]):
-        lines += ["", "`prm_proxy` checks solution steps by rule (no model FLOPs): it is not the second seed study's proxy PRM, "
-                  "which is a model; that is `prm` with a small scorer."]
-    lines += ["", "The effect is the fitted change of the target from the lowest to the highest rho of the pilot (basis rho), "
-              "or the model-based reward's mean minus the best rule-based mean at equal compute (basis reward).", ""]
+        lines += [
+            "",
+            "`prm_proxy` checks solution steps by rule (no model FLOPs): it is not the second seed study's proxy PRM, "
+            "which is a model; that is `prm` with a small scorer.",
+        ]
+    lines += [
+        "",
+        "The effect is the fitted change of the target from the lowest to the highest rho of the pilot (basis rho), "
+        "or the model-based reward's mean minus the best rule-based mean at equal compute (basis reward).",
+        "",
+    ]
     lines += [f"![target against rho]({p})" for p in plots] + [""]
-    lines += ["## Leave-one-out errors", "", "| reward | curve | LOO MSE | SE of the difference to the best |", "| --- | --- | ---: | ---: |"]
+    lines += [
+        "## Leave-one-out errors",
+        "",
+        "| reward | curve | LOO MSE | SE of the difference to the best |",
+        "| --- | --- | ---: | ---: |",
+    ]
     for e in report["regimes"]:
         for curve, v in (e.get("loo") or {}).items():
             lines.append(f"| {e['reward']} | {curve} | {v['loo_mse']:.3g} | {v['se_vs_best']:.3g} |")
     gaps = [e for e in report["regimes"] if e.get("reward_gap")]
     if gaps:
-        lines += ["", "## Model-based against rule-based rewards", "",
-                  "At equal compute: the model-based reward's mean target minus the best rule-based mean, per budget, averaged.", "",
-                  "| reward | against | effect | 90% interval | LOO MSE one mean / apart | beats rule-based |", "| --- | --- | ---: | --- | --- | --- |"]
+        lines += [
+            "",
+            "## Model-based against rule-based rewards",
+            "",
+            "At equal compute: the model-based reward's mean target minus the best rule-based mean, per budget, averaged.",
+            "",
+            "| reward | against | effect | 90% interval | LOO MSE one mean / apart | beats rule-based |",
+            "| --- | --- | ---: | --- | --- | --- |",
+        ]
         for e in gaps:
             g = e["reward_gap"]
             loo = " / ".join(f"{v['loo_mse']:.3g}" for v in g["loo"].values())
-            lines.append(f"| {e['reward']} | {', '.join(g['against'])} | {fmt(g['effect'])} | {_interval(g['interval90'])} | {loo} | {g['beats_rule_based']} |")
+            lines.append(
+                f"| {e['reward']} | {', '.join(g['against'])} | {fmt(g['effect'])} | {_interval(g['interval90'])} | {loo} | {g['beats_rule_based']} |"
+            )
     v = report["validation"]
     full = v.get("full_scale")
-    lines += ["", "## Validation", "",
-              f"Same-regime rate against full-scale results: {_rate(report['same_regime_rate'])}"
-              + (f" (full-scale calls: {', '.join(f'{r} {g}' for r, g in full['full_regimes'].items())}"
-                 + (f"; {full['why']}" if full.get("why") else "") + ")" if full else " (no full-scale results: `--validate-with PATH`)"),
-              "", f"Leave-one-out same-regime rate: {_rate(report['loo_same_regime_rate'])}" + (f" ({v['why']})" if v.get("why") else "")
-              + " — the decision repeated with each budget (and each model, where there are several) left out: stability within the pilot.",
-              "", "Both rates count a pair of calls only where at least one side names a regime: `undetermined` twice is no regime "
-              f"found, not one confirmed (left out: {v['both_undetermined']} leave-one-out pairs"
-              + (f", {full['both_undetermined']} full-scale" if full else "") + ").", ""]
+    lines += [
+        "",
+        "## Validation",
+        "",
+        f"Same-regime rate against full-scale results: {_rate(report['same_regime_rate'])}"
+        + (
+            f" (full-scale calls: {', '.join(f'{r} {g}' for r, g in full['full_regimes'].items())}"
+            + (f"; {full['why']}" if full.get("why") else "")
+            + ")"
+            if full
+            else " (no full-scale results: `--validate-with PATH`)"
+        ),
+        "",
+        f"Leave-one-out same-regime rate: {_rate(report['loo_same_regime_rate'])}"
+        + (f" ({v['why']})" if v.get("why") else "")
+        + " — the decision repeated with each budget (and each model, where there are several) left out: stability within the pilot.",
+        "",
+        "Both rates count a pair of calls only where at least one side names a regime: `undetermined` twice is no regime "
+        f"found, not one confirmed (left out: {v['both_undetermined']} leave-one-out pairs"
+        + (f", {full['both_undetermined']} full-scale" if full else "")
+        + ").",
+        "",
+    ]
     for s in v["subsets"]:
-        lines.append(f"- without {', '.join(f'{k} {fmt(x)}' for k, x in s['left_out'].items())}: "
-                     + ", ".join(f"{r} {g}" for r, g in s["regimes"].items()))
+        lines.append(
+            f"- without {', '.join(f'{k} {fmt(x)}' for k, x in s['left_out'].items())}: "
+            + ", ".join(f"{r} {g}" for r, g in s["regimes"].items())
+        )
     share = report["pilot_share"]
-    of_full = f", {share:.1%} of the full sweep's predicted {report['full_flops']:.3g}" if share is not None else " (from a results file)"
+    of_full = (
+        f", {share:.1%} of the full sweep's predicted {report['full_flops']:.3g}"
+        if share is not None
+        else " (from a results file)"
+    )
     lines += ["", "## Cost", "", f"Pilot FLOPs: {report['pilot_flops']:.3g}{of_full}.", ""]
-    lines += ["## Recommendation", "", f"- reward: `{rec['reward']}` ({rec['reward_why']})", f"- allocation: {rec['allocation']}"
-              + (f": algo.epochs {rec['algo.epochs']}" if rec.get("algo.epochs") else "")
-              + f" (pilot rho {rec['rho_range'][0]:.3f} to {rec['rho_range'][1]:.3f})"]
+    lines += [
+        "## Recommendation",
+        "",
+        f"- reward: `{rec['reward']}` ({rec['reward_why']})",
+        f"- allocation: {rec['allocation']}"
+        + (f": algo.epochs {rec['algo.epochs']}" if rec.get("algo.epochs") else "")
+        + f" (pilot rho {rec['rho_range'][0]:.3f} to {rec['rho_range'][1]:.3f})",
+    ]
     if rec.get("command"):
-        lines += [f"- predicted: {rec['predicted_flops']:.3g} FLOPs over {rec['cells']} cells", "", "```bash", rec["command"], "```"]
+        lines += [
+            f"- predicted: {rec['predicted_flops']:.3g} FLOPs over {rec['cells']} cells",
+            "",
+            "```bash",
+            rec["command"],
+            "```",
+        ]
     for key in ("note", "error"):
         if rec.get(key):
             lines.append(f"- {key}: {rec[key]}")
@@ -123,7 +188,9 @@ def markdown(report: dict, plots: list[str]) -> str:
 
 
 def summary(report: dict) -> Group:
-    table = Table(title=f"RACE regimes: target {report['target']} ({report['metric']}); curves in race.md", caption=CAVEAT)
+    table = Table(
+        title=f"RACE regimes: target {report['target']} ({report['metric']}); curves in race.md", caption=CAVEAT
+    )
     for col in ("reward", "regime", "effect [90%]", "optimum rho [90%]", "runs"):
         table.add_column(col, justify="right" if col in ("runs",) else "left", overflow="fold")
     style = {"undetermined": "yellow"}
@@ -131,16 +198,31 @@ def summary(report: dict) -> Group:
     span = lambda lo_hi: f" [{short(lo_hi[0])}, {short(lo_hi[1])}]" if lo_hi else ""  # noqa: E731
     for e in report["regimes"]:
         units = ", ".join(f"{unit} {short(u['value'])}" for unit, u in (e.get("optimum_units") or {}).items())
-        optimum = f"{short(e['optimum_rho'])}{span(e['optimum_interval90'])} ({units})" if e.get("optimum_rho") is not None else "-"
-        table.add_row(e["reward"], f"[{style.get(e['regime'], 'bold green')}]{e['regime']}[/]",
-                      f"{short(e['effect'])}{span(e['interval90'])}", optimum, str(e["runs"]))
+        optimum = (
+            f"{short(e['optimum_rho'])}{span(e['optimum_interval90'])} ({units})"
+            if e.get("optimum_rho") is not None
+            else "-"
+        )
+        table.add_row(
+            e["reward"],
+            f"[{style.get(e['regime'], 'bold green')}]{e['regime']}[/]",
+            f"{short(e['effect'])}{span(e['interval90'])}",
+            optimum,
+            str(e["runs"]),
+        )
     rec = report["recommendation"]
     share = report["pilot_share"]
-    lines = [Text(f"same-regime rate {_rate(report['same_regime_rate'])} against full scale, {_rate(report['loo_same_regime_rate'])} "
-                  f"leaving a budget out; pilot {report['pilot_flops']:.3g} FLOPs"
-                  + (f" = {share:.1%} of the full sweep" if share is not None else "")),
-             Text(f"recommend: reward {rec['reward']} ({rec['reward_why']}); {rec['allocation']}"
-                  + (f" (algo.epochs {rec['algo.epochs']})" if rec.get("algo.epochs") else ""))]
+    lines = [
+        Text(
+            f"same-regime rate {_rate(report['same_regime_rate'])} against full scale, {_rate(report['loo_same_regime_rate'])} "
+            f"leaving a budget out; pilot {report['pilot_flops']:.3g} FLOPs"
+            + (f" = {share:.1%} of the full sweep" if share is not None else "")
+        ),
+        Text(
+            f"recommend: reward {rec['reward']} ({rec['reward_why']}); {rec['allocation']}"
+            + (f" (algo.epochs {rec['algo.epochs']})" if rec.get("algo.epochs") else "")
+        ),
+    ]
     if rec.get("command"):
         lines.append(Text(f"  {rec['command']}  # {rec['predicted_flops']:.3g} FLOPs predicted", style="cyan"))
     return Group(table, *lines)
@@ -148,7 +230,9 @@ def summary(report: dict) -> Group:
 
 def _units(units: dict | None) -> str:
     """An optimum's other units as `unit value [low, high]`, one after another."""
-    return "; ".join(f"{unit} {fmt(u['value'])} {_interval(u['interval90'])}" for unit, u in (units or {}).items()) or "-"
+    return (
+        "; ".join(f"{unit} {fmt(u['value'])} {_interval(u['interval90'])}" for unit, u in (units or {}).items()) or "-"
+    )
 
 
 def _interval(lo_hi: list[float] | None) -> str:

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from omegaconf import DictConfig
 
@@ -72,9 +72,13 @@ class PilotSpec:
     cap: float = 0.25  # refuse above this share unless forced
 
     def check(self) -> None:
-        if len(set(self.updates)) < 2 or any(not (0 < u < 1 or (u >= 1 and float(u).is_integer())) for u in self.updates):
-            raise ConfigError("--updates needs two or more distinct levels: whole numbers of updates per rollout batch (1, 2, 4 ...) or "
-                              f"fractions below 1 (0.0625, 0.25: learning from that share of each group's completions), got {self.updates}")
+        if len(set(self.updates)) < 2 or any(
+            not (0 < u < 1 or (u >= 1 and float(u).is_integer())) for u in self.updates
+        ):
+            raise ConfigError(
+                "--updates needs two or more distinct levels: whole numbers of updates per rollout batch (1, 2, 4 ...) or "
+                f"fractions below 1 (0.0625, 0.25: learning from that share of each group's completions), got {self.updates}"
+            )
         if not 1 <= self.budgets <= 3:
             raise ConfigError(f"--budgets must be 1, 2 or 3, got {self.budgets}")
         if not 0 < self.cap <= 1:
@@ -88,7 +92,9 @@ class Pilot:
     """The pilot's config and cells, how it was derived and what it costs next to the full sweep."""
 
     cfg: DictConfig
-    cells: list[grid_mod.Cell]  # the levels' cells of the grid cfg describes (it crosses every n with every update count)
+    cells: list[
+        grid_mod.Cell
+    ]  # the levels' cells of the grid cfg describes (it crosses every n with every update count)
     overrides: list[str]  # the pilot's own overrides, after the user's
     budgets: list[float]
     full_flops: float  # the full sweep's predicted FLOPs
@@ -109,14 +115,18 @@ class Pilot:
         return min(steps), max(steps)
 
 
-def expand(config: str | None, overrides: list[str], flops_scale: dict[str, float] | None = None) -> tuple[DictConfig, list[grid_mod.Cell]]:
+def expand(
+    config: str | None, overrides: list[str], flops_scale: dict[str, float] | None = None
+) -> tuple[DictConfig, list[grid_mod.Cell]]:
     """A sweep's config and cells, composed as `isoflop sweep` composes them."""
     cfg = config_mod.load(config, overrides)
     recompose: Callable[[list[str]], DictConfig] = lambda extra: config_mod.load(config, overrides + extra)  # noqa: E731
     return cfg, grid_mod.expand(cfg, recompose=recompose, flops_scale=flops_scale)
 
 
-def expand_levels(config: str | None, overrides: list[str], levels: list[Level]) -> tuple[DictConfig, list[grid_mod.Cell]]:
+def expand_levels(
+    config: str | None, overrides: list[str], levels: list[Level]
+) -> tuple[DictConfig, list[grid_mod.Cell]]:
     """The pilot's config and the cells of its levels: the grid crosses every level's n with every
     update count, and only the pairs of a level are the pilot's (a grid has no paired axes)."""
     cfg, cells = expand(config, overrides)
@@ -176,7 +186,11 @@ def budget_plan(target: float, step: float, wanted: int) -> tuple[float, int, st
             return target, count, None
     count = min(2, wanted)
     need = MIN_STEPS * 2 ** (count - 1) * step
-    return need, count, f"raised the pilot budget to {need:.3g} FLOPs, the least that gives every cell {MIN_STEPS} steps by the smallest budget"
+    return (
+        need,
+        count,
+        f"raised the pilot budget to {need:.3g} FLOPs, the least that gives every cell {MIN_STEPS} steps by the smallest budget",
+    )
 
 
 def round_up(x: float, digits: int = 3) -> float:
@@ -221,7 +235,10 @@ def derive(config: str | None, overrides: list[str], spec: PilotSpec, force: boo
         raise ConfigError(
             f"the pilot would cost {pilot.share:.0%} of the full sweep's predicted FLOPs ({pilot.flops:.3g} of {full:.3g}), "
             f"above the cap of {spec.cap:.0%}: its {len(feasible)} cells need {MIN_STEPS} steps each by the smallest budget; "
-            "use a larger sweep, fewer --updates levels, a higher --cap, or --force")
+            "use a larger sweep, fewer --updates levels, a higher --cap, or --force"
+        )
     if pilot.share > spec.share * 1.01:
-        notes.append(f"the pilot costs {pilot.share:.1%} of the full sweep, above the {spec.share:.0%} target (cap {spec.cap:.0%})")
+        notes.append(
+            f"the pilot costs {pilot.share:.1%} of the full sweep, above the {spec.share:.0%} target (cap {spec.cap:.0%})"
+        )
     return pilot

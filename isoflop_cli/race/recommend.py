@@ -33,7 +33,9 @@ def choose_reward(entries: list[dict], data: Data) -> tuple[str, str]:
     rule = means.drop(labels=[r for r in data.model_based if r in means.index])
     pool = rule if not rule.empty else means
     reward = str(pool.idxmax())
-    why = f"highest mean {data.metric} at the largest budget" + (" among rule-based rewards" if not rule.empty and len(means) > len(rule) else "")
+    why = f"highest mean {data.metric} at the largest budget" + (
+        " among rule-based rewards" if not rule.empty and len(means) > len(rule) else ""
+    )
     for e in entries:
         gap = e.get("reward_gap")
         if gap and gap["interval90"]:
@@ -43,8 +45,9 @@ def choose_reward(entries: list[dict], data: Data) -> tuple[str, str]:
     return reward, why
 
 
-def choose_epochs(regime: str, pilot_epochs: list[float], rho_of: dict[float, float] | None = None,
-                  optimum: float | None = None) -> list[float] | None:
+def choose_epochs(
+    regime: str, pilot_epochs: list[float], rho_of: dict[float, float] | None = None, optimum: float | None = None
+) -> list[float] | None:
     """The epoch levels to sweep at full scale; `rho_of` (each level's median rho) and the optimum
     place an interior regime's levels: the nearest level below the optimum and the nearest above."""
     levels = sorted(pilot_mod.level(e) for e in pilot_epochs)
@@ -55,7 +58,9 @@ def choose_epochs(regime: str, pilot_epochs: list[float], rho_of: dict[float, fl
     if regime == INTERIOR and rho_of and optimum is not None:
         below = [e for e in levels if rho_of[e] <= optimum]
         above = [e for e in levels if rho_of[e] >= optimum]
-        return sorted({*(below and [max(below, key=lambda e: rho_of[e])]), *(above and [min(above, key=lambda e: rho_of[e])])})
+        return sorted(
+            {*(below and [max(below, key=lambda e: rho_of[e])]), *(above and [min(above, key=lambda e: rho_of[e])])}
+        )
     return None
 
 
@@ -74,10 +79,20 @@ def sweep_overrides(config: str | None, overrides: list[str], reward: str, epoch
     if axes == before:
         return list(overrides)
     kept = [o for o in overrides if not o.startswith(AXES_OVERRIDES)]
-    return [*kept, "++grid.axes={" + ",".join(f"{k}:[{','.join(str(v) for v in vals)}]" for k, vals in axes.items()) + "}"]
+    return [
+        *kept,
+        "++grid.axes={" + ",".join(f"{k}:[{','.join(str(v) for v in vals)}]" for k, vals in axes.items()) + "}",
+    ]
 
 
-def recommend(entries: list[dict], data: Data, config: str | None, overrides: list[str], scale: dict[str, float] | None, out: str | None) -> dict:
+def recommend(
+    entries: list[dict],
+    data: Data,
+    config: str | None,
+    overrides: list[str],
+    scale: dict[str, float] | None,
+    out: str | None,
+) -> dict:
     reward, reward_why = choose_reward(entries, data)
     entry = next(e for e in entries if e["reward"] == reward)
     regime = entry["rho_regime"]
@@ -87,13 +102,21 @@ def recommend(entries: list[dict], data: Data, config: str | None, overrides: li
     epochs = choose_epochs(regime, pilot_epochs, rho_of, entry.get("optimum_rho")) if len(pilot_epochs) >= 2 else None
     chosen = pts[pts["epochs"].isin(epochs or [])] if epochs else pts
     rho = chosen["rho"] if not chosen.empty else pts["rho"]
-    rec = {"reward": reward, "reward_why": reward_why, "regime": regime, "algo.epochs": epochs,
-           "rho_range": [float(np.min(rho)), float(np.max(rho))],
-           "optimum_rho": entry.get("optimum_rho"), "optimum_interval90": entry.get("optimum_interval90"), "optimum_units": entry.get("optimum_units"),
-           "allocation": {SEARCH: "the low-rho end: fewer updates per rollout batch, more rollouts",
-                          UPDATE: "the high-rho end: more updates per rollout batch (and one doubling beyond the pilot)",
-                          INTERIOR: f"around the optimum rho {entry.get('optimum_rho') or 0:.2f}: the levels just below and above it"}
-           .get(regime, "the sweep's own allocation: the pilot found no evidence to move compute")}
+    rec = {
+        "reward": reward,
+        "reward_why": reward_why,
+        "regime": regime,
+        "algo.epochs": epochs,
+        "rho_range": [float(np.min(rho)), float(np.max(rho))],
+        "optimum_rho": entry.get("optimum_rho"),
+        "optimum_interval90": entry.get("optimum_interval90"),
+        "optimum_units": entry.get("optimum_units"),
+        "allocation": {
+            SEARCH: "the low-rho end: fewer updates per rollout batch, more rollouts",
+            UPDATE: "the high-rho end: more updates per rollout batch (and one doubling beyond the pilot)",
+            INTERIOR: f"around the optimum rho {entry.get('optimum_rho') or 0:.2f}: the levels just below and above it",
+        }.get(regime, "the sweep's own allocation: the pilot found no evidence to move compute"),
+    }
     if regime in (SEARCH, UPDATE, INTERIOR) and not pilot_epochs:
         rec["note"] = "the results name no algo.epochs levels: run the full sweep at the rho range above"
     try:
@@ -103,6 +126,10 @@ def recommend(entries: list[dict], data: Data, config: str | None, overrides: li
         rec.update(overrides=None, command=None, predicted_flops=None, error=str(e))
         return rec
     args = ["isoflop", "sweep", *(["--config", config] if config else []), *(["--root", out] if out else []), *sweep]
-    rec.update(overrides=sweep, command=shlex.join(args), predicted_flops=pilot_mod.total_flops(cells),
-               cells=sum(c.feasible for c in cells))
+    rec.update(
+        overrides=sweep,
+        command=shlex.join(args),
+        predicted_flops=pilot_mod.total_flops(cells),
+        cells=sum(c.feasible for c in cells),
+    )
     return rec

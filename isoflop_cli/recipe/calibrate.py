@@ -57,14 +57,27 @@ def _calibrate(cfg: DictConfig, start: int, stop: int) -> pd.DataFrame:
     torch.manual_seed(cfg.seed * 1_000_003 + start)
     for i in range(0, len(problems), PROMPTS_PER_BATCH):
         batch = problems[i : i + PROMPTS_PER_BATCH]
-        rollouts = sampler.sample([p.prompt for p in batch], m, cfg.algo.temperature, cfg.algo.top_p, cfg.task.max_new_tokens)
+        rollouts = sampler.sample(
+            [p.prompt for p in batch], m, cfg.algo.temperature, cfg.algo.top_p, cfg.task.max_new_tokens
+        )
         verdicts = task.judge([p for p in batch for _ in range(m)], rollouts.texts)
         lengths = rollouts.completion_mask.sum(-1).tolist()
         for j, p in enumerate(batch):
             correct = sum(v.correct for v in verdicts[j * m : (j + 1) * m])
-            out.append({"problem_id": int(p.id), "prompt": texts[int(p.id)], "answer": p.answer, "pass_rate": correct / m,
-                        "samples": m, "mean_response_tokens": sum(lengths[j * m : (j + 1) * m]) / m})
-        print(f"rows {start}-{stop}: {min(i + PROMPTS_PER_BATCH, len(problems))}/{len(problems)} problems ({time.time() - started:.0f}s)", flush=True)
+            out.append(
+                {
+                    "problem_id": int(p.id),
+                    "prompt": texts[int(p.id)],
+                    "answer": p.answer,
+                    "pass_rate": correct / m,
+                    "samples": m,
+                    "mean_response_tokens": sum(lengths[j * m : (j + 1) * m]) / m,
+                }
+            )
+        print(
+            f"rows {start}-{stop}: {min(i + PROMPTS_PER_BATCH, len(problems))}/{len(problems)} problems ({time.time() - started:.0f}s)",
+            flush=True,
+        )
     task.close()
     columns = ["problem_id", "prompt", "answer", "pass_rate", "samples", "mean_response_tokens"]
     return pd.DataFrame(out, columns=columns)

@@ -21,9 +21,9 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -51,7 +51,9 @@ def load(model_cfg: DictConfig, task_cfg: DictConfig, dtype: torch.dtype = torch
     if not meta:
         return tokenizer, AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(path), dtype=dtype, attn_implementation="sdpa"
+        )
     return tokenizer, model.eval()  # as from_pretrained leaves it
 
 
@@ -70,7 +72,11 @@ def scorer(model_class, path: Path | str):
     """A model that only scores (a PRM, a judge) from its checkpoint, on the run's device: in bf16 on
     a GPU (where the learner computes in bf16 by default), in fp32 on the CPU."""
     here = device()
-    return model_class.from_pretrained(path, dtype=torch.bfloat16 if here.type == "cuda" else torch.float32).to(here).eval()
+    return (
+        model_class.from_pretrained(path, dtype=torch.bfloat16 if here.type == "cuda" else torch.float32)
+        .to(here)
+        .eval()
+    )
 
 
 def model_path(model_cfg: DictConfig, task_cfg: DictConfig) -> Path:
@@ -91,7 +97,12 @@ def ensure_embedded(model_cfg: DictConfig, task_cfg: DictConfig) -> Path:
 def embedded_recipe(model_cfg: DictConfig, task_cfg: DictConfig) -> dict:
     """What the embedded warm start learns from; sampling limits (max_new_tokens) do not change the model."""
     task = warm_start_task(task_cfg)
-    return {"name": model_cfg.name, "build": OmegaConf.to_container(model_cfg.build), "task": {"name": "arith", **asdict(task)}, "vocab": ALPHABET}
+    return {
+        "name": model_cfg.name,
+        "build": OmegaConf.to_container(model_cfg.build),
+        "task": {"name": "arith", **asdict(task)},
+        "vocab": ALPHABET,
+    }
 
 
 def warm_start_task(task_cfg: DictConfig) -> ArithTask:
@@ -159,14 +170,19 @@ def qwen2_config(b: DictConfig, tokenizer, **extra) -> Qwen2Config:
     )
 
 
-def supervised(model, b: DictConfig, task: ArithTask, batch_loss: Callable[[list], torch.Tensor], what: str, log_every: int = 100) -> None:
+def supervised(
+    model, b: DictConfig, task: ArithTask, batch_loss: Callable[[list], torch.Tensor], what: str, log_every: int = 100
+) -> None:
     """A seeded supervised loop: AdamW, short warm-up then cosine decay, clipped gradients. `task`
     is anything whose `stream("train", seed)` gives the examples `batch_loss` takes (the lookup's
     warm start draws key indices)."""
     opt = torch.optim.AdamW(model.parameters(), lr=b.lr, weight_decay=0.0)
     warmup = max(1, b.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, b.steps) / max(1, b.steps)))  # steps 0: the model as initialised
+        opt,
+        lambda s: (
+            min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, b.steps) / max(1, b.steps)))
+        ),  # steps 0: the model as initialised
     )
     stream = task.stream("train", seed=b.seed)
     start = time.time()
@@ -194,7 +210,9 @@ def build(b: DictConfig, task: ArithTask, out: Path) -> None:
 
     def batch_loss(problems: list) -> torch.Tensor:
         input_ids, labels = _sft_batch(tokenizer, problems, strays, b.stray)
-        return model(input_ids=input_ids, attention_mask=(input_ids != tokenizer.pad_token_id).long(), labels=labels).loss
+        return model(
+            input_ids=input_ids, attention_mask=(input_ids != tokenizer.pad_token_id).long(), labels=labels
+        ).loss
 
     supervised(model, b, task, batch_loss, "warm start")
     model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -13,10 +13,11 @@ import os
 import signal
 import socket
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -61,13 +62,23 @@ class Group:
         rank, through the host even with NCCL. Only the rest (shapes, strings, numbers) is pickled."""
         if self.world_size == 1:
             return obj
-        tensors = {f.name: getattr(obj, f.name) for f in fields(obj) if isinstance(getattr(obj, f.name), torch.Tensor)} if self.is_main else {}
-        skeleton = self.broadcast(replace(obj, **{k: _Placeholder(t.shape, t.dtype) for k, t in tensors.items()}) if self.is_main else None)
+        tensors = (
+            {f.name: getattr(obj, f.name) for f in fields(obj) if isinstance(getattr(obj, f.name), torch.Tensor)}
+            if self.is_main
+            else {}
+        )
+        skeleton = self.broadcast(
+            replace(obj, **{k: _Placeholder(t.shape, t.dtype) for k, t in tensors.items()}) if self.is_main else None
+        )
         received = {}
         for f in fields(skeleton):
             held = getattr(skeleton, f.name)
             if isinstance(held, _Placeholder):
-                buffer = tensors[f.name].to(device()) if self.is_main else torch.empty(held.shape, dtype=held.dtype, device=device())
+                buffer = (
+                    tensors[f.name].to(device())
+                    if self.is_main
+                    else torch.empty(held.shape, dtype=held.dtype, device=device())
+                )
                 dist.broadcast(buffer, src=0)
                 received[f.name] = buffer.cpu()
         return replace(skeleton, **received)
@@ -103,7 +114,12 @@ def launch(fn: Callable[..., None], world_size: int, *args: Any, timeout_s: floa
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory(prefix="isoflop-ranks-") as user_errors:
         try:
-            mp.start_processes(_rank_main, args=(world_size, port, timeout_s, user_errors, fn, args), nprocs=world_size, start_method="spawn")
+            mp.start_processes(
+                _rank_main,
+                args=(world_size, port, timeout_s, user_errors, fn, args),
+                nprocs=world_size,
+                start_method="spawn",
+            )
         except (mp.ProcessRaisedException, mp.ProcessExitedException):
             # A user error (a reward function's scores) on any rank stays one line, exit 2, not
             # retried; torch reports whichever rank failed first, often a peer whose collective
@@ -114,9 +130,13 @@ def launch(fn: Callable[..., None], world_size: int, *args: Any, timeout_s: floa
             raise
 
 
-def _rank_main(rank: int, world_size: int, port: int, timeout_s: float, user_errors: str, fn: Callable[..., None], args: tuple) -> None:
+def _rank_main(
+    rank: int, world_size: int, port: int, timeout_s: float, user_errors: str, fn: Callable[..., None], args: tuple
+) -> None:
     die_with_parent(signal.SIGKILL)  # a rank must not outlive its run (a killed run would leave ranks waiting forever)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size)
+    )
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(rank)
@@ -126,8 +146,13 @@ def _rank_main(rank: int, world_size: int, port: int, timeout_s: float, user_err
     # would kill ranks that wait while rank 0 alone evaluates a large model).
     # device_id binds NCCL to this rank's GPU at once (without it a barrier guesses the device: torch
     # warned so on the first H200 run).
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s),
-                            device_id=torch.device("cuda", rank) if cuda else None)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+        device_id=torch.device("cuda", rank) if cuda else None,
+    )
     try:
         fn(Group(rank, world_size), *args)
         # Every rank done before any tears down: rank 0 hosts the rendezvous store, and a rank still
@@ -138,8 +163,10 @@ def _rank_main(rank: int, world_size: int, port: int, timeout_s: float, user_err
         raise
     except RuntimeError as e:
         if "Timed out" in str(e):  # gloo's timeout, a plain RuntimeError: said with the knob that sets it
-            raise TimeoutError(f"rank {rank} waited longer than learner.collective_timeout_s={timeout_s:g} s in a collective "
-                               "(another rank is stuck, or slower by that much)") from e
+            raise TimeoutError(
+                f"rank {rank} waited longer than learner.collective_timeout_s={timeout_s:g} s in a collective "
+                "(another rank is stuck, or slower by that much)"
+            ) from e
         raise
     finally:
         dist.destroy_process_group()
@@ -184,18 +211,26 @@ def shard(model: nn.Module, bf16: bool) -> None:
 
     world_size, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
     mesh = init_device_mesh(device().type, (world_size,))
-    full = model.state_dict() if world_size > 1 and rank == 0 else {}  # rank 0's tensors, not copies: sharding leaves them whole
-    precision = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    full = (
+        model.state_dict() if world_size > 1 and rank == 0 else {}
+    )  # rank 0's tensors, not copies: sharding leaves them whole
+    precision = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    )
     layer_types = {name for m in model.modules() for name in (getattr(m, "_no_split_modules", None) or [])}
     for module in model.modules():
         if type(module).__name__ in layer_types:
             fully_shard(module, mesh=mesh, mp_policy=precision)
     trains = any(p.requires_grad for p in model.parameters())
-    fully_shard(model, mesh=mesh, mp_policy=precision, reshard_after_forward=None if trains else True)  # None: FSDP2's choice
+    fully_shard(
+        model, mesh=mesh, mp_policy=precision, reshard_after_forward=None if trains else True
+    )  # None: FSDP2's choice
     if world_size == 1:
         return
     if rank > 0:
-        model.to_empty(device=device())  # this rank's shards and the buffers, uninitialised (tied weights stay one tensor)
+        model.to_empty(
+            device=device()
+        )  # this rank's shards and the buffers, uninitialised (tied weights stay one tensor)
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     # Buffers outside the state dict (rotary inv_freq) were meta too: rank 0's, as computed at its build.
     for module in model.modules():

@@ -60,7 +60,10 @@ def stream_seeds(problems, salt: str = "") -> list[int]:
     """One seed per problem, from its key (and `salt`: a held-out set's name) and nothing of the
     run: the seed of the problem's own sampling stream in every run and at every eval point. 62
     bits: vLLM gives the i-th of a request's n samples seed + i."""
-    return [int.from_bytes(hashlib.blake2b(f"{salt}\0{p.key}".encode(), digest_size=8).digest(), "big") >> 2 for p in problems]
+    return [
+        int.from_bytes(hashlib.blake2b(f"{salt}\0{p.key}".encode(), digest_size=8).digest(), "big") >> 2
+        for p in problems
+    ]
 
 
 @dataclass
@@ -114,8 +117,20 @@ class Evaluator:
     is sampled from its own stream (`stream_seeds`: paired across runs), and the run's generators
     are forked around it, so evaluation never changes what training draws."""
 
-    def __init__(self, task, problems, reward, sets: dict, judges: dict[str, Judge], shape, m: int, k: int,
-                 temperature: float, top_p: float, max_new_tokens: int):
+    def __init__(
+        self,
+        task,
+        problems,
+        reward,
+        sets: dict,
+        judges: dict[str, Judge],
+        shape,
+        m: int,
+        k: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+    ):
         self.task, self.problems, self.reward, self.sets, self.judges = task, problems, reward, sets, judges
         self.shape, self.m, self.k = shape, m, k
         self.sampling = (temperature, top_p, max_new_tokens)
@@ -149,8 +164,14 @@ class Evaluator:
             return sampler.sample([p.prompt for p in problems], self.m, *self.sampling, seeds=seeds)
 
     def _flops(self, rollouts) -> float:
-        return flops.generate(self.shape, len(rollouts.texts), rollouts.prompt_width, rollouts.generated_width, rollouts.prefill_rows,
-                              rollouts.decode_rows)
+        return flops.generate(
+            self.shape,
+            len(rollouts.texts),
+            rollouts.prompt_width,
+            rollouts.generated_width,
+            rollouts.prefill_rows,
+            rollouts.decode_rows,
+        )
 
 
 def _correct(task, problems, texts: list[str], m: int) -> list[int]:

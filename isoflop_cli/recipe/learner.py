@@ -45,23 +45,35 @@ class Tree:
     prompt_on: torch.Tensor  # [G, P] which of them hold a token
     rows: torch.Tensor  # [R, L] each rollout row: its group's prompt slots, then its completion's (padding: 0)
     rows_on: torch.Tensor  # [R, L]
-    source: torch.Tensor  # [S] each position's output among the prompt slots' (G * P), then the completion slots' (R * T)
+    source: (
+        torch.Tensor
+    )  # [S] each position's output among the prompt slots' (G * P), then the completion slots' (R * T)
     masks: dict = field(default_factory=dict)  # sliding window (None: none) -> (prompt mask, row mask)
 
-    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float = 0.0,
-               scaling: float | None = None, sliding_window: int | None = None) -> torch.Tensor:
+    def attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:
         """[1, S, heads, d] from HF's [1, heads, S, d] query and [1, kv_heads, S, d] key and value."""
         P = self.prompt.shape[1]
         repeat = query.shape[1] // key.shape[1]  # grouped-query attention: each key head serves `repeat` query heads
-        q, k, v = (x[0].transpose(0, 1).repeat_interleave(r, 1) for x, r in ((query, 1), (key, repeat), (value, repeat)))  # [S, heads, d]
+        q, k, v = (
+            x[0].transpose(0, 1).repeat_interleave(r, 1) for x, r in ((query, 1), (key, repeat), (value, repeat))
+        )  # [S, heads, d]
 
         def gather(x: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
             """[B, slots, heads, d] -> [B, heads, slots, d]; index_select's backward is a fast index_add."""
             return x.index_select(0, at.flatten()).view(*at.shape, *x.shape[1:]).transpose(1, 2)
 
         def sdpa(queries: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            out = F.scaled_dot_product_attention(gather(q, queries), gather(k, keys), gather(v, keys), attn_mask=mask,
-                                                 dropout_p=dropout, scale=scaling)
+            out = F.scaled_dot_product_attention(
+                gather(q, queries), gather(k, keys), gather(v, keys), attn_mask=mask, dropout_p=dropout, scale=scaling
+            )
             return out.transpose(1, 2).flatten(0, 1)  # [queries, heads, d]
 
         prompt_mask, row_mask = self._masks(sliding_window)
@@ -74,13 +86,17 @@ class Tree:
         the token slots up to its own (within the window); every query sees itself, so a padding
         query's row is not empty (its output is never read). Built once per layout and window."""
         if window not in self.masks:
+
             def causal(on: torch.Tensor, queries: int) -> torch.Tensor:
                 slot = torch.arange(on.shape[1], device=on.device)
                 at = slot[-queries:, None]
                 see = (slot <= at) & (at - slot < window) if window else slot <= at
                 return ((on[:, None, :] & see) | (slot == at))[:, None]
 
-            self.masks[window] = causal(self.prompt_on, self.prompt.shape[1]), causal(self.rows_on, self.rows.shape[1] - self.prompt.shape[1])
+            self.masks[window] = (
+                causal(self.prompt_on, self.prompt.shape[1]),
+                causal(self.rows_on, self.rows.shape[1] - self.prompt.shape[1]),
+            )
         return self.masks[window]
 
 
@@ -88,7 +104,9 @@ def _attention(module, query, key, value, attention_mask, tree: Tree | None = No
     """HF's SDPA attention, or a prompt tree's when the forward carries one (`Actor.forward`)."""
     if tree is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    return tree.attend(query, key, value, kwargs.get("dropout", 0.0), kwargs.get("scaling"), kwargs.get("sliding_window")), None
+    return tree.attend(
+        query, key, value, kwargs.get("dropout", 0.0), kwargs.get("scaling"), kwargs.get("sliding_window")
+    ), None
 
 
 AttentionInterface.register(TREE_ATTENTION, _attention)
@@ -107,7 +125,7 @@ class Layout:
     prompt_tree: Tree | None = None  # the tree layout's attention
 
     @classmethod
-    def plain(cls, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int) -> "Layout":
+    def plain(cls, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int) -> Layout:
         R, L = sequences.shape
         on = attention_mask[:, prompt_width:].bool()  # [R, T] completion tokens (eos included)
         row = torch.arange(R, device=sequences.device)[:, None].expand_as(on)[on]
@@ -123,7 +141,7 @@ class Layout:
         )
 
     @classmethod
-    def tree(cls, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int, group_size: int) -> "Layout":
+    def tree(cls, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int, group_size: int) -> Layout:
         """Rows in consecutive groups of `group_size` share their prompt. The groups follow one
         another in a single sequence: no padding at all."""
         R, L = sequences.shape
@@ -131,7 +149,9 @@ class Layout:
         G, T = R // n, L - P
         prompt_len = attention_mask[::n, :P].sum(-1)  # [G]
         assert R % n == 0 and bool((prompt_len > 0).all()), "whole groups, each with a prompt"
-        assert torch.equal(sequences[:, :P].view(G, n, P), sequences[::n, None, :P].expand(G, n, P)), "a group shares its prompt"
+        assert torch.equal(sequences[:, :P].view(G, n, P), sequences[::n, None, :P].expand(G, n, P)), (
+            "a group shares its prompt"
+        )
         on = attention_mask[:, P:].bool().view(G, n, T)  # [G, n, T] completion tokens
         lengths = on.sum(-1)  # [G, n]
         widths = prompt_len + lengths.sum(-1)  # [G]
@@ -164,7 +184,9 @@ class Layout:
         return cls(
             input_ids=ids[None],
             position_ids=positions[None],
-            attention_mask=torch.ones(1, S, dtype=torch.long, device=dev),  # the tree's attention ignores it; all ones, HF builds no mask
+            attention_mask=torch.ones(
+                1, S, dtype=torch.long, device=dev
+            ),  # the tree's attention ignores it; all ones, HF builds no mask
             picked=predictor,
             targets=sequences[:, P:].reshape(G, n, T)[on],
             dest=(row, col),
@@ -173,7 +195,9 @@ class Layout:
         )
 
 
-def tree_tokens(attention_mask: torch.Tensor, prompt_width: int, group_size: int, trees: torch.Tensor | None = None) -> int:
+def tree_tokens(
+    attention_mask: torch.Tensor, prompt_width: int, group_size: int, trees: torch.Tensor | None = None
+) -> int:
     """The positions of `Layout.tree`: each group's prompt once (or once per piece, `trees` [G] from
     `tree_pieces`), then every completion token."""
     prompts = attention_mask[::group_size, :prompt_width].sum(-1)  # [G]
@@ -227,11 +251,19 @@ def tree_pieces(attention_mask: torch.Tensor, prompt_width: int, group_size: int
     if not budget:
         return torch.ones_like(prompts)
     completions = attention_mask[:, prompt_width:].sum(-1).view(-1, group_size)  # [G, k]
-    return torch.tensor([len(pieces(s, r, budget)) for s, r in zip(prompts.tolist(), completions.tolist())])  # a group within it: one piece
+    return torch.tensor(
+        [len(pieces(s, r, budget)) for s, r in zip(prompts.tolist(), completions.tolist())]
+    )  # a group within it: one piece
 
 
-def token_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int,
-                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logprobs(
+    head: nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk: int,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(target) and the entropy ([N] each) at N positions from their last hidden states
     ([N, hidden]) and the LM head, `chunk` positions at a time.
 
@@ -247,14 +279,18 @@ def token_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
     recomputed; without gradients each chunk's logits are freed before the next).
     """
 
-    def chunk_logprobs(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:  # [c, hidden], [c] -> [c], [c]
+    def chunk_logprobs(
+        h: torch.Tensor, t: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [c, hidden], [c] -> [c], [c]
         logprobs = torch.log_softmax(head(h).float() / temperature, dim=-1)  # [c, vocab]
         entropy = -(logprobs.exp() * logprobs).sum(-1) if with_entropy else None
         return logprobs.gather(-1, t[:, None]).squeeze(-1), entropy
 
     pieces = zip(hidden.split(chunk), targets.split(chunk))
     if len(hidden) > chunk and torch.is_grad_enabled():
-        parts = [checkpoint(chunk_logprobs, h, t, use_reentrant=False, preserve_rng_state=False) for h, t in pieces]  # nothing random to replay
+        parts = [
+            checkpoint(chunk_logprobs, h, t, use_reentrant=False, preserve_rng_state=False) for h, t in pieces
+        ]  # nothing random to replay
     else:
         parts = [chunk_logprobs(h, t) for h, t in pieces]
     logp, entropy = zip(*parts)
@@ -281,12 +317,16 @@ class Actor(nn.Module):
         super().__init__()
         self.policy, self.logit_chunk = policy, logit_chunk
         if policy.config._attn_implementation == "sdpa":
-            policy.set_attn_implementation(TREE_ATTENTION)  # SDPA as before, and the tree's attention where a forward carries one
+            policy.set_attn_implementation(
+                TREE_ATTENTION
+            )  # SDPA as before, and the tree's attention where a forward carries one
         self.value_head = nn.Linear(policy.config.hidden_size, 1, bias=False) if value_head else None
         if self.value_head is not None:
             nn.init.zeros_(self.value_head.weight)  # V = 0 at first: the first advantages are the returns
 
-    def forward(self, layout: Layout, temperature: float, with_entropy: bool = False, with_values: bool = False) -> Outputs:
+    def forward(
+        self, layout: Layout, temperature: float, with_entropy: bool = False, with_values: bool = False
+    ) -> Outputs:
         """Outputs at the layout's completion tokens, zero elsewhere. It runs the decoder and then the
         LM head at the picked positions only (the supported families apply nothing to logits between)."""
         tree = {}
@@ -294,11 +334,22 @@ class Actor(nn.Module):
             if (attention := self.policy.config._attn_implementation) != TREE_ATTENTION:
                 raise ValueError(f"the prompt-tree layout needs SDPA attention, not {attention}")
             tree = {"tree": layout.prompt_tree}  # HF hands the forward's extra arguments to each layer's attention
-        hidden = self.policy.get_decoder()(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
-                                           position_ids=layout.position_ids, use_cache=False, **tree).last_hidden_state
+        hidden = self.policy.get_decoder()(
+            input_ids=layout.input_ids,
+            attention_mask=layout.attention_mask,
+            position_ids=layout.position_ids,
+            use_cache=False,
+            **tree,
+        ).last_hidden_state
         hidden = hidden.flatten(0, 1)[layout.picked]  # [N, hidden]
-        logp, entropy = token_logprobs(self.policy.get_output_embeddings(), hidden, layout.targets, temperature,
-                                       self.logit_chunk or len(hidden), with_entropy)
+        logp, entropy = token_logprobs(
+            self.policy.get_output_embeddings(),
+            hidden,
+            layout.targets,
+            temperature,
+            self.logit_chunk or len(hidden),
+            with_entropy,
+        )
 
         def place(x: torch.Tensor) -> torch.Tensor:
             out = x.new_zeros(layout.out_shape)

@@ -20,8 +20,8 @@ taken from the package where it ships.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pandas as pd
 import torch
@@ -33,8 +33,18 @@ from isoflop_cli.tasks.arith import ALPHABET
 NAME = "tiny-lookup"
 TABLE = {"keys": 512, "key_digits": 3, "value_digits": 3, "seed": 0}
 # The embedded family's architecture (conf/model/tiny-arith.yaml), a warm start of 600 steps.
-BUILD = {"hidden_size": 128, "intermediate_size": 512, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2,
-         "steps": 600, "batch_size": 64, "lr": 3e-3, "seed": 0, "zipf": 1.0}
+BUILD = {
+    "hidden_size": 128,
+    "intermediate_size": 512,
+    "num_layers": 4,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "steps": 600,
+    "batch_size": 64,
+    "lr": 3e-3,
+    "seed": 0,
+    "zipf": 1.0,
+}
 
 
 def table(keys: int, key_digits: int, value_digits: int, seed: int) -> list[tuple[str, str]]:
@@ -82,7 +92,9 @@ def _build(out: Path) -> None:
     tokenizer = checkpoint.char_tokenizer()
     torch.manual_seed(b.seed)
     model = AutoModelForCausalLM.from_config(checkpoint.qwen2_config(b, tokenizer))
-    ids = torch.tensor([tokenizer.encode(p) + tokenizer.encode(a) + [tokenizer.eos_token_id] for p, a in rows])  # [keys, T]
+    ids = torch.tensor(
+        [tokenizer.encode(p) + tokenizer.encode(a) + [tokenizer.eos_token_id] for p, a in rows]
+    )  # [keys, T]
     labels = ids.clone()
     labels[:, : len(rows[0][0])] = -100  # the prompt `ddd=` is given, not learnt
 
@@ -104,5 +116,8 @@ def model_dir() -> Path:
 def write_pool(path: Path) -> None:
     """Every key as a verl-style problem row, in exposure order (`exposure_rank` 0: the most seen)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [{"prompt": p, "reward_model": {"ground_truth": a}, "exposure_rank": i} for i, (p, a) in enumerate(table(**TABLE))]
+    rows = [
+        {"prompt": p, "reward_model": {"ground_truth": a}, "exposure_rank": i}
+        for i, (p, a) in enumerate(table(**TABLE))
+    ]
     pd.DataFrame(rows).to_parquet(path, index=False)

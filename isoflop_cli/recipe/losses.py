@@ -14,22 +14,24 @@ to exactly the same loss and gradient.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-ADVANTAGES: dict[str, Callable[..., "Advantages"]] = {}
+ADVANTAGES: dict[str, Callable[..., Advantages]] = {}
 POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
 
 
 def register(registry: dict, name: str) -> Callable:
     """Add an estimator or loss under `name`; a second one of the same name is a mistake, refused."""
+
     def add(fn: Callable) -> Callable:
         if name in registry:
             raise ValueError(f"'{name}' is registered twice")
         registry[name] = fn
         return fn
+
     return add
 
 
@@ -54,7 +56,11 @@ class Advantages:
 @register(ADVANTAGES, "group")
 def group_estimator(batch: AdvantageInputs, algo, spec) -> Advantages:
     """Each group's advantages from all n of its rewards, kept for the completions learned from."""
-    return Advantages(group_advantages(batch.rewards, algo.adv_eps, scale=spec.std_norm)[:, :batch.n_learn].flatten().to(batch.mask.device))
+    return Advantages(
+        group_advantages(batch.rewards, algo.adv_eps, scale=spec.std_norm)[:, : batch.n_learn]
+        .flatten()
+        .to(batch.mask.device)
+    )
 
 
 @register(ADVANTAGES, "gae")
@@ -65,7 +71,7 @@ def gae_estimator(batch: AdvantageInputs, algo, spec) -> Advantages:
     R = mask.shape[0]
     last = mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
     token_rewards = torch.zeros_like(mask)
-    token_rewards[torch.arange(R), last] = batch.rewards[:, :batch.n_learn].flatten().to(mask.device) * mask.any(-1)
+    token_rewards[torch.arange(R), last] = batch.rewards[:, : batch.n_learn].flatten().to(mask.device) * mask.any(-1)
     token_adv, returns = gae(token_rewards, batch.values, mask, algo.gamma, algo.lam)
     return Advantages(whiten(token_adv, mask * batch.mine[:, None], reduce=batch.reduce), returns)
 
@@ -140,7 +146,9 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over completion tokens: (advantages, returns), both [R, T].
 
     rewards, values and mask are [R, T]: the reward each token receives (here the outcome reward on a
@@ -160,7 +168,9 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     return advantages, (advantages + values) * mask
 
 
-def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> torch.Tensor:
+def whiten(
+    x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+) -> torch.Tensor:
     """(x - mean) / std over the masked tokens of the batch (PPO's advantage normalisation).
 
     `reduce` sums over the processes that each hold some rows of the batch (identity: one process).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils import flop_counter
@@ -29,12 +29,15 @@ def _heads_as_query(query_shape, shape) -> tuple[int, ...]:
 
 
 def sdpa_flop_count(query_shape, key_shape, value_shape) -> int:
-    return _sdpa_flop_count(query_shape, _heads_as_query(query_shape, key_shape), _heads_as_query(query_shape, value_shape))
+    return _sdpa_flop_count(
+        query_shape, _heads_as_query(query_shape, key_shape), _heads_as_query(query_shape, value_shape)
+    )
 
 
 def sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape) -> int:
-    return _sdpa_backward_flop_count(grad_out_shape, query_shape, _heads_as_query(query_shape, key_shape),
-                                     _heads_as_query(query_shape, value_shape))
+    return _sdpa_backward_flop_count(
+        grad_out_shape, query_shape, _heads_as_query(query_shape, key_shape), _heads_as_query(query_shape, value_shape)
+    )
 
 
 flop_counter.sdpa_flop_count, flop_counter.sdpa_backward_flop_count = sdpa_flop_count, sdpa_backward_flop_count
@@ -46,7 +49,9 @@ def _cpu_flash_attention(query_shape, key_shape, value_shape, *args, out_shape=N
 
 
 @register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward)
-def _cpu_flash_attention_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+def _cpu_flash_attention_backward(
+    grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs
+) -> int:
     return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 

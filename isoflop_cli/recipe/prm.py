@@ -88,7 +88,13 @@ def load(reward_cfg: DictConfig, task: ArithTask) -> ProcessRewardModel:
     budget = reward_cfg.max_tokens_per_forward
     if reward_cfg.path:
         return ProcessRewardModel(Path(reward_cfg.path).expanduser(), task, budget)
-    recipe = {"prm": OmegaConf.to_container(reward_cfg.build), "task": {"name": "arith", **asdict(task)}, "vocab": ALPHABET, "corrupt": CORRUPT, "malformed": MALFORMED}
+    recipe = {
+        "prm": OmegaConf.to_container(reward_cfg.build),
+        "task": {"name": "arith", **asdict(task)},
+        "vocab": ALPHABET,
+        "corrupt": CORRUPT,
+        "malformed": MALFORMED,
+    }
     return ProcessRewardModel(cached("prm", recipe, lambda out: build(reward_cfg.build, task, out)), task, budget)
 
 
@@ -108,7 +114,10 @@ def build(b: DictConfig, task: ArithTask, out: Path) -> None:
         for i, row in enumerate(labels):
             target[i, ends[i].nonzero().flatten()] = torch.tensor(row)
         logits = model(input_ids=ids, attention_mask=attention).logits[..., 0]
-        return torch.nn.functional.binary_cross_entropy_with_logits(logits, target, weight=ends, reduction="sum") / ends.sum()
+        return (
+            torch.nn.functional.binary_cross_entropy_with_logits(logits, target, weight=ends, reduction="sum")
+            / ends.sum()
+        )
 
     supervised(model, b, task, batch_loss, "prm")
     model.save_pretrained(out)

@@ -31,8 +31,16 @@ from isoflop_cli.store import CHECKPOINT_STATE as STATE
 OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
-def save(directory: Path, group: Group, fingerprint: str, model, optimizer, scheduler, progress: dict[str, Any],
-         files: RunFiles | None = None) -> None:
+def save(
+    directory: Path,
+    group: Group,
+    fingerprint: str,
+    model,
+    optimizer,
+    scheduler,
+    progress: dict[str, Any],
+    files: RunFiles | None = None,
+) -> None:
     """With the run's `files` (holding the run dir's lease), the state is written to a directory of
     this attempt's own and swapped in only while the attempt still holds the lease: an attempt that
     another took over (store.take_lease) never replaces or mixes into the new one's checkpoint."""
@@ -52,13 +60,19 @@ def save(directory: Path, group: Group, fingerprint: str, model, optimizer, sche
             rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
             if torch.cuda.is_available():
                 rng["cuda"] = torch.cuda.get_rng_state()
-            torch.save({"fingerprint": fingerprint, "scheduler": scheduler.state_dict(), "rng": rng, "progress": progress}, tmp / STATE)
+            torch.save(
+                {"fingerprint": fingerprint, "scheduler": scheduler.state_dict(), "rng": rng, "progress": progress},
+                tmp / STATE,
+            )
             atomic_write(tmp / CHECKPOINT_FILES, json.dumps(checkpoint_files(tmp)))  # last: the checkpoint is whole
     except BaseException as e:  # dcp's CheckpointException is a BaseException
         shutil.rmtree(tmp, ignore_errors=True)  # a partial save must not keep the disk full
         # torch's writers report a full disk as a wrapped "unexpected pos" error, without errno:
         # a save that failed where the state no longer fits is said as what it is.
-        if not isinstance(e, KeyboardInterrupt) and shutil.disk_usage(directory.parent).free < _nbytes((model_sd, optim_sd)) + 2**20:
+        if (
+            not isinstance(e, KeyboardInterrupt)
+            and shutil.disk_usage(directory.parent).free < _nbytes((model_sd, optim_sd)) + 2**20
+        ):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory)) from e
         raise
     if group.is_main:
@@ -78,8 +92,15 @@ def save(directory: Path, group: Group, fingerprint: str, model, optimizer, sche
     _barrier(group)
 
 
-def load(directory: Path, fingerprints: tuple[str, ...], model, optimizer, scheduler, group: Group | None = None,
-         files: RunFiles | None = None) -> dict[str, Any] | None:
+def load(
+    directory: Path,
+    fingerprints: tuple[str, ...],
+    model,
+    optimizer,
+    scheduler,
+    group: Group | None = None,
+    files: RunFiles | None = None,
+) -> dict[str, Any] | None:
     """The saved progress after restoring everything else in place; None if there is no whole
     checkpoint of this very run (one of its `fingerprints`: same config and learning rate).
 
@@ -125,7 +146,11 @@ def _restore(directory: Path, fingerprints: tuple[str, ...], model, optimizer, s
 
 
 def remove(directory: Path) -> None:
-    for path in (directory, directory.with_name(directory.name + ".old"), *directory.parent.glob(f"{directory.name}.tmp*")):
+    for path in (
+        directory,
+        directory.with_name(directory.name + ".old"),
+        *directory.parent.glob(f"{directory.name}.tmp*"),
+    ):
         shutil.rmtree(path, ignore_errors=True)
 
 

@@ -3,8 +3,8 @@ reward model loaded for a model-based one, and the FLOPs each call took."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from omegaconf import DictConfig
 

@@ -44,10 +44,17 @@ class Rollouts:
         lengths = self.completion_mask.sum(-1)
         return tuple(int((lengths > t).sum()) for t in range(1, self.generated_width))
 
-    def select(self, rows: torch.Tensor) -> "Rollouts":
+    def select(self, rows: torch.Tensor) -> Rollouts:
         """These rows only, in the same layout (the rows a fractional epoch learns from)."""
-        return replace(self, sequences=self.sequences[rows], attention_mask=self.attention_mask[rows], completion_mask=self.completion_mask[rows],
-                       logprobs=self.logprobs[rows], texts=[self.texts[i] for i in rows.tolist()], prefill_rows=min(self.prefill_rows, len(rows)))
+        return replace(
+            self,
+            sequences=self.sequences[rows],
+            attention_mask=self.attention_mask[rows],
+            completion_mask=self.completion_mask[rows],
+            logprobs=self.logprobs[rows],
+            texts=[self.texts[i] for i in rows.tolist()],
+            prefill_rows=min(self.prefill_rows, len(rows)),
+        )
 
 
 class Sampler(Protocol):
@@ -55,10 +62,17 @@ class Sampler(Protocol):
     rank and also has `serve`, `release`, `sleep` and `close` (see `VllmSampler`)."""
 
     @classmethod
-    def from_config(cls, cfg, policy, tokenizer, max_prompt_tokens: int, own_copy: bool, group: Group) -> "Sampler": ...
+    def from_config(cls, cfg, policy, tokenizer, max_prompt_tokens: int, own_copy: bool, group: Group) -> Sampler: ...
 
-    def sample(self, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int,
-               seeds: list[int] | None = None) -> Rollouts:
+    def sample(
+        self,
+        prompts: list[str],
+        n: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        seeds: list[int] | None = None,
+    ) -> Rollouts:
         """n completions of each prompt, each prompt's n together. With `seeds` (one per prompt, as
         evaluation gives) each prompt's completions are drawn from a random stream of its own seed,
         whatever else is in the batch; without, from the run's generators."""
@@ -67,7 +81,9 @@ class Sampler(Protocol):
         """The learner's new weights (LoRA: the adapter's), one tensor at a time."""
 
 
-def make_sampler(cfg, policy, tokenizer, max_prompt_tokens: int, own_copy: bool = False, group: Group = Group()) -> Sampler:
+def make_sampler(
+    cfg, policy, tokenizer, max_prompt_tokens: int, own_copy: bool = False, group: Group = Group()
+) -> Sampler:
     """The run's sampler (`sampler.name`, built from its registry entry): on `policy` (HF; `own_copy`:
     an unsharded copy of it), or an engine on each of the `group`'s ranks (vLLM)."""
     module, name = SAMPLERS[cfg.sampler.name].engine.split(":")
@@ -80,7 +96,9 @@ def sampler_dtype(cfg) -> torch.dtype:
     return torch.bfloat16 if cfg.learner.bf16 else torch.float32
 
 
-def pack(prompt_ids: list[list[int]], completions: list[list[int]], logprobs: list[list[float]], n: int, tokenizer) -> Rollouts:
+def pack(
+    prompt_ids: list[list[int]], completions: list[list[int]], logprobs: list[list[float]], n: int, tokenizer
+) -> Rollouts:
     """`Rollouts` from token lists, as a separate engine returns them: each prompt (unpadded) and its
     n completions (up to and including eos) with each token's log-prob. Prompts are left-padded and
     completions right-padded, the layout `HFSampler` produces."""

@@ -44,14 +44,20 @@ class HFSampler:
     sharded (FSDP) learner uses.
     """
 
-    def __init__(self, model, tokenizer, shared_prefill: bool = True, own_copy: bool = False, dtype: torch.dtype | None = None):
-        self.model = copy.deepcopy(model).to(device=device(), dtype=dtype).eval().requires_grad_(False) if own_copy else model  # a sharded learner's policy waits in host memory
+    def __init__(
+        self, model, tokenizer, shared_prefill: bool = True, own_copy: bool = False, dtype: torch.dtype | None = None
+    ):
+        self.model = (
+            copy.deepcopy(model).to(device=device(), dtype=dtype).eval().requires_grad_(False) if own_copy else model
+        )  # a sharded learner's policy waits in host memory
         self.tokenizer = tokenizer
         self.shared_prefill = shared_prefill
 
     @classmethod
-    def from_config(cls, cfg, policy, tokenizer, max_prompt_tokens: int, own_copy: bool, group: Group) -> "HFSampler":
-        return cls(policy, tokenizer, shared_prefill=cfg.sampler.shared_prefill, own_copy=own_copy, dtype=sampler_dtype(cfg))
+    def from_config(cls, cfg, policy, tokenizer, max_prompt_tokens: int, own_copy: bool, group: Group) -> HFSampler:
+        return cls(
+            policy, tokenizer, shared_prefill=cfg.sampler.shared_prefill, own_copy=own_copy, dtype=sampler_dtype(cfg)
+        )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """New policy weights, one tensor at a time: all of them, or only the adapter's (LoRA)."""
@@ -60,8 +66,15 @@ class HFSampler:
             for name, tensor in weights:
                 own[name].copy_(tensor)
 
-    def sample(self, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int,
-               seeds: list[int] | None = None) -> Rollouts:
+    def sample(
+        self,
+        prompts: list[str],
+        n: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        seeds: list[int] | None = None,
+    ) -> Rollouts:
         training = self.model.training  # the learner's own model samples in eval mode, then goes back
         self.model.eval()
         uniforms = None if seeds is None else streams(seeds, n, max_new_tokens).to(self.model.device)
@@ -71,10 +84,19 @@ class HFSampler:
         finally:
             self.model.train(training)
         # Inference tensors cannot enter autograd (the learner indexes with them): ordinary copies.
-        return replace(out, **{k: getattr(out, k).clone() for k in ("sequences", "attention_mask", "completion_mask", "logprobs")})
+        return replace(
+            out, **{k: getattr(out, k).clone() for k in ("sequences", "attention_mask", "completion_mask", "logprobs")}
+        )
 
-    def _sample(self, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int,
-                uniforms: torch.Tensor | None) -> Rollouts:
+    def _sample(
+        self,
+        prompts: list[str],
+        n: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        uniforms: torch.Tensor | None,
+    ) -> Rollouts:
         tok = self.tokenizer
         enc = tok(prompts, padding=True, return_tensors="pt").to(self.model.device)
         width = enc.input_ids.shape[1]
@@ -107,12 +129,26 @@ class HFSampler:
         """The prefill: the prompts' KV cache and the logits of the token after each [rows, V]."""
         cache = DynamicCache(config=self.model.config)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            **{CACHE: cache}, use_cache=True, logits_to_keep=1).logits[:, -1]
+        logits = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **{CACHE: cache},
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
         return logits, cache
 
-    def _decode(self, logits: torch.Tensor, attention_mask: torch.Tensor, cache: DynamicCache, temperature: float, top_p: float,
-                max_new_tokens: int, uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode(
+        self,
+        logits: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: DynamicCache,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        uniforms: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample up to max_new_tokens per row from softmax(logits / T) (within the top-p nucleus),
         starting from the prefill's `logits` [R, V] and its `cache`. A row that says eos leaves the
         batch (its KV cache rows dropped; it takes padding from there), so each decode step runs
@@ -138,7 +174,9 @@ class HFSampler:
                 outside[:, -1] = False
                 logits = logits.masked_fill(outside.scatter(1, order, outside), float("-inf"))
             probs = logits.softmax(dim=-1)
-            token = torch.multinomial(probs, 1).squeeze(1) if uniforms is None else inverse_cdf(probs, uniforms[running, t])
+            token = (
+                torch.multinomial(probs, 1).squeeze(1) if uniforms is None else inverse_cdf(probs, uniforms[running, t])
+            )
             tokens[running, t] = token
             chosen[running, t] = logp.gather(-1, token[:, None]).squeeze(-1)
             going = token != eos
@@ -149,8 +187,14 @@ class HFSampler:
                 cache.batch_select_indices(going.nonzero().squeeze(1))
             if t + 1 < max_new_tokens:  # the drawn tokens through the model: the next logits
                 mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-                logits = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=positions, **{CACHE: cache}, use_cache=True,
-                                    logits_to_keep=1).logits[:, -1]
+                logits = self.model(
+                    input_ids=token[:, None],
+                    attention_mask=mask,
+                    position_ids=positions,
+                    **{CACHE: cache},
+                    use_cache=True,
+                    logits_to_keep=1,
+                ).logits[:, -1]
                 positions = positions + 1
         return tokens, chosen
 

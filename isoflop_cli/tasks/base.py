@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 
 class TaskError(ValueError):
@@ -62,7 +63,9 @@ class Task(ABC):
     has_partial_credit: bool = False  # partial_credit works (dense)
     dropped: dict[str, int] = {}  # per split, problems `prepare` left out (prompts over the token limit)
     PROMPT_KNOBS: str = ""  # what shortens the longest prompt, for a message where it leaves no room to answer
-    columns: tuple[str, ...] = ()  # the names of the `Problem.columns` its problems carry (a problem file's other columns)
+    columns: tuple[
+        str, ...
+    ] = ()  # the names of the `Problem.columns` its problems carry (a problem file's other columns)
 
     def check(self, eval_problems: int) -> None:
         """Raise TaskError if a run could not draw what it needs (an empty split, too few validation

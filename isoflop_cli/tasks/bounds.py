@@ -16,8 +16,9 @@ preflight passed it. Both are refused when the config is checked instead:
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 import numpy as np
 
@@ -37,15 +38,19 @@ def _size(n: float) -> str:
 
 
 def _row_refusal(where: str, size: int, limit: int) -> TaskError:
-    return TaskError(f"{where} holds {_size(size)}, above the {_size(limit)} a row may hold ({BYTES_PER_TOKEN} bytes per token of "
-                     f"task.max_prompt_tokens, a prompt longer than that is dropped anyway, and {_size(ROW_ALLOWANCE)} for its answer "
-                     "and other columns): remove or shorten the row")
+    return TaskError(
+        f"{where} holds {_size(size)}, above the {_size(limit)} a row may hold ({BYTES_PER_TOKEN} bytes per token of "
+        f"task.max_prompt_tokens, a prompt longer than that is dropped anyway, and {_size(ROW_ALLOWANCE)} for its answer "
+        "and other columns): remove or shorten the row"
+    )
 
 
 def check_file(where: str, size: int) -> None:
     if size > MAX_FILE_BYTES:
-        raise TaskError(f"{where} holds {_size(size)} of data, above the {_size(MAX_FILE_BYTES)} a problem file may hold (every run keeps "
-                        "all its rows in memory): give a subset of it")
+        raise TaskError(
+            f"{where} holds {_size(size)} of data, above the {_size(MAX_FILE_BYTES)} a problem file may hold (every run keeps "
+            "all its rows in memory): give a subset of it"
+        )
 
 
 def jsonl_lines(f: IO[bytes], where: str, limit: int) -> Iterator[tuple[int, bytes]]:
@@ -112,7 +117,12 @@ def _value_bytes(array) -> np.ndarray:
     kind = array.type
     if pa.types.is_dictionary(kind):
         return _value_bytes(array.dictionary_decode())
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+    if (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+    ):
         return pc.binary_length(array).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind):
         values = _value_bytes(array.flatten())

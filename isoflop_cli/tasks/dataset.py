@@ -23,9 +23,10 @@ import math
 import os
 import random
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from isoflop_cli import hub
 from isoflop_cli.tasks import bounds
@@ -44,7 +45,9 @@ class Row:
     prompt: str | Messages
     answer: str
     response_tokens: float | None = None  # the base model's mean response length, where calibrate measured it
-    columns: dict[str, Any] = field(default_factory=dict, compare=False)  # every other column, for custom rewards (`Problem.columns`)
+    columns: dict[str, Any] = field(
+        default_factory=dict, compare=False
+    )  # every other column, for custom rewards (`Problem.columns`)
 
     def text(self) -> str:
         """The prompt's words, for hashing into a split and for plain-text prompts."""
@@ -57,8 +60,18 @@ class Row:
 
 @dataclass
 class DatasetTask(Task):
-    CONFIG_KEYS = ("train", "val", "val_fraction", "prompt_key", "answer_key", "max_prompt_tokens", "chat_template",
-                   "system_prompt", "instruction", "verifier")  # not download: the files enter a run's identity by content
+    CONFIG_KEYS = (
+        "train",
+        "val",
+        "val_fraction",
+        "prompt_key",
+        "answer_key",
+        "max_prompt_tokens",
+        "chat_template",
+        "system_prompt",
+        "instruction",
+        "verifier",
+    )  # not download: the files enter a run's identity by content
     PROMPT_KNOBS = "a lower task.max_prompt_tokens"
     FILE_KEYS = ("train", "val")
     train: str
@@ -76,7 +89,7 @@ class DatasetTask(Task):
     dropped: dict[str, int] = field(default_factory=dict)  # per split: prompts over max_prompt_tokens (after `prepare`)
 
     @classmethod
-    def from_config(cls, task) -> "DatasetTask":
+    def from_config(cls, task) -> DatasetTask:
         if not task.train:
             raise TaskError("task=dataset needs task.train=PATH (a parquet, JSONL or save_to_disk directory)")
         if task.verifier not in VERIFIERS:
@@ -87,23 +100,45 @@ class DatasetTask(Task):
             raise TaskError(f"task.val_fraction must be in (0, 1), got {task.val_fraction}")
         if task.max_prompt_tokens < 1:
             raise TaskError(f"task.max_prompt_tokens must be >= 1, got {task.max_prompt_tokens}")
-        return cls(train=task.train, val=task.val, val_fraction=task.val_fraction, prompt_key=task.prompt_key,
-                   answer_key=task.answer_key, prompt_limit=task.max_prompt_tokens, chat_template=task.chat_template,
-                   system_prompt=task.system_prompt, instruction=task.instruction, verifier=task.verifier, download=task.download)
+        return cls(
+            train=task.train,
+            val=task.val,
+            val_fraction=task.val_fraction,
+            prompt_key=task.prompt_key,
+            answer_key=task.answer_key,
+            prompt_limit=task.max_prompt_tokens,
+            chat_template=task.chat_template,
+            system_prompt=task.system_prompt,
+            instruction=task.instruction,
+            verifier=task.verifier,
+            download=task.download,
+        )
 
     def __post_init__(self) -> None:
-        train = read_rows(self.train, self.key or "task.train", self.prompt_key, self.answer_key, self.download, self.prompt_limit)
+        train = read_rows(
+            self.train, self.key or "task.train", self.prompt_key, self.answer_key, self.download, self.prompt_limit
+        )
         self.rows_of: dict[str, tuple[Row, ...]]  # each split's rows as read, before prompts are made
         if self.key:  # a held-out set: the whole file is validation
             self.rows_of = {"train": train, "val": train}
         elif self.val:
-            self.rows_of = {"train": train, "val": read_rows(self.val, "task.val", self.prompt_key, self.answer_key, self.download, self.prompt_limit)}
+            self.rows_of = {
+                "train": train,
+                "val": read_rows(
+                    self.val, "task.val", self.prompt_key, self.answer_key, self.download, self.prompt_limit
+                ),
+            }
             if _same_file(self.train, self.val):
-                _warn_once(f"task.val {self.val} is the training file task.train: the validation score is measured on the problems "
-                           "the runs train on (leave task.val out to hold task.val_fraction of them aside)")
+                _warn_once(
+                    f"task.val {self.val} is the training file task.train: the validation score is measured on the problems "
+                    "the runs train on (leave task.val out to hold task.val_fraction of them aside)"
+                )
         else:
             held = [in_validation(row.text(), self.val_fraction) for row in train]
-            self.rows_of = {"train": tuple(r for r, h in zip(train, held) if not h), "val": tuple(r for r, h in zip(train, held) if h)}
+            self.rows_of = {
+                "train": tuple(r for r, h in zip(train, held) if not h),
+                "val": tuple(r for r, h in zip(train, held) if h),
+            }
         self._problems: dict[str, list[Problem]] | None = None
         self._verify = None
 
@@ -133,10 +168,14 @@ class DatasetTask(Task):
 
     def check(self, eval_problems: int) -> None:
         if not self.rows_of["train"]:
-            raise TaskError(f"{self.where('train')} leaves no training problems (task.val_fraction={self.val_fraction} holds them all out)")
+            raise TaskError(
+                f"{self.where('train')} leaves no training problems (task.val_fraction={self.val_fraction} holds them all out)"
+            )
         if len(self.rows_of["val"]) < eval_problems:
-            raise TaskError(f"eval.problems={eval_problems} exceeds the validation problems: {len(self.rows_of['val'])} in {self.where('val')}; "
-                            f"lower eval.problems{'' if self.val else ' or raise task.val_fraction'}")
+            raise TaskError(
+                f"eval.problems={eval_problems} exceeds the validation problems: {len(self.rows_of['val'])} in {self.where('val')}; "
+                f"lower eval.problems{'' if self.val else ' or raise task.val_fraction'}"
+            )
 
     def check_alphabet(self, alphabet: str, model: str) -> None:
         """Every character of every prompt and answer is one `model` can read (the embedded model's
@@ -144,13 +183,17 @@ class DatasetTask(Task):
         allowed = set(alphabet)
         extra = (self.system_prompt or "") + (self.instruction or "")
         if set(extra) - allowed:
-            raise TaskError(f"{model} reads only the characters {alphabet!r}: task.system_prompt/task.instruction has {sorted(set(extra) - allowed)[0]!r}")
+            raise TaskError(
+                f"{model} reads only the characters {alphabet!r}: task.system_prompt/task.instruction has {sorted(set(extra) - allowed)[0]!r}"
+            )
         for split, rows in self.rows_of.items():
             for row in rows:
                 bad = set(row.text() + row.answer) - allowed
                 if bad:
-                    raise TaskError(f"{self.where(split)} row {row.index}: {sorted(bad)[0]!r} is not a character {model} reads ({alphabet!r}); "
-                                    "use a model of your own (model=local model.path=...)")
+                    raise TaskError(
+                        f"{self.where(split)} row {row.index}: {sorted(bad)[0]!r} is not a character {model} reads ({alphabet!r}); "
+                        "use a model of your own (model=local model.path=...)"
+                    )
 
     def prepare(self, tokenizer) -> None:
         """Prompts as the sampler will see them, and their token counts; drops (and counts) the long ones."""
@@ -160,20 +203,41 @@ class DatasetTask(Task):
             texts = [self._render(row, tokenizer if use_template else None) for row in rows]
             lengths = [len(ids) for ids in tokenizer(texts).input_ids] if texts else []
             names = self.columns
-            keep = [Problem(prompt=t, answer=r.answer, id=str(r.index), columns={c: r.columns.get(c) for c in names}, given_prompt=r.given_prompt())
-                    for r, t, n in zip(rows, texts, lengths) if n <= self.max_prompt_tokens]
+            keep = [
+                Problem(
+                    prompt=t,
+                    answer=r.answer,
+                    id=str(r.index),
+                    columns={c: r.columns.get(c) for c in names},
+                    given_prompt=r.given_prompt(),
+                )
+                for r, t, n in zip(rows, texts, lengths)
+                if n <= self.max_prompt_tokens
+            ]
             self.dropped[split] = len(rows) - len(keep)
             if not keep:
-                raise TaskError(f"every prompt of {self.where(split)} is longer than task.max_prompt_tokens={self.max_prompt_tokens} "
-                                f"(the shortest has {min(lengths)} tokens)" if lengths else f"{self.where(split)} holds no problems")
+                raise TaskError(
+                    f"every prompt of {self.where(split)} is longer than task.max_prompt_tokens={self.max_prompt_tokens} "
+                    f"(the shortest has {min(lengths)} tokens)"
+                    if lengths
+                    else f"{self.where(split)} holds no problems"
+                )
             self._problems[split] = keep
 
     def _render(self, row: Row, tokenizer) -> str:
-        messages = [{"role": "user", "content": row.prompt}] if isinstance(row.prompt, str) else [{"role": r, "content": c} for r, c in row.prompt]
+        messages = (
+            [{"role": "user", "content": row.prompt}]
+            if isinstance(row.prompt, str)
+            else [{"role": r, "content": c} for r, c in row.prompt]
+        )
         if self.system_prompt and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         if self.instruction:
-            last = max(i for i, m in enumerate(messages) if m["role"] != "system") if any(m["role"] != "system" for m in messages) else len(messages) - 1
+            last = (
+                max(i for i, m in enumerate(messages) if m["role"] != "system")
+                if any(m["role"] != "system" for m in messages)
+                else len(messages) - 1
+            )
             messages[last] = {**messages[last], "content": messages[last]["content"] + "\n" + self.instruction}
         if tokenizer is not None:
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -215,13 +279,23 @@ def held_out(task_cfg, path: str, key: str) -> DatasetTask:
     """A held-out evaluation set (`eval.sets`, or task.train for calibration): the whole file is
     validation, its prompts made and its answers checked as the task config's dataset keys say
     (columns, template, verifier); `key` is the config key that names the file, which errors name."""
-    return DatasetTask(train=path, key=key, prompt_key=task_cfg.prompt_key, answer_key=task_cfg.answer_key,
-                       prompt_limit=task_cfg.max_prompt_tokens, chat_template=task_cfg.chat_template,
-                       system_prompt=task_cfg.system_prompt, instruction=task_cfg.instruction, verifier=task_cfg.verifier,
-                       download=task_cfg.download)
+    return DatasetTask(
+        train=path,
+        key=key,
+        prompt_key=task_cfg.prompt_key,
+        answer_key=task_cfg.answer_key,
+        prompt_limit=task_cfg.max_prompt_tokens,
+        chat_template=task_cfg.chat_template,
+        system_prompt=task_cfg.system_prompt,
+        instruction=task_cfg.instruction,
+        verifier=task_cfg.verifier,
+        download=task_cfg.download,
+    )
 
 
-def read_rows(path: str, what: str, prompt_key: str, answer_key: str, download: bool = False, prompt_tokens: int | None = None) -> tuple[Row, ...]:
+def read_rows(
+    path: str, what: str, prompt_key: str, answer_key: str, download: bool = False, prompt_tokens: int | None = None
+) -> tuple[Row, ...]:
     """The problems of one file (a Hub data set's, from the local Hugging Face cache: `hub`), each
     row checked; cached per file version (config checks and grid expansion ask again and again).
     Rows beyond what a prompt of `prompt_tokens` can be are refused before they are read (`bounds`)."""
@@ -232,15 +306,28 @@ def read_rows(path: str, what: str, prompt_key: str, answer_key: str, download: 
         raise TaskError(f"{what} {path} is not a regular file (or a data set's directory)")
     stat = p.stat()
     # Absolute, links not followed: a Hub cache's file is a link to a blob whose name has no suffix.
-    return _read_rows(str(p.absolute()), stat.st_mtime_ns, stat.st_size, what, prompt_key, answer_key, bounds.max_row_bytes(prompt_tokens))
+    return _read_rows(
+        str(p.absolute()),
+        stat.st_mtime_ns,
+        stat.st_size,
+        what,
+        prompt_key,
+        answer_key,
+        bounds.max_row_bytes(prompt_tokens),
+    )
 
 
 @functools.lru_cache(maxsize=16)
-def _read_rows(path: str, _mtime: int, _size: int, what: str, prompt_key: str, answer_key: str, max_row: int) -> tuple[Row, ...]:
+def _read_rows(
+    path: str, _mtime: int, _size: int, what: str, prompt_key: str, answer_key: str, max_row: int
+) -> tuple[Row, ...]:
     rows = records(Path(path), what, max_row)
     if not rows:
         raise TaskError(f"{what} {path} holds no rows")
-    return _consistent(tuple(_row(i, record, f"{what} {path} row {i}", prompt_key, answer_key) for i, record in enumerate(rows)), f"{what} {path}")
+    return _consistent(
+        tuple(_row(i, record, f"{what} {path} row {i}", prompt_key, answer_key) for i, record in enumerate(rows)),
+        f"{what} {path}",
+    )
 
 
 def _consistent(rows: tuple[Row, ...], where: str) -> tuple[Row, ...]:
@@ -251,8 +338,10 @@ def _consistent(rows: tuple[Row, ...], where: str) -> tuple[Row, ...]:
     for row in rows:
         seen = first.setdefault(row.prompt, row)
         if seen.answer != row.answer:
-            raise TaskError(f"{where} rows {seen.index} and {row.index}: the same prompt {row.text()[:60]!r} has two answers "
-                            f"({seen.answer!r}, {row.answer!r}); keep one of them")
+            raise TaskError(
+                f"{where} rows {seen.index} and {row.index}: the same prompt {row.text()[:60]!r} has two answers "
+                f"({seen.answer!r}, {row.answer!r}); keep one of them"
+            )
     return rows
 
 
@@ -307,7 +396,9 @@ def records(path: Path, what: str, max_row: int | None = None) -> list[dict]:
         raise
     except Exception as e:  # an unreadable file, whatever the library raises for it
         raise TaskError(f"{what} {path} cannot be read: {type(e).__name__}: {' '.join(str(e).split())[:300]}") from None
-    raise TaskError(f"{what} {path}: give a .parquet file, a .jsonl file or a directory saved by datasets' save_to_disk")
+    raise TaskError(
+        f"{what} {path}: give a .parquet file, a .jsonl file or a directory saved by datasets' save_to_disk"
+    )
 
 
 def _check_not_a_json_array(path: Path, what: str) -> None:
@@ -316,8 +407,10 @@ def _check_not_a_json_array(path: Path, what: str) -> None:
     with path.open() as f:
         head = f.read(4096).lstrip()
     if head.startswith("["):
-        raise TaskError(f"{what} {path} is a JSON array: give JSON Lines (one object per line, as .jsonl), a .parquet file "
-                        "or a save_to_disk directory")
+        raise TaskError(
+            f"{what} {path} is a JSON array: give JSON Lines (one object per line, as .jsonl), a .parquet file "
+            "or a save_to_disk directory"
+        )
 
 
 _MISSING = object()
@@ -342,13 +435,24 @@ def _row(index: int, record: Any, where: str, prompt_key: str, answer_key: str) 
     if prompt is _MISSING or prompt is None:
         raise TaskError(f"{where}: no '{prompt_key}' (set task.prompt_key to the prompt's column)")
     if answer is _MISSING:
-        raise TaskError(f"{where}: no '{answer_key}' (set task.answer_key to the answer's column, dotted for nested ones)")
+        raise TaskError(
+            f"{where}: no '{answer_key}' (set task.answer_key to the answer's column, dotted for nested ones)"
+        )
     measured = record.get(CALIBRATED)
-    tokens = float(measured) if isinstance(measured, (int, float)) and not isinstance(measured, bool) and measured > 0 else None
+    tokens = (
+        float(measured)
+        if isinstance(measured, (int, float)) and not isinstance(measured, bool) and measured > 0
+        else None
+    )
     prompt_column = prompt_key if prompt_key in record else prompt_key.split(".")[0]
     columns = {name: _plain(value) for name, value in record.items() if name != prompt_column}
-    return Row(index=index, prompt=_prompt(prompt, where, prompt_key), answer=_answer(answer, where, answer_key), response_tokens=tokens,
-               columns=columns)
+    return Row(
+        index=index,
+        prompt=_prompt(prompt, where, prompt_key),
+        answer=_answer(answer, where, answer_key),
+        response_tokens=tokens,
+        columns=columns,
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -372,7 +476,9 @@ def _prompt(value: Any, where: str, key: str) -> str | Messages:
         messages = []
         for m in value:
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-                raise TaskError(f"{where}: '{key}' must be a string or a list of chat messages ({{role, content}} strings), got an item {_short(m)}")
+                raise TaskError(
+                    f"{where}: '{key}' must be a string or a list of chat messages ({{role, content}} strings), got an item {_short(m)}"
+                )
             messages.append((m["role"], m["content"]))
         if all(role == "system" for role, _ in messages):
             raise TaskError(f"{where}: '{key}' holds only system messages")
@@ -392,7 +498,9 @@ def _answer(value: Any, where: str, key: str) -> str:
         raise TaskError(f"{where}: '{key}' must be a string or a number, got {_short(value)}")
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise TaskError(f"{where}: '{key}' is {value}: every row needs a finite answer (NaN is a numeric column's missing value)")
+            raise TaskError(
+                f"{where}: '{key}' is {value}: every row needs a finite answer (NaN is a numeric column's missing value)"
+            )
         value = int(value) if value.is_integer() else value
     text = str(value).strip()
     if not text:

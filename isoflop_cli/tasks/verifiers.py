@@ -18,7 +18,7 @@ from __future__ import annotations
 import multiprocessing
 import re
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from isoflop_cli.tasks.base import Verdict
 
@@ -73,7 +73,9 @@ def choice(answers: list[str], completions: list[str]) -> list[Verdict]:
     out = []
     for answer, completion in zip(answers, completions):
         letter = choice_letter(completion)
-        out.append(Verdict(parsed=letter is not None, correct=letter is not None and letter == answer.strip(" ()").upper()))
+        out.append(
+            Verdict(parsed=letter is not None, correct=letter is not None and letter == answer.strip(" ()").upper())
+        )
     return out
 
 
@@ -136,13 +138,17 @@ def _math_worker(conn, timeout_s: int) -> None:
 
     from math_verify import parse, verify
 
-    logging.getLogger("math_verify").setLevel(logging.ERROR)  # a timeout or unparsable answer is a verdict, not a log line
+    logging.getLogger("math_verify").setLevel(
+        logging.ERROR
+    )  # a timeout or unparsable answer is a verdict, not a log line
     gold_cache: dict[str, list] = {}
 
     def gold(answer: str) -> list:
         if answer not in gold_cache:
             boxed = last_boxed(answer)
-            gold_cache[answer] = parse(f"${boxed if boxed is not None else answer}$", parsing_timeout=timeout_s) or parse(answer, parsing_timeout=timeout_s)
+            gold_cache[answer] = parse(
+                f"${boxed if boxed is not None else answer}$", parsing_timeout=timeout_s
+            ) or parse(answer, parsing_timeout=timeout_s)
         return gold_cache[answer]
 
     while True:
