@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from isoflop_cli import hub
+from isoflop_cli.config.machine import builds_embedded, cannot_make
 from isoflop_cli.config.schema import cache_dir
-from isoflop_cli.config.validate import builds_embedded, cannot_make
 from isoflop_cli.joblog import job_message, last_exception
 from isoflop_cli.samplers import SAMPLERS
 from isoflop_cli.tracking import PACKAGES as TRACKER_PACKAGES
@@ -165,8 +165,8 @@ def _probe_job(
             if time.monotonic() > deadline:
                 client.stop_job(sid)
                 return [], [
-                    f"the preflight probe did not finish in {wait_s:.0f} s (job {sid}, {state.lower()}): the cluster has no room even "
-                    "for it, or a node hangs; cluster.preflight=false skips the preflight"
+                    f"the preflight probe did not finish in {wait_s:.0f} s (job {sid}, {state.lower()}): the cluster "
+                    "has no room even for it, or a node hangs; cluster.preflight=false skips the preflight"
                 ]
             time.sleep(0.5)
         log = client.get_job_logs(sid)
@@ -176,8 +176,8 @@ def _probe_job(
                 nodes = [_read(Node, n) for n in json.loads(lines[-1])]
             except (TypeError, ValueError) as e:  # a probe of another isoflop version, missing what this one asks
                 return [], [
-                    f"the preflight probe's answer does not read (job {sid}, with {spec.interpreter}: {e}): install the same "
-                    "isoflop on every node (cluster.python names the runs' interpreter)"
+                    f"the preflight probe's answer does not read (job {sid}, with {spec.interpreter}: {e}): install "
+                    "the same isoflop on every node (cluster.python names the runs' interpreter)"
                 ]
             placed = launcher.placement(client, nodes, cfg.cluster.cpus_per_run, cfg.cluster.gpus_per_run)
             return nodes, problems(spec, nodes, shared) + placed
@@ -201,8 +201,8 @@ def unplaceable(nodes: list[Node], cpus: float, gpus: float) -> list[str]:
         return []
     have = "; ".join(f"{n.count} x ({_count(n.cpus)} CPU, {_count(n.gpus)} GPU)" for n in nodes)
     return [
-        f"no node has the {_count(cpus)} CPUs and {_count(gpus)} GPUs a run asks for (cluster.cpus_per_run, cluster.gpus_per_run): "
-        f"its runs would wait forever; the cluster has {have}"
+        f"no node has the {_count(cpus)} CPUs and {_count(gpus)} GPUs a run asks for (cluster.cpus_per_run, "
+        f"cluster.gpus_per_run): its runs would wait forever; the cluster has {have}"
     ]
 
 
@@ -220,8 +220,8 @@ def problems(spec: Spec, nodes: list[Node], shared: Path) -> list[str]:
             )
         if not n.reads_cli_file or not (n.wrote and (shared / n.wrote).exists()):
             out.append(
-                f"{where} does not share the sweep dir {spec.sweep_dir} with the CLI (a file written on one side is not there on the "
-                "other): mount it at the same path on every node and where the CLI runs"
+                f"{where} does not share the sweep dir {spec.sweep_dir} with the CLI (a file written on one side is "
+                "not there on the other): mount it at the same path on every node and where the CLI runs"
             )
         for key, why in n.unreadable.items():
             out.append(f"{key} ({spec.paths[key]}) is {why} on {where}: every node must read it at that path")
@@ -229,7 +229,8 @@ def problems(spec: Spec, nodes: list[Node], shared: Path) -> list[str]:
             out.append(f"{key} {why} on {where}: every run there writes into it")
         if spec.vllm and not n.vllm:
             out.append(
-                f"sampler=vllm but vLLM does not import on {where}: install it there (pip install 'isoflop[vllm]') or point cluster.python at a Python that has it"
+                f"sampler=vllm but vLLM does not import on {where}: install it there (pip install 'isoflop[vllm]') or "
+                "point cluster.python at a Python that has it"
             )
         for name in n.trackers_missing:
             out.append(

@@ -89,7 +89,7 @@ BASE = [
 def test_hub_ids_of_a_model_and_a_data_set_resolve_through_the_local_cache(hub, tmp_path, monkeypatch):
     from isoflop_cli import grid
     from isoflop_cli import hub as hub_mod
-    from isoflop_cli.config.validate import check_runnable
+    from isoflop_cli.config.machine import check_runnable
     from isoflop_cli.recipe import checkpoint
     from isoflop_cli.tasks.dataset import DatasetTask
 

@@ -168,6 +168,15 @@ def test_light_modules_stay_light(module, heavy):
     assert not loaded, f"importing {module} loads {loaded}"
 
 
+def test_config_values_are_checked_apart_from_the_machine():
+    """`config/validate.py` checks a config's values; what depends on the machine it runs on (files
+    written, processes started, packages found) is `config/machine.py`'s, which the preflight also
+    asks of every node."""
+    machine = {"os", "shutil", "subprocess", "tempfile", "importlib"}
+    found = {name.split(".")[0] for name in _imports(PACKAGE / "config" / "validate.py")}
+    assert not found & machine, sorted(found & machine)
+
+
 def test_the_samplers_do_not_import_each_other():
     """Both build on `recipe/rollouts.py`; `make_sampler` finds each through the registry."""
     for a, b in (("sampler", "vllm_sampler"), ("vllm_sampler", "sampler")):

@@ -1,44 +1,30 @@
 """Value checks the schema's types cannot express, before any compute: each failure is one
 `ConfigError` line naming the key (exit code 2). `check` reads what `plan` needs (a checkpoint's
-config.json, the task's files); `check_runnable` what starting compute needs beyond that.
+config.json, the task's files); what the machine must hold beyond the values (weights, vLLM,
+writable directories) is `machine`'s, which `check` asks where the runs run here.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
 import re
-import shutil
-import subprocess
-import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from isoflop_cli import hub, launchers, tasks
+from isoflop_cli import launchers, tasks
 from isoflop_cli.algorithms import ALGORITHMS, LOSS_AGGS
+from isoflop_cli.config import machine
 from isoflop_cli.config.keys import unknown_key
-from isoflop_cli.config.schema import GROUPS, Schedule, cache_dir
+from isoflop_cli.config.schema import GROUPS, Schedule
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.flops import PROJECTIONS, Shape, UnsupportedModel
 from isoflop_cli.rewards import REWARDS
 from isoflop_cli.samplers import SAMPLERS
 from isoflop_cli.tasks.arith import ALPHABET
-from isoflop_cli.tracking import BACKENDS, writes_dir
-
-# What AutoTokenizer reads a tokenizer from (fast, then the slow tokenizers' vocabularies).
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer.model",
-    "vocab.json",
-    "vocab.txt",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-)
+from isoflop_cli.tracking import BACKENDS
 
 
 def check(cfg: DictConfig, axes: bool = True, evaluation: bool = True) -> None:
@@ -98,14 +84,15 @@ def check(cfg: DictConfig, axes: bool = True, evaluation: bool = True) -> None:
             raise ConfigError(f"grid.axes.{key}: set grid.{key} instead")
         if key.split(".")[0] == "cluster":  # the dispatcher submits every job with the sweep's cluster settings
             raise ConfigError(
-                f"grid.axes.{key}: the cluster is the sweep's, not a cell's (each job asks for the sweep's CPUs and GPUs); "
-                "run one sweep per cluster setting"
+                f"grid.axes.{key}: the cluster is the sweep's, not a cell's (each job asks for the sweep's CPUs and "
+                "GPUs); run one sweep per cluster setting"
             )
         if key not in GROUPS and OmegaConf.select(cfg, key, default="__missing__") == "__missing__":
             raise ConfigError(f"grid.axes.{key}: {unknown_key(key)}")
         if key in GROUPS and any(OmegaConf.is_config(v) for v in values):
             raise ConfigError(
-                f"grid.axes.{key} takes names of {key} configs (conf/{key}/NAME.yaml), got {_show(next(v for v in values if OmegaConf.is_config(v)))}"
+                f"grid.axes.{key} takes names of {key} configs (conf/{key}/NAME.yaml), got "
+                f"{_show(next(v for v in values if OmegaConf.is_config(v)))}"
             )
         _check_no_repeats(f"grid.axes.{key}", values)
     positive("eval.k", cfg.eval.k)
@@ -133,7 +120,8 @@ def check(cfg: DictConfig, axes: bool = True, evaluation: bool = True) -> None:
     positive("algo.epochs", cfg.algo.epochs)
     if cfg.algo.epochs > 1 and not float(cfg.algo.epochs).is_integer():
         raise ConfigError(
-            f"algo.epochs must be whole passes (1, 2, ...) or a share of each group's completions below 1, got {cfg.algo.epochs}"
+            "algo.epochs must be whole passes (1, 2, ...) or a share of each group's completions below 1, got "
+            f"{cfg.algo.epochs}"
         )
     positive("algo.minibatches", cfg.algo.minibatches)
     positive("algo.base_lr", cfg.algo.base_lr)
@@ -159,11 +147,13 @@ def check(cfg: DictConfig, axes: bool = True, evaluation: bool = True) -> None:
     positive("task.max_new_tokens", cfg.task.max_new_tokens)
     if evaluation and cfg.eval.problems > MAX_EVAL_PROBLEMS:
         raise ConfigError(
-            f"eval.problems must be <= {MAX_EVAL_PROBLEMS:,} (every eval point samples eval.samples completions of each), got {cfg.eval.problems}"
+            f"eval.problems must be <= {MAX_EVAL_PROBLEMS:,} (every eval point samples eval.samples completions of "
+            f"each), got {cfg.eval.problems}"
         )
     if OmegaConf.is_missing(cfg.model, "path"):
         raise ConfigError(
-            f"model '{cfg.model.name}' has no checkpoint path: set model.path=/path/to/checkpoint, or model=tiny-arith (the embedded model)"
+            f"model '{cfg.model.name}' has no checkpoint path: set model.path=/path/to/checkpoint, or "
+            "model=tiny-arith (the embedded model)"
         )
     task = _task(cfg, evaluation)
     _check_reward(cfg, task)
@@ -171,7 +161,7 @@ def check(cfg: DictConfig, axes: bool = True, evaluation: bool = True) -> None:
         _check_eval_sets(cfg)
     for part in ("model", "reward"):
         if cfg[part].path is not None:
-            hf_config = _check_checkpoint(f"{part}.path", checkpoint_dir(cfg, part))
+            hf_config = _check_checkpoint(f"{part}.path", machine.checkpoint_dir(cfg, part))
             positions, what = hf_config.get("max_position_embeddings"), f"{part}.path {cfg[part].path}"
         else:
             positions, what = (
@@ -214,18 +204,21 @@ def check(cfg: DictConfig, axes: bool = True, evaluation: bool = True) -> None:
         c
     )  # else the interpreter, the model cache and the trackers' files are the nodes' (the preflight's)
     if here and c.python is not None:
-        _check_executable("cluster.python", c.python)
-    if here and builds_embedded(cfg):
-        _check_model_cache()
+        machine.check_executable("cluster.python", c.python)
+    if here and machine.builds_embedded(cfg):
+        machine.check_model_cache()
     check_engine(cfg)
-    _check_tracking(cfg.tracking, here)
+    _check_tracking(cfg.tracking)
+    if here:
+        machine.check_trackers_dir(cfg.tracking)
     plain = lambda node: OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node  # noqa: E731
     _check_finite({key: plain(cfg[key]) for key in cfg if key != "grid"}, "")
     _check_finite({key: plain(g[key]) for key in g if axes or key != "axes"}, "grid")
 
 
 MAX_EVAL_PROBLEMS = 100_000
-MAX_NAME = 100  # characters of a name that is a directory's (a file name is at most 255 bytes, with a digest and prefixes added)
+# Characters of a name that is a directory's (a file name is at most 255 bytes, with a digest and prefixes added).
+MAX_NAME = 100
 MIN_TEMPERATURE = 0.01  # below it sampling is greedy in all but name; far below, logits / temperature overflow
 # Seeds are fed to torch.manual_seed (< 2**64) and random.seed, also as seed * 1_000_003 + step
 # (evaluation, calibration): below 2**32 (numpy's seed range) every one of them stays in range.
@@ -291,43 +284,6 @@ def _check_finite(node: Any, path: str) -> None:
         raise ConfigError(f"{path} must be a finite number, got {node}")
 
 
-def _check_executable(name: str, value: str) -> None:
-    if os.sep in value or value.startswith("~"):
-        path = Path(value).expanduser()
-        if not (path.is_file() and os.access(path, os.X_OK)):
-            raise ConfigError(f"{name} {value} is not an executable file")
-    elif shutil.which(value) is None:
-        raise ConfigError(f"{name} {value} is not on PATH")
-
-
-def builds_embedded(cfg: DictConfig) -> bool:
-    """Whether the runs build (or unpack) an embedded model into ISOFLOP_CACHE: the policy's, or a
-    model-based reward's, where no checkpoint path is given."""
-    return cfg.model.path is None or (REWARDS[cfg.reward.name].model_based and cfg.reward.path is None)
-
-
-def _check_model_cache() -> None:
-    """The embedded models are built into ISOFLOP_CACHE (`schema.cache_dir`)."""
-    _check_makeable("the model cache", "ISOFLOP_CACHE", cache_dir())
-
-
-def _check_makeable(what: str, key: str, root: Path) -> None:
-    why = cannot_make(root)
-    if why:
-        raise ConfigError(f"{what} {root} ({key}) {why}")
-
-
-def cannot_make(root: Path) -> str | None:
-    """Why the runs could not write into directory `root` (None: they can): not a directory, or
-    none that can be made (its nearest existing parent not a writable directory)."""
-    if root.exists():
-        return None if root.is_dir() else "is not a directory"
-    parent = next(p for p in root.absolute().parents if p.exists())
-    if not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
-        return f"cannot be made: {parent} is not a writable directory"
-    return None
-
-
 def _task(cfg: DictConfig, evaluation: bool = True) -> tasks.Task:
     """The run's task, built (a dataset task reads and checks its files) and able to give what a run
     draws; the embedded model reads only its own few characters."""
@@ -385,7 +341,8 @@ def _check_reward(cfg: DictConfig, task: tasks.Task) -> None:
         if need == "has_steps":
             raise ConfigError(f"reward {r.name} scores steps: use task=arith-steps (task.steps=true)")
         raise ConfigError(
-            f"reward {r.name} gives partial credit, which task {cfg.task.name} does not define: use reward=sparse or reward=structured"
+            f"reward {r.name} gives partial credit, which task {cfg.task.name} does not define: use reward=sparse or "
+            "reward=structured"
         )
     if not 0 <= r.format_weight <= 1:
         raise ConfigError(f"reward.format_weight must be in [0, 1], got {r.format_weight}")
@@ -417,7 +374,7 @@ def _check_positions(cfg: DictConfig, task: tasks.Task, positions: Any, what: st
 
 def _check_checkpoint(name: str, path: Path) -> dict:
     """A local Hugging Face checkpoint of a family the ledger counts; its config.json. Its weights are
-    `check_runnable`'s: planning reads the config alone (a 70B sweep is planned without its weights)."""
+    `machine.check_runnable`'s: planning reads the config alone (a 70B sweep is planned without its weights)."""
     if not (path / "config.json").is_file():
         raise ConfigError(f"{name} {path} is not a Hugging Face checkpoint (no config.json)")
     try:
@@ -433,63 +390,6 @@ def _check_checkpoint(name: str, path: Path) -> dict:
     except (UnsupportedModel, ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
         raise ConfigError(f"{name} {path}: {e}") from None
     return config
-
-
-def check_runnable(cfgs: Iterable[DictConfig]) -> None:
-    """What starting compute needs beyond what `plan` reads, for the runs of these configs (one per
-    axes combination of a sweep): each checkpoint's weights (model.path, reward.path, the judges),
-    and vLLM importable where the runs start (sampler=vllm). `plan` needs neither: it reads each
-    checkpoint's config.json, and plans a vLLM sweep from a machine without vLLM."""
-    checked: set = set()
-    for cfg in cfgs:
-        paths = {
-            f"{part}.path": checkpoint_dir(cfg, part) for part in ("model", "reward") if cfg[part].path is not None
-        }
-        paths.update({f"eval.judges.{name}": Path(path).expanduser() for name, path in cfg.eval.judges.items()})
-        for name, path in paths.items():
-            if path not in checked:
-                _check_weights(name, path)
-                checked.add(path)
-        package = SAMPLERS[cfg.sampler.name].package
-        if package == "vllm" and (package, cfg.cluster.python) not in checked:
-            check_vllm(cfg.cluster.python)
-            checked.add((package, cfg.cluster.python))
-
-
-def checkpoint_dir(cfg: DictConfig, part: str) -> Path:
-    """model.path's directory (a Hub id's cached snapshot, downloaded first where model.download
-    allows); reward.path's as given."""
-    if part == "model":
-        return hub.checkpoint(cfg.model.path, "model.path", cfg.model.download)
-    return Path(cfg[part].path).expanduser()
-
-
-def _check_weights(name: str, path: Path) -> None:
-    """A checkpoint's weight files (safetensors or PyTorch bins), each safetensors header readable (a
-    truncated or foreign file fails here, not in the run's load), and its tokenizer's files: without
-    them transformers builds an empty tokenizer from config.json, which turns every prompt into no
-    tokens."""
-    from safetensors import SafetensorError, safe_open
-
-    shards = sorted(path.glob("*.safetensors"))
-    if not shards and not any(path.glob("pytorch_model*.bin")):
-        raise ConfigError(
-            f"{name} {path} has no weights (*.safetensors or pytorch_model*.bin): "
-            "`plan` reads its config.json alone, a run needs the weights"
-        )
-    for shard in shards:
-        try:
-            with safe_open(shard, framework="numpy") as f:
-                f.keys()
-        except (SafetensorError, OSError) as e:
-            raise ConfigError(
-                f"{name} {shard} is not a readable safetensors file ({' '.join(str(e).split())})"
-            ) from None
-    if not any((path / f).is_file() for f in TOKENIZER_FILES):
-        raise ConfigError(
-            f"{name} {path} has no tokenizer ({', '.join(TOKENIZER_FILES[:3])} ...): save it beside the weights "
-            "(tokenizer.save_pretrained)"
-        )
 
 
 def _check_build(name: str, b: DictConfig) -> None:
@@ -508,16 +408,12 @@ def _check_build(name: str, b: DictConfig) -> None:
         raise ConfigError(f"{name}.stray must be in [0, 1), got {b.stray}")
 
 
-def _check_tracking(t: DictConfig, here: bool) -> None:
-    """Known backends and wandb mode (whether each imports where the runs run is the preflight's);
-    where the runs run `here`, a tracking.dir its trackers can write: a tracker that cannot would
-    only be a warning in every run's log."""
+def _check_tracking(t: DictConfig) -> None:
+    """Known backends and wandb mode (whether each imports where the runs run is the preflight's)."""
     for name in t.backends:
         check_choice("tracking.backends", name, BACKENDS)
     _check_no_repeats("tracking.backends", t.backends)
     check_choice("tracking.wandb_mode", t.wandb_mode, ("offline", "online"))
-    if here and t.dir and writes_dir(t):
-        _check_makeable("the trackers' directory", "tracking.dir", Path(t.dir).expanduser())
 
 
 def check_engine(cfg: DictConfig) -> None:
@@ -549,10 +445,11 @@ def check_engine(cfg: DictConfig) -> None:
         raise ConfigError(f"learner.world_size={lrn.world_size} needs a GPU each: cluster.gpus_per_run is {gpus}")
     if gpus >= 1 and lrn.world_size < int(gpus):  # every GPU a learner rank: the sampler's engines span them too
         raise ConfigError(
-            f"learner.world_size={lrn.world_size} leaves {int(gpus) - lrn.world_size} of cluster.gpus_per_run={gpus:g} GPUs idle: "
+            f"learner.world_size={lrn.world_size} leaves {int(gpus) - lrn.world_size} of "
+            f"cluster.gpus_per_run={gpus:g} GPUs idle: "
             "leave learner.world_size unset (one rank per GPU) or lower cluster.gpus_per_run"
         )
-    if SAMPLERS[smp.name].own_engine:  # its package importable is `check_runnable`'s: `plan` does not need it
+    if SAMPLERS[smp.name].own_engine:  # its package importable is `machine.check_runnable`'s: `plan` does not need it
         if not 0 < smp.gpu_memory_utilization < 1:
             raise ConfigError(f"sampler.gpu_memory_utilization must be in (0, 1), got {smp.gpu_memory_utilization}")
         if smp.kv_cache_gib is not None and smp.kv_cache_gib <= 0:
@@ -573,24 +470,6 @@ def check_engine(cfg: DictConfig) -> None:
             )
 
 
-def check_vllm(python: str | None) -> None:
-    """vLLM must import where the runs start: this Python, or cluster.python when it is set (which
-    the cluster checks found to run)."""
-    if not python:
-        if importlib.util.find_spec("vllm") is None:
-            raise ConfigError(
-                "sampler=vllm needs vLLM in this environment: pip install 'isoflop[vllm]' on GPU nodes, "
-                "`make setup-vllm` for the CPU build (then run .venv-vllm/bin/isoflop), or use sampler=hf"
-            )
-        return
-    probe = subprocess.run(
-        [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
-        capture_output=True,
-    )
-    if probe.returncode:
-        raise ConfigError(f"sampler=vllm needs vLLM in cluster.python ({python}): it does not import there")
-
-
 def _check_group(cfg: DictConfig) -> None:
     """Every n the config runs (a run's, the grid's) gives its algorithm a signal (`Algorithm.min_n`)."""
     need = ALGORITHMS[cfg.algo.name].min_n
@@ -598,8 +477,10 @@ def _check_group(cfg: DictConfig) -> None:
         short = [v for v in values if v < need]
         if short:
             raise ConfigError(
-                f"{name}={short[0]} with algo.name={cfg.algo.name}: its advantages are relative to each prompt's group of "
-                f"n completions, and a group of {short[0]} has no learning signal (its advantage is always 0) yet would be "
+                f"{name}={short[0]} with algo.name={cfg.algo.name}: its advantages are relative to each prompt's "
+                "group of "
+                f"n completions, and a group of {short[0]} has no learning signal (its advantage is always 0) yet "
+                "would be "
                 f"charged learning FLOPs; use n >= {need}, or an algorithm with a value head (ppo)"
             )
 
@@ -607,24 +488,3 @@ def _check_group(cfg: DictConfig) -> None:
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{name} '{value}' is not one of: {', '.join(choices)}")
-
-
-def check_writable(out: Path) -> Path:
-    """Create `out` if needed (`store.make_dirs`: never world-writable); fail fast if results could
-    not be written there. Absolute, with links left unresolved: a sweep's writes below it refuse a
-    link (`store._open_dir`) that resolving here would have followed."""
-    from isoflop_cli.store import make_dirs  # here: the store imports pandas, which the config package does not
-
-    out = Path(os.path.abspath(out.expanduser()))
-    try:
-        make_dirs(out)
-    except OSError as e:
-        raise ConfigError(f"output dir {out} is not writable: {e.strerror}") from None
-    try:  # a real write: root ignores mode bits, and a read-only mount or a full disk says so only here
-        with tempfile.TemporaryFile(dir=out) as probe:
-            probe.write(b"isoflop")
-            probe.flush()
-            os.fsync(probe.fileno())
-    except OSError as e:
-        raise ConfigError(f"output dir {out} is not writable: {e.strerror}") from None
-    return out
