@@ -25,12 +25,12 @@ from rich.live import Live
 from rich.text import Text
 
 from isoflop_cli import config as config_mod
+from isoflop_cli import continuation, launchers, report
 from isoflop_cli import cost as cost_mod
 from isoflop_cli import grid as grid_mod
-from isoflop_cli import launchers, report
 from isoflop_cli import sweep as sweep_mod
 from isoflop_cli.config import identity
-from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, DEFAULT_MARGIN, Schedule
+from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, DEFAULT_MARGIN
 from isoflop_cli.dispatch import EXIT_WITH_PARENT, Dispatcher, sweep_lock, watched
 from isoflop_cli.errors import ConfigError, LauncherError
 from isoflop_cli.processes import die_with_parent
@@ -45,8 +45,8 @@ from isoflop_cli.store import (
     disk_full_message,
     is_disk_full,
     no_world_writes,
-    read_json,
 )
+from isoflop_cli.sweep import DEFAULT_ROOT
 
 app = typer.Typer(
     help="IsoFLOP sweeps of LLM RL post-training: plan a grid, run it as Ray jobs, fit the frontier.",
@@ -62,7 +62,6 @@ OVERRIDES = typer.Argument(None, help="Hydra overrides, e.g. grid.n=[4,8,16] gri
 CONFIG = typer.Option(
     None, "--config", "-c", help="A ready-made sweep in sweeps/ (by name) or a YAML path (default: default)"
 )
-DEFAULT_ROOT = Path("isoflop-runs")
 OLD_OUT = typer.Option(None, "--out", "-o", hidden=True, help="The old spelling (deprecated).")
 MAX_GPU_HOURS = typer.Option(
     None,
@@ -147,6 +146,16 @@ def print_json(obj) -> None:
     print(json.dumps(jsonable(obj), indent=1))
 
 
+def print_written(document: dict, table, written: list[Path], as_json: bool) -> None:
+    """A command's result: its table and the files it wrote or, with --json, its document with the
+    files written as one JSON object."""
+    if as_json:
+        print_json({**document, "written": list(map(str, written))})
+        return
+    console.print(table)
+    console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
+
+
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     try:
@@ -166,7 +175,10 @@ def plan(
     replayed: Path | None = typer.Option(
         None,
         "--replay",
-        help="A replay.json of a similar sweep (isoflop replay): the share of the full grid an adaptive schedule spent there.",
+        help=(
+            "A replay.json of a similar sweep (isoflop replay): the share of the full grid an adaptive schedule "
+            "spent there."
+        ),
     ),
     max_gpu_hours: float | None = MAX_GPU_HOURS,
     noise_from: Path | None = typer.Option(
@@ -183,7 +195,11 @@ def plan(
     with user_errors():
         root = renamed(root, old_out, "--root", DEFAULT_ROOT)
         cfg, cells = sweep_mod.load(config, list(overrides or []), root)
-        share = _replayed_share(replayed) if replayed else None
+        share = None
+        if replayed:  # fit/replay.py draws its plots with matplotlib: loaded only when asked
+            from isoflop_cli.fit.replay import replayed_share
+
+            share = replayed_share(replayed)
         price = _priced(cfg, cells, root, max_gpu_hours)
         power = _powered(cfg, cells, noise_from)
     if as_json:
@@ -231,20 +247,6 @@ def _priced(cfg, cells: list[grid_mod.Cell], root: Path, max_hours: float | None
             f"(costliest: {top}; {price.source})"
         )
     return price
-
-
-def _replayed_share(path: Path) -> float:
-    """The share of its full grid a replayed schedule spent: a number in (0, 1] (a schedule spends
-    at most the full grid's compute)."""
-    data = read_json(path)
-    if not isinstance(data, dict) or not isinstance(data.get("compute_share"), (int, float)):
-        raise ConfigError(f"--replay {path}: not a replay.json written by isoflop replay (no compute_share)")
-    share = float(data["compute_share"])
-    if not 0 < share <= 1:
-        raise ConfigError(
-            f"--replay {path}: compute_share must be in (0, 1] (a share of the full grid's compute), got {share:g}"
-        )
-    return share
 
 
 @app.command()
@@ -387,7 +389,8 @@ def _run_sweep(
     out.print(
         f"{outcome.finished}/{len(outcome.states)} runs finished"
         + (
-            f", {outcome.paused} stopped by the adaptive schedule (paused at their checkpoints; grid.schedule=full or larger grid.budgets continue them)"
+            f", {outcome.paused} stopped by the adaptive schedule (paused at their checkpoints; grid.schedule=full or "
+            "larger grid.budgets continue them)"
             if outcome.paused
             else ""
         )
@@ -417,7 +420,8 @@ def doctor(
         nodes = sweep_mod.doctor(sweep_dir, cfg, _view())
     for n in nodes:
         console.print(
-            f"node {n.host}{f' x{n.count}' if n.count > 1 else ''}: {n.cpus:g} CPU, {n.gpus:g} GPU, isoflop {n.version}, Python {n.python}, "
+            f"node {n.host}{f' x{n.count}' if n.count > 1 else ''}: {n.cpus:g} CPU, {n.gpus:g} GPU, isoflop "
+            f"{n.version}, Python {n.python}, "
             "sweep dir shared, run files readable" + (", vLLM imports" if n.vllm else ""),
             soft_wrap=True,
         )
@@ -457,7 +461,10 @@ def run(
     pause_at: float | None = typer.Option(
         None,
         "--pause-at",
-        help="Stop at the first step whose ledger reaches this budget, keeping a checkpoint; a later run continues (adaptive sweeps).",
+        help=(
+            "Stop at the first step whose ledger reaches this budget, keeping a checkpoint; a later run continues "
+            "(adaptive sweeps)."
+        ),
     ),
 ) -> None:
     """One GRPO run in this process: what each Ray job executes, and how to debug a single cell (n=..., B_p=...).
@@ -471,18 +478,16 @@ def run(
         plan = grid_mod.plan_run(cfg)
         axes = {"n": cfg.n, "B_p": cfg.B_p, "seed": cfg.seed}
         run_dir = config_mod.check_writable(run_dir or DEFAULT_ROOT / "single" / identity.run_id(axes, cfg, plan.key))
-        # A sealed run stays as it is (a stale job, a requeue that came late, a user rerunning it),
-        # unless it kept its state at its end (checkpoint.keep_final) and this plan goes further.
-        files = RunFiles(run_dir)
-        finished = files.finished_rows()
-    if finished and (plan.reached_by(finished) or not files.has_checkpoint()):
+        finished = continuation.sealed(RunFiles(run_dir), plan)
+    if finished:
         console.print(
             f"{run_dir} holds a finished run: nothing to do (give another --run-dir to run it again)", soft_wrap=True
         )
         console.print(report.metrics_table(finished))
         return
     console.print(
-        f"run: n={cfg.n} B_p={cfg.B_p} seed={cfg.seed} M={plan.M} lr={plan.lr:.3g}, to {plan.limit:.4g} {plan.column} -> {run_dir}"
+        f"run: n={cfg.n} B_p={cfg.B_p} seed={cfg.seed} M={plan.M} lr={plan.lr:.3g}, to {plan.limit:.4g} {plan.column} "
+        f"-> {run_dir}"
     )
     if os.environ.get(EXIT_WITH_PARENT):
         _exit_with_parent()
@@ -695,7 +700,10 @@ def fit(
     as_json: bool = typer.Option(
         False,
         "--json",
-        help="Print one JSON object: fit.json's, with the answer's lines, frontier.csv's rows (frontier_csv) and the files written.",
+        help=(
+            "Print one JSON object: fit.json's, with the answer's lines, frontier.csv's rows (frontier_csv) and the "
+            "files written."
+        ),
     ),
 ) -> None:
     """Fit frontiers and allocation laws with bootstrap intervals: fit.json, frontier.csv, plots, report.md."""
@@ -744,7 +752,10 @@ def replay(
     ),
     indifference: float = typer.Option(
         DEFAULT_INDIFFERENCE,
-        help="adaptive: a cell that could beat the frontier by no more than this stops, in the metric's units (grid.indifference).",
+        help=(
+            "adaptive: a cell that could beat the frontier by no more than this stops, in the metric's units "
+            "(grid.indifference)."
+        ),
     ),
     budgets: str | None = typer.Option(
         None,
@@ -760,30 +771,15 @@ def replay(
 ) -> None:
     """Simulate a schedule on a recorded full grid (no compute): which cells it stops and when, the
     share of the full grid's compute it spends, and how its frontier and axis*(C) compare: replay.json, plots."""
-    from isoflop_cli.fit import data
     from isoflop_cli.fit import replay as replay_mod
 
+    options = replay_mod.ReplayOptions(schedule, margin, indifference, budgets, metric, axis, compute)
     with user_errors():
-        if schedule not in [s.value for s in Schedule]:
-            raise ConfigError(f"--schedule must be one of: {', '.join(s.value for s in Schedule)}, got {schedule}")
-        if not (margin >= 0 and math.isfinite(margin)):
-            raise ConfigError(f"--margin must be a finite number >= 0, got {margin}")
-        if not (indifference >= 0 and math.isfinite(indifference)):
-            raise ConfigError(f"--indifference must be a finite number >= 0, got {indifference}")
-        stages = _float_list("--budgets", budgets) if budgets else None
-        df, info = data.load([path])
-        data.numeric_column(df, compute, path)
-        with data.notes() as notes:
-            result = replay_mod.replay(df, metric, axis, compute, Schedule(schedule), margin, stages, indifference)
-            dest = config_mod.check_writable(out or (path if path.is_dir() else path.parent) / "replay")
-            written = replay_mod.write(result, info, axis, compute, dest)
-    for note in notes:
+        replayed = replay_mod.run(path, options, out)
+    for note in replayed.notes:
         err.print(Text.assemble(("warning: ", "bold yellow"), note), soft_wrap=True)
-    if as_json:
-        print_json({**json.loads(written[0].read_text()), "written": list(map(str, written))})
-        return
-    console.print(report.replay_table(result, axis))
-    console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
+    document = json.loads(replayed.written[0].read_text())
+    print_written(document, report.replay_table(replayed.result, axis), replayed.written, as_json)
 
 
 @app.command("race-pilot")
@@ -793,7 +789,9 @@ def race_pilot(
     root: Path | None = typer.Option(
         None,
         "--root",
-        help=f"Output root; the pilot lives in ROOT/<name>-pilot, its analysis in race/ there (default: {DEFAULT_ROOT}).",
+        help=(
+            f"Output root; the pilot lives in ROOT/<name>-pilot, its analysis in race/ there (default: {DEFAULT_ROOT})."
+        ),
     ),
     out: Path | None = typer.Option(
         None,
@@ -804,7 +802,10 @@ def race_pilot(
     ),
     target: str = typer.Option(
         "native",
-        help="native (val_native: validation scored by the training reward), downstream (a held-out set's downstream_*_pass@1, else val_avg@k) or judge (judge_*).",
+        help=(
+            "native (val_native: validation scored by the training reward), downstream (a held-out set's "
+            "downstream_*_pass@1, else val_avg@k) or judge (judge_*)."
+        ),
     ),
     metric: str | None = typer.Option(None, help="The target column itself (default: the target's column)."),
     from_results: Path | None = typer.Option(
@@ -813,7 +814,10 @@ def race_pilot(
     validate_with: Path | None = typer.Option(
         None,
         "--validate-with",
-        help="Full-scale results (a sweep dir or results file): same_regime_rate compares the pilot's call with the call on them.",
+        help=(
+            "Full-scale results (a sweep dir or results file): same_regime_rate compares the pilot's call with the "
+            "call on them."
+        ),
     ),
     force: bool = typer.Option(False, "--force", help="Run a pilot that costs more than --cap of the full sweep."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the pilot plan and its cost, and stop."),
@@ -845,145 +849,34 @@ def race_pilot(
     recommends what to run at full scale. The pilot identifies a regime; it does not guarantee a
     held-out gain."""
     from isoflop_cli.race import command as race
-    from isoflop_cli.race.analysis import MIN_DRAWS
-    from isoflop_cli.race.pilot import PilotSpec, derive
+    from isoflop_cli.race.outputs import pilot_json, pilot_line, summary
 
-    overrides = list(overrides or [])
+    question = race.Question(target, metric, config, list(overrides or []), bootstrap, seed, validate_with)
     with user_errors():
-        if bootstrap < MIN_DRAWS:
-            raise ConfigError(
-                f"--bootstrap must be >= {MIN_DRAWS}, got {bootstrap}: the regime is called from 90% bootstrap intervals"
-            )
-        if seed < 0:
-            raise ConfigError(f"--seed must be >= 0, got {seed}")
-        full_results = race.read_results(validate_with) if validate_with is not None else None
+        question = question.checked()
         if from_results is not None:
-            df = race.read_results(from_results)
-            column = race.target_metric(target, metric, list(df.columns), "the results have")
-            df = race.target_values(df, column, from_results)
-            race.check_full(full_results, column, validate_with)
-            base = from_results if from_results.is_dir() else from_results.parent
-            dest = config_mod.check_writable(out or base / "race")
-            result, written = race.analyse(
-                df,
-                target,
-                column,
-                None,
-                config,
-                overrides,
-                {"pilot_flops": race.pilot_flops(df), "pilot_share": None},
-                dest,
-                None,
-                bootstrap,
-                seed,
-                full_results,
-            )
-            _race_result(result, written, as_json)
+            result, written = race.from_results(from_results, question, out)
+            print_written(result, summary(result), written, as_json)
             return
         root = renamed(root, out, "--root")
-        if target not in race.TARGETS:
-            raise ConfigError(f"--target '{target}' is not one of: {', '.join(race.TARGETS)}")
-        spec = PilotSpec(updates=_number_list("--updates", updates), budgets=budgets, share=share, cap=cap)
-        pilot = derive(config, overrides, spec, force)
-        column = race.target_metric(target, metric, race.recorded_columns(pilot.cfg), "pilot runs record")
-        race.check_full(full_results, column, validate_with)
-        if not dry_run:
-            sweep_dir = sweep_mod.check(root or DEFAULT_ROOT, pilot.cfg, pilot.cells)
-            sweep_mod.check_same_grid(sweep_dir, pilot.cells, extend=False, hint="")
+        planned = race.plan(question, race.PilotOptions(updates, budgets, share, cap, force), root, dry_run)
+    pilot = planned.pilot
     if not as_json:  # its object holds what they show
         console.print(report.plan_table(pilot.cfg, pilot.cells))
-        console.print(_pilot_line(pilot, spec), soft_wrap=True)
+        console.print(pilot_line(pilot, planned.spec), soft_wrap=True)
     for note in pilot.notes:
         err.print(Text.assemble(("note: ", "bold yellow"), note), soft_wrap=True)
     if dry_run:
         if as_json:
-            print_json(_pilot_json(pilot, spec))
+            print_json(pilot_json(pilot, planned.spec))
         return
-    outcome = _run_sweep(sweep_dir, pilot.cfg, pilot.cells, out=err if as_json else console)
+    outcome = _run_sweep(planned.sweep_dir, pilot.cfg, pilot.cells, out=err if as_json else console)
     if outcome.failed:
         err.print("the pilot is incomplete: rerun the same command to resume it")
         raise typer.Exit(1)
     with user_errors():
-        scale = sweep_dir.flops_scale()
-        spent = race.pilot_flops(outcome.results)
-        full = race.full_sweep_flops(config, overrides, scale)
-        cost = {
-            "pilot_flops": spent,
-            "pilot_share": spent / full,
-            "full_flops": full,
-            "pilot_share_planned": pilot.share,
-            "scale": scale,
-        }
-        result, written = race.analyse(
-            outcome.results,
-            target,
-            column,
-            pilot.budgets,
-            config,
-            overrides,
-            cost,
-            sweep_dir.path / "race",
-            str(root) if root else None,
-            bootstrap,
-            seed,
-            full_results,
-        )
-    _race_result(result, written, as_json)
-
-
-def _pilot_line(pilot, spec) -> str:
-    """The pilot's design and predicted cost, in one line under its plan table."""
-    from isoflop_cli.race.pilot import SEEDS
-
-    return (
-        f"pilot: {len(pilot.rewards)} reward system(s) {pilot.rewards} x levels (n x updates per batch) {', '.join(map(str, pilot.levels))} "
-        f"x {SEEDS} seeds, budgets {', '.join(f'{b:.3g}' for b in pilot.budgets)} FLOPs "
-        f"({'; '.join('{}-{}'.format(*pilot.steps(b)) for b in pilot.budgets)} steps a cell at the plan's bound): {pilot.flops:.3g} FLOPs predicted, "
-        f"{pilot.share:.1%} of the full sweep's {pilot.full_flops:.3g} (target {spec.share:.0%}, cap {spec.cap:.0%})"
-        + (
-            "; the full sweep's FLOPs are per-step upper bounds, so the share measured after the pilot is higher"
-            if pilot.full_by_bound
-            else ""
-        )
-    )
-
-
-def _pilot_json(pilot, spec) -> dict:
-    """`race-pilot --dry-run --json`: the pilot's cells as `plan --json` lists them, its totals, and
-    the design the pilot line says."""
-    from isoflop_cli.race.pilot import SEEDS
-
-    feasible = [c for c in pilot.cells if c.feasible]
-    totals = {
-        "cells": len(pilot.cells),
-        "feasible": len(feasible),
-        "rollouts": sum(c.plan.rollouts for c in feasible),
-        "flops": pilot.flops,
-    }
-    design = {
-        "rewards": list(pilot.rewards),
-        "levels": [{"n": level.n, "updates": level.updates} for level in pilot.levels],
-        "seeds": SEEDS,
-        "budgets": list(pilot.budgets),
-        "steps": [list(pilot.steps(b)) for b in pilot.budgets],
-        "share": pilot.share,
-        "full_flops": pilot.full_flops,
-        "full_by_bound": pilot.full_by_bound,
-        "target_share": spec.share,
-        "cap": spec.cap,
-    }
-    return {"cells": report.plan_records(pilot.cells), "totals": totals, "pilot": design}
-
-
-def _race_result(result: dict, written: list[Path], as_json: bool) -> None:
-    """RACE's regimes and recommendation: its table, or regime.json's object with the files written."""
-    from isoflop_cli.race.outputs import summary
-
-    if as_json:
-        print_json({**result, "written": list(map(str, written))})
-        return
-    console.print(summary(result))
-    console.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
+        result, written = race.conclude(planned, outcome.results)
+    print_written(result, summary(result), written, as_json)
 
 
 def main() -> None:
@@ -997,23 +890,6 @@ def main() -> None:
             raise
         err.print(Text.assemble(("error: ", "bold red"), disk_full_message(e)), soft_wrap=True)
         raise SystemExit(1) from None
-
-
-def _float_list(option: str, text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError(f"{option} takes numbers separated by commas, got '{text}'") from None
-    if not values or not all(v > 0 and math.isfinite(v) for v in values):
-        raise ConfigError(f"{option} takes positive numbers, got '{text}'")
-    return values
-
-
-def _number_list(option: str, text: str) -> list[float]:
-    try:
-        return [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError(f"{option} takes numbers separated by commas, got '{text}'") from None
 
 
 def _interrupt(*_) -> None:

@@ -10,6 +10,9 @@ and left a checkpoint of (paused by the adaptive schedule, stopped, or finished 
 The takeover is crash-safe in three steps, each repeated harmlessly by a rerun: the manifest names
 the new cell and what it `continues` (the old cell leaves it); the old run, if finished, is marked
 paused where it ended; its directory is renamed to the new run id.
+
+A single run (`isoflop run`) given a dir that holds its finished self continues it the same way
+where it kept its state at its end and is planned further (`sealed`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from omegaconf import OmegaConf
 
 from isoflop_cli import grid
 from isoflop_cli.config import identity
-from isoflop_cli.store import FINISHED, PAUSED, Manifest, SweepDir
+from isoflop_cli.store import FINISHED, PAUSED, Manifest, RunFiles, SweepDir
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,16 @@ def trajectory(cfg) -> str:
     """The trajectory of the run `cfg` (`identity.trajectory`): its content, the ledger column its
     budgets are in and its learning rate."""
     return identity.trajectory(cfg, grid.budget_column(cfg.grid), grid.learning_rate(cfg.algo, cfg.n * cfg.B_p))
+
+
+def sealed(files: RunFiles, plan: grid.RunPlan) -> list[dict] | None:
+    """The eval points of the finished run in `files`, which stays as it is (a stale job, a requeue
+    that came late, a user rerunning it), unless it kept its state at its end (checkpoint.keep_final)
+    and `plan` goes further: then, as when it is not finished, None (the run runs, from its checkpoint)."""
+    finished = files.finished_rows()
+    if finished and (plan.reached_by(finished) or not files.has_checkpoint()):
+        return finished
+    return None
 
 
 def find(sweep_dir: SweepDir, cells: list[grid.Cell]) -> list[Continuation]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ContextManager
+from typing import TYPE_CHECKING, Any
 
 from isoflop_cli import config as config_mod
 from isoflop_cli import continuation, launchers, provenance
@@ -28,6 +28,7 @@ from isoflop_cli.store import FINISHED, PAUSED, CellState, Infeasible, Manifest,
 if TYPE_CHECKING:
     import pandas as pd
 
+DEFAULT_ROOT = Path("isoflop-runs")  # where sweeps live, as ROOT/<name>, unless --root names another
 EXTEND_HINT = "rerun with --extend to add this grid's cells to them, or "
 
 
@@ -97,8 +98,8 @@ def check_same_grid(
         twins = continuation.restarted(sweep_dir, cells, gone)
         why = (
             (
-                f"; {twins} of them are runs of this grid to a smaller budget, finished without a checkpoint to continue from "
-                "(checkpoint.keep_final=true keeps one)"
+                f"; {twins} of them are runs of this grid to a smaller budget, finished without a checkpoint to "
+                "continue from (checkpoint.keep_final=true keeps one)"
             )
             if twins
             else ""
@@ -197,11 +198,11 @@ class View:
     def prepared(self, sweep_dir: SweepDir) -> None:
         """The dir is prepared: the manifest names every cell."""
 
-    def probing(self) -> ContextManager:
+    def probing(self) -> contextlib.AbstractContextManager:
         """Around the preflight probe."""
         return contextlib.nullcontext()
 
-    def watching(self, dispatcher: Dispatcher) -> ContextManager:
+    def watching(self, dispatcher: Dispatcher) -> contextlib.AbstractContextManager:
         """Around the dispatch; it may set `dispatcher.on_poll`."""
         return contextlib.nullcontext()
 

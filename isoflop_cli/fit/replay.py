@@ -6,24 +6,29 @@ results is exact: at each stage budget the rule (`schedule.decide`) sees the poi
 cells had reached, the cells it stops keep what they had, and the compute a cell spends is its
 ledger when it stopped. The replay compares the adaptive frontier and axis*(C) with the full
 grid's at every stage budget.
+
+`run` is what the command does between parsing its options and printing; `replayed_share` reads
+back the share of the full grid's compute a replay.json says its schedule spent (`plan --replay`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, Schedule
+from isoflop_cli.config import check_writable
+from isoflop_cli.config.schema import DEFAULT_INDIFFERENCE, DEFAULT_MARGIN, Schedule
 from isoflop_cli.errors import ConfigError
-from isoflop_cli.fit import plots
+from isoflop_cli.fit import data, plots
 from isoflop_cli.fit.data import RUN, compute_unit, one_per_run, plain, usable
 from isoflop_cli.fit.outputs import jsonable
 from isoflop_cli.fit.schedule import decide, noise, stage_of
-from isoflop_cli.store import atomic_write
+from isoflop_cli.store import atomic_write, read_json
 
 
 @dataclass
@@ -95,7 +100,8 @@ def replay(
     first = float(rows.loc[rows[compute] > 0, compute].min())
     if given and stages[0] < first / 1.1:  # a budget no eval point reaches would stop cells on no data
         raise ConfigError(
-            f"replay: --budgets {stages[0]:g} is below every eval point of these results (the first is at {first:g} {compute})"
+            f"replay: --budgets {stages[0]:g} is below every eval point of these results (the first is at {first:g} "
+            f"{compute})"
         )
     bounded = rows[metric].min() >= 0 and rows[metric].max() <= 1
     if schedule is Schedule.adaptive:
@@ -103,7 +109,8 @@ def replay(
             raise ConfigError(
                 "replay: the adaptive schedule decides between budgets; give --budgets two or more distinct values"
                 if given
-                else "replay: the adaptive schedule decides between budgets; these results span one budget (give --budgets)"
+                else "replay: the adaptive schedule decides between budgets; these results span one budget "
+                "(give --budgets)"
             )
         if not bounded:
             raise ConfigError(
@@ -202,7 +209,10 @@ def write(result: Replay, info: dict, axis: str, compute: str, out: Path) -> lis
         t["adaptive_value"],
         "s--",
         color="tab:orange",
-        label=f"{result.schedule.value} (margin {result.margin:g}, indifference {result.indifference:g}): {result.compute_share:.0%} of the compute",
+        label=(
+            f"{result.schedule.value} (margin {result.margin:g}, indifference {result.indifference:g}): "
+            f"{result.compute_share:.0%} of the compute"
+        ),
     )
     top.set_ylabel("frontier (best metric with compute <= C)")
     top.set_xscale("log")
@@ -215,3 +225,69 @@ def write(result: Replay, info: dict, axis: str, compute: str, out: Path) -> lis
     bottom.set_xlabel(f"C ({compute_unit(compute)})")
     bottom.legend()
     return [out / "replay.json", *plots.save(fig, out / "replay")]
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """`isoflop replay`'s options as given: the schedule simulated and its knobs, the stage budgets
+    (comma-separated; None: `default_stages`), and the columns read."""
+
+    schedule: str = Schedule.adaptive.value
+    margin: float = DEFAULT_MARGIN
+    indifference: float = DEFAULT_INDIFFERENCE
+    budgets: str | None = None
+    metric: str = "val_avg@k"
+    axis: str = "n"
+    compute: str = "rollouts"
+
+
+@dataclass
+class Replayed:
+    result: Replay
+    written: list[Path]  # replay.json first, then the plots
+    notes: list[str]  # warnings on the way, shown beside the result
+
+
+def run(path: Path, options: ReplayOptions, out: Path | None) -> Replayed:
+    """The options checked, the recorded grid read, the schedule replayed on it and written into
+    `out` (default: <sweep>/replay, or replay/ beside the file); a ConfigError for anything the user
+    must fix, before anything is written."""
+    o = options
+    if o.schedule not in [s.value for s in Schedule]:
+        raise ConfigError(f"--schedule must be one of: {', '.join(s.value for s in Schedule)}, got {o.schedule}")
+    if not (o.margin >= 0 and math.isfinite(o.margin)):
+        raise ConfigError(f"--margin must be a finite number >= 0, got {o.margin}")
+    if not (o.indifference >= 0 and math.isfinite(o.indifference)):
+        raise ConfigError(f"--indifference must be a finite number >= 0, got {o.indifference}")
+    stages = _positive_numbers("--budgets", o.budgets) if o.budgets else None
+    df, info = data.load([path])
+    data.numeric_column(df, o.compute, path)
+    with data.notes() as notes:
+        result = replay(df, o.metric, o.axis, o.compute, Schedule(o.schedule), o.margin, stages, o.indifference)
+        dest = check_writable(out or (path if path.is_dir() else path.parent) / "replay")
+        written = write(result, info, o.axis, o.compute, dest)
+    return Replayed(result, written, notes)
+
+
+def replayed_share(path: Path) -> float:
+    """The share of its full grid a replayed schedule spent (replay.json's compute_share): a number
+    in (0, 1] (a schedule spends at most the full grid's compute)."""
+    found = read_json(path)
+    if not isinstance(found, dict) or not isinstance(found.get("compute_share"), (int, float)):
+        raise ConfigError(f"--replay {path}: not a replay.json written by isoflop replay (no compute_share)")
+    share = float(found["compute_share"])
+    if not 0 < share <= 1:
+        raise ConfigError(
+            f"--replay {path}: compute_share must be in (0, 1] (a share of the full grid's compute), got {share:g}"
+        )
+    return share
+
+
+def _positive_numbers(option: str, text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{option} takes numbers separated by commas, got '{text}'") from None
+    if not values or not all(v > 0 and math.isfinite(v) for v in values):
+        raise ConfigError(f"{option} takes positive numbers, got '{text}'")
+    return values

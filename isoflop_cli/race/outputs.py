@@ -1,6 +1,7 @@
 """What RACE writes and prints: regime.json for tools, race.md and race.png/svg for people, and a
 rich summary for the terminal. Each states that the pilot identifies a regime and does not
-guarantee a held-out gain."""
+guarantee a held-out gain. Before it runs, the pilot's design and predicted cost: a line under its
+plan table, or one JSON object (`--dry-run --json`)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from isoflop_cli import report as report_mod
 from isoflop_cli.fit.outputs import jsonable
 from isoflop_cli.fit.plots import palette, save
 from isoflop_cli.fit.report import fmt
 from isoflop_cli.race.analysis import CURVES, Data, predict, rho_of
+from isoflop_cli.race.pilot import SEEDS, Pilot, PilotSpec
 from isoflop_cli.store import atomic_write, write_json
 
 CAVEAT = (
@@ -72,21 +75,26 @@ def markdown(report: dict, plots: list[str]) -> str:
         "",
         f"**{CAVEAT}**",
         "",
-        f"Target `{report['target']}` (column `{report['metric']}`), read at budgets {', '.join(f'{b:.3g}' for b in report['budgets'])} FLOPs "
-        f"from {report['runs']} runs. Curves of the target against x = log2(rho / (1 - rho)) per reward system and budget "
-        f"({', '.join(CURVES)}), chosen by leave-one-out error with the one-standard-error rule; effects with 90% intervals "
-        f"from {report['bootstrap']} bootstrap resamples over runs. A regime is named only when the constant curve is beaten "
-        "by more than the noise and the interval excludes 0; `interior` when the quadratic is chosen and the 90% interval of its "
-        "peak (the optimum rho) lies strictly inside the pilot's rho range; the optimum also in rho without reward FLOPs and in the "
+        f"Target `{report['target']}` (column `{report['metric']}`), read at budgets "
+        f"{', '.join(f'{b:.3g}' for b in report['budgets'])} FLOPs from {report['runs']} runs. Curves of the target "
+        "against x = log2(rho / (1 - rho)) per reward system and budget "
+        f"({', '.join(CURVES)}), chosen by leave-one-out error with the one-standard-error rule; effects with 90% "
+        f"intervals from {report['bootstrap']} bootstrap resamples over runs. A regime is named only when the constant "
+        "curve is beaten "
+        "by more than the noise and the interval excludes 0; `interior` when the quadratic is chosen and the 90% "
+        "interval of its peak (the optimum rho) lies strictly inside the pilot's rho range; the optimum also in rho "
+        "without reward FLOPs and in the "
         "lever's units (algo.epochs: updates per rollout batch; n), read off the pilot's levels around it.",
         "",
-        "| reward | regime | basis | curve | effect | 90% interval | optimum rho | 90% interval | optimum in other units [90%] | rho regime | runs | why |",
+        "| reward | regime | basis | curve | effect | 90% interval | optimum rho | 90% interval | optimum in other "
+        "units [90%] | rho regime | runs | why |",
         "| --- | --- | --- | --- | ---: | --- | ---: | --- | --- | --- | ---: | --- |",
     ]
     for e in report["regimes"]:
         lines.append(
-            f"| {e['reward']} | **{e['regime']}** | {e['basis']} | {e['curve']} | {fmt(e['effect'])} | {_interval(e['interval90'])} "
-            f"| {fmt(e.get('optimum_rho'))} | {_interval(e.get('optimum_interval90'))} | {_units(e.get('optimum_units'))} "
+            f"| {e['reward']} | **{e['regime']}** | {e['basis']} | {e['curve']} | {fmt(e['effect'])} | "
+            f"{_interval(e['interval90'])} | {fmt(e.get('optimum_rho'))} | {_interval(e.get('optimum_interval90'))} | "
+            f"{_units(e.get('optimum_units'))} "
             f"| {e['rho_regime']} | {e['runs']} | {e['why']} |"
         )
     if any(e["reward"] == "prm_proxy" for e in report["regimes"]):
@@ -117,7 +125,8 @@ def markdown(report: dict, plots: list[str]) -> str:
             "",
             "## Model-based against rule-based rewards",
             "",
-            "At equal compute: the model-based reward's mean target minus the best rule-based mean, per budget, averaged.",
+            "At equal compute: the model-based reward's mean target minus the best rule-based mean, per budget, "
+            "averaged.",
             "",
             "| reward | against | effect | 90% interval | LOO MSE one mean / apart | beats rule-based |",
             "| --- | --- | ---: | --- | --- | --- |",
@@ -126,7 +135,8 @@ def markdown(report: dict, plots: list[str]) -> str:
             g = e["reward_gap"]
             loo = " / ".join(f"{v['loo_mse']:.3g}" for v in g["loo"].values())
             lines.append(
-                f"| {e['reward']} | {', '.join(g['against'])} | {fmt(g['effect'])} | {_interval(g['interval90'])} | {loo} | {g['beats_rule_based']} |"
+                f"| {e['reward']} | {', '.join(g['against'])} | {fmt(g['effect'])} | {_interval(g['interval90'])} | "
+                f"{loo} | {g['beats_rule_based']} |"
             )
     v = report["validation"]
     full = v.get("full_scale")
@@ -145,10 +155,11 @@ def markdown(report: dict, plots: list[str]) -> str:
         "",
         f"Leave-one-out same-regime rate: {_rate(report['loo_same_regime_rate'])}"
         + (f" ({v['why']})" if v.get("why") else "")
-        + " — the decision repeated with each budget (and each model, where there are several) left out: stability within the pilot.",
+        + " — the decision repeated with each budget (and each model, where there are several) left out: "
+        "stability within the pilot.",
         "",
-        "Both rates count a pair of calls only where at least one side names a regime: `undetermined` twice is no regime "
-        f"found, not one confirmed (left out: {v['both_undetermined']} leave-one-out pairs"
+        "Both rates count a pair of calls only where at least one side names a regime: `undetermined` twice is no "
+        f"regime found, not one confirmed (left out: {v['both_undetermined']} leave-one-out pairs"
         + (f", {full['both_undetermined']} full-scale" if full else "")
         + ").",
         "",
@@ -214,8 +225,8 @@ def summary(report: dict) -> Group:
     share = report["pilot_share"]
     lines = [
         Text(
-            f"same-regime rate {_rate(report['same_regime_rate'])} against full scale, {_rate(report['loo_same_regime_rate'])} "
-            f"leaving a budget out; pilot {report['pilot_flops']:.3g} FLOPs"
+            f"same-regime rate {_rate(report['same_regime_rate'])} against full scale, "
+            f"{_rate(report['loo_same_regime_rate'])} leaving a budget out; pilot {report['pilot_flops']:.3g} FLOPs"
             + (f" = {share:.1%} of the full sweep" if share is not None else "")
         ),
         Text(
@@ -241,3 +252,44 @@ def _interval(lo_hi: list[float] | None) -> str:
 
 def _rate(rate: float | None) -> str:
     return "-" if rate is None else f"{rate:.0%}"
+
+
+def pilot_line(pilot: Pilot, spec: PilotSpec) -> str:
+    """The pilot's design and predicted cost, in one line under its plan table."""
+    steps = "; ".join("{}-{}".format(*pilot.steps(b)) for b in pilot.budgets)
+    return (
+        f"pilot: {len(pilot.rewards)} reward system(s) {pilot.rewards} x levels (n x updates per batch) "
+        f"{', '.join(map(str, pilot.levels))} x {SEEDS} seeds, budgets {', '.join(f'{b:.3g}' for b in pilot.budgets)} "
+        f"FLOPs ({steps} steps a cell at the plan's bound): {pilot.flops:.3g} FLOPs predicted, "
+        f"{pilot.share:.1%} of the full sweep's {pilot.full_flops:.3g} (target {spec.share:.0%}, cap {spec.cap:.0%})"
+        + (
+            "; the full sweep's FLOPs are per-step upper bounds, so the share measured after the pilot is higher"
+            if pilot.full_by_bound
+            else ""
+        )
+    )
+
+
+def pilot_json(pilot: Pilot, spec: PilotSpec) -> dict:
+    """`race-pilot --dry-run --json`: the pilot's cells as `plan --json` lists them, its totals, and
+    the design the pilot line says."""
+    feasible = [c for c in pilot.cells if c.feasible]
+    totals = {
+        "cells": len(pilot.cells),
+        "feasible": len(feasible),
+        "rollouts": sum(c.plan.rollouts for c in feasible),
+        "flops": pilot.flops,
+    }
+    design = {
+        "rewards": list(pilot.rewards),
+        "levels": [{"n": level.n, "updates": level.updates} for level in pilot.levels],
+        "seeds": SEEDS,
+        "budgets": list(pilot.budgets),
+        "steps": [list(pilot.steps(b)) for b in pilot.budgets],
+        "share": pilot.share,
+        "full_flops": pilot.full_flops,
+        "full_by_bound": pilot.full_by_bound,
+        "target_share": spec.share,
+        "cap": spec.cap,
+    }
+    return {"cells": report_mod.plan_records(pilot.cells), "totals": totals, "pilot": design}
