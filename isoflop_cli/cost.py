@@ -56,10 +56,16 @@ DEVICES: dict[str, Device] = {
         "H200",
         bandwidth=4.8 * TB_s,  # HBM3e 4.8 TB/s: NVIDIA H200 Tensor Core GPU datasheet (SXM)
         peak_flops=989 * TFLOPs,  # 989 TFLOP/s dense BF16: same datasheet (1,979 is with 2:4 sparsity)
-        bandwidth_efficiency=0.7,  # assumed: memory-bound decode kernels reach ~60-80% of HBM peak; calibration replaces it
-        mfu=0.3,  # assumed for FSDP2 7B-class training at 32k-token micro-batches; the one GPU run (README) measured 9.6% on 0.5B
-        hf_layer_s=1.4e-3,  # README's GPU run: 0.5B (24 layers), HF sampler, 35.5 s over 4 steps x 255 decode steps, reads ~0.2 ms of it
-        engine_step_s=2e-3,  # assumed: vLLM's scheduler and sampler per step with CUDA graphs (no vLLM run measured yet)
+        # assumed: memory-bound decode kernels reach ~60-80% of HBM peak; calibration replaces it
+        bandwidth_efficiency=0.7,
+        # assumed for FSDP2 7B-class training at 32k-token micro-batches; the one GPU run (README)
+        # measured 9.6% on 0.5B
+        mfu=0.3,
+        # README's GPU run: 0.5B (24 layers), HF sampler, 35.5 s over 4 steps x 255 decode steps,
+        # reads ~0.2 ms of it
+        hf_layer_s=1.4e-3,
+        # assumed: vLLM's scheduler and sampler per step with CUDA graphs (no vLLM run measured yet)
+        engine_step_s=2e-3,
         rule_s=1e-3,  # assumed: a parsed-answer check (math); the embedded arith verifier measured 35 us (below)
     ),
     "h100": Device(
@@ -74,7 +80,8 @@ DEVICES: dict[str, Device] = {
     ),
     "cpu": Device(
         "CPU",
-        bandwidth=33e9,  # measured: torch copy of 256 MiB, 2-core AMD EPYC VM (this project's dev machine), read + write
+        # measured: torch copy of 256 MiB, 2-core AMD EPYC VM (this project's dev machine), read + write
+        bandwidth=33e9,
         peak_flops=182e9,  # measured: torch fp32 2048^2 matmul on the same 2 cores
         bandwidth_efficiency=0.7,  # as the GPUs: small models are launch-bound here, which hf_layer_s carries
         mfu=0.3,  # assumed; calibration from the sweep's finished runs replaces it
@@ -387,7 +394,8 @@ def write(sweep: SweepDir, cells: list[Cell], price: Price) -> None:
 
 
 def spent_seconds(files) -> float:
-    """A run's training clock so far: its last eval point's wall_s, or longer while it runs (its status's last update)."""
+    """A run's training clock so far: its last eval point's wall_s, or longer while it runs (its
+    status's last update)."""
     rows = files.read_metrics()
     seconds = float(rows[-1].get("wall_s", 0.0)) if rows else 0.0
     status = files.status()

@@ -318,7 +318,8 @@ class Dispatcher:
                             self.tries.get(rid, 0), self.cluster.max_attempts, self._exit_code(sid), reason, earlier
                         ):
                             cell.state = RETRYING
-                            # Backoff doubles with each try of this dispatch; a job a killed CLI left (reattached) is its first.
+                            # Backoff doubles with each try of this dispatch; a job a killed CLI left
+                            # (reattached) is its first.
                             wait = min(RETRY_WAIT_S[0] * 2 ** (self.tries.get(rid, 1) - 1), RETRY_WAIT_S[1])
                             waiting[rid] = time.monotonic() + wait
                         else:

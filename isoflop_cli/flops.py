@@ -71,7 +71,8 @@ class Shape:
         odd = [k for k in ("num_key_value_heads", "head_dim") if get(k) is not None and not count(get(k))]
         if odd:
             raise UnsupportedModel(
-                f"its config ({model_type}) has {odd[0]}={get(odd[0])!r}: a positive integer (or absent) the FLOP ledger counts with"
+                f"its config ({model_type}) has {odd[0]}={get(odd[0])!r}: a "
+                "positive integer (or absent) the FLOP ledger counts with"
             )
         heads = get("num_attention_heads")
         return cls(

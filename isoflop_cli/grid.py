@@ -216,7 +216,8 @@ def _plan_run(
     M = int(c_max // cost)
     if g.min_steps > M:
         raise ConfigError(
-            f"budget {c_max:g} {BudgetUnit(g.budget.unit).value} allows M = {M} steps of {what}, below grid.min_steps = {g.min_steps}"
+            f"budget {c_max:g} {BudgetUnit(g.budget.unit).value} allows M "
+            f"= {M} steps of {what}, below grid.min_steps = {g.min_steps}"
         )
     if not M * per_step.total <= MAX_RUN_FLOPS:
         raise ConfigError(
@@ -226,7 +227,8 @@ def _plan_run(
     lr = learning_rate(cfg.algo, batch)
     if not (math.isfinite(lr) and lr > 0):
         raise ConfigError(
-            f"algo.base_lr={cfg.algo.base_lr:g} scaled by algo.lr_scaling={LrScaling(cfg.algo.lr_scaling).value} to B = {batch} "
+            f"algo.base_lr={cfg.algo.base_lr:g} scaled by "
+            f"algo.lr_scaling={LrScaling(cfg.algo.lr_scaling).value} to B = {batch} "
             f"(algo.ref_batch={cfg.algo.ref_batch}) is a learning rate of {lr:g}: it must be a finite number > 0"
         )
     shared = eval_budgets(g) if checkpoints is None else checkpoints

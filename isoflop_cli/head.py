@@ -179,23 +179,24 @@ def check_limits() -> None:
     files, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if files != resource.RLIM_INFINITY and files < MIN_OPEN_FILES:
         raise ConfigError(
-            f"the open-files limit is {files} (ulimit -n); a local Ray head needs at least {MIN_OPEN_FILES:,}: raise it "
-            f"(ulimit -n {MIN_OPEN_FILES if hard == resource.RLIM_INFINITY else min(max(hard, 0), 65536)}) and rerun"
+            f"the open-files limit is {files} (ulimit -n); a local Ray head needs at least {MIN_OPEN_FILES:,}: raise "
+            f"it (ulimit -n {MIN_OPEN_FILES if hard == resource.RLIM_INFINITY else min(max(hard, 0), 65536)}) and rerun"
         )
     space, _ = resource.getrlimit(resource.RLIMIT_AS)
     if space != resource.RLIM_INFINITY and space < MIN_ADDRESS_SPACE:
         raise ConfigError(
-            f"the address-space limit is {space / 2**30:.3g} GiB (ulimit -v); a local Ray head's processes reserve more than "
-            f"they use and need at least {MIN_ADDRESS_SPACE >> 30} GiB each: lift it (ulimit -v unlimited) and rerun"
+            f"the address-space limit is {space / 2**30:.3g} GiB (ulimit -v); a local "
+            "Ray head's processes reserve more than they use and need at least "
+            f"{MIN_ADDRESS_SPACE >> 30} GiB each: lift it (ulimit -v unlimited) and rerun"
         )
     longest = len(os.fsencode(os.path.abspath(tempfile.gettempdir()))) + len(
         RAY_SOCKET.replace("PID", "0" * _pid_digits())
     )
     if longest > SOCKET_PATH_MAX:
         raise ConfigError(
-            f"the temp dir {tempfile.gettempdir()} ($TMPDIR) is too long for a local Ray head's unix sockets: their paths "
-            f"there reach {longest} bytes, at most {SOCKET_PATH_MAX} are possible; set TMPDIR to a short directory "
-            "(such as /tmp) and rerun"
+            f"the temp dir {tempfile.gettempdir()} ($TMPDIR) is too long for a local Ray head's "
+            f"unix sockets: their paths there reach {longest} bytes, at most {SOCKET_PATH_MAX} "
+            "are possible; set TMPDIR to a short directory (such as /tmp) and rerun"
         )
 
 
@@ -524,8 +525,8 @@ class RayLauncher:
             )
         if self.cluster.cpus_per_run > self._local_cpus():
             raise ConfigError(
-                f"cluster.cpus_per_run={self.cluster.cpus_per_run} is more than the local head's {self._local_cpus()} CPUs "
-                "(cluster.local_cpus)"
+                f"cluster.cpus_per_run={self.cluster.cpus_per_run} is more than "
+                f"the local head's {self._local_cpus()} CPUs (cluster.local_cpus)"
             )
         check_limits()
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ContextManager, Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class Launcher(Protocol):
     def capacity(self, cells: int) -> int:
         """Jobs in flight at once, for a sweep of `cells` cells (a cluster's queue takes them all)."""
 
-    def open(self, state_dir: Path) -> ContextManager[str]:
+    def open(self, state_dir: Path) -> AbstractContextManager[str]:
         """For the sweep's life: the address jobs go to (started here if it needs starting, its
         state in `state_dir`)."""
 
@@ -87,7 +88,7 @@ class Launcher(Protocol):
         """The job client at `address` (a ConnectionError while it does not answer yet: the
         dispatcher asks again, within its grace)."""
 
-    def batch(self, jobs: Jobs) -> ContextManager[None]:
+    def batch(self, jobs: Jobs) -> AbstractContextManager[None]:
         """Around the submissions of one poll (SLURM: one array job)."""
 
     def placement(self, jobs: Jobs, nodes: list, cpus: float, gpus: float) -> list[str]:

@@ -464,10 +464,10 @@ def _sampler(shape: Shape, cfg, c: int, rows: int, width: int) -> tuple[float, f
             kv = share - weights - graphs
             if kv <= 0:
                 raise ConfigError(
-                    f"sampler.gpu_memory_utilization={s.gpu_memory_utilization:g} of cluster.gpu_memory_gib="
-                    f"{cfg.cluster.gpu_memory_gib:g} ({share / GIB:.1f} GiB) does not hold the engine's weights "
-                    f"and CUDA graphs ({weights / GIB:.1f} + {graphs / GIB:.1f} GiB per GPU): raise sampler.gpu_memory_utilization "
-                    "or sampler.tensor_parallel"
+                    f"sampler.gpu_memory_utilization={s.gpu_memory_utilization:g} of "
+                    f"cluster.gpu_memory_gib={cfg.cluster.gpu_memory_gib:g} ({share / GIB:.1f} GiB) does not "
+                    f"hold the engine's weights and CUDA graphs ({weights / GIB:.1f} + {graphs / GIB:.1f} "
+                    "GiB per GPU): raise sampler.gpu_memory_utilization or sampler.tensor_parallel"
                 )
         return weights, kv, graphs, graphs if s.sleep else weights + kv + graphs
     weights = c * P if sharded(cfg) else 0
@@ -543,7 +543,8 @@ def _knobs(term: str, memory: Memory, cfg) -> list[str]:
             )
         elif lrn.micro_batch and micro.groups == 1:
             knobs.append(
-                f"a prompt group alone feeds {micro.tokens:,} positions: set learner.max_tokens_per_micro_batch (it splits groups)"
+                f"a prompt group alone feeds {micro.tokens:,} positions: "
+                "set learner.max_tokens_per_micro_batch (it splits groups)"
             )
         else:
             knobs.append("lower learner.micro_batch" if lrn.micro_batch else "set learner.max_tokens_per_micro_batch")

@@ -76,9 +76,9 @@ class Power:
             else f"more than {MAX_SEEDS} seeds per cell are needed for {TARGET:.0%}"
         )
         return (
-            f"power: {self.trend:.0%} that fit calls a rising n* when n* moves {self.doublings:g} doubling(s) over the budgets "
-            f"with a gap of {self.gap:g} per doubling of n ({self.seeds} seed(s) per cell, seed sd {self.seed_sd:.3g}, "
-            f"eval sd {self.eval_sd:.3g}: {self.noise_source}); {reach}"
+            f"power: {self.trend:.0%} that fit calls a rising n* when n* moves {self.doublings:g} doubling(s) over "
+            f"the budgets with a gap of {self.gap:g} per doubling of n ({self.seeds} seed(s) per cell, "
+            f"seed sd {self.seed_sd:.3g}, eval sd {self.eval_sd:.3g}: {self.noise_source}); {reach}"
         )
 
 

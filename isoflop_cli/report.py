@@ -104,8 +104,8 @@ def cost_line(price: Price) -> Text:
     """The plan's price in one line: device-hours, wall time at the cluster's parallelism, and the
     source of the throughput figures."""
     return Text(
-        f"cost: {_compact(price.hours)} {price.unit}, {_duration(price.wall_s)} wall with {price.parallel} run(s) at once; "
-        f"{price.source}"
+        f"cost: {_compact(price.hours)} {price.unit}, {_duration(price.wall_s)} "
+        f"wall with {price.parallel} run(s) at once; {price.source}"
     )
 
 
@@ -114,7 +114,10 @@ def plan_table(cfg, cells: list[Cell], price: Price | None = None) -> Group:
     extra = [k for k in cells[0].axes if k not in ("n", "B_p", "seed")]
     budgets = ", ".join(_compact(b) for b in cfg.grid.budgets)
     table = Table(
-        title=f"sweep '{cfg.name}': {len(feasible)} feasible cells of {len(cells)}, budgets [{budgets}] {BudgetUnit(cfg.grid.budget.unit).value}",
+        title=(
+            f"sweep '{cfg.name}': {len(feasible)} feasible cells of {len(cells)}, "
+            f"budgets [{budgets}] {BudgetUnit(cfg.grid.budget.unit).value}"
+        ),
         caption="M, rollouts and FLOPs (search, learn, reward) predicted from max prompt and response lengths "
         "(scaled by finished runs where the sweep has them, else by calibrated response lengths); "
         "B = B_p * n and more in `plan --json`",
@@ -233,9 +236,15 @@ def schedule_line(cfg, cells: list[Cell], share: float | None, replayed) -> Text
                 else ""
             )
         )
-    line = f"schedule adaptive (margin {cfg.grid.margin:g}, indifference {cfg.grid.indifference:g}): at most {total} (every cell survives every budget)"
+    line = (
+        f"schedule adaptive (margin {cfg.grid.margin:g}, indifference "
+        f"{cfg.grid.indifference:g}): at most {total} (every cell survives every budget)"
+    )
     if share is not None:
-        line += f"; the replay {replayed} spent {share:.0%} of its full grid: ~{_compact(rollouts * share)} rollouts, {_compact(flops * share)} FLOPs"
+        line += (
+            f"; the replay {replayed} spent {share:.0%} of its full grid: "
+            f"~{_compact(rollouts * share)} rollouts, {_compact(flops * share)} FLOPs"
+        )
     return Text(line)
 
 
@@ -272,7 +281,8 @@ def run_state(sweep: SweepDir, run_id: str, cell: CellState) -> tuple[str, str]:
     if known == RETRYING:
         return (
             RETRYING,
-            f"attempt {cell.attempts} failed ({cell.failures[-1].reason}); resubmitting, it resumes from its checkpoint",
+            f"attempt {cell.attempts} failed ({cell.failures[-1].reason}); "
+            "resubmitting, it resumes from its checkpoint",
         )
     if cell.stopped_at is not None:
         return PAUSED, cell.why or ""
@@ -378,7 +388,7 @@ def status_table(data: dict) -> Group:
 
 def _whole(v: Any) -> int | None:
     """A count as an integer (a ledger holds rollouts as floats: 24160.0 is 24160 rollouts)."""
-    return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else int(round(v))
+    return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else round(float(v))
 
 
 def _number(v: Any) -> float | None:
@@ -422,8 +432,8 @@ def events(before: dict[str, CellView], after: dict[str, CellView], metric: str 
         was = before.get(run_id)
         if now.points > (was.points if was else 0) and now.last:
             lines.append(
-                f"{run_id} eval point {now.points}: {metric} {_fmt(now.last.get(metric))} at {_count(now.last.get('rollouts'))} rollouts"
-                f" (step {now.last.get('step', '-')})"
+                f"{run_id} eval point {now.points}: {metric} {_fmt(now.last.get(metric))} at "
+                f"{_count(now.last.get('rollouts'))} rollouts (step {now.last.get('step', '-')})"
             )
         if was is None or now.state != was.state or (now.state == RUNNING and now.attempts != was.attempts):
             what = f"{now.state} (attempt {now.attempts})" if now.state == RUNNING else now.state
@@ -508,7 +518,10 @@ def _fmt(v: Any) -> str:
 def replay_table(result, axis: str) -> Group:
     """Per stage budget: both frontiers, both axis*, and how many cells were still running."""
     table = Table(
-        title=f"replay: {result.schedule.value} schedule (margin {result.margin:g}, indifference {result.indifference:g}) against the full grid"
+        title=(
+            f"replay: {result.schedule.value} schedule (margin {result.margin:g}, "
+            f"indifference {result.indifference:g}) against the full grid"
+        )
     )
     for col in (
         "C",
@@ -536,8 +549,8 @@ def replay_table(result, axis: str) -> Group:
         else ""
     )
     line = Text(
-        f"compute: {result.compute_share:.1%} of the full grid's; {axis}* within 2x at {result.n_star_agreement:.0%} of budgets; "
-        f"largest frontier gap {result.max_value_gap:.3f}{scale}; {len(result.stopped)} cells stopped"
+        f"compute: {result.compute_share:.1%} of the full grid's; {axis}* within 2x at {result.n_star_agreement:.0%} "
+        f"of budgets; largest frontier gap {result.max_value_gap:.3f}{scale}; {len(result.stopped)} cells stopped"
     )
     return Group(table, line)
 
@@ -568,8 +581,8 @@ def _spread_note(spread: dict) -> str:
     figures = f"dispersion {spread['dispersion']:.2f}, p = {spread['p_value']:.2g}"
     if spread["p_value"] >= 0.01:
         return (
-            f"NOT told apart: the pass rates spread as sampling alone would around one shared rate of {spread['mean']:.3f} ({figures}); "
-            "the bands are cut by chance and both sets will score that rate"
+            "NOT told apart: the pass rates spread as sampling alone would around one shared rate of "
+            f"{spread['mean']:.3f} ({figures}); the bands are cut by chance and both sets will score that rate"
         )
     return f"problems differ beyond sampling: sd of their true pass rates {spread['difficulty_sd']:.3f} ({figures})"
 

@@ -125,12 +125,14 @@ def checked(fn: Scores, name: str) -> Scores:
             raise ConfigError(f"{name} raised {type(e).__name__}" + (f": {lines[-1]}" if lines else "")) from None
         if isinstance(returned, (str, bytes)) or not hasattr(returned, "__iter__"):
             raise ConfigError(
-                f"{name} returned {type(returned).__name__} {str(returned)[:40]!r}: it must return a list of scores, one per completion"
+                f"{name} returned {type(returned).__name__} {str(returned)[:40]!r}: "
+                "it must return a list of scores, one per completion"
             )
         scores = list(returned)
         if len(scores) != len(completions):
             raise ConfigError(
-                f"{name} returned {len(scores)} scores for {len(completions)} completions: it must return one per completion"
+                f"{name} returned {len(scores)} scores for {len(completions)} "
+                "completions: it must return one per completion"
             )
         values = []
         for i, value in enumerate(scores):
@@ -353,9 +355,11 @@ def _refusal(sig: inspect.Signature, style: Style, columns: tuple[str, ...]) -> 
     for p in sig.parameters.values():
         if p.kind == p.POSITIONAL_ONLY:
             return f"'{p.name}' is positional-only, and these arguments are passed by name"
-        if p.kind == p.KEYWORD_ONLY or p.kind == p.POSITIONAL_OR_KEYWORD:
-            if p.default is p.empty and p.name not in offered:
-                return f"it requires '{p.name}', which is neither an argument of the style nor a column of the problems{_columns_said(columns)}"
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty and p.name not in offered:
+            return (
+                f"it requires '{p.name}', which is neither an argument of the style nor a column of the problems"
+                f"{_columns_said(columns)}"
+            )
     return None
 
 

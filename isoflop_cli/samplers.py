@@ -26,7 +26,8 @@ class SamplerSpec:
 
 
 SAMPLERS: dict[str, SamplerSpec] = {
-    # Hugging Face decode loop in the learner's process (sampler.shared_prefill: the prompt's KV cache shared by its group).
+    # Hugging Face decode loop in the learner's process (sampler.shared_prefill: the prompt's KV
+    # cache shared by its group).
     "hf": SamplerSpec(engine="isoflop_cli.recipe.sampler:HFSampler", own_engine=False, always_shares_prefill=False),
     # vLLM engines (GPU, or the CPU build), prefix caching: each prompt prefilled once for its group.
     "vllm": SamplerSpec(

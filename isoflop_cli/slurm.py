@@ -5,8 +5,8 @@ submitted with submitit.
 calls (Ray's `JobSubmissionClient`'s: submit, status, logs, stop, info), so the sweep's dispatch,
 resume, retries, status and run dir layout are the same on SLURM as on Ray. A job runs the run's
 command (the entrypoint the dispatcher builds) in a shell on its node; its exit code is the job's
-result, so a user error (exit 2) is not retried. SLURM requeues a preempted job (`cluster.slurm.requeue`) and the run resumes from its
-checkpoint, as after any other interruption.
+result, so a user error (exit 2) is not retried. SLURM requeues a preempted job
+(`cluster.slurm.requeue`) and the run resumes from its checkpoint, as after any other interruption.
 
 Each submission's SLURM job id is kept in `<sweep>/slurm/<submission id>.json`, so a new CLI
 reattaches to jobs a killed one left (through `sacct`). `cluster.slurm.executor=local` runs the
@@ -253,7 +253,8 @@ class SlurmLauncher:
     def check(self) -> None:
         if self._sbatch and shutil.which("sbatch") is None:
             raise ConfigError(
-                "cluster.launcher=slurm needs SLURM's sbatch on PATH here (cluster.slurm.executor=local runs the same jobs as local processes)"
+                "cluster.launcher=slurm needs SLURM's sbatch on PATH here "
+                "(cluster.slurm.executor=local runs the same jobs as local processes)"
             )
 
     def capacity(self, cells: int) -> int:

@@ -18,8 +18,9 @@ run dir pointing elsewhere) is refused, never written through; `SweepDir.check_t
 before a sweep computes anything, and a state file that could not be written there (a directory in
 its place, a read-only or immutable file). Every read and write goes through `on_disk`: an OSError
 the user must fix (permission denied, immutable, a directory where a file belongs, a name too long)
-is one line naming the path, what failed and what to do, never a traceback. New files and directories get the umask's mode less o+w
-(FILE_MODE, DIR_MODE): readable by the team as the user's tools make them, never world-writable.
+is one line naming the path, what failed and what to do, never a traceback. New files and
+directories get the umask's mode less o+w (FILE_MODE, DIR_MODE): readable by the team as the user's
+tools make them, never world-writable.
 
 A run's records carry its identity (`Identity`: its run id and its config's fingerprint), checked
 where they are read: a run dir copied from another cell or sweep is refused, not taken for this one.
@@ -198,7 +199,10 @@ def not_own(path: Path, root: Path) -> ConfigError:
 # What the user does about an OSError on a state file: the errnos the same command meets again
 # until someone changes the file system. Others (EIO, a stale NFS handle) are raised as they are.
 FIXES = {
-    errno.EACCES: "permission denied: fix its permissions or its directory's (chmod), or its immutable attribute (lsattr; chattr -i)",
+    errno.EACCES: (
+        "permission denied: fix its permissions or its directory's "
+        "(chmod), or its immutable attribute (lsattr; chattr -i)"
+    ),
     errno.EPERM: "operation not permitted: it may be immutable (lsattr; chattr -i) or another user's",
     errno.EROFS: "the file system is read-only: give a --root on a writable one",
     errno.EISDIR: "it is a directory where a file belongs: move it aside",
@@ -312,7 +316,8 @@ class RunFiles:
                 why = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
                 if wait is None:
                     raise LeaseLost(
-                        f"{self.lease} is not a readable lease ({why}): this attempt ({self.holder}) stops without writing more"
+                        f"{self.lease} is not a readable lease ({why}): this "
+                        f"attempt ({self.holder}) stops without writing more"
                     ) from cause
                 time.sleep(wait)
         if now != self.holder:
@@ -349,7 +354,8 @@ class RunFiles:
         if status.fingerprint != self.identity.fingerprint:
             self._refuse(
                 self.status_file,
-                f"of another configuration (fingerprint {status.fingerprint[:12]}, this cell's {self.identity.fingerprint[:12]})",
+                f"of another configuration (fingerprint {status.fingerprint[:12]}, "
+                f"this cell's {self.identity.fingerprint[:12]})",
             )
         if status.state == FINISHED and status.run_id != self.identity.run_id:
             self._refuse(self.status_file, f"the finished record of run {status.run_id}")
@@ -368,7 +374,8 @@ class RunFiles:
             if other is not None:
                 self._refuse(
                     path,
-                    f"holds rows of another configuration (fingerprint {str(other)[:12]}, this cell's {self.identity.fingerprint[:12]})",
+                    "holds rows of another configuration (fingerprint "
+                    f"{str(other)[:12]}, this cell's {self.identity.fingerprint[:12]})",
                 )
         return rows
 
@@ -426,8 +433,8 @@ class RunFiles:
             kept = self.read_metrics()
             if kept != sealed[: len(kept)]:
                 raise ConfigError(
-                    f"{self.status_file} seals {len(sealed)} rows that {self.metrics} contradicts (its row {_first_difference(kept, sealed)}): "
-                    "nothing was changed; move the one that is wrong aside"
+                    f"{self.status_file} seals {len(sealed)} rows that {self.metrics} contradicts (its row "
+                    f"{_first_difference(kept, sealed)}): nothing was changed; move the one that is wrong aside"
                 )
             atomic_write(self.metrics, _jsonl(sealed), root=self.root)
         return self._check_rows(self.status_file, sealed)
@@ -712,7 +719,8 @@ class CellState:
         ]
         if bad:
             raise Malformed(
-                f"columns.{bad[0]} is {json.dumps(cell.columns[bad[0]])[:40]}, not a {'name' if bad[0] == 'model' else 'number'}"
+                f"columns.{bad[0]} is {json.dumps(cell.columns[bad[0]])[:40]}, "
+                f"not a {'name' if bad[0] == 'model' else 'number'}"
             )
         if cell.M < 0:
             raise Malformed(f"M is {cell.M}, not a number of steps")
@@ -963,8 +971,8 @@ class RunStatus:
             and not (status.rows and all(_eval_point(r) for r in status.rows))
         ):
             raise Malformed(
-                f"its sealed rows {json.dumps(status.rows)[:40]} are not eval points (a non-empty list of objects with a step, "
-                "and rollouts and flops_total finite numbers >= 0)"
+                f"its sealed rows {json.dumps(status.rows)[:40]} are not eval points (a non-empty "
+                "list of objects with a step, and rollouts and flops_total finite numbers >= 0)"
             )
         return status
 
@@ -1093,8 +1101,8 @@ class SweepDir:
             if rows and rows[-1]["step"] > 0:
                 if not rows[-1].get("flops_total", 0) > 0:
                     raise ConfigError(
-                        f"{files.status_file}: its last sealed eval point (step {rows[-1]['step']}) records no flops_total: "
-                        "the run's record is damaged; move the run dir aside to run it again"
+                        f"{files.status_file}: its last sealed eval point (step {rows[-1]['step']}) records "
+                        "no flops_total: the run's record is damaged; move the run dir aside to run it again"
                     )
                 bound = rows[-1]["step"] * sum(cell.step_flops)
                 ratios.setdefault(cell.columns["model"], []).append(rows[-1]["flops_total"] / bound)

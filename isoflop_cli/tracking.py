@@ -89,7 +89,8 @@ class Tracking:
 
 def _warn(name: str, what: str, error: BaseException) -> None:
     print(
-        f"warning: tracking.backends {name}: {what} failed ({type(error).__name__}: {error}); the run goes on without it",
+        f"warning: tracking.backends {name}: {what} failed "
+        f"({type(error).__name__}: {error}); the run goes on without it",
         flush=True,
     )
 

@@ -72,7 +72,8 @@ def main() -> None:
     sweep = sweep_results(args.runs, args.points).assign(**{RUN: lambda d: d["run_id"]})
     chin = chinchilla_results(args.runs, args.parametric_points).assign(**{RUN: lambda d: d["run_id"]})
     print(
-        f"{args.runs} runs x {args.points} eval points ({args.parametric_points} for parametric), {args.bootstrap} bootstrap resamples"
+        f"{args.runs} runs x {args.points} eval points ({args.parametric_points} "
+        f"for parametric), {args.bootstrap} bootstrap resamples"
     )
     total = 0.0
     for method in args.methods:

@@ -362,10 +362,10 @@ def main() -> None:
         console.print(f"n={n} B_p={args.B_p}: done ({time.perf_counter() - started:.0f} s)")
     console.print(table(results, args.repeats, args.threads))
     console.print(
-        f"steps {args.warmup + 1}..{args.steps} of each run timed; our step excludes evaluation (wall less time_eval_s); "
-        f"spread: the slowest repeat's step over the fastest's, ours / TRL's; load1: the 1-minute load average at the start of each run "
-        f"on {os.cpu_count()} CPUs, this benchmark's own {args.threads} threads included; "
-        f"{time.perf_counter() - started:.0f} s in all"
+        f"steps {args.warmup + 1}..{args.steps} of each run timed; our step excludes evaluation (wall "
+        "less time_eval_s); spread: the slowest repeat's step over the fastest's, ours / TRL's; "
+        f"load1: the 1-minute load average at the start of each run on {os.cpu_count()} CPUs, this "
+        f"benchmark's own {args.threads} threads included; {time.perf_counter() - started:.0f} s in all"
     )
     ratios = [r["trl"].step_s / r["shared prefill"].step_s for r in results.values() if "trl" in r]
     if ratios:
@@ -376,8 +376,9 @@ def main() -> None:
         if "vllm" in r:
             v, hf, off = r["vllm"], r["shared prefill"], r["offline"]
             console.print(
-                f"n={n}: sampler=vllm step / hf step {v.step_s / hf.step_s:.2f}x (generate {v.parts['generate'] / hf.parts['generate']:.2f}x, "
-                f"sync {v.parts['sync']:.3f} s); vLLM in the step at {off.step_s / v.parts['generate']:.0%} of its offline rollouts/s "
+                f"n={n}: sampler=vllm step / hf step {v.step_s / hf.step_s:.2f}x (generate "
+                f"{v.parts['generate'] / hf.parts['generate']:.2f}x, sync {v.parts['sync']:.3f} s); vLLM in the "
+                f"step at {off.step_s / v.parts['generate']:.0%} of its offline rollouts/s "
                 f"({off.rollouts_per_s:,.0f}); engine start {v.start_s - hf.start_s:.1f} s more than hf's set-up"
             )
 

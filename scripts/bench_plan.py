@@ -5,7 +5,8 @@ held before planning, and the speed-up against the per-cell cost before the plan
 
     .venv/bin/python scripts/bench_plan.py [--sizes 1000 10000 100000] [--cli]
 
-The grids: grid.n (from 2: a group of one is refused) x grid.B_p x grid.seed x an algo.kl_coef axis, every cell feasible (rollout budgets).
+The grids: grid.n (from 2: a group of one is refused) x grid.B_p x grid.seed x an algo.kl_coef axis,
+every cell feasible (rollout budgets).
 --cli also times `isoflop plan --json` end to end on the 10^4-cell grid (Hydra compose, JSON output).
 """
 
@@ -97,8 +98,8 @@ def main() -> None:
         print(
             f"{r['cells']:>7} cells: plan {r['seconds']:7.2f} s  {r['ms_per_cell']:7.3f} ms/cell "
             f"({REFERENCE_MS_PER_CELL / r['ms_per_cell']:6.0f}x faster)  peak +{r['peak_mb']:7.1f} MB "
-            f"({r['kb_per_cell']:6.2f} KB/cell, {1024 * REFERENCE_MB_PER_CELL / max(r['kb_per_cell'], 1e-9):5.0f}x less)  "
-            f"records+JSON {r['records_s']:5.2f} s",
+            f"({r['kb_per_cell']:6.2f} KB/cell, {1024 * REFERENCE_MB_PER_CELL / max(r['kb_per_cell'], 1e-9):5.0f}x "
+            f"less)  records+JSON {r['records_s']:5.2f} s",
             flush=True,
         )
     if args.cli:

@@ -16,8 +16,9 @@ Each grid records per eval point the metric (truth + noise + a random effect per
 from the training success rate). Printed per family, noise and margin: the share of the full grid's
 compute spent (the ratio at equal work: the same cells, each to where the schedule let it run), the
 share of grids whose true frontier loss (noise-free curves, every stage budget) is at most 0.01, and
-the largest loss; then the same over every grid of every family and noise level. Then the recorded results given as arguments (a sweep dir, results.parquet or
-CSV), where there is no truth. The README's tables are this script's output.
+the largest loss; then the same over every grid of every family and noise level. Then the recorded
+results given as arguments (a sweep dir, results.parquet or CSV), where there is no truth. The
+README's tables are this script's output.
 
     python scripts/bench_replay.py [RESULTS ...] [--families sigmoid,late,...] [--margins 2.5] [--seeds 8]
 """
@@ -136,9 +137,8 @@ def main() -> None:
     margins = [float(m) for m in args.margins.split(",")]
     pooled: dict[float, list[tuple[float, float]]] = {m: [] for m in margins}  # margin -> (share, loss) of every grid
     print(
-        f"indifference {args.indifference:g}\n\n"
-        f"| family | noise sd | margin | compute share, mean (max) | grids losing <= {LOSS:g} | true frontier lost, worst |\n"
-        "| --- | --- | --- | --- | --- | --- |"
+        f"indifference {args.indifference:g}\n\n| family | noise sd | margin | compute share, mean (max) "
+        f"| grids losing <= {LOSS:g} | true frontier lost, worst |\n| --- | --- | --- | --- | --- | --- |"
     )
     for name in args.families.split(","):
         for sd in (float(s) for s in args.noise.split(",")):

@@ -284,13 +284,15 @@ class Check:
         return [
             Row(
                 "learner MFU",
-                f"{last['flops_learning'] / learning_s / peak:.1%} ({last['flops_learning'] / learning_s / 1e12:.1f} TFLOP/s)",
+                f"{last['flops_learning'] / learning_s / peak:.1%} "
+                f"({last['flops_learning'] / learning_s / 1e12:.1f} TFLOP/s)",
                 "",
                 None,
             ),
             Row(
                 "sampling",
-                f"{last['tokens_generated'] / search_s:,.0f} tokens/s, MFU {last['flops_search'] / search_s / peak:.1%}",
+                f"{last['tokens_generated'] / search_s:,.0f} tokens/s, "
+                f"MFU {last['flops_search'] / search_s / peak:.1%}",
                 "",
                 None,
             ),

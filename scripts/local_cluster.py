@@ -23,6 +23,7 @@ environment and stays on loopback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -174,10 +175,8 @@ def _check(proc: subprocess.Popen, what: str, log: Path, deadline: float) -> Non
 
 
 def _signal(pid: int, sig: int, group: bool = False) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig) if group else os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _group_alive(pgid: int) -> bool:

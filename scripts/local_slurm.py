@@ -248,7 +248,8 @@ if __name__ == "__main__":
     elif args.command == "start":
         if missing():
             raise SystemExit(
-                f"not installed: {', '.join(missing())} (make slurm, or apt-get install the packages in this script's doc)"
+                f"not installed: {', '.join(missing())} (make slurm, "
+                "or apt-get install the packages in this script's doc)"
             )
         print(start(args.dir))
     else:

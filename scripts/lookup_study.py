@@ -14,7 +14,8 @@ by side, where problems need skills of their own (isoflop_cli/recipe/lookup.py s
 
 `make sweep` runs it (the embedded default study):
 
-    python scripts/lookup_study.py [--out isoflop-runs/lookup] [--seeds 0,1,2] [--easy-to 8192] [--hard-to 32768] [--n 2,4,8,16]
+    python scripts/lookup_study.py [--out isoflop-runs/lookup] [--seeds 0,1,2] [--easy-to 8192] [--hard-to 32768]
+                                   [--n 2,4,8,16]
 
 A rerun keeps every finished run (isoflop's own resume).
 """
@@ -76,7 +77,8 @@ def powered_seeds(overrides: list[str]) -> int:
     want = power["seeds_for_80"]
     seeds = min(want or MAX_SEEDS, MAX_SEEDS)
     print(
-        f"power: {power['trend']:.0%} with {power['seeds']} seed(s) per cell; {want or f'more than {MAX_SEEDS}'} reach 80%: running {seeds}"
+        f"power: {power['trend']:.0%} with {power['seeds']} seed(s) per cell; {want or f'more than {MAX_SEEDS}'} "
+        f"reach 80%: running {seeds}"
         + ("" if want and want <= MAX_SEEDS else f" (this study's budget is {MAX_SEEDS} a cell)"),
         flush=True,
     )

@@ -68,7 +68,7 @@ def test_warm_start_targets_carry_a_stray_digit_at_the_configured_share():
     problems = [next(stream) for _ in range(2000)]
 
     def targets(stray: float) -> list[str]:
-        ids, labels = _sft_batch(tok, problems, random.Random(0), stray)
+        _, labels = _sft_batch(tok, problems, random.Random(0), stray)
         return [tok.decode([t for t in row.tolist() if t >= 0], skip_special_tokens=False) for row in labels]
 
     eos = tok.eos_token

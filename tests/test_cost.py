@@ -61,7 +61,8 @@ def test_7b_cell_gpu_hours_by_hand(qwen7b, tmp_path):
     (cell,), (got,) = cells, price.cells
     assert cell.plan.M == 4096 and price.device.name == "H200"
     bw, peak, mfu = 4.8e12 * 0.7, 989e12 * 0.3, 0.3
-    # One layer's projection weights: q and o 3584^2, k and v 3584 x 512 (4 kv heads x 128), gate, up, down 3584 x 18944.
+    # One layer's projection weights: q and o 3584^2, k and v 3584 x 512 (4 kv heads x 128), gate,
+    # up, down 3584 x 18944.
     layer = 2 * 3584 * 3584 + 2 * 3584 * 512 + 3 * 3584 * 18944
     assert layer == 233_046_016
     weights = (28 * layer + 3584 * 152064) * 2  # + the LM head, bf16: 14,140,571,648 bytes read every decode step

@@ -471,7 +471,7 @@ def test_seed_study_configs_compose_on_a_real_style_checkpoint(chat_model, math_
     assert easy.algo.kl_coef > 0 and easy.algo.entropy_coef > 0 and hard.algo.kl_coef == hard.algo.entropy_coef == 0
     cells = expand(easy)
     assert sum(c.feasible for c in cells) > 20 and max(c.axes["n"] for c in cells if c.feasible) == 2048
-    with pytest.raises(ConfigError, match="calibration/seed-calibrate/easy.parquet does not exist"):
+    with pytest.raises(ConfigError, match=r"calibration/seed-calibrate/easy\.parquet does not exist"):
         config.load("seed-easy", [f"model.path={chat_model}"])  # by default, the easy set calibrate writes
     calibrate = config.load("seed-calibrate", files)
     assert (calibrate.calibrate.samples, list(calibrate.calibrate.easy), list(calibrate.calibrate.hard)) == (

@@ -228,9 +228,9 @@ def test_a_killed_run_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path):
     kill would."""
     args = [
         *SMALL,
-        "grid.budgets=[128]",
+        "grid.budgets=[64]",  # 8 steps, a checkpoint every 2: stopped at step 3 to 7, after one, short of the end
         "grid.eval_points=4",
-        "checkpoint.every=4",
+        "checkpoint.every=2",
         "algo.kl_coef=0.01",
         "algo=ppo",
         "lora.rank=4",
@@ -244,11 +244,11 @@ def test_a_killed_run_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path):
         [*command, str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     deadline = time.time() + 300
-    while status_step(killed) < 6 and time.time() < deadline and proc.poll() is None:
+    while status_step(killed) < 3 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert 6 <= status_step(killed) < 16, "the run was not killed between its checkpoint and its end"
+    assert 3 <= status_step(killed) < 8, "the run was not killed between its checkpoint and its end"
     assert (killed / "checkpoint" / "run_state.pt").exists()
 
     resumed = subprocess.run([*command, str(killed)], capture_output=True, text=True, timeout=600)
@@ -268,9 +268,9 @@ def test_an_attempt_taken_over_stops_without_writing_and_the_run_is_one_uninterr
     reaches the run's process wrapped by torch.multiprocessing and is still read as a takeover."""
     args = [
         *SMALL,
-        "grid.budgets=[128]",
+        "grid.budgets=[64]",  # 8 steps, a checkpoint every 2: stopped at step 3 to 7, after one, short of the end
         "grid.eval_points=4",
-        "checkpoint.every=4",
+        "checkpoint.every=2",
         "checkpoint.keep_final=true",
         "algo.kl_coef=0.01",
         *variant,
@@ -289,12 +289,12 @@ def test_an_attempt_taken_over_stops_without_writing_and_the_run_is_one_uninterr
         start_new_session=True,
     )
     deadline = time.time() + 300
-    while status_step(run_dir) < 6 and time.time() < deadline and old.poll() is None:
+    while status_step(run_dir) < 3 and time.time() < deadline and old.poll() is None:
         time.sleep(0.02)
     os.killpg(old.pid, signal.SIGSTOP)
     try:
         frozen_at = status_step(run_dir)
-        assert 6 <= frozen_at < 16 and (run_dir / "checkpoint" / "run_state.pt").exists()
+        assert 3 <= frozen_at < 8 and (run_dir / "checkpoint" / "run_state.pt").exists()
         new = subprocess.run([*command, str(run_dir)], capture_output=True, text=True, timeout=600, env=env)
         assert new.returncode == 0, new.stdout + new.stderr
         assert "resumed from the checkpoint at step" in new.stdout

@@ -24,7 +24,8 @@ def test_inverse_cdf_draws_from_the_distribution_and_never_an_excluded_token():
 
 
 def recording(sampler):
-    """The sampler, its seeded `sample` calls' (evaluation's; training passes none) prompts and seeds kept in `.calls`."""
+    """The sampler, its seeded `sample` calls' (evaluation's; training passes none) prompts and
+    seeds kept in `.calls`."""
     calls, sample = [], sampler.sample
 
     def spy(prompts, n, *args, seeds=None):

@@ -76,7 +76,7 @@ def test_a_lease_that_does_not_fit_stops_the_attempt_naming_the_file(tmp_path, m
     monkeypatch.setattr(store.time, "sleep", lambda s: None)
     files = RunFiles(tmp_path / "run").take_lease()
     files.lease.write_text("[1, 2]")  # once: an AttributeError traceback at the run's next write
-    with pytest.raises(store.LeaseLost, match="lease.json is not a readable lease"):
+    with pytest.raises(store.LeaseLost, match=r"lease\.json is not a readable lease"):
         files.append_metrics({"step": 1})
     write_json(files.lease, {"holder": files.holder, "since": 1.0})  # a lease of an older isoflop (no version)
     files.append_metrics({"step": 1})
@@ -153,7 +153,7 @@ def test_a_head_record_that_does_not_fit_is_refused_naming_the_file(tmp_path):
     info = tmp_path / head.HEAD_FILE
     for text in ("[1, 2]", '{"pid": "12", "address": "http://127.0.0.1:1"}'):
         info.write_text(text)
-        with pytest.raises(ConfigError, match="ray-head.json is not a readable Ray head record"):
+        with pytest.raises(ConfigError, match=r"ray-head\.json is not a readable Ray head record"):
             head._attach(info)
         assert info.read_text() == text
 

@@ -119,7 +119,7 @@ def test_the_frontier_reads_the_same_whatever_the_compute_s_unit(tmp_path):
     tables = []
     for scale in (1, 1e70):
         out = tmp_path / f"x{scale:g}"
-        results().assign(rollouts=lambda d: d["rollouts"] * scale).to_csv(tmp_path / "r.csv", index=False)
+        results().assign(rollouts=lambda d, scale=scale: d["rollouts"] * scale).to_csv(tmp_path / "r.csv", index=False)
         result = invoke(tmp_path / "r.csv", "--bootstrap", 0, "--out", out)
         assert result.exit_code == 0, result.output
         front = pd.read_csv(out / "frontier.csv")

@@ -170,9 +170,9 @@ def test_a_healthy_law_is_reliable_and_notes_the_grid_edge(fitted):
 
     notes = doubts("frontier", fitted.entry, FitSpec(bootstrap=20, seed=1))
     assert all(not grave for _, grave in notes)
-    assert (
-        notes[0][0]
-        == "frontier: lower at the fit's bounds: n* at the smallest budgets is the grid's smallest n; the optimum may lie below the grid"
+    assert notes[0][0] == (
+        "frontier: lower at the fit's bounds: n* at the smallest budgets "
+        "is the grid's smallest n; the optimum may lie below the grid"
     )
     # where two curves cross they are tied within the noise: a note, and there n* is a set
     assert (

@@ -23,9 +23,9 @@ def chinchilla(drop_highest: int) -> pd.DataFrame:
 
 @pytest.mark.slow  # ~8 s of fits
 def test_chinchilla_240_runs_land_on_epochs_reestimate():
-    """The parametric method (docs/fitting.md) on the 240 Chinchilla runs (all 245 but the 5 of highest loss): E within 1%,
-    alpha and beta within 0.01, Huber objective <= 1.02e-3. Measured: E 1.8172, A 477.8, B 2143.4,
-    alpha 0.3473, beta 0.3672, objective 1.01827e-3."""
+    """The parametric method (docs/fitting.md) on the 240 Chinchilla runs (all 245 but the 5 of
+    highest loss): E within 1%, alpha and beta within 0.01, Huber objective <= 1.02e-3. Measured: E
+    1.8172, A 477.8, B 2143.4, alpha 0.3473, beta 0.3672, objective 1.01827e-3."""
     entry = parametric_method(chinchilla(drop_highest=5), SPEC).entry
     p = entry["params"]
     assert entry["converged"] and entry["rows"] == 240

@@ -97,7 +97,9 @@ def drawn(seed: int, ceiling_per_n: bool):
     rng = np.random.default_rng(seed)
     if ceiling_per_n:
         lift, speed, start = rng.uniform([0.2, 1.4, 8.5], [0.35, 1.8, 9.5])
-        curve = lambda n, c: coverage(n, c, lift, speed, start)
+
+        def curve(n, c):
+            return coverage(n, c, lift, speed, start)
     else:
         curve = truth
     return curve, sweep(curve, rng)

@@ -2,6 +2,7 @@
 torch's FlopCounterMode (within 5% per part, as the ledger promises) on two model shapes."""
 
 import contextlib
+import functools
 import json
 
 import pytest
@@ -163,7 +164,9 @@ def test_ledger_matches_flop_counter(name, lora):
     box = {}
     for shared in (False, True):  # each row prefilled, or each prompt once for its group
         sampler = HFSampler(model, tok, shared_prefill=shared)
-        search = measured(lambda: box.update(r=sampler.sample(["12+34=", "5+6=", "70+8="], 4, 1.0, 1.0, 6)))
+        search = measured(
+            lambda sampler=sampler: box.update(r=sampler.sample(["12+34=", "5+6=", "70+8="], 4, 1.0, 1.0, 6))
+        )
         r = box["r"]
         assert r.prefill_rows == (3 if shared else 12)
         analytic = flops.generate(shape, 12, r.prompt_width, r.generated_width, r.prefill_rows, r.decode_rows)
@@ -191,7 +194,7 @@ def test_ledger_matches_flop_counter(name, lora):
 
     for reference in (False, True):
         for name, layout in layouts.items():  # every row whole, or each prompt group as one sequence
-            learning = measured(lambda: learn(reference, layout))
+            learning = measured(functools.partial(learn, reference, layout))
             analytic = flops.learning(shape, *work[name], reference=reference, logits=tokens)
             assert analytic == pytest.approx(learning, rel=1e-9), (reference, name)
 

@@ -111,9 +111,9 @@ def test_updates_per_batch_raise_rho_at_fixed_budget():
     rhos = [c.plan.predicted_flops["rho"] for c in cells]
     assert rhos == sorted(rhos) and rhos[0] < rhos[-1]
     assert len({c.plan.M for c in cells}) == 1  # rollout budget: same steps, more learning each
-    with pytest.raises(ConfigError, match="B_p = 2 prompts do not fill algo.minibatches = 8"):
+    with pytest.raises(ConfigError, match=r"B_p = 2 prompts do not fill algo\.minibatches = 8"):
         expand(load("grid.n=[2]", "grid.B_p=[2]", "algo.minibatches=8"))
-    with pytest.raises(ConfigError, match="x learner.world_size = 2 .each rank trains on whole prompt groups"):
+    with pytest.raises(ConfigError, match=r"x learner\.world_size = 2 \(each rank trains on whole prompt groups"):
         expand(load("grid.n=[2]", "grid.B_p=[2]", "algo.minibatches=2", "learner.world_size=2"))
 
 

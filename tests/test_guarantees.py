@@ -333,9 +333,9 @@ def test_a_link_in_a_sweeps_tree_is_refused_before_compute_and_nothing_is_writte
     precious = tmp_path / "precious.jsonl"
     precious.write_text("precious\n")
     files.metrics.symlink_to(precious)
-    with pytest.raises(ConfigError, match="metrics.jsonl is a symbolic link"):
+    with pytest.raises(ConfigError, match=r"metrics\.jsonl is a symbolic link"):
         sweep.check_tree()
-    with pytest.raises(ConfigError, match="metrics.jsonl is a symbolic link"):
+    with pytest.raises(ConfigError, match=r"metrics\.jsonl is a symbolic link"):
         files.append_metrics({"step": 0})
     assert precious.read_text() == "precious\n"
 
@@ -371,7 +371,7 @@ def test_a_run_dir_holding_another_cells_records_is_refused_and_left_as_it_is(tm
     shutil.copytree(
         runs / "b", runs / "c"
     )  # run b's directory holds a's records (f-two) again: c has a's fingerprint, not its run id
-    with pytest.raises(ConfigError, match="run c: .* is the finished record of run a, not this run's"):
+    with pytest.raises(ConfigError, match=r"run c: .* is the finished record of run a, not this run's"):
         sweep.run("c").finished_rows()
     sweep.run("c").set_status("paused", step=2)
     status = json.loads((runs / "c" / "status.json").read_text())

@@ -139,7 +139,9 @@ def test_a_hub_id_not_in_the_cache_is_one_line_saying_how_to_allow_the_download(
 
     train = (hub / "datasets--org--sums" / "snapshots" / COMMIT / "data" / "train-00000-of-00001.parquet").read_bytes()
     cached_repo(hub, "dataset", "org/two", {"main/train.parquet": train, "socratic/train.parquet": train})
-    with pytest.raises(ConfigError, match="2 files could be it .*task.train=hf://datasets/org/two/main/train.parquet"):
+    with pytest.raises(
+        ConfigError, match=r"2 files could be it \(.*task\.train=hf://datasets/org/two/main/train\.parquet"
+    ):
         data_file("org/two", "task.train")
     assert data_file("hf://datasets/org/two/socratic", "task.train").parent.name == "socratic"
 

@@ -2,6 +2,7 @@
 parts, each layer blind to the ones above it, and the modules every process imports light."""
 
 import ast
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -127,7 +128,7 @@ def test_no_import_cycle_between_the_packages_parts():
         "import cycle: "
         + " -> ".join(cycle)
         + "; "
-        + "; ".join(f"{a} -> {b} in {sorted(graph[a][b])}" for a, b in zip(cycle, cycle[1:]))
+        + "; ".join(f"{a} -> {b} in {sorted(graph[a][b])}" for a, b in itertools.pairwise(cycle))
     )
 
 

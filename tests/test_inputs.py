@@ -425,7 +425,7 @@ def test_sbatchs_refusal_is_one_message_not_its_raw_lines_first(tmp_path, monkey
     cluster = OmegaConf.structured(ClusterConfig)
     cluster.slurm.executor, cluster.slurm.partition = "slurm", "nope"
     client = SlurmClient(cluster, tmp_path / "slurm")
-    with pytest.raises(SlurmRefused, match="SLURM refused the runs' jobs: .*Invalid partition name specified"):
+    with pytest.raises(SlurmRefused, match=r"SLURM refused the runs' jobs: .*Invalid partition name specified"):
         client.submit_job("true", "isoflop-a-1")  # one job
     with pytest.raises(SlurmRefused, match="Invalid partition name specified"), client.batch():
         client.submit_job("true", "isoflop-b-1")  # an array job, submitted as the batch ends
@@ -634,7 +634,7 @@ def test_an_oversized_row_is_refused_before_it_is_read_into_python(tmp_path, mon
     )
     assert "64 bytes per token of task.max_prompt_tokens" in line
     tracemalloc.start()
-    with pytest.raises(dataset.TaskError, match="line 2 holds 3.0 MiB"):
+    with pytest.raises(dataset.TaskError, match=r"line 2 holds 3\.0 MiB"):
         read_rows(str(tmp_path / "big.jsonl"), "task.train", "prompt", "answer", prompt_tokens=8)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()

@@ -62,7 +62,7 @@ def test_only_slurm_places_the_probe():
 
 def test_checks_before_anything_is_written(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    with pytest.raises(ConfigError, match="cluster.gpus_per_run > 0 needs a Ray cluster"):
+    with pytest.raises(ConfigError, match=r"cluster\.gpus_per_run > 0 needs a Ray cluster"):
         launchers.of(cluster(gpus_per_run=1)).check()
     with pytest.raises(ConfigError, match=r"cluster.cpus_per_run=4.0 is more than the local head's 2 CPUs"):
         launchers.of(cluster(cpus_per_run=4, local_cpus=2)).check()

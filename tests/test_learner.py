@@ -162,7 +162,7 @@ def test_a_chunked_pass_saves_no_logits_for_backward_and_recomputes_them_a_chunk
     for name, size in (("chunked", chunk), ("one pass", N)):
         saved = {}
 
-        def pack(x: torch.Tensor) -> torch.Tensor:
+        def pack(x: torch.Tensor, saved: dict = saved) -> torch.Tensor:
             saved[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
             return x
 

@@ -202,7 +202,7 @@ def test_a_manifest_that_cannot_be_opened_is_refused_too(tmp_path):
     sweep = SweepDir(tmp_path)
     sweep.manifest_file.mkdir()
     with pytest.raises(
-        ConfigError, match="cannot read .*manifest.json: it is a directory where a file belongs: move it aside"
+        ConfigError, match=r"cannot read .*manifest\.json: it is a directory where a file belongs: move it aside"
     ):
         sweep.manifest()
     assert SweepDir(tmp_path / "new").manifest() == Manifest()  # none yet: a new sweep dir

@@ -211,7 +211,6 @@ def test_a_prm_cell_by_hand(qwen7b, tmp_path):
     holds neither."""
     from transformers import Qwen2Config
 
-    path, _ = qwen7b
     Qwen2Config(
         vocab_size=151936,
         hidden_size=1536,
@@ -222,17 +221,15 @@ def test_a_prm_cell_by_hand(qwen7b, tmp_path):
         tie_word_embeddings=True,
         num_labels=1,
     ).save_pretrained(tmp_path / "prm")
-    steps = [
-        a for a in seed_easy(qwen7b) if not a.startswith("task.train=")
-    ]  # the pinned knobs on the arithmetic task with steps
+    # the pinned knobs on the arithmetic task with steps
+    steps = [a for a in seed_easy(qwen7b) if not a.startswith("task.train=")]
     cfg = config.load(
         "seed-easy", [*steps, "task=arith-steps", "task.train=null", "reward=prm", f"reward.path={tmp_path / 'prm'}"]
     )
     m = memory.predict(model_shape(cfg.model), cfg, 16, 64, 1024)
     layer = 1536 * 1536 + 2 * 1536 * 256 + 1536 * 1536 + 3 * 1536 * 8960
-    assert m.reward_weights * GIB == pytest.approx(
-        2 * (28 * layer + 151936 * 1536)
-    )  # its embeddings, the head's 1536 x 1 aside
+    # its embeddings, the head's 1536 x 1 aside
+    assert m.reward_weights * GIB == pytest.approx(2 * (28 * layer + 151936 * 1536))
     rows, width = 10, 1024 + 2048 + 1
     S = rows * width
     # One layer's tensors as a learning pass keeps them (2 norms, the projections' inputs and
@@ -248,7 +245,8 @@ def test_a_prm_cell_by_hand(qwen7b, tmp_path):
         rule.peak + m.reward_weights
     )
     print(
-        f"PRM 1.5B: weights {m.reward_weights:.2f} GiB, a forward {m.reward_forward:.2f}; scoring {m.scoring:.2f} of a {m.peak:.2f} peak"
+        f"PRM 1.5B: weights {m.reward_weights:.2f} GiB, a forward "
+        f"{m.reward_forward:.2f}; scoring {m.scoring:.2f} of a {m.peak:.2f} peak"
     )
     # A budget of 0 scores a rank's share in one forward: at n = 64, 512 rows; scoring peaks, and
     # the knob is named. With the budget, n = 64 scores in the same forwards of 10 rows.
@@ -281,7 +279,8 @@ def test_the_7b_lora_policy_the_recipe_builds_on_one_gpu_holds_what_the_model_co
     params, adapter = 7_615_283_200, 28 * 2_883_584  # as in test_7b_lora_on_one_gpu_by_hand
     by_hand = 2 * params + 4 * adapter
     print(
-        f"7B LoRA policy: {held / GIB:.2f} GiB held, {by_hand / GIB:.2f} by hand, {predict(cfg, n=8, B_p=16).weights:.2f} predicted"
+        f"7B LoRA policy: {held / GIB:.2f} GiB held, {by_hand / GIB:.2f} "
+        f"by hand, {predict(cfg, n=8, B_p=16).weights:.2f} predicted"
     )
     assert held == pytest.approx(by_hand, rel=0.05)
     assert held == pytest.approx(predict(cfg, n=8, B_p=16).weights * GIB, rel=0.05)
@@ -456,7 +455,8 @@ def test_a_cpu_run_whose_learner_state_cannot_fit_the_node_is_refused(qwen7b, mo
     said = " ".join(refused.output.split())
     assert f"a CPU run's learner state alone needs {need:.1f} GiB, above the 128 GiB of cluster.node_memory_gib" in said
     assert (
-        f"(weights {4 * params / GIB:.1f}, gradients {4 * params / GIB:.1f}, AdamW states {8 * params / GIB:.1f}, KL reference "
+        f"(weights {4 * params / GIB:.1f}, gradients {4 * params / GIB:.1f}, "
+        f"AdamW states {8 * params / GIB:.1f}, KL reference "
         f"{4 * params / GIB:.1f}, processes 0.5): train LoRA adapters (lora.rank)" in said
     )
     assert plan("cluster.node_memory_gib=142.5").exit_code == 0

@@ -98,7 +98,9 @@ def test_the_node_check_names_a_directory_the_runs_could_not_write(tmp_path, mon
     )
     seen = _check_node(spec, 2.0, 0.0, 1)
     assert seen.unwritable == {
-        "ISOFLOP_CACHE": f"({tmp_path / 'file' / 'cache'}) cannot be made: {tmp_path / 'file'} is not a writable directory",
+        "ISOFLOP_CACHE": (
+            f"({tmp_path / 'file' / 'cache'}) cannot be made: {tmp_path / 'file'} is not a writable directory"
+        ),
         "tracking.dir": f"({tmp_path / 'file'}) is not a directory",
     }
     monkeypatch.setenv("ISOFLOP_CACHE", str(tmp_path / "cache"))
@@ -139,7 +141,10 @@ class ScriptedJobs:
         message = (
             "Job supervisor actor died: the actor died unexpectedly"
             if code is None
-            else f"Job entrypoint command failed with exit code {code}, last available logs (truncated to 20,000 chars):\n{self._end(sid)[1]}"
+            else (
+                f"Job entrypoint command failed with exit code {code}, last "
+                f"available logs (truncated to 20,000 chars):\n{self._end(sid)[1]}"
+            )
         )
         return SimpleNamespace(driver_exit_code=code, message=message)
 

@@ -130,7 +130,8 @@ def test_rank_1_never_holds_a_full_copy_of_the_weights(tmp_path, variant):
     full, largest = sum(map(_bytes, models)), max(t.untyped_storage().nbytes() for m in models for t in m.parameters())
     peak = ranks[1]["peak"]
     print(
-        f"rank 1 peak {peak} B of the full models' {full} B ({peak / full:.1%}); largest tensor {largest} B ({largest / full:.1%})"
+        f"rank 1 peak {peak} B of the full models' {full} B "
+        f"({peak / full:.1%}); largest tensor {largest} B ({largest / full:.1%})"
     )
     assert full / 2 < peak <= full / 2 + 2 * largest + 0.01 * full  # the padding of shards and the buffers: within 1%
     assert peak < (0.6 if len(models) == 2 else 0.7) * full
@@ -180,7 +181,8 @@ def test_the_reference_reshards_its_root_after_each_forward(tmp_path):
     for rank in (0, 1):
         found = json.loads((tmp_path / f"rank{rank}.json").read_text())
         print(
-            f"rank {rank}: root {found['root']} B; the reference's storages at most {found['peak']} B, after the step {found['after']} B"
+            f"rank {rank}: root {found['root']} B; the reference's storages "
+            f"at most {found['peak']} B, after the step {found['after']} B"
         )
         assert found["peak"] >= found["root"]
         assert found["after"] < 0.05 * found["root"] and found["sharded"]

@@ -120,7 +120,10 @@ TRL_MODULE = '''
 def accuracy_reward(completions, solution, difficulty, **kwargs):
     """As TRL's examples: chat completions, the answer column by its name, another column too."""
     assert kwargs["prompts"][0][0]["role"] == "user" and "data_source" in kwargs
-    return [float(c[0]["content"].strip() == s) * (2.0 if d == "hard" else 1.0) for c, s, d in zip(completions, solution, difficulty)]
+    return [
+        float(c[0]["content"].strip() == s) * (2.0 if d == "hard" else 1.0)
+        for c, s, d in zip(completions, solution, difficulty)
+    ]
 
 
 def length_reward(prompts, completions, **kwargs):
@@ -203,7 +206,8 @@ def test_a_verl_compute_score_from_a_file_scores_as_in_verl(user_files):
     }
     reward = make_reward(_custom(f"{user_files / 'verl_reward.py'}:compute_score"), task)
     assert reward(problems, COMPLETIONS)[0] == VERL  # a dict returned is verl's {"score": ...}
-    # The adapter alone, by hand: data_source and ground truth as arguments, extra_info the row's other columns over verl's own.
+    # The adapter alone, by hand: data_source and ground truth as arguments, extra_info the row's
+    # other columns over verl's own.
     from isoflop_cli.rewards import STYLES, load_function
 
     seen = []
@@ -223,7 +227,8 @@ def test_a_verl_compute_score_from_a_file_scores_as_in_verl(user_files):
 
 def test_a_trl_reward_function_gets_chat_completions_and_the_columns_as_in_trl(user_files):
     task, problems = _problem_file(user_files)
-    # TRL: completions as assistant messages (chat prompts), the answer column 'solution' and 'difficulty' as keyword lists.
+    # TRL: completions as assistant messages (chat prompts), the answer column 'solution' and
+    # 'difficulty' as keyword lists.
     reward = make_reward(_custom("trl_rewards:accuracy_reward"), task)
     assert reward(problems, ["4", "41", "7"])[0] == [1.0, 0.0, 2.0]
     assert reward(problems, COMPLETIONS)[0] == [0.0, 0.0, 0.0]  # TRL compares the whole text: '#### 7' is not '7'

@@ -1,5 +1,6 @@
 """One GRPO run in-process: deterministic on CPU, and its files."""
 
+import itertools
 import json
 
 import pytest
@@ -49,7 +50,7 @@ def test_run_ledger_agrees_with_measurement(tmp_path, updates):
     assert last["flops_total"] == last["flops_search"] + last["flops_learning"]
     assert 0 < last["rho"] < 1 and last["rho"] == last["flops_learning"] / last["flops_total"]
     # the ledger only grows
-    assert all(a["flops_total"] <= b["flops_total"] for a, b in zip(rows, rows[1:]))
+    assert all(a["flops_total"] <= b["flops_total"] for a, b in itertools.pairwise(rows))
 
 
 def test_flop_budget_run_stops_within_one_step_and_evaluates_on_the_flop_axis(tmp_path):

@@ -3,6 +3,7 @@
 saying why, where Debian's packages or root are missing), and through submitit's own local
 executor (the same submitit calls as on SLURM, with real processes)."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -13,8 +14,9 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import pytest
-from conftest import run_isoflop
+from conftest import may_thaw, run_isoflop
 from omegaconf import OmegaConf
+from test_head import wait_for
 from typer.testing import CliRunner
 
 from isoflop_cli.cli import app
@@ -127,7 +129,8 @@ def test_a_sweep_on_a_real_slurm_survives_a_killed_run_and_a_preemption(slurm, t
     is SIGKILLed: sacct reports the job's end and the sweep submits it again. The other's job is
     requeued by SLURM (a preemption): the sweep waits for SLURM to run it again, or (where it reads
     the requeue's end first) submits it once more. Both runs resume from their checkpoints, and
-    every eval point is there once."""
+    every eval point is there once. The requeued run is frozen (SIGSTOP) from before the requeue
+    until SLURM's signal has reached it: the requeue lands mid-run however short the run."""
     args = [
         "--root",
         str(tmp_path),
@@ -135,12 +138,12 @@ def test_a_sweep_on_a_real_slurm_survives_a_killed_run_and_a_preemption(slurm, t
         "cluster.cpus_per_run=1",
         "cluster.gpus_per_run=0",
         f"cluster.python={sys.executable}",
-        # 4,096 rollouts: each run lasts long enough past its first checkpoint that the kill and the requeue land
-        # mid-run (at 1,024 a run could end between the checkpoint and the requeue, and its job then ends FAILED).
+        # 1,024 rollouts: 512 and 256 steps, the kill lands within a poll of the first checkpoint (step 16); the
+        # requeue on a frozen run (at 1,024, unfrozen, a run could end between the checkpoint and the requeue).
         "cluster.poll_s=1",
         "grid.n=[2]",
         "grid.B_p=[2,4]",
-        "grid.budgets=[4096]",
+        "grid.budgets=[1024]",
         "grid.eval_points=3",
         "eval.problems=16",
         "eval.samples=4",
@@ -171,7 +174,13 @@ def test_a_sweep_on_a_real_slurm_survives_a_killed_run_and_a_preemption(slurm, t
                     requeued = run_id
                     sid = json.loads((sweep / "manifest.json").read_text())["cells"][run_id]["submission_id"]
                     job = json.loads((sweep / "slurm" / f"{sid}.json").read_text())["job_id"]
-                    subprocess.run(["scontrol", "requeue", job], check=True, env=slurm)
+                    p.suspend()  # held mid-run until SLURM's requeue has signalled it
+                    try:
+                        subprocess.run(["scontrol", "requeue", job], check=True, env=slurm)
+                        wait_for(lambda p=p: may_thaw(p), 120, "SLURM's requeue signal")
+                    finally:
+                        with contextlib.suppress(psutil.NoSuchProcess):
+                            p.resume()
                     while (
                         subprocess.run(
                             ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, env=slurm

@@ -292,7 +292,7 @@ def test_state_files_that_cannot_be_written_or_named_are_one_line_naming_them(tm
     )
     with pytest.raises(ConfigError, match="a name in its path is too long for the file system: use a shorter --root"):
         SweepDir(too_long).write_manifest(Manifest())
-    with pytest.raises(ConfigError, match="cannot read .*manifest.json: a name in its path is too long"):
+    with pytest.raises(ConfigError, match=r"cannot read .*manifest\.json: a name in its path is too long"):
         _denied(monkeypatch, sweep.manifest_file, OSError)
         sweep.manifest()
 

@@ -2,6 +2,7 @@
 model: rewards are set by hand, then the step's own parts (arrange, pre-passes, advantages, loss)
 run as in a run."""
 
+import itertools
 import json
 
 import pytest
@@ -207,7 +208,7 @@ def test_token_budget_micro_batches_give_the_whole_mini_batch_gradient(tmp_path,
         assert len(micro[0]) == 8 and len(micro) > 1
     else:  # every group over the budget: pieces only, each full (the next row would not fit)
         assert all(len(idx) < 4 for idx in micro)
-        for idx, after in zip(micro, micro[1:]):
+        for idx, after in itertools.pairwise(micro):
             if int(idx[0]) // 4 == int(after[0]) // 4:
                 assert prompt[int(idx[0])] + sum(own[i] for i in idx.tolist()) + own[int(after[0])] > limit
 
@@ -215,7 +216,9 @@ def test_token_budget_micro_batches_give_the_whole_mini_batch_gradient(tmp_path,
     for name, trainer, b in (("whole", whole, whole_batch), ("split", split, batch)):
         calls = []
         forward = trainer.actor.forward
-        trainer.actor.forward = lambda *args, **kwargs: calls.append(1) or forward(*args, **kwargs)
+        trainer.actor.forward = lambda *args, _calls=calls, _forward=forward, **kwargs: (
+            _calls.append(1) or _forward(*args, **kwargs)
+        )
         trainer.update(b)
         forwards[name], grads[name] = len(calls), torch.cat([p.grad.flatten() for p in trainer.trainable])
     assert forwards == {"whole": 1, "split": len(micro)}

@@ -219,11 +219,15 @@ def _parse_message(override: str, e: OverrideParseException) -> str:
     shown = _printable(override)
     bad = re.search(r"token recognition error at: '(.*)'", str(e.__cause__ or e.__context__ or ""), re.S)
     if bad is None:  # the grammar, not a character: `grid.n=[4,`
-        return f"cannot parse the override '{shown}': {_printable(str(e).splitlines()[0])} (overrides are key=value, lists [a,b])"
+        return (
+            f"cannot parse the override '{shown}': {_printable(str(e).splitlines()[0])} "
+            "(overrides are key=value, lists [a,b])"
+        )
     key, _, value = override.partition("=")
     return (
         f"cannot parse the override '{shown}': '{_printable(bad.group(1))}' is not allowed in an unquoted value; "
-        f"quote the value, {_printable(key)}='{_printable(value)}' (in the shell: \"{_printable(key)}='{_printable(value)}'\")"
+        f"quote the value, {_printable(key)}='{_printable(value)}' "
+        f"(in the shell: \"{_printable(key)}='{_printable(value)}'\")"
     )
 
 

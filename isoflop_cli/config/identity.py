@@ -11,6 +11,7 @@ Configs without data files (the embedded arithmetic task) hash as they did befor
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -153,10 +154,8 @@ def _digest_of(path: str, size: int, mtime_ns: int) -> str:
             sha.update(block)
     entries.pop(path, None)
     entries[path] = {"size": size, "mtime_ns": mtime_ns, "sha1": sha.hexdigest()}
-    try:  # a cache that cannot be written (a read-only home on a node) costs a re-read, nothing else
+    with contextlib.suppress(OSError):  # a cache that cannot be written (a read-only home): a re-read, nothing else
         atomic_write(cache, json.dumps(dict(list(entries.items())[-DIGESTS_KEPT:])), durable=False)
-    except OSError:
-        pass
     return sha.hexdigest()
 
 

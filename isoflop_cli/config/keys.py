@@ -24,7 +24,7 @@ def schema_keys() -> tuple[str, ...]:
 
 def _walk(node: DictConfig, prefix: str) -> list[str]:
     keys = []
-    for name in node.keys():
+    for name in node:
         key = f"{prefix}{name}"
         keys.append(key)
         child = node._get_node(name)

@@ -19,7 +19,8 @@ DEFAULT_SWEEP = "default"
 DEFAULT_MARGIN = (
     2.5  # adaptive: in standard deviations of the metric's noise; chosen from replays (README: Adaptive sweeps)
 )
-DEFAULT_INDIFFERENCE = 0.01  # adaptive: in the metric's units; a cell that could beat the frontier by no more stops (README: Adaptive sweeps)
+# adaptive: in the metric's units; a cell that could beat the frontier by no more stops (README: Adaptive sweeps)
+DEFAULT_INDIFFERENCE = 0.01
 
 
 class Schedule(str, enum.Enum):
@@ -193,7 +194,8 @@ class LearnerConfig:
 
 @dataclass
 class SamplerConfig:
-    name: str = "hf"  # hf: Hugging Face generate in the learner's process; vllm: a vLLM engine beside the learner (GPU, or its CPU build)
+    # hf: Hugging Face generate in the learner's process; vllm: a vLLM engine beside the learner (GPU, or its CPU build)
+    name: str = "hf"
     shared_prefill: bool = True  # hf: prefill each prompt once and share its KV cache over its n rollouts
     tensor_parallel: int = 1  # vllm: GPUs per engine
     gpu_memory_utilization: float = (
@@ -252,7 +254,8 @@ class GridConfig:
 class SlurmConfig:
     """cluster.launcher=slurm: each run a SLURM job through submitit (slurm.py)."""
 
-    executor: str = "slurm"  # slurm (sbatch; jobs survive the CLI), or local: the same submitit calls as local processes (no SLURM: tests)
+    # slurm (sbatch; jobs survive the CLI), or local: the same submitit calls as local processes (no SLURM: tests)
+    executor: str = "slurm"
     partition: str | None = None  # null: the cluster's default
     time_min: int = (
         4320  # each job's time limit; a run it cuts is retried by the sweep (cluster.max_attempts) from its checkpoint

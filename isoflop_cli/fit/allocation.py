@@ -88,7 +88,8 @@ def fit_axis_curves(best: pd.DataFrame, spec: FitSpec, runs: pd.Index, method: s
         )
     if dropped:
         warn(
-            f"{method}: too few eval points (need {MIN_POINTS} at 3 computes) for {', '.join(dropped)}; left out of the frontier"
+            f"{method}: too few eval points (need {MIN_POINTS} at 3 "
+            f"computes) for {', '.join(dropped)}; left out of the frontier"
         )
     return out
 
@@ -225,7 +226,8 @@ def frontier_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     a = analyse(df, spec, "frontier", evidence.metric_noise(df, spec, "frontier", noise), noise)
     if a is None:
         raise ConfigError(
-            f"frontier: no {spec.axis} value has a fitted sigmoid ({MIN_POINTS} eval points at 3 computes, and a converged fit)"
+            f"frontier: no {spec.axis} value has a fitted sigmoid "
+            f"({MIN_POINTS} eval points at 3 computes, and a converged fit)"
         )
     entry = _law_entry(a, spec.axis, "frontier")
     entry["curves"] = _curve_entries(a, spec.axis)
@@ -414,7 +416,8 @@ def _frontier_frame(a: dict, axis_values: pd.Series) -> pd.DataFrame:
 
 
 def _curve_frame(a: dict) -> pd.DataFrame:
-    """80 points of each curve over its span; `extrapolated` where it stands above its runs' best by the next eval point by more than the noise."""
+    """80 points of each curve over its span; `extrapolated` where it stands above its runs' best by
+    the next eval point by more than the noise."""
     parts = []
     for c, f in zip(a["curves"], a["fits"]):
         x = np.linspace(c.span[0], c.span[1], 80)

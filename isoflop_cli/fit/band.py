@@ -43,7 +43,8 @@ SLOPES = (
 SLOPE_MIN = 0.05  # per doubling: flatter than this over a sweep's range is a constant
 SHAPES = ("sigmoid", "ramp")
 SLOPE_MAX = 30.0  # per doubling (curves.SLOPE_MAX, 100 per decade): steeper is a step
-# The triangle 0 <= lower <= upper <= 1 in (lower, upper), where the best fit lies: its edges lower = 0, upper = 1, lower = upper.
+# The triangle 0 <= lower <= upper <= 1 in (lower, upper), where the best fit lies: its edges
+# lower = 0, upper = 1, lower = upper.
 EDGES = (
     ((0.0, 0.0), (0.0, 1.0)),
     ((0.0, 1.0), (1.0, 0.0)),
@@ -108,8 +109,8 @@ class CurveBand:
         """The largest (upper) or smallest value at each of the computes x (log2) of a curve whose
         squared error is at most the best fit's + slack, and which gains at most `rise_max` over any
         doubling of compute, (upper - lower) (2 expit(k / 2) - 1) for a sigmoid, (upper - lower)
-        min(k / 4, 1) for a ramp, over the one centred on its midpoint (unless no such curve fits the points that well: a cap the points contradict is
-        no bound)."""
+        min(k / 4, 1) for a ramp, over the one centred on its midpoint (unless no such curve fits
+        the points that well: a cap the points contradict is no bound)."""
         # The normal equations round at ~1e-16 of the data's scale: without that much room an exact
         # fit (or slack 0) could fail its own threshold and bound nothing.
         threshold = self.sse + slack + 1e-12 * max(self.yy, 1.0)

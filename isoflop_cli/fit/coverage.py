@@ -88,8 +88,8 @@ def entry(table: pd.DataFrame, spec: FitSpec) -> dict:
 
 def rich_table(table: pd.DataFrame, spec: FitSpec) -> Table:
     out = Table(
-        title=f"coverage and sharpening per {spec.axis}: validation best@k and worst@k at the last budget (change from the first), "
-        "zero_var_frac at the first and last trained budget"
+        title=f"coverage and sharpening per {spec.axis}: validation best@k and worst@k at the last budget "
+        "(change from the first), zero_var_frac at the first and last trained budget"
     )
     for col in (
         spec.axis,
@@ -121,16 +121,17 @@ def markdown(table: pd.DataFrame, spec: FitSpec, plots: list[str]) -> list[str]:
     lines = [
         "## coverage and sharpening",
         "",
-        "`zero_var_frac`: the share of training groups whose rewards were all equal (no GRPO signal); `best@k` rising: RL covers "
-        "problems the base could not solve; `worst@k` rising with `best@k` flat: RL sharpens what the base could sometimes do. "
-        f"Means over runs per {spec.axis} (coverage.csv has every budget); changes from the first eval point to the last.",
+        "`zero_var_frac`: the share of training groups whose rewards were all equal (no GRPO "
+        "signal); `best@k` rising: RL covers problems the base could not solve; `worst@k` rising "
+        "with `best@k` flat: RL sharpens what the base could sometimes do. Means over runs per "
+        f"{spec.axis} (coverage.csv has every budget); changes from the first eval point to the last.",
         "",
         f"| {spec.axis} | {spec.compute} | best@k | change | worst@k | change | zero_var_frac first | last |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     lines += [
-        f"| {r[spec.axis]:g} | {r['to']:.4g} | {r['best@k']:.3f} | {r['d_best@k']:+.3f} | {r['worst@k']:.3f} | {r['d_worst@k']:+.3f} | "
-        f"{r['zero_var_first']:.3f} | {r['zero_var_last']:.3f} |"
+        f"| {r[spec.axis]:g} | {r['to']:.4g} | {r['best@k']:.3f} | {r['d_best@k']:+.3f} | {r['worst@k']:.3f} "
+        f"| {r['d_worst@k']:+.3f} | {r['zero_var_first']:.3f} | {r['zero_var_last']:.3f} |"
         for r in summary(table, spec).to_dict("records")
     ]
     return lines + [""] + [f"![coverage]({name})" for name in plots if name.endswith(".png")] + [""]

@@ -60,10 +60,7 @@ def fit_sigmoid(
         lower, upper, mid, k = natural(p)
         s = special.expit(k * (x - mid))
         ds = (upper - lower) * s * (1 - s)
-        if increasing:
-            cols = [p[1] * (1 - s) + s, (upper - lo) * (1 - s)]
-        else:
-            cols = [1 - s, s]
+        cols = [p[1] * (1 - s) + s, (upper - lo) * (1 - s)] if increasing else [1 - s, s]
         return sw[:, None] * np.column_stack([*cols, -k * ds, (x - mid) * ds])
 
     if increasing:

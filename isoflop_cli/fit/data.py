@@ -98,7 +98,8 @@ def one_row_per_eval_point(df: pd.DataFrame, path: Path) -> None:
     if "step" in df.columns and df.duplicated(["run_id", "step"]).any():
         row = df[df.duplicated(["run_id", "step"])].iloc[0]
         raise ConfigError(
-            f"{path}: run {row['run_id']} has step {row['step']} twice: each eval point once (a row twice counts twice in every fit)"
+            f"{path}: run {row['run_id']} has step {row['step']} twice: "
+            "each eval point once (a row twice counts twice in every fit)"
         )
 
 
@@ -118,8 +119,8 @@ def of_sweep(df: pd.DataFrame, path: Path) -> None:
         cell = cells.get(run_id)
         if cell is None:
             raise ConfigError(
-                f"{sweep.results_file}: run {run_id} is not a cell of {sweep.manifest_file}: these are not this sweep's results "
-                "(rerun the sweep to collect them again)"
+                f"{sweep.results_file}: run {run_id} is not a cell of {sweep.manifest_file}: "
+                "these are not this sweep's results (rerun the sweep to collect them again)"
             )
         for column, value in cell.columns.items():
             other = (
@@ -129,8 +130,8 @@ def of_sweep(df: pd.DataFrame, path: Path) -> None:
             )
             if other is not None:
                 raise ConfigError(
-                    f"{sweep.results_file}: run {run_id} has {column} {other} where its cell in {sweep.manifest_file} has {value}: "
-                    "these are not this sweep's results (rerun the sweep to collect them again)"
+                    f"{sweep.results_file}: run {run_id} has {column} {other} where its cell in {sweep.manifest_file} "
+                    f"has {value}: these are not this sweep's results (rerun the sweep to collect them again)"
                 )
 
 
@@ -197,7 +198,8 @@ def usable(df: pd.DataFrame, columns: list[str], method: str) -> pd.DataFrame:
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise ConfigError(
-            f"{method}: results have no column {', '.join(missing)} (have: {', '.join(c for c in df.columns if c != RUN)})"
+            f"{method}: results have no column {', '.join(missing)} "
+            f"(have: {', '.join(c for c in df.columns if c != RUN)})"
         )
     numeric = df[columns].apply(pd.to_numeric, errors="coerce")
     finite = np.isfinite(numeric.to_numpy(float))
@@ -234,8 +236,9 @@ def one_per_run(df: pd.DataFrame, columns: list[str], method: str) -> None:
             run = counts.index[counts > 1][0]
             values = sorted(df.loc[df[RUN] == run, column].unique())
             raise ConfigError(
-                f"{method}: run {str(run).split(':', 1)[-1]} has {column} {', '.join(f'{plain(v):g}' for v in values[:3])}"
-                f"{' ...' if len(values) > 3 else ''}: a run's {column} is one value (two runs under one run_id?)"
+                f"{method}: run {str(run).split(':', 1)[-1]} has {column} "
+                f"{', '.join(f'{plain(v):g}' for v in values[:3])}{' ...' if len(values) > 3 else ''}: "
+                f"a run's {column} is one value (two runs under one run_id?)"
             )
 
 

@@ -24,19 +24,23 @@ from isoflop_cli.fit.frontier import best_at
 from isoflop_cli.fit.noise import Noise
 from isoflop_cli.fit.schedule import noise
 
-NOISE_RUNS = 64  # runs the noise is read from (evenly spread): its pooled residual is settled long before, and each costs ~0.15 s
-TIE_SD = 2.0  # curves within this many sd of one eval point's noise of the top are tied: two evaluations of one model differ by more only ~16% of the time (sd sqrt(2))
+# runs the noise is read from (evenly spread): its pooled residual is settled long before, and
+# each costs ~0.15 s
+NOISE_RUNS = 64
+# curves within this many sd of one eval point's noise of the top are tied: two evaluations of one
+# model differ by more only ~16% of the time (sd sqrt(2))
+TIE_SD = 2.0
 
 
 def metric_noise(df: pd.DataFrame, spec: FitSpec, method: str, model: Noise) -> float:
     """One sd of an eval point's noise: the larger of the pooled residual of each run's best
     monotone sigmoid through its raw eval points (`schedule.noise` in the fit's own family; the
     adaptive rule reads its noise about its sigmoids and ramps; from up to NOISE_RUNS runs) and the
-    variance model's sd (`model.sd`: between seeds, else the evaluation's binomial). The residual holds a run's wobble between eval
-    points and the evaluation noise that differs between them; it misses what all of a run's points
-    share (its seed's luck; the evaluation streams, which are the same at every eval point), which
-    the model holds. 0 with a warning when neither can be read (then any excess is an
-    extrapolation and only exact equality a tie)."""
+    variance model's sd (`model.sd`: between seeds, else the evaluation's binomial). The residual
+    holds a run's wobble between eval points and the evaluation noise that differs between them; it
+    misses what all of a run's points share (its seed's luck; the evaluation streams, which are the
+    same at every eval point), which the model holds. 0 with a warning when neither can be read
+    (then any excess is an extrapolation and only exact equality a tie)."""
     runs = df[RUN].unique()
     pick = (
         runs[np.unique(np.linspace(0, runs.size - 1, min(runs.size, NOISE_RUNS)).round().astype(int))]
@@ -50,7 +54,8 @@ def metric_noise(df: pd.DataFrame, spec: FitSpec, method: str, model: Noise) -> 
     ]
     if not sigmas:
         warn(
-            f"{method}: too few eval points to read the metric's noise, and no variance recorded; extrapolation and ties are judged with zero noise"
+            f"{method}: too few eval points to read the metric's noise, and no "
+            "variance recorded; extrapolation and ties are judged with zero noise"
         )
         return 0.0
     return max(sigmas)

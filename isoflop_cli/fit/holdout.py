@@ -45,7 +45,8 @@ def split(df: pd.DataFrame, spec: FitSpec, k: int, method: str) -> tuple[pd.Data
     budgets = np.unique(df.loc[df[spec.compute] > 0, spec.compute].to_numpy(float))
     if budgets.size < k + 3:
         raise ConfigError(
-            f"{method}: --holdout {k} needs at least {k + 3} distinct positive {spec.compute} values (have {budgets.size})"
+            f"{method}: --holdout {k} needs at least {k + 3} distinct "
+            f"positive {spec.compute} values (have {budgets.size})"
         )
     held = budgets[-k:]
     return df[df[spec.compute] < held[0]], held

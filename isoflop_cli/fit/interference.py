@@ -149,8 +149,8 @@ def interference_method(df: pd.DataFrame, spec: FitSpec, problems: pd.DataFrame 
     }
     if main["fewer"] is not None and not agree:
         warn(
-            f"interference: the trend in {spec.axis} at equal compute (p = {main['p']:.2g}) is not there at equal steps "
-            f"(p = {steps['p']:.2g}): it may be progress, not {spec.axis}; no trend is called"
+            f"interference: the trend in {spec.axis} at equal compute (p = {main['p']:.2g}) is not there at "
+            f"equal steps (p = {steps['p']:.2g}): it may be progress, not {spec.axis}; no trend is called"
         )
     rates = problems.assign(rate=problems["correct"] / problems["samples"]).merge(runs, on=[RUN, "step"], how="inner")
     return MethodResult(entry, {"per_run": main["frame"], "rates": rates})

@@ -74,7 +74,8 @@ def check(spec: FitSpec, methods: list[str]) -> None:
         raise ConfigError("--holdout-frac and --drop-early are scalerl's: add --method scalerl")
     if len({spec.metric, spec.axis, spec.compute}) < 3:
         raise ConfigError(
-            f"--metric, --axis and --compute must name three different columns, got {spec.metric}, {spec.axis}, {spec.compute}"
+            "--metric, --axis and --compute must name three different "
+            f"columns, got {spec.metric}, {spec.axis}, {spec.compute}"
         )
 
 
@@ -157,7 +158,8 @@ def doubts(method: str, entry: dict, spec: FitSpec) -> list[tuple[str, bool]]:
     if pinned and entry.get("params"):
         edge = method in ("frontier", "fixed-batch") and pinned == ["lower"]
         why = (
-            f"{spec.axis}* at the smallest budgets is the grid's smallest {spec.axis}; the optimum may lie below the grid"
+            f"{spec.axis}* at the smallest budgets is the grid's "
+            f"smallest {spec.axis}; the optimum may lie below the grid"
             if edge
             else "pinned there, not measured" + ("; no saturation is read from the law" if method == "frontier" else "")
         )
@@ -168,33 +170,35 @@ def doubts(method: str, entry: dict, spec: FitSpec) -> list[tuple[str, bool]]:
         if curve.get("C_mid_beyond_data"):  # scalerl: unreliable where it is the reported curve
             out.append(
                 (
-                    f"{method}: the curve {name} has its midpoint C_mid beyond its largest fitted compute: its ceiling A is "
-                    "extrapolated, not measured",
+                    f"{method}: the curve {name} has its midpoint C_mid beyond its "
+                    "largest fitted compute: its ceiling A is extrapolated, not measured",
                     name == entry.get("best"),
                 )
             )
         if curve.get("extrapolated"):
             out.append(
                 (
-                    f"{method}: the curve {name} stands up to {curve['above_measured']:.3f} above the best its runs measured by their "
-                    f"next eval point (noise sd {entry['noise_sd']:.3g}): extrapolated there, dashed in the plot",
+                    f"{method}: the curve {name} stands up to {curve['above_measured']:.3f} "
+                    "above the best its runs measured by their next eval point (noise sd "
+                    f"{entry['noise_sd']:.3g}): extrapolated there, dashed in the plot",
                     False,
                 )
             )
     if entry.get("budgets_extrapolated"):
         out.append(
             (
-                f"{method}: the frontier is above the best measured by the next eval point by more than the noise at {entry['budgets_extrapolated']} of "
-                f"{entry['budgets']} budgets: extrapolated there (`extrapolated` in axis_star, dashed in the plot)",
+                f"{method}: the frontier is above the best measured by the next eval point by "
+                f"more than the noise at {entry['budgets_extrapolated']} of {entry['budgets']} "
+                "budgets: extrapolated there (`extrapolated` in axis_star, dashed in the plot)",
                 False,
             )
         )
     if entry.get("budgets_tied"):
         out.append(
             (
-                f"{method}: {spec.axis}* is tied (curves within {entry['tie_within']:.3g} of the top, {TIE_SD:g} sd of the noise) at "
-                f"{entry['budgets_tied']} of {entry['budgets']} budgets: there it is a set (`axis_star_set`), not one value, and "
-                f"no switch is read from it",
+                f"{method}: {spec.axis}* is tied (curves within {entry['tie_within']:.3g} of the top, "
+                f"{TIE_SD:g} sd of the noise) at {entry['budgets_tied']} of {entry['budgets']} budgets: "
+                "there it is a set (`axis_star_set`), not one value, and no switch is read from it",
                 False,
             )
         )
@@ -207,8 +211,8 @@ def doubts(method: str, entry: dict, spec: FitSpec) -> list[tuple[str, bool]]:
     if most:
         out.append(
             (
-                f"{method}: most bootstrap resamples pin {', '.join(most)} at the fit's bounds: its 90% interval runs into a bound, "
-                "not a measured range",
+                f"{method}: most bootstrap resamples pin {', '.join(most)} at the fit's "
+                "bounds: its 90% interval runs into a bound, not a measured range",
                 True,
             )
         )
@@ -225,15 +229,16 @@ def doubts(method: str, entry: dict, spec: FitSpec) -> list[tuple[str, bool]]:
     if flat and spec.bootstrap > 0:
         out.append(
             (
-                f"{method}: the 90% interval of {', '.join(flat)} has zero width: the bootstrap resamples all gave one value, "
-                "which says the fit is stuck, not that it is certain",
+                f"{method}: the 90% interval of {', '.join(flat)} has zero width: the bootstrap "
+                "resamples all gave one value, which says the fit is stuck, not that it is certain",
                 True,
             )
         )
     if method == "scalerl" and entry.get("best") is None and len(entry.get("best_set") or []) > 1:
         out.append(
             (
-                f"{method}: no single best {spec.axis}: the highest ceiling A does not beat {', '.join(entry['best_set'])} beyond the "
+                f"{method}: no single best {spec.axis}: the highest ceiling "
+                f"A does not beat {', '.join(entry['best_set'])} beyond the "
                 "noise" + ("" if spec.bootstrap else " (--bootstrap 0: nothing is told apart)"),
                 True,
             )
@@ -241,8 +246,8 @@ def doubts(method: str, entry: dict, spec: FitSpec) -> list[tuple[str, bool]]:
     if method == "frontier" and entry.get("curves") is not None and len(entry["curves"]) < MIN_AXIS_VALUES:
         out.append(
             (
-                f"{method}: {spec.axis}*(C) is read from {len(entry['curves'])} {spec.axis} value(s) with a fitted curve; "
-                f"a law of it needs at least {MIN_AXIS_VALUES}",
+                f"{method}: {spec.axis}*(C) is read from {len(entry['curves'])} {spec.axis} "
+                f"value(s) with a fitted curve; a law of it needs at least {MIN_AXIS_VALUES}",
                 True,
             )
         )

@@ -76,7 +76,10 @@ class Noise:
             )
         if self.eval_var is not None:
             return "intervals hold evaluation noise only (no seed replicates)"
-        return "intervals resample runs within each axis value: no seed replicates and no evaluation variance in the results"
+        return (
+            "intervals resample runs within each axis value: no seed "
+            "replicates and no evaluation variance in the results"
+        )
 
     def entry(self) -> dict:
         """fit.json's `noise`: each source's sd, the replicates it was read from, what the intervals
@@ -100,7 +103,8 @@ class Noise:
             else "no evaluation variance recorded"
         )
         seeds = (
-            f"between seeds sd {self.seed_sd:.3g} ({self.replicated} of {self.cells} cells replicated, {self.seed_dof} dof)"
+            f"between seeds sd {self.seed_sd:.3g} ({self.replicated} "
+            f"of {self.cells} cells replicated, {self.seed_dof} dof)"
             if self.seed_var is not None
             else "no seed replicates"
         )

@@ -4,8 +4,9 @@ Fitted as Hoffmann et al. describe and Epoch AI replicated: minimise the sum ove
 Huber_delta(LSE(a - alpha log N, b - beta log D, e) - log L), delta = 1e-3, with A = exp(a),
 B = exp(b), E = exp(e), by L-BFGS from a grid of starting points. The grid (4,500 points) is
 ranked by its objective and L-BFGS starts from the best ten: on the Chinchilla data the best start
-alone reaches the optimum that starting from all 4,500 finds (objective 1.01827e-3 either way). Tolerances are tight on purpose:
-the published fit's gap to the replication came from an optimiser stopping early.
+alone reaches the optimum that starting from all 4,500 finds (objective 1.01827e-3 either way).
+Tolerances are tight on purpose: the published fit's gap to the replication came from an optimiser
+stopping early.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def parametric_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     """E, A, B, alpha, beta with bootstrap intervals over runs, and the implied exponents a and b."""
     if len(df) < 10 or df[spec.size_col].nunique() < 3:
         raise ConfigError(
-            f"parametric: needs 10 or more rows at 3 or more values of {spec.size_col} (have {len(df)} rows, {df[spec.size_col].nunique()} sizes)"
+            f"parametric: needs 10 or more rows at 3 or more values of {spec.size_col} "
+            f"(have {len(df)} rows, {df[spec.size_col].nunique()} sizes)"
         )
     data = columns(df, spec)
     ones = np.ones(len(df))

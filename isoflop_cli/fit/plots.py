@@ -6,6 +6,7 @@ parabolas, ScaleRL curves, the parametric fit."""
 from __future__ import annotations
 
 import io
+import itertools
 from pathlib import Path
 
 import matplotlib
@@ -145,7 +146,7 @@ def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
     """[start, stop) of each stretch of equal flags."""
     edges = np.flatnonzero(np.diff(flags.astype(int))) + 1
     bounds = np.r_[0, edges, flags.size]
-    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    return [(int(a), int(b)) for a, b in itertools.pairwise(bounds) if b > a]
 
 
 def axis_star_plot(result: MethodResult, spec: FitSpec, out: Path, answer: Trend | None = None) -> list[Path]:

@@ -14,14 +14,21 @@ from isoflop_cli.fit.interference import ALPHA
 
 FORMS = {
     "frontier": "log2({axis}*) = lower + (upper - lower) / (1 + exp(-slope * (log10 C - midpoint)))",
-    "fixed-batch": "per batch size B: log2({axis}*) = lower + (upper - lower) / (1 + exp(-slope * (log10 C - midpoint)))",
+    "fixed-batch": (
+        "per batch size B: log2({axis}*) = lower + (upper - lower) / (1 + exp(-slope * (log10 C - midpoint)))"
+    ),
     "scalerl": "R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)",
     "isoflop-slices": "{axis}* = coef * C^exponent",
     "parametric": "L(N, D) = E + A / N^alpha + B / D^beta",
-    "surface": "y = upper - (upper - lower) exp(-(C_eff / C0)^a), log10 C_eff = log10 C - sum over axes k (log2 x - b0 - b1 "
-    "(log10 C - log10 C_ref))^2; {axis}*(C) = 2^(b0 + b1 (log10 C - log10 C_ref)); family per-axis: upper + upper_slope_{axis} "
-    "(log2 {axis} - log2 {axis}_ref) in place of upper, {axis}*(C) searched",
-    "interference": "per run: shares of problems whose pass rate rose / regressed by a binomial test, at equal compute and at equal steps; slopes against log2 {axis}",
+    "surface": (
+        "y = upper - (upper - lower) exp(-(C_eff / C0)^a), log10 C_eff = log10 C - sum over axes k (log2 x - b0 - "
+        "b1 (log10 C - log10 C_ref))^2; {axis}*(C) = 2^(b0 + b1 (log10 C - log10 C_ref)); family per-axis: "
+        "upper + upper_slope_{axis} (log2 {axis} - log2 {axis}_ref) in place of upper, {axis}*(C) searched"
+    ),
+    "interference": (
+        "per run: shares of problems whose pass rate rose / regressed by a binomial "
+        "test, at equal compute and at equal steps; slopes against log2 {axis}"
+    ),
 }
 
 
@@ -108,7 +115,10 @@ def summary(method: str, entry: dict, spec: FitSpec) -> str:
         parts.append(
             f"curve of {entry['best']} (highest A, beyond the noise)"
             if entry["best"]
-            else f"no single best: {', '.join(entry['best_set'])} tied (the highest ceiling A is not above theirs by {TIE_SD:g} sd of the noise)"
+            else (
+                f"no single best: {', '.join(entry['best_set'])} tied (the highest "
+                f"ceiling A is not above theirs by {TIE_SD:g} sd of the noise)"
+            )
         )
     if method == "isoflop-slices":
         parts.append(f"preferred law: {entry['preferred']}")
@@ -122,8 +132,9 @@ def summary(method: str, entry: dict, spec: FitSpec) -> str:
     if entry.get("holdout"):
         h = entry["holdout"]
         parts.append(
-            f"fitted below the {h['k']} largest budgets, the worst held-out error is {fmt(h['max_abs_axis_star_log2_error'])} "
-            f"in log2 {spec.axis}* and {fmt(h['max_abs_value_error'])} in value"
+            f"fitted below the {h['k']} largest budgets, the worst held-out "
+            f"error is {fmt(h['max_abs_axis_star_log2_error'])} in log2 "
+            f"{spec.axis}* and {fmt(h['max_abs_value_error'])} in value"
         )
     if method == "parametric":
         parts.append(f"Huber objective {entry['objective']:.6g} over {entry['rows']} rows")
@@ -158,21 +169,24 @@ def _family(entry: dict, spec: FitSpec) -> str:
         errors = " against ".join(f"{f} {fmt(s['mean_abs_axis_star_log2_error'])}" for f, s in c["scores"].items())
         return f"{ceiling}, chosen by the held-out {spec.axis}* error (mean |log2|: {errors})"
     ahead = c["scores"]["shared"]["bic"] - c["scores"]["per-axis"]["bic"]
-    return f"{ceiling}, chosen by BIC (per-axis ahead by {ahead:.3g}, needed {c['margin']:g}; design effect {c['design_effect']:.3g})"
+    return (
+        f"{ceiling}, chosen by BIC (per-axis ahead by {ahead:.3g}, "
+        f"needed {c['margin']:g}; design effect {c['design_effect']:.3g})"
+    )
 
 
 def evidence_line(entry: dict, spec: FitSpec) -> str:
     """The noise the frontier was read at, the budgets where axis* is a tie and where the frontier is extrapolated."""
     top = entry["axis_star"][-1]
     line = (
-        f"noise sd {entry['noise_sd']:.3g}: {spec.axis}* tied (within {entry['tie_within']:.3g} of the top) at {entry['budgets_tied']} of "
-        f"{entry['budgets']} budgets"
+        f"noise sd {entry['noise_sd']:.3g}: {spec.axis}* tied (within {entry['tie_within']:.3g} "
+        f"of the top) at {entry['budgets_tied']} of {entry['budgets']} budgets"
         + (f", at the largest {spec.axis}* = {label(top['axis_star_set'])}" if len(top["axis_star_set"]) > 1 else "")
     )
     if entry["budgets_extrapolated"]:
         line += (
-            f"; the frontier is EXTRAPOLATED (above the best measured by the next eval point by more than the noise) at "
-            f"{entry['budgets_extrapolated']} budgets"
+            "; the frontier is EXTRAPOLATED (above the best measured by the next eval "
+            f"point by more than the noise) at {entry['budgets_extrapolated']} budgets"
         )
     return line
 
@@ -209,7 +223,10 @@ def frontier_table(front: pd.DataFrame, spec: FitSpec, axis_star: list[dict] | N
     the value is extrapolated."""
     band = {_at(r["compute"]): r for r in axis_star or []}
     table = Table(
-        title=f"frontier ({'fitted' if axis_star else 'empirical'}): best {spec.metric} with {spec.compute} <= C, and {spec.axis}*(C)"
+        title=(
+            f"frontier ({'fitted' if axis_star else 'empirical'}): best "
+            f"{spec.metric} with {spec.compute} <= C, and {spec.axis}*(C)"
+        )
     )
     for col in (spec.compute, spec.metric, "measured", f"{spec.axis}*", f"{spec.axis}* 90%", "note"):
         table.add_column(col, justify="left" if col == "note" else "right", overflow="fold")
@@ -244,8 +261,10 @@ def markdown(
         "",
         "# isoflop fit",
         "",
-        f"Inputs: {', '.join(f'`{p}`' for p in info['paths'])} ({info['rows']} rows, {info['runs']} runs; sha256 `{info['sha256'][:16]}`).",
-        f"Metric `{spec.metric}`, axis `{spec.axis}`, compute `{spec.compute}`. Bootstrap over runs: {spec.bootstrap} resamples, seed {spec.seed}; intervals are 5%-95%.",
+        f"Inputs: {', '.join(f'`{p}`' for p in info['paths'])} ({info['rows']} "
+        f"rows, {info['runs']} runs; sha256 `{info['sha256'][:16]}`).",
+        f"Metric `{spec.metric}`, axis `{spec.axis}`, compute `{spec.compute}`. Bootstrap "
+        f"over runs: {spec.bootstrap} resamples, seed {spec.seed}; intervals are 5%-95%.",
         "",
     ]
     for method, entry in results.items():
@@ -268,10 +287,10 @@ def markdown(
     if front is not None:
         fitted = "frontier" in results
         source = (
-            "fitted envelope of the per-axis sigmoids; `measured`: the best eval point at or below C; dashed and "
-            "`extrapolated` where the fit is above the best measured by the next eval point (at or after C: between eval points "
-            "the fit interpolates) by more than the noise; the axis* column: every value within the noise of the "
-            "top, a tie when more than one (frontier.csv keeps the top one)"
+            "fitted envelope of the per-axis sigmoids; `measured`: the best eval point at or below C; dashed "
+            "and `extrapolated` where the fit is above the best measured by the next eval point (at or after "
+            "C: between eval points the fit interpolates) by more than the noise; the axis* column: every "
+            "value within the noise of the top, a tie when more than one (frontier.csv keeps the top one)"
             if fitted
             else "empirical: best eval point with compute <= C"
         )
@@ -311,14 +330,16 @@ def _method_details(method: str, entry: dict, spec: FitSpec) -> list[str]:
         ]
         out += [
             "",
-            "Per-axis sigmoids of the metric against log10 C (through each run's running best, up to its last eval point); "
-            "`above measured`: the most the curve stands above its runs' best by their next eval point (extrapolated beyond the noise):",
+            "Per-axis sigmoids of the metric against log10 C (through each run's running "
+            "best, up to its last eval point); `above measured`: the most the curve stands "
+            "above its runs' best by their next eval point (extrapolated beyond the noise):",
             "",
             "| curve | lower | upper | midpoint | slope | points | converged | above measured |",
             "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
         ]
         out += [
-            f"| {k} | {' | '.join(fmt(c['params'][p]) for p in ('lower', 'upper', 'midpoint', 'slope'))} | {c['points']} | {c['converged']} | "
+            f"| {k} | {' | '.join(fmt(c['params'][p]) for p in ('lower', 'upper', 'midpoint', 'slope'))} "
+            f"| {c['points']} | {c['converged']} | "
             f"{c['above_measured']:+.3f}{' EXTRAPOLATED' if c['extrapolated'] else ''} |"
             for k, c in entry["curves"].items()
         ]
@@ -330,7 +351,8 @@ def _method_details(method: str, entry: dict, spec: FitSpec) -> list[str]:
         ]
         for B, b in entry["batches"].items():
             out += [
-                f"| {B} | {r['compute']:.4g} | {fmt(r['axis_star'])} | {label(r['axis_star_set'])} | {_interval([r['low'], r['high']]) if 'low' in r else '-'} |"
+                f"| {B} | {r['compute']:.4g} | {fmt(r['axis_star'])} | {label(r['axis_star_set'])} "
+                f"| {_interval([r['low'], r['high']]) if 'low' in r else '-'} |"
                 for r in b["best"]
             ]
         return out + [""]
@@ -340,7 +362,8 @@ def _method_details(method: str, entry: dict, spec: FitSpec) -> list[str]:
             "| ---: | ---: | --- | ---: | ---: |",
         ]
         out += [
-            f"| {b['compute']:.4g} | {fmt(b['optimum'])} | {b['interior']} | {fmt(b.get('median'))} | {_interval([b['low'], b['high']]) if 'low' in b else '-'} |"
+            f"| {b['compute']:.4g} | {fmt(b['optimum'])} | {b['interior']} | "
+            f"{fmt(b.get('median'))} | {_interval([b['low'], b['high']]) if 'low' in b else '-'} |"
             for b in entry["budgets"]
         ]
         return out + [""]
@@ -353,7 +376,8 @@ def _method_details(method: str, entry: dict, spec: FitSpec) -> list[str]:
         out += [
             f"| {r['compute']:.4g} | "
             + " | ".join(
-                f"{fmt(r[c])}{_outside(r, c)} | {_interval([r[c + '_low'], r[c + '_high']]) if c + '_low' in r else '-'}"
+                f"{fmt(r[c])}{_outside(r, c)} | "
+                f"{_interval([r[c + '_low'], r[c + '_high']]) if c + '_low' in r else '-'}"
                 for c in cols
             )
             + f" | {label(r[spec.axis + '_star_set'])} |"
@@ -377,13 +401,15 @@ def _holdout_details(entry: dict, spec: FitSpec) -> list[str]:
     if not h:
         return []
     out = [
-        f"Holdout: fitted on eval points below {h['fitted_below']:.4g} (the {h['k']} largest budgets held out), predicted at them:",
+        f"Holdout: fitted on eval points below {h['fitted_below']:.4g} "
+        f"(the {h['k']} largest budgets held out), predicted at them:",
         "",
         f"| {spec.compute} | {spec.axis}* predicted | observed | log2 error | value predicted | observed | error |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     out += [
-        f"| {b['compute']:.4g} | {fmt(b['axis_star_predicted'])} | {fmt(b['axis_star_observed'])} | {fmt(b['axis_star_log2_error'])} | "
+        f"| {b['compute']:.4g} | {fmt(b['axis_star_predicted'])} | "
+        f"{fmt(b['axis_star_observed'])} | {fmt(b['axis_star_log2_error'])} | "
         f"{fmt(b['value_predicted'])} | {fmt(b['value_observed'])} | {fmt(b['value_error'])} |"
         for b in h["budgets"]
     ]

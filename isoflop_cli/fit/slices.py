@@ -146,13 +146,17 @@ def slices_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     if not (interior | ~bent).all():
         edge = ", ".join(f"{c:.3g}" for c in compute[~interior & bent])
         warn(
-            f"isoflop-slices: at budget(s) {edge} the best {spec.axis} is on the edge of the values tried (or the slice has no optimum); left out of the law"
+            f"isoflop-slices: at budget(s) {edge} the best {spec.axis} is on the edge "
+            "of the values tried (or the slice has no optimum); left out of the law"
         )
     if interior.sum() < 2:
         fix = (
             f"widen the {spec.axis} range"
             if bent.sum() >= 2
-            else f"at {(~bent).sum()} of {bent.size} budgets the metric does not bend with {spec.axis} beyond its noise: it may not depend on {spec.axis}"
+            else (
+                f"at {(~bent).sum()} of {bent.size} budgets the metric does not bend "
+                f"with {spec.axis} beyond its noise: it may not depend on {spec.axis}"
+            )
         )
         raise ConfigError(f"isoflop-slices: fewer than 2 budgets have an interior optimum of {spec.axis}; {fix}")
     power, sig = _laws(compute[interior], vertex[0, interior], levels)

@@ -118,16 +118,16 @@ def markdown(spec: FitSpec, curves: pd.DataFrame, points: pd.DataFrame, names: d
         "",
         *[f"![curves]({n})" for n in names["curves"] if n.endswith(".png")],
         "",
-        f"{spec.metric} against {spec.compute} per {spec.axis}: the mean over its runs at each eval point (the base model leftmost), "
-        f"shaded {band}.",
+        f"{spec.metric} against {spec.compute} per {spec.axis}: the mean over "
+        f"its runs at each eval point (the base model leftmost), shaded {band}.",
         "",
     ]
     if names.get("slices"):
         out += [
             *[f"![slices]({n})" for n in names["slices"] if n.endswith(".png")],
             "",
-            f"isoFLOP slices: {spec.metric} against log2 {spec.axis} at fixed {spec.compute} ({budgets}): each run's value there "
-            f"(points) and the mean per {spec.axis} (line).",
+            f"isoFLOP slices: {spec.metric} against log2 {spec.axis} at fixed {spec.compute} "
+            f"({budgets}): each run's value there (points) and the mean per {spec.axis} (line).",
             "",
         ]
     return out

@@ -219,8 +219,8 @@ def prepare(df: pd.DataFrame, spec: FitSpec, runs: pd.Index, note: bool = True) 
     few = [a for a in holdout.cells(d, spec) if a != spec.axis and 1 < d[a].nunique() < MIN_AXIS_VALUES]
     if few and note:
         warn(
-            f"surface: {few[0]} has {d[few[0]].nunique()} values, too few to place its optimum ({MIN_AXIS_VALUES} needed): "
-            f"left out of the model, its cells pooled"
+            f"surface: {few[0]} has {d[few[0]].nunique()} values, too few to place its "
+            f"optimum ({MIN_AXIS_VALUES} needed): left out of the model, its cells pooled"
         )
     if spec.axis not in axes or len(d) < MIN_POINTS or (d[axes].to_numpy(float) <= 0).any():
         raise ConfigError(

@@ -45,8 +45,8 @@ from isoflop_cli.fit.noise import SEED
 ALPHA = 0.05  # the call's two-sided level: a trend is called when p < ALPHA
 BUDGETS = 6  # common budgets each run is read at (log-spaced over the range every run covers)
 METHOD = (
-    "levels and per-doubling gains of each run at common budgets; quadratic in log2 of the axis (a stratum intercept per "
-    "designed column); slope of the gains at the levels' optimum; delta-method t test, runs as the unit"
+    "levels and per-doubling gains of each run at common budgets; quadratic in log2 of the axis (a stratum "
+    "intercept per designed column); slope of the gains at the levels' optimum; delta-method t test, runs as the unit"
 )
 
 
@@ -173,7 +173,8 @@ def read(
     call = direction if p < ALPHA and not outward else "none"
     why = (
         (
-            f"the optimum is the grid's {'smallest' if ustar == ulo else 'largest'} value and the gains push it further out: "
+            f"the optimum is the grid's {'smallest' if ustar == ulo else 'largest'} value and the gains push it "
+            "further out: "
             "it may lie beyond the grid (extend it to see)"
         )
         if p < ALPHA and outward

@@ -124,9 +124,10 @@ def collect(df: pd.DataFrame, metric: str, budgets: list[float] | None, count: i
         raise ConfigError(f"results column {metric} has no numeric values")
     budgets = sorted(budgets) if budgets else infer_budgets(df, count)
     models = df["model"].astype(str) if "model" in df.columns else pd.Series("", index=df.index)
-    number = lambda col: (
-        pd.to_numeric(df[col], errors="coerce") if col in df.columns else pd.Series(np.nan, index=df.index)
-    )
+
+    def number(col: str) -> pd.Series:
+        return pd.to_numeric(df[col], errors="coerce") if col in df.columns else pd.Series(np.nan, index=df.index)
+
     df = df.assign(_model=models, _n=number("n"), _epochs=number("algo.epochs"), _rho_no_reward=rho_no_reward(df))
     several_models = df["_model"].nunique() > 1
     rows = []
@@ -279,7 +280,7 @@ def trend(s: Slices, counts: np.ndarray) -> dict:
     if optimum is not None and optimum_band is not None and low < optimum_band[0] and optimum_band[1] < high:
         regime = INTERIOR
     params = {}
-    for name, x, y, run in zip(s.names, s.x, s.y, s.run):
+    for name, x, y in zip(s.names, s.x, s.y):
         coef = fit_weighted(x, y, np.ones((1, x.size)), degree)[0]
         params[name] = {
             "coef": [float(c) for c in coef],

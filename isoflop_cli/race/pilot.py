@@ -37,7 +37,8 @@ from isoflop_cli import config as config_mod
 from isoflop_cli import grid as grid_mod
 from isoflop_cli.errors import ConfigError
 
-MIN_STEPS = 8  # steps the most expensive pilot cell takes by the smallest budget: 4x the default warm-up (algo.warmup_steps = 2)
+# steps the most expensive pilot cell takes by the smallest budget: 4x the default warm-up (algo.warmup_steps = 2)
+MIN_STEPS = 8
 SEEDS = 2  # runs per level and reward system: the sweep's first seed and a replicate
 
 
@@ -76,8 +77,9 @@ class PilotSpec:
             not (0 < u < 1 or (u >= 1 and float(u).is_integer())) for u in self.updates
         ):
             raise ConfigError(
-                "--updates needs two or more distinct levels: whole numbers of updates per rollout batch (1, 2, 4 ...) or "
-                f"fractions below 1 (0.0625, 0.25: learning from that share of each group's completions), got {self.updates}"
+                "--updates needs two or more distinct levels: whole numbers of updates per rollout batch (1, 2, 4 ...) "
+                "or fractions below 1 (0.0625, 0.25: learning from that share of each group's completions), "
+                f"got {self.updates}"
             )
         if not 1 <= self.budgets <= 3:
             raise ConfigError(f"--budgets must be 1, 2 or 3, got {self.budgets}")
@@ -189,7 +191,8 @@ def budget_plan(target: float, step: float, wanted: int) -> tuple[float, int, st
     return (
         need,
         count,
-        f"raised the pilot budget to {need:.3g} FLOPs, the least that gives every cell {MIN_STEPS} steps by the smallest budget",
+        f"raised the pilot budget to {need:.3g} FLOPs, the least that gives every cell {MIN_STEPS} steps by the "
+        "smallest budget",
     )
 
 
@@ -233,12 +236,14 @@ def derive(config: str | None, overrides: list[str], spec: PilotSpec, force: boo
     pilot = Pilot(cfg, cells, pilot_overrides, budgets, full, total_flops(cells), rewards, lvls, notes, by_bound)
     if pilot.share > spec.cap and not force:
         raise ConfigError(
-            f"the pilot would cost {pilot.share:.0%} of the full sweep's predicted FLOPs ({pilot.flops:.3g} of {full:.3g}), "
-            f"above the cap of {spec.cap:.0%}: its {len(feasible)} cells need {MIN_STEPS} steps each by the smallest budget; "
+            f"the pilot would cost {pilot.share:.0%} of the full sweep's predicted FLOPs ({pilot.flops:.3g} of "
+            f"{full:.3g}), above the cap of {spec.cap:.0%}: its {len(feasible)} cells need {MIN_STEPS} steps each by "
+            "the smallest budget; "
             "use a larger sweep, fewer --updates levels, a higher --cap, or --force"
         )
     if pilot.share > spec.share * 1.01:
         notes.append(
-            f"the pilot costs {pilot.share:.1%} of the full sweep, above the {spec.share:.0%} target (cap {spec.cap:.0%})"
+            f"the pilot costs {pilot.share:.1%} of the full sweep, above the {spec.share:.0%} target "
+            f"(cap {spec.cap:.0%})"
         )
     return pilot

@@ -41,7 +41,10 @@ def choose_reward(entries: list[dict], data: Data) -> tuple[str, str]:
         if gap and gap["interval90"]:
             low, high = gap["interval90"]
             verdict = "worse than" if high < 0 else "no better than"
-            why += f"; {e['reward']} is {verdict} the best rule-based reward at equal compute ({gap['effect']:+.3g}, 90% [{low:+.3g}, {high:+.3g}])"
+            why += (
+                f"; {e['reward']} is {verdict} the best rule-based reward at equal compute ({gap['effect']:+.3g}, "
+                f"90% [{low:+.3g}, {high:+.3g}])"
+            )
     return reward, why
 
 

@@ -75,7 +75,8 @@ def _calibrate(cfg: DictConfig, start: int, stop: int) -> pd.DataFrame:
                 }
             )
         print(
-            f"rows {start}-{stop}: {min(i + PROMPTS_PER_BATCH, len(problems))}/{len(problems)} problems ({time.time() - started:.0f}s)",
+            f"rows {start}-{stop}: {min(i + PROMPTS_PER_BATCH, len(problems))}/{len(problems)} "
+            f"problems ({time.time() - started:.0f}s)",
             flush=True,
         )
     task.close()

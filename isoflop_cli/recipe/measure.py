@@ -1,4 +1,5 @@
-"""Wall time per part of a step, and measured FLOPs (`flops.measure=true`): torch's FlopCounterMode, the truth the ledger is checked against.
+"""Wall time per part of a step, and measured FLOPs (`flops.measure=true`): torch's FlopCounterMode,
+the truth the ledger is checked against.
 
 torch registers FLOP formulas for the GPU attention kernels but not for the CPU flash kernel that
 `scaled_dot_product_attention` runs here; without these two registrations the measurement would

@@ -65,7 +65,7 @@ def micro_batches(attention: torch.Tensor, budget: int) -> list[tuple[slice, int
     rows, width = attention.shape
     counts = pack(torch.zeros(rows, dtype=torch.long), torch.full((rows, 1), width), budget) if budget else [rows]
     starts = [0, *itertools.accumulate(counts)]
-    return [(slice(a, b), int(attention[a:b].sum(-1).max())) for a, b in zip(starts, starts[1:])]
+    return [(slice(a, b), int(attention[a:b].sum(-1).max())) for a, b in itertools.pairwise(starts)]
 
 
 def encode(tokenizer, prompts: list[str], completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:

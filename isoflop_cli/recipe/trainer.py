@@ -242,7 +242,8 @@ class Trainer:
         self.device = distributed.device()
         if group.is_main:  # in the job log: where the run trains, and the GPUs its scheduler gave it
             print(
-                f"device {self.device} on {socket.gethostname()}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}",
+                f"device {self.device} on {socket.gethostname()}, "
+                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}",
                 flush=True,
             )
         self._build_models()
@@ -355,7 +356,8 @@ class Trainer:
             if saved:
                 self.files.keep_metrics(until_step=self.progress.step)
                 print(
-                    f"resumed from the checkpoint at step {self.progress.step} ({self.progress.ledger['rollouts']} rollouts)",
+                    f"resumed from the checkpoint at step {self.progress.step} "
+                    f"({self.progress.ledger['rollouts']} rollouts)",
                     flush=True,
                 )
             else:

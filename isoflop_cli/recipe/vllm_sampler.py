@@ -247,7 +247,8 @@ class VllmSampler:
             if self.weights_lost:
                 raise RuntimeError("the engine slept at level 2, dropping its weights, and no push has replaced them")
             self._wake()
-            self.llm.reset_prefix_cache()  # the draws must not depend on what ran before, nor prompt states on old weights
+            # the draws must not depend on what ran before, nor prompt states on old weights
+            self.llm.reset_prefix_cache()
             with _kept_rng():
                 torch.manual_seed(request.seed * self.engines + self.engine)
                 outputs = self.llm.generate(
@@ -360,8 +361,9 @@ def check_version(installed: str | None) -> None:
         )
     if Version(installed).public != VLLM_VERSION:
         raise RuntimeError(
-            f"sampler=vllm needs vLLM {VLLM_VERSION}, the version it is written against, but this node has vLLM {installed}: "
-            f"pip install 'isoflop[vllm]' (vllm=={VLLM_VERSION}) on GPU nodes, `make setup-vllm` on the CPU"
+            f"sampler=vllm needs vLLM {VLLM_VERSION}, the version it is written "
+            f"against, but this node has vLLM {installed}: pip install 'isoflop[vllm]' "
+            f"(vllm=={VLLM_VERSION}) on GPU nodes, `make setup-vllm` on the CPU"
         )
 
 
@@ -371,7 +373,8 @@ def max_lora_rank(rank: int) -> int:
     fitting = [r for r in LORA_RANKS if r >= rank]
     if not fitting:
         raise ConfigError(
-            f"lora.rank={rank} is above the largest LoRA rank vLLM serves ({LORA_RANKS[-1]}): lower lora.rank or use sampler=hf"
+            f"lora.rank={rank} is above the largest LoRA rank vLLM serves "
+            f"({LORA_RANKS[-1]}): lower lora.rank or use sampler=hf"
         )
     return fitting[0]
 

@@ -114,22 +114,28 @@ class ArithTask(Task):
         draws from them until it has what it needs."""
         s = self.splits()
         show = lambda values: "[" + ",".join(map(str, values)) + "]"  # noqa: E731
-        space = f"{s.total:,} problems of task.digits={show(self.digits)}, task.operands={self.operands}, task.ops={show(self.ops)}"
+        space = (
+            f"{s.total:,} problems of task.digits={show(self.digits)}, "
+            f"task.operands={self.operands}, task.ops={show(self.ops)}"
+        )
         widen = "or widen the task (task.digits, task.operands, task.ops)"
         if s.train < 1:
             raise TaskError(
-                f"task.val_fraction={self.val_fraction} leaves the training split empty (all {space} are in validation): lower it {widen}"
+                f"task.val_fraction={self.val_fraction} leaves the training "
+                f"split empty (all {space} are in validation): lower it {widen}"
             )
         if s.val < eval_problems:
             raise TaskError(
-                f"eval.problems={eval_problems} exceeds the validation split: {'' if s.exact else '~'}{s.val:,.0f} of the {space} "
-                f"(task.val_fraction={self.val_fraction}); lower eval.problems, raise task.val_fraction {widen}"
+                f"eval.problems={eval_problems} exceeds the validation split: "
+                f"{'' if s.exact else '~'}{s.val:,.0f} of the {space} (task.val_fraction={self.val_fraction}); "
+                f"lower eval.problems, raise task.val_fraction {widen}"
             )
         for split, share in (("training", s.p_train), ("validation", s.p_val)):
             if share < MIN_DRAW_SHARE:
                 raise TaskError(
-                    f"task.val_fraction={self.val_fraction}: only {share:.2g} of draws land in the {split} split (~{1 / share:,.0f} "
-                    f"draws a problem, at most {1 / MIN_DRAW_SHARE:,.0f} allowed): move it toward 0.5 {widen}"
+                    f"task.val_fraction={self.val_fraction}: only {share:.2g} of draws "
+                    f"land in the {split} split (~{1 / share:,.0f} draws a problem, at "
+                    f"most {1 / MIN_DRAW_SHARE:,.0f} allowed): move it toward 0.5 {widen}"
                 )
 
     def is_validation(self, problem: Problem) -> bool:
@@ -160,8 +166,9 @@ class ArithTask(Task):
             else:
                 rejects += 1
         raise EmptySplit(
-            f"the {split} split of the task (digits {list(self.digits)}, operands {self.operands}, ops {list(self.ops)}, "
-            f"val_fraction {self.val_fraction}) is empty or too rare: {MAX_REJECTS} draws in a row fell outside it"
+            f"the {split} split of the task (digits {list(self.digits)}, operands "
+            f"{self.operands}, ops {list(self.ops)}, val_fraction {self.val_fraction}) "
+            f"is empty or too rare: {MAX_REJECTS} draws in a row fell outside it"
         )
 
     def validation_set(self, count: int, seed: int = 0) -> list[Problem]:

@@ -16,6 +16,7 @@ import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 
@@ -61,17 +62,18 @@ class Task(ABC):
     FILE_KEYS: tuple[str, ...] = ()  # those of them that name data files: their content is part of a run's identity
     has_steps: bool = False  # step_credit works (prm_proxy, prm)
     has_partial_credit: bool = False  # partial_credit works (dense)
-    dropped: dict[str, int] = {}  # per split, problems `prepare` left out (prompts over the token limit)
+    # per split, problems `prepare` left out (prompts over the token limit); read-only here, a task that
+    # drops prompts sets its own
+    dropped: Mapping[str, int] = MappingProxyType({})
     PROMPT_KNOBS: str = ""  # what shortens the longest prompt, for a message where it leaves no room to answer
-    columns: tuple[
-        str, ...
-    ] = ()  # the names of the `Problem.columns` its problems carry (a problem file's other columns)
+    # the names of the `Problem.columns` its problems carry (a problem file's other columns)
+    columns: tuple[str, ...] = ()
 
-    def check(self, eval_problems: int) -> None:
+    def check(self, eval_problems: int) -> None:  # noqa: B027 - an optional hook: doing nothing is its default
         """Raise TaskError if a run could not draw what it needs (an empty split, too few validation
         problems for `eval.problems`). Called by config checks, before any compute."""
 
-    def check_alphabet(self, alphabet: str, model: str) -> None:
+    def check_alphabet(self, alphabet: str, model: str) -> None:  # noqa: B027 - an optional hook: doing nothing is its default
         """Raise TaskError if a prompt or answer has a character outside `alphabet` (what `model`
         reads); tasks that write their own problems in it need not check."""
 
@@ -81,7 +83,7 @@ class Task(ABC):
         (a set `isoflop calibrate` wrote): plan's first FLOP estimate before any run finishes."""
         return None
 
-    def prepare(self, tokenizer) -> None:
+    def prepare(self, tokenizer) -> None:  # noqa: B027 - an optional hook: doing nothing is its default
         """Make the prompts for this tokenizer; called once by the recipe before drawing."""
 
     @property
@@ -113,7 +115,7 @@ class Task(ABC):
         """CPU seconds spent checking answers outside this process so far (a verifier's worker)."""
         return 0.0
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook: doing nothing is its default
         """Release what checking answers holds (a verifier's worker process)."""
 
 

@@ -39,17 +39,17 @@ def _size(n: float) -> str:
 
 def _row_refusal(where: str, size: int, limit: int) -> TaskError:
     return TaskError(
-        f"{where} holds {_size(size)}, above the {_size(limit)} a row may hold ({BYTES_PER_TOKEN} bytes per token of "
-        f"task.max_prompt_tokens, a prompt longer than that is dropped anyway, and {_size(ROW_ALLOWANCE)} for its answer "
-        "and other columns): remove or shorten the row"
+        f"{where} holds {_size(size)}, above the {_size(limit)} a row may hold ({BYTES_PER_TOKEN} "
+        "bytes per token of task.max_prompt_tokens, a prompt longer than that is dropped anyway, "
+        f"and {_size(ROW_ALLOWANCE)} for its answer and other columns): remove or shorten the row"
     )
 
 
 def check_file(where: str, size: int) -> None:
     if size > MAX_FILE_BYTES:
         raise TaskError(
-            f"{where} holds {_size(size)} of data, above the {_size(MAX_FILE_BYTES)} a problem file may hold (every run keeps "
-            "all its rows in memory): give a subset of it"
+            f"{where} holds {_size(size)} of data, above the {_size(MAX_FILE_BYTES)} a problem "
+            "file may hold (every run keeps all its rows in memory): give a subset of it"
         )
 
 

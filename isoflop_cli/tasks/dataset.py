@@ -130,8 +130,8 @@ class DatasetTask(Task):
             }
             if _same_file(self.train, self.val):
                 _warn_once(
-                    f"task.val {self.val} is the training file task.train: the validation score is measured on the problems "
-                    "the runs train on (leave task.val out to hold task.val_fraction of them aside)"
+                    f"task.val {self.val} is the training file task.train: the validation score is measured on "
+                    "the problems the runs train on (leave task.val out to hold task.val_fraction of them aside)"
                 )
         else:
             held = [in_validation(row.text(), self.val_fraction) for row in train]
@@ -169,12 +169,13 @@ class DatasetTask(Task):
     def check(self, eval_problems: int) -> None:
         if not self.rows_of["train"]:
             raise TaskError(
-                f"{self.where('train')} leaves no training problems (task.val_fraction={self.val_fraction} holds them all out)"
+                f"{self.where('train')} leaves no training problems "
+                f"(task.val_fraction={self.val_fraction} holds them all out)"
             )
         if len(self.rows_of["val"]) < eval_problems:
             raise TaskError(
-                f"eval.problems={eval_problems} exceeds the validation problems: {len(self.rows_of['val'])} in {self.where('val')}; "
-                f"lower eval.problems{'' if self.val else ' or raise task.val_fraction'}"
+                f"eval.problems={eval_problems} exceeds the validation problems: {len(self.rows_of['val'])} in "
+                f"{self.where('val')}; lower eval.problems{'' if self.val else ' or raise task.val_fraction'}"
             )
 
     def check_alphabet(self, alphabet: str, model: str) -> None:
@@ -184,15 +185,16 @@ class DatasetTask(Task):
         extra = (self.system_prompt or "") + (self.instruction or "")
         if set(extra) - allowed:
             raise TaskError(
-                f"{model} reads only the characters {alphabet!r}: task.system_prompt/task.instruction has {sorted(set(extra) - allowed)[0]!r}"
+                f"{model} reads only the characters {alphabet!r}: "
+                f"task.system_prompt/task.instruction has {sorted(set(extra) - allowed)[0]!r}"
             )
         for split, rows in self.rows_of.items():
             for row in rows:
                 bad = set(row.text() + row.answer) - allowed
                 if bad:
                     raise TaskError(
-                        f"{self.where(split)} row {row.index}: {sorted(bad)[0]!r} is not a character {model} reads ({alphabet!r}); "
-                        "use a model of your own (model=local model.path=...)"
+                        f"{self.where(split)} row {row.index}: {sorted(bad)[0]!r} is not a character "
+                        f"{model} reads ({alphabet!r}); use a model of your own (model=local model.path=...)"
                     )
 
     def prepare(self, tokenizer) -> None:
@@ -217,8 +219,8 @@ class DatasetTask(Task):
             self.dropped[split] = len(rows) - len(keep)
             if not keep:
                 raise TaskError(
-                    f"every prompt of {self.where(split)} is longer than task.max_prompt_tokens={self.max_prompt_tokens} "
-                    f"(the shortest has {min(lengths)} tokens)"
+                    f"every prompt of {self.where(split)} is longer than "
+                    f"task.max_prompt_tokens={self.max_prompt_tokens} (the shortest has {min(lengths)} tokens)"
                     if lengths
                     else f"{self.where(split)} holds no problems"
                 )
@@ -477,7 +479,8 @@ def _prompt(value: Any, where: str, key: str) -> str | Messages:
         for m in value:
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
                 raise TaskError(
-                    f"{where}: '{key}' must be a string or a list of chat messages ({{role, content}} strings), got an item {_short(m)}"
+                    f"{where}: '{key}' must be a string or a list of chat messages "
+                    f"({{role, content}} strings), got an item {_short(m)}"
                 )
             messages.append((m["role"], m["content"]))
         if all(role == "system" for role, _ in messages):
@@ -499,7 +502,8 @@ def _answer(value: Any, where: str, key: str) -> str:
     if isinstance(value, float):
         if not math.isfinite(value):
             raise TaskError(
-                f"{where}: '{key}' is {value}: every row needs a finite answer (NaN is a numeric column's missing value)"
+                f"{where}: '{key}' is {value}: every row needs a finite "
+                "answer (NaN is a numeric column's missing value)"
             )
         value = int(value) if value.is_integer() else value
     text = str(value).strip()
