@@ -160,6 +160,8 @@ def _digest_of(path: str, size: int, mtime_ns: int) -> str:
 
 
 def _digest(content: dict[str, Any]) -> str:
+    """The hash a run id carries: of `content` serialised by json.dumps with sorted keys (the bytes
+    `RunIds` puts together from a template of the same serialisation)."""
     return hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
@@ -212,39 +214,24 @@ def _slug_value(value: Any) -> str:
 
 class RunIds:
     """`run_id` for every cell of one axes combination without a config per cell (`applicable` of the
-    combination's plain config, its axes `choice`): the hashed JSON is spliced from the combination's
-    parts, serialised once, and each cell's n, B_p, seed and plan (json.dumps(sort_keys=True) writes
-    the same bytes)."""
+    combination's plain config, its axes `choice`). The content `_digest` hashes is serialised once,
+    by the same json.dumps, with a placeholder in place of each key that varies from cell to cell;
+    a cell's bytes are that template with its n, B_p, seed and plan, each serialised alone, put in
+    their places (json.dumps writes a nested value as it writes it alone)."""
 
     VARYING = ("n", "B_p", "seed", "plan")
+    _SLOT = re.compile(r'"\\u0000(\w+)\\u0000"')  # how json.dumps writes the placeholder "\0key\0"
 
     def __init__(self, content: dict[str, Any], choice: dict[str, Any]):
-        keys = sorted((set(content) - set(SWEEP_ONLY)) | set(self.VARYING))
-        self.pieces: list[str] = []
-        self.slots: dict[str, int] = {}
-        for key in keys:
-            self.pieces.append(json.dumps(key) + ": ")
-            if key in self.VARYING:
-                self.slots[key] = len(self.pieces)
-                self.pieces.append("")
-            else:
-                self.pieces.append(json.dumps(content[key], sort_keys=True))
-            self.pieces.append(", ")
-        self.pieces.pop()
-        extra = [f"{k.split('.')[-1]}-{_slug_value(v)}" for k, v in choice.items()]
-        self.extra = "".join("_" + p for p in extra).replace("/", "-").replace(" ", "")
+        fixed = {k: v for k, v in content.items() if k not in SWEEP_ONLY}
+        template = json.dumps({**fixed, **{k: f"\0{k}\0" for k in self.VARYING}}, sort_keys=True)
+        self.pieces = self._SLOT.split(template)  # text, key, text, key, ..., text
+        self.choice = choice
 
     def cells(self, n: int, B_p: int, seeds: list[int], plan_key: list):
         """(seed, full digest, run id) of each seed's cell at n, B_p with this plan."""
-        plan = json.dumps(plan_key)
         for seed in seeds:
-            pieces = self.pieces.copy()
-            for key, value in (
-                ("n", json.dumps(n)),
-                ("B_p", json.dumps(B_p)),
-                ("seed", json.dumps(seed)),
-                ("plan", plan),
-            ):
-                pieces[self.slots[key]] = value
-            digest = hashlib.sha1(("{" + "".join(pieces) + "}").encode()).hexdigest()
-            yield seed, digest, f"n{n}_bp{B_p}_s{seed}{self.extra}"[:80] + f"_{digest[:8]}"
+            values = {"n": n, "B_p": B_p, "seed": seed, "plan": plan_key}
+            text = "".join(json.dumps(values[p]) if i % 2 else p for i, p in enumerate(self.pieces))
+            digest = hashlib.sha1(text.encode()).hexdigest()
+            yield seed, digest, f"{_slug({'n': n, 'B_p': B_p, 'seed': seed, **self.choice})}_{digest[:8]}"

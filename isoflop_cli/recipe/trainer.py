@@ -102,6 +102,11 @@ class Progress:
     since_eval: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in STATS})
     wall_s: float = 0.0
 
+    def __post_init__(self) -> None:
+        """The ledger's FLOP columns as `flops.Ledger` has them (its total and rho included: a
+        checkpoint saved before they were kept in it has them again)."""
+        self.ledger.update(flops.Ledger.of(self.ledger).columns())
+
 
 @dataclass
 class Batch:
@@ -671,20 +676,15 @@ class Trainer:
         ledger, since_eval = self.progress.ledger, self.progress.since_eval
         ledger["rollouts"] += B_p * n
         ledger["tokens_generated"] += s.tokens_generated
-        ledger["flops_search"] += cost.search
-        ledger["flops_learning"] += cost.learning
-        ledger["flops_reward"] += cost.reward
         ledger["reward_cpu_s"] += batch.reward_cpu_s
+        ledger.update(flops.Ledger.of(ledger).add(cost).columns())
         since_eval["reward"].append(batch.rewards.mean().item())
         since_eval["zero_var"].append((batch.rewards.std(dim=1) == 0).float().mean().item() if n > 1 else 1.0)
 
     # Budget, evaluation, checkpoints.
 
     def spent(self) -> float:
-        ledger = self.progress.ledger
-        return (
-            ledger["rollouts"] if self.budget.column == "rollouts" else _totals(ledger, self.flops_cfg)["flops_total"]
-        )
+        return self.progress.ledger[self.budget.column]  # rollouts or flops_total
 
     def budget_left(self) -> bool:
         if self.budget.column == "rollouts":
@@ -719,7 +719,7 @@ class Trainer:
             "model_params": self.params,
             "trainable_params": self.trainable_params,
             **ledger,
-            **_totals(ledger, self.flops_cfg),
+            **_gpu_hours(ledger["flops_total"], self.flops_cfg),
             **{f"measured_{k}": v for k, v in _measured(self.meter).items()},
             **{f"time_{part}_s": round(s, 3) for part, s in self.meter.seconds.items()},
             "train_reward_mean": means.pop("train_reward"),
@@ -781,13 +781,11 @@ def _evaluator(cfg: DictConfig, task, tokenizer, reward, shape) -> Evaluator:
     )
 
 
-def _totals(ledger: dict, flops_cfg) -> dict:
-    """flops_total and rho (`flops.Ledger`), and gpu_hours where the device's peak and MFU are given."""
-    spent = flops.Ledger.of(ledger)
-    out = {"flops_total": spent.total, "rho": spent.rho}
-    if flops_cfg.peak_tflops:
-        out["gpu_hours"] = spent.total / (flops_cfg.peak_tflops * 1e12 * flops_cfg.utilization) / 3600
-    return out
+def _gpu_hours(total: float, flops_cfg) -> dict:
+    """gpu_hours where the device's peak and MFU are given (none otherwise)."""
+    if not flops_cfg.peak_tflops:
+        return {}
+    return {"gpu_hours": total / (flops_cfg.peak_tflops * 1e12 * flops_cfg.utilization) / 3600}
 
 
 def _measured(meter: Meter) -> dict:
