@@ -5,6 +5,7 @@ import stat
 
 import numpy as np
 import pytest
+from conftest import run_isoflop
 from typer.testing import CliRunner
 
 from isoflop_cli.cli import app
@@ -304,17 +305,10 @@ def test_list_valued_axes_plan_as_json_and_table():
     assert result.exit_code == 0 and "8 feasible cells of 8" in result.output, result.output
 
 
-def _isoflop(*args, timeout):
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-m", "isoflop_cli", *args], capture_output=True, text=True, timeout=timeout)
-
-
 def test_draw_loops_refuse_up_front(tmp_path):
     # An empty split used to spin `run` forever at step 0: now exit 2 before anything is built.
     for split in (["task.val_fraction=0.999", "eval.problems=1"], ["task.val_fraction=0.001", "eval.problems=1"]):
-        result = _isoflop("run", "--run-dir", str(tmp_path / "r"), "task.digits=[1]", *split, timeout=120)
+        result = run_isoflop("run", "--run-dir", str(tmp_path / "r"), "task.digits=[1]", *split, timeout=120)
         assert result.returncode == 2 and "split" in result.stderr and not (tmp_path / "r").exists(), result.stderr
 
 
@@ -325,13 +319,13 @@ def test_long_completions_plan_without_a_stall(tmp_path):
         '"intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 19}'
     )
     (tmp_path / "model.safetensors").touch()
-    result = _isoflop("plan", "--json", f"model.path={tmp_path}", "task.max_new_tokens=100000000", timeout=60)
+    result = run_isoflop("plan", "--json", f"model.path={tmp_path}", "task.max_new_tokens=100000000", timeout=60)
     assert result.returncode == 0, result.stderr
     (tmp_path / "config.json").write_text(
         '{"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64, "max_position_embeddings": 32, '
         '"intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 19}'
     )
-    result = _isoflop("plan", f"model.path={tmp_path}", "task.max_new_tokens=27", timeout=60)
+    result = run_isoflop("plan", f"model.path={tmp_path}", "task.max_new_tokens=27", timeout=60)
     assert (
         result.returncode == 2
         and "above the 32 of model.path" in result.stderr
