@@ -33,12 +33,33 @@ def test_another_vllm_is_refused_in_one_line_naming_both_versions(installed):
 
 
 def test_no_vllm_is_refused_with_how_to_install_it(monkeypatch):
+    from isoflop_cli import vllm_pin
     from isoflop_cli.recipe import vllm_sampler
 
-    monkeypatch.setattr(vllm_sampler, "DISTRIBUTIONS", ("no-such-distribution",))
-    assert vllm_sampler.installed_version() is None
+    monkeypatch.setattr(vllm_pin, "DISTRIBUTIONS", ("no-such-distribution",))
+    assert vllm_pin.installed_version() is None
     with pytest.raises(RuntimeError, match=r"needs vLLM 0\.32\.0 on the node: pip install 'isoflop\[vllm\]'"):
         vllm_sampler.check_version(None)
+
+
+def test_another_vllm_where_the_runs_start_exits_2_before_any_compute(monkeypatch, tmp_path):
+    """`isoflop run` reads the runs' vLLM version before it starts anything: this Python's (faked here),
+    or cluster.python's (a stand-in interpreter that answers the probe with its version)."""
+    from typer.testing import CliRunner
+
+    from isoflop_cli import vllm_pin
+    from isoflop_cli.cli import app
+
+    monkeypatch.setattr(vllm_pin, "here", lambda: "0.11.0")
+    stand_in = tmp_path / "python"
+    stand_in.write_text("#!/bin/sh\necho 0.31.1+cu129\n")
+    stand_in.chmod(0o755)
+    for overrides, where in (([], "this environment has vLLM 0.11.0"), ([f"cluster.python={stand_in}"], "0.31.1")):
+        result = CliRunner().invoke(app, ["run", "sampler=vllm", "--run-dir", str(tmp_path / "runs"), *overrides])
+        line = result.output.strip()
+        assert result.exit_code == 2 and "\n" not in line, result.output
+        assert "needs vLLM 0.32.0" in line and where in line, line
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize(
@@ -129,6 +150,29 @@ def test_same_seed_same_rollouts(full):
         torch.manual_seed(seed)
         runs.append(full.sample(PROMPTS * 4, N, T, 1.0, MAX_NEW).sequences)
     assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+
+
+@pytest.mark.vllm
+def test_evaluation_seeds_keep_a_prompts_completions_independent_of_its_batch(full):
+    """Why evaluation keeps a seed per prompt on vLLM (`evaluate.stream_seeds`) rather than one seed for
+    the batch: with its seed a prompt's completions are the same sampled alone or among 63 others (as
+    an engine's share of a smaller or larger run would hold it, or another policy's batch whose rows
+    finish at other steps), so evaluation stays paired across runs and engine counts. One seed for
+    the batch is deterministic too, but a row's draws then depend on its place in the batch: the same
+    prompt alone draws other completions."""
+    prompts = [f"{a}+3=" for a in range(10, 74)]
+    seeds = [1000 + 7 * i for i in range(len(prompts))]
+
+    def texts(chosen: list[int], per_prompt: bool, generator_seed: int) -> list[str]:
+        torch.manual_seed(generator_seed)  # the request's batch-level seed comes from here
+        picked = [prompts[i] for i in chosen]
+        return full.sample(picked, 8, T, 1.0, 24, seeds=[seeds[i] for i in chosen] if per_prompt else None).texts
+
+    everyone = list(range(len(prompts)))
+    assert texts(everyone, True, 0)[5 * 8 : 6 * 8] == texts([5], True, 1)
+    batch = texts(everyone, False, 7)
+    assert batch == texts(everyone, False, 7)  # a batch-level seed: deterministic for a fixed engine and seed
+    assert batch[5 * 8 : 6 * 8] != texts([5], False, 7)  # but not batch-independent
 
 
 @pytest.mark.vllm

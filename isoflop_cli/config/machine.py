@@ -7,7 +7,6 @@ the same of every node (`cannot_make`, `builds_embedded`).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from isoflop_cli import hub
+from isoflop_cli import hub, vllm_pin
 from isoflop_cli.config.schema import cache_dir
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.rewards import REWARDS
@@ -114,21 +113,24 @@ def _check_weights(name: str, path: Path) -> None:
 
 
 def check_vllm(python: str | None) -> None:
-    """vLLM must import where the runs start: this Python, or cluster.python when it is set (which
-    the cluster checks found to run)."""
+    """vLLM must import where the runs start, at the version the sampler is written against
+    (`vllm_pin`): this Python, or cluster.python when it is set (which the cluster checks found to
+    run). Ray and SLURM nodes are checked by the engine as it starts."""
     if not python:
-        if importlib.util.find_spec("vllm") is None:
+        installed = vllm_pin.here()
+        if installed is None:
             raise ConfigError(
                 "sampler=vllm needs vLLM in this environment: pip install 'isoflop[vllm]' on GPU nodes, "
                 "`make setup-vllm` for the CPU build (then run .venv-vllm/bin/isoflop), or use sampler=hf"
             )
-        return
-    probe = subprocess.run(
-        [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
-        capture_output=True,
-    )
-    if probe.returncode:
-        raise ConfigError(f"sampler=vllm needs vLLM in cluster.python ({python}): it does not import there")
+        where = "this environment"
+    else:
+        probe = subprocess.run([python, "-c", vllm_pin.PROBE], capture_output=True, text=True)
+        if probe.returncode:
+            raise ConfigError(f"sampler=vllm needs vLLM in cluster.python ({python}): it does not import there")
+        installed, where = probe.stdout.strip() or None, f"cluster.python ({python})"
+    if problem := vllm_pin.mismatch(installed, where):
+        raise ConfigError(problem)
 
 
 def check_executable(name: str, value: str) -> None:

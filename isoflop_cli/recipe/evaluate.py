@@ -59,7 +59,14 @@ def summarize(correct: list[int], m: int, k: int) -> dict[str, float]:
 def stream_seeds(problems, salt: str = "") -> list[int]:
     """One seed per problem, from its key (and `salt`: a held-out set's name) and nothing of the
     run: the seed of the problem's own sampling stream in every run and at every eval point. 62
-    bits: vLLM gives the i-th of a request's n samples seed + i."""
+    bits: vLLM gives the i-th of a request's n samples seed + i.
+
+    Both samplers take them: the HF sampler as per-row uniforms (`sampler.streams`), vLLM as a
+    seeded `SamplingParams` per prompt, its slower per-row path. One batch-level seed would be
+    deterministic there too, but not paired: vLLM's batched sampler draws a row's noise by its place
+    in the batch, which depends on the other prompts, the engine count and when other rows finish
+    (`vllm_sampler`'s module docstring; tests/test_vllm.py shows it), so evaluation keeps a seed per
+    problem on both."""
     return [
         int.from_bytes(hashlib.blake2b(f"{salt}\0{p.key}".encode(), digest_size=8).digest(), "big") >> 2
         for p in problems

