@@ -6,13 +6,12 @@ except the start-up checks at the top, which read no vLLM."""
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+from conftest import run_isoflop
 
 
 @pytest.mark.parametrize("installed", ["0.32.0", "0.32.0+cpu", "0.32.0+cu129"])
@@ -438,7 +437,7 @@ def test_grpo_sweep_with_vllm_through_a_local_ray_head(tmp_path):
         "eval.problems=16",
         "eval.samples=4",
     ]
-    result = subprocess.run([sys.executable, "-m", "isoflop_cli", *args], capture_output=True, text=True, timeout=900)
+    result = run_isoflop(*args, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     sweep = tmp_path / "default"
     df = pd.read_parquet(sweep / "results.parquet")
