@@ -267,13 +267,16 @@ def _problems(path) -> str:
 
 
 def test_ranks_packing_different_numbers_of_micro_batches_run_in_step(tmp_path, monkeypatch):
-    """Prompts of 4 and 40 characters under a token budget of 24 positions: a short group packs into
-    one or two micro-batches, a long one into a piece per completion, so in most steps one rank has
+    """Prompts of 4 and 38 characters under a token budget of 24 positions: a short group packs into
+    one or two micro-batches, a long one into a piece per completion, so in some steps one rank has
     more forward and backward passes than the other (counted below, on the one-process run's
-    batches). The rank with fewer runs padding passes (zero gradient) to match: the run finishes
-    well within a short collective timeout, with one process's losses. Its reward (a function of
-    the user's) sleeps per completion, and each rank scores only its share: rank 0 spends about
-    half the one process's reward time."""
+    batches: the last of the three steps, 2 against 5). The rank with fewer runs padding passes
+    (zero gradient) to match: the run finishes well within a short collective timeout, with one
+    process's losses and trained weights (apart by 5e-5 of what the updates moved them; a padding
+    pass with a gradient puts them 0.27 apart, and without its backward the run fails on the
+    timeout; without padding gloo aborts on the first mismatched all-gather). Its reward (a
+    function of the user's) sleeps per completion, and each rank scores only its share: rank 0
+    spends about half the one process's reward time."""
     (tmp_path / "slow_rewards.py").write_text(
         textwrap.dedent(f"""
         import time
@@ -298,6 +301,7 @@ def test_ranks_packing_different_numbers_of_micro_batches_run_in_step(tmp_path, 
         "algo.kl_coef=0.1",
         "learner.max_tokens_per_micro_batch=24",
         "learner.collective_timeout_s=60",
+        "checkpoint.keep_final=true",  # the trained weights, compared below
     ]
     counts = []
     original = Trainer.arrange
@@ -310,9 +314,27 @@ def test_ranks_packing_different_numbers_of_micro_batches_run_in_step(tmp_path, 
     assert any(a != b for a, b in counts), counts  # the scenario: ranks that pack differently
     _same_losses(rows, ("train_loss", "kl", "clip_frac"))
     assert rows[1][-1]["kl"] > 0
+    # The last step's update is in no row above (its losses are computed before it), and there the
+    # ranks pack differently: the trained weights show whether the padding passes added nothing.
+    cfg = config.load(None, args)
+    start = {_checkpoint_key(k): v for k, v in checkpoint.load(cfg.model, cfg.task)[1].state_dict().items()}
+    weights = {ws: _final_weights(tmp_path / f"ws{ws}") for ws in (1, 2)}
+    moved = sum((w - start[_checkpoint_key(k)]).square().sum() for k, w in weights[1].items()).sqrt()
+    apart = sum((w - weights[2][k]).square().sum() for k, w in weights[1].items()).sqrt()
+    print(f"weights: the updates moved them {moved:.3g} (L2), two ranks' from one process's {apart:.3g}")
+    assert apart < 1e-3 * moved
     reward_s = {ws: rows[ws][-1]["time_reward_s"] for ws in (1, 2)}
     print(f"reward seconds on rank 0: one process {reward_s[1]:.3f}, two ranks {reward_s[2]:.3f}")
     assert reward_s[1] >= 3 * 16 * SCORE_S and reward_s[2] < 0.75 * reward_s[1]
+
+
+def _final_weights(run_dir) -> dict[str, torch.Tensor]:
+    """A finished run's trained weights (checkpoint.keep_final) as whole tensors, by the Actor's
+    parameter names, whether one process wrote them or each rank its shards."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(run_dir / "checkpoint", run_dir / "weights.pt")
+    return torch.load(run_dir / "weights.pt")["model"]
 
 
 def _shares(trainer, batch) -> tuple[int, int]:
