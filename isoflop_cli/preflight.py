@@ -31,7 +31,7 @@ import uuid
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from isoflop_cli import hub
+from isoflop_cli import hub, vllm_pin
 from isoflop_cli.config.machine import builds_embedded, cannot_make
 from isoflop_cli.config.schema import cache_dir
 from isoflop_cli.joblog import job_message, last_exception
@@ -83,6 +83,7 @@ class Node:
     # Spec.writes key -> the directory there and why; last, with a default, so that a node with an
     # older isoflop still reads as a node (whose version the CLI then names).
     unwritable: dict[str, str] = field(default_factory=dict)
+    vllm_version: str | None = None  # where vLLM imports: its version (vllm_pin), None where unread
 
 
 def _read(cls, sent: dict):
@@ -232,6 +233,8 @@ def problems(spec: Spec, nodes: list[Node], shared: Path) -> list[str]:
                 f"sampler=vllm but vLLM does not import on {where}: install it there (pip install 'isoflop[vllm]') or "
                 "point cluster.python at a Python that has it"
             )
+        elif spec.vllm and n.vllm_version is not None and (why := vllm_pin.mismatch(n.vllm_version, where)):
+            out.append(why)
         for name in n.trackers_missing:
             out.append(
                 f"tracking.backends {name} does not import on {where}: pip install {TRACKER_PACKAGES[name]} there "
@@ -295,16 +298,20 @@ def probe_here(encoded: str) -> None:
     print(MARK + json.dumps([asdict(_check_node(spec, float(os.cpu_count() or 0), float(gpus), 1))]), flush=True)
 
 
-# What the runs' interpreter says of itself on a node: isoflop's version, its Python, and which of
-# vLLM and the trackers import (the probe's own process may be another Python: Ray's workers').
-FACTS = """
+# What the runs' interpreter says of itself on a node: isoflop's version, its Python, which of vLLM
+# and the trackers import, and vLLM's version (the probe's own process may be another Python: Ray's
+# workers').
+FACTS = f"""
 import importlib.metadata, importlib.util, json, sys
-try:
-    version = importlib.metadata.version("isoflop")
-except importlib.metadata.PackageNotFoundError:
-    version = "not installed"
-print(json.dumps({"version": version, "python": "%d.%d" % sys.version_info[:2],
-                  "found": [m for m in sys.argv[1:] if importlib.util.find_spec(m) is not None]}))
+def version(*names):
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+print(json.dumps({{"version": version("isoflop") or "not installed", "python": "%d.%d" % sys.version_info[:2],
+                  "found": [m for m in sys.argv[1:] if importlib.util.find_spec(m) is not None],
+                  "vllm_version": version(*{vllm_pin.DISTRIBUTIONS!r})}}))
 """
 
 
@@ -353,6 +360,7 @@ def _check_node(spec: Spec, cpus: float, gpus: float, count: int) -> Node:
         unwritable=unwritable,
         vllm="vllm" in facts["found"],
         trackers_missing=[t for t in spec.trackers if t not in facts["found"]],
+        vllm_version=facts.get("vllm_version") if "vllm" in facts["found"] else None,
     )
 
 

@@ -48,6 +48,36 @@ def node(tmp_path: Path, **changes) -> Node:
 
 def test_a_node_with_everything_has_no_problem(tmp_path):
     assert problems(SPEC, [node(tmp_path)], shared=tmp_path) == []
+    # vLLM's pinned version (a build's local tag aside), or one an older isoflop's probe did not read
+    for version in ("0.32.0", "0.32.0+cu129", None):
+        assert problems(SPEC, [node(tmp_path, vllm_version=version)], shared=tmp_path) == []
+
+
+def test_the_probe_reads_the_vllm_version_of_the_runs_python(tmp_path):
+    """FACTS as cluster.python runs it: a Python whose vLLM is a stand-in package of version 0.31.1."""
+    from isoflop_cli.preflight import _check_node
+
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    (site / "vllm-0.31.1.dist-info").mkdir()
+    (site / "vllm-0.31.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.31.1\n")
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    spec = Spec(
+        **{
+            **SPEC.__dict__,
+            "sweep_dir": str(tmp_path),
+            "paths": {},
+            "interpreter": str(python),
+            "trackers": [],
+            "writes": {},
+        }
+    )
+    seen = _check_node(spec, 2.0, 0.0, 1)
+    assert seen.vllm and seen.vllm_version == "0.31.1"
+    assert "but node" in problems(spec, [seen], shared=tmp_path)[-1]
 
 
 @pytest.mark.parametrize(
@@ -62,6 +92,10 @@ def test_a_node_with_everything_has_no_problem(tmp_path):
             "model.path (/models/qwen) is missing on node gpu-1 (16 CPU, 8 GPU, x2)",
         ),
         ({"vllm": False}, "sampler=vllm but vLLM does not import on node gpu-1"),
+        (
+            {"vllm_version": "0.31.1"},
+            "sampler=vllm needs vLLM 0.32.0, the version it is written against, but node gpu-1",
+        ),
         ({"trackers_missing": ["wandb"]}, "tracking.backends wandb does not import on node gpu-1"),
         ({"version": "not installed"}, "has isoflop not installed on Python 3.11"),
         (
