@@ -115,7 +115,8 @@ def _check_weights(name: str, path: Path) -> None:
 def check_vllm(python: str | None) -> None:
     """vLLM must import where the runs start, at the version the sampler is written against
     (`vllm_pin`): this Python, or cluster.python when it is set (which the cluster checks found to
-    run). Ray and SLURM nodes are checked by the engine as it starts."""
+    run). Ray and SLURM nodes are checked by the preflight's probe (`preflight.FACTS`) and by the engine
+    as it starts."""
     if not python:
         installed = vllm_pin.here()
         if installed is None:

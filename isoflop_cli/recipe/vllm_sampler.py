@@ -54,8 +54,8 @@ vLLM is imported only here: `pip install 'isoflop[vllm]'` on GPU nodes, `make se
 CPU build this project tests with. Both are vLLM `vllm_pin.VLLM_VERSION`, whose internals (the external
 launcher, `reload_weights`, `processed_logprobs`, in-place adapter reloads) the engine relies on:
 another version is refused before any compute where the CLI can see the runs' Python
-(`config.machine.check_vllm`: exit 2), and as the engine starts (`check_version`) everywhere else,
-before it fails somewhere inside.
+(`config.machine.check_vllm`: exit 2) or each node type's (the preflight's probe), and as the engine
+starts (`check_version`), before it fails somewhere inside.
 """
 
 from __future__ import annotations
