@@ -177,13 +177,12 @@ def from_results(path: Path, question: Question, out: Path | None) -> tuple[dict
     """`race-pilot --from-results`: steps 3 to 6 on a results file or sweep dir, no compute; written
     into `out` (default: race/ beside the results)."""
     df = read_results(path)
-    column = target_metric(question.target, question.metric, list(df.columns), "the results have")
-    df = target_values(df, column, path)
-    check_full(question.full, column, question.validate_with)
+    question = question.of_columns(list(df.columns), "the results have")
+    df = target_values(df, question.column, path)
     base = path if path.is_dir() else path.parent
     dest = config_mod.check_writable(out or base / "race")
     cost = {"pilot_flops": pilot_flops(df), "pilot_share": None}
-    return analyse(df, replace(question, column=column), cost, dest)
+    return analyse(df, question, cost, dest)
 
 
 @dataclass(frozen=True)
