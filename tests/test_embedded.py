@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from isoflop_cli import config
 from isoflop_cli.recipe import checkpoint
@@ -44,29 +45,47 @@ def test_another_recipe_is_built_into_the_cache(tmp_path, monkeypatch):
 
 def base_scores(out: Path, *overrides: str) -> list[float]:
     """Step 0's validation avg@k of `isoflop run` with `overrides`, on one and on two threads (two
-    machines with different thread counts, emulated)."""
+    machines with different thread counts, emulated): the one-thread run in a process of its own,
+    the two-thread one in this process (a run reads OMP_NUM_THREADS into torch's thread count; this
+    process's is given back after), one interpreter fewer to import torch."""
+    from typer.testing import CliRunner
+
+    from isoflop_cli.cli import app
+
     scores = []
     for threads in (1, 2):
-        run = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "isoflop_cli",
-                "run",
-                *overrides,
-                "n=2",
-                "B_p=2",
-                "grid.budgets=[4]",
-                "grid.eval_points=1",
-                "--run-dir",
-                str(out / str(threads)),
-            ],
-            env={**os.environ, "OMP_NUM_THREADS": str(threads)},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        args = [
+            "run",
+            *overrides,
+            "n=2",
+            "B_p=2",
+            "grid.budgets=[4]",
+            "grid.eval_points=1",
+            "--run-dir",
+            str(out / str(threads)),
+        ]
+        if threads == 1:
+            run = subprocess.run(
+                [sys.executable, "-m", "isoflop_cli", *args],
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        else:
+            before, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+            try:
+                result = CliRunner().invoke(app, args)
+            finally:
+                torch.set_num_threads(before)
+                if env is None:
+                    del os.environ["OMP_NUM_THREADS"]
+                else:
+                    os.environ["OMP_NUM_THREADS"] = env
+            assert result.exit_code == 0, result.output[-3000:]
+            assert torch.get_num_threads() == before
         first = json.loads((out / str(threads) / "metrics.jsonl").read_text().splitlines()[0])
         assert first["step"] == 0
         scores.append(first["val_avg@k"])

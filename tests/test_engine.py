@@ -219,8 +219,27 @@ def status_step(run_dir) -> int:
         return 0
 
 
+@pytest.fixture
+def one_thread(monkeypatch):
+    """OMP_NUM_THREADS=1 for this test's runs, its own processes' and those it runs in this one (a run
+    reads it into torch's thread count): the same float reductions in either. This process's thread
+    count is given back after the test."""
+    threads = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    yield
+    torch.set_num_threads(threads)
+
+
+def run_here(*args: str):
+    """`isoflop run` in this process (Typer's runner): a reference run, or a rerun whose process
+    proves nothing a subprocess would not, without one more interpreter importing torch."""
+    result = CliRunner().invoke(app, ["run", *args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
 @pytest.mark.slow
-def test_a_killed_run_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path):
+def test_a_killed_run_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path, one_thread):
     """SIGKILL a run mid-run (PPO: a value head, and a LoRA adapter: state beyond the policy's
     weights), rerun it: it resumes from its checkpoint, records what one uninterrupted run records,
     and keeps no training state once finished. The takeover test below resumes the other shapes (one
@@ -238,7 +257,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path):
     ]
     command = [sys.executable, "-m", "isoflop_cli", "run", *args, "--run-dir"]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    subprocess.run([*command, str(whole)], check=True, capture_output=True, timeout=600)
+    run_here(*args, "--run-dir", str(whole))  # the uninterrupted run; only the killed one needs a process
 
     proc = subprocess.Popen(
         [*command, str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
@@ -251,8 +270,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path):
     assert 3 <= status_step(killed) < 8, "the run was not killed between its checkpoint and its end"
     assert (killed / "checkpoint" / "run_state.pt").exists()
 
-    resumed = subprocess.run([*command, str(killed)], capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    resumed = run_here(*args, "--run-dir", str(killed))
     assert "resumed from the checkpoint at step" in resumed.stdout
     assert metrics(killed) == metrics(whole)
     assert not (killed / "checkpoint").exists()  # a finished run keeps no training state
@@ -260,7 +278,9 @@ def test_a_killed_run_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", [[], ["learner.world_size=2"]], ids=["one-process", "fsdp-2-ranks"])
-def test_an_attempt_taken_over_stops_without_writing_and_the_run_is_one_uninterrupted_run(tmp_path, variant):
+def test_an_attempt_taken_over_stops_without_writing_and_the_run_is_one_uninterrupted_run(
+    tmp_path, variant, one_thread
+):
     """A run's processes frozen mid-run (SIGSTOP: a node cut off, as the sweep sees it) while a new
     attempt takes its directory over, resumes from the checkpoint and finishes; then the old one
     wakes. It stops at its first write with one line, writes nothing, and the run's rows, status
@@ -276,16 +296,16 @@ def test_an_attempt_taken_over_stops_without_writing_and_the_run_is_one_uninterr
         *variant,
     ]
     command = [sys.executable, "-m", "isoflop_cli", "run", *args, "--run-dir"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
     whole, run_dir = tmp_path / "whole", tmp_path / "run"
-    subprocess.run([*command, str(whole)], check=True, capture_output=True, timeout=600, env=env)
+    # The uninterrupted run, in this process. The two attempts are processes: one is frozen, and the
+    # other's exit shows what a rank's progress bar would leave (a leaked semaphore).
+    run_here(*args, "--run-dir", str(whole))
 
     old = subprocess.Popen(
         [*command, str(run_dir)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
         start_new_session=True,
     )
     deadline = time.time() + 300
@@ -295,7 +315,7 @@ def test_an_attempt_taken_over_stops_without_writing_and_the_run_is_one_uninterr
     try:
         frozen_at = status_step(run_dir)
         assert 3 <= frozen_at < 8 and (run_dir / "checkpoint" / "run_state.pt").exists()
-        new = subprocess.run([*command, str(run_dir)], capture_output=True, text=True, timeout=600, env=env)
+        new = subprocess.run([*command, str(run_dir)], capture_output=True, text=True, timeout=600)
         assert new.returncode == 0, new.stdout + new.stderr
         assert "resumed from the checkpoint at step" in new.stdout
         # No progress bar in a run's log, and (two ranks) no semaphore a rank's bar left behind.
