@@ -203,25 +203,17 @@ def test_a_worker_lost_mid_run_and_a_killed_cli_cost_a_retry_from_the_checkpoint
     assert got == expected
 
 
-def test_a_run_asking_for_a_gpu_lands_on_the_gpu_worker_and_trains_on_cpu(cluster, tmp_path):
-    """cluster.gpus_per_run=1: Ray places the run on the worker that declares GPUs and gives it one
-    (CUDA_VISIBLE_DEVICES); with no CUDA here the run trains on the CPU."""
-    proc = sweep(tmp_path, cluster["address"], *CELL, "grid.B_p=[2]", "grid.budgets=[32]", "cluster.gpus_per_run=1")
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:] + err
-    (log,) = (tmp_path / "default" / "runs").glob("*/job.log")
-    line = next(line for line in log.read_text().splitlines() if line.startswith("device "))
-    assert line.startswith("device cpu on ") and line.split("CUDA_VISIBLE_DEVICES=")[1] in ("0", "1"), line
-
-
-def test_a_head_restarted_mid_run_costs_one_line_and_a_resume(cluster, tmp_path):
-    """The head is SIGKILLed while a run trains on a worker, and the workers and the run with it:
+def test_a_run_asking_for_a_gpu_lands_on_the_gpu_worker_and_a_head_restarted_mid_run_costs_a_resume(cluster, tmp_path):
+    """The run asks for a GPU (cluster.gpus_per_run=1): Ray places it, each attempt, on the worker
+    that declares GPUs and gives it one (CUDA_VISIBLE_DEVICES); with no CUDA here it trains on the
+    CPU. (Once a test of its own: it shares this sweep, on the same cluster, for one sweep less.)
+    The head is SIGKILLed while the run trains on that worker, and the workers and the run with it:
     without GCS fault tolerance a worker and its jobs exit once its head is gone (within a minute;
     here at once), so the head comes back as a new cluster (restarted by the script, at a new
     address). The sweep says the head is lost in one line (exit 1) and marks the run stopped; rerun
     against the restarted cluster, the run resumes from its checkpoint and finishes, every eval
     point once."""
-    overrides = [*CELL, "grid.B_p=[8]", BUDGET]
+    overrides = [*CELL, "grid.B_p=[8]", BUDGET, "cluster.gpus_per_run=1"]
     proc = sweep(tmp_path, cluster["address"], *overrides)
     sweep_dir = tmp_path / "default"
     deadline = time.monotonic() + 300
@@ -251,3 +243,8 @@ def test_a_head_restarted_mid_run_costs_one_line_and_a_resume(cluster, tmp_path)
     assert "resumed from the checkpoint at step" in (sweep_dir / "runs" / run_id / "job.log").read_text()
     df = pd.read_parquet(sweep_dir / "results.parquet")
     assert not df.duplicated(["run_id", "step"]).any() and len(df) == len(cell["eval_steps"])
+    log = (sweep_dir / "runs" / run_id / "job.log").read_text()
+    devices = [line for line in log.splitlines() if line.startswith("device ")]
+    assert devices, log[-3000:]
+    for line in devices:
+        assert line.startswith("device cpu on ") and line.split("CUDA_VISIBLE_DEVICES=")[1] in ("0", "1"), line

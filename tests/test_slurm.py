@@ -124,13 +124,17 @@ def slurm(tmp_path_factory):
 
 
 @pytest.mark.e2e
-def test_a_sweep_on_a_real_slurm_survives_a_killed_run_and_a_preemption(slurm, tmp_path):
-    """Two cells as one array job on a real SLURM, each hit once it has a checkpoint. One run's process
+def test_a_real_slurm_runs_the_preflight_and_a_sweep_that_survives_a_killed_run_and_a_preemption(slurm, tmp_path):
+    """First the preflight (`check_the_preflight`, in a root of its own: once a test of its own, it
+    shares this SLURM, which then starts once, not on each worker that drew one of two tests). Then
+    two cells as one array job on a real SLURM, each hit once it has a checkpoint. One run's process
     is SIGKILLed: sacct reports the job's end and the sweep submits it again. The other's job is
     requeued by SLURM (a preemption): the sweep waits for SLURM to run it again, or (where it reads
     the requeue's end first) submits it once more. Both runs resume from their checkpoints, and
     every eval point is there once. The requeued run is frozen (SIGSTOP) from before the requeue
     until SLURM's signal has reached it: the requeue lands mid-run however short the run."""
+    check_the_preflight(slurm, tmp_path / "preflight")
+    tmp_path = tmp_path / "sweep"
     args = [
         "--root",
         str(tmp_path),
@@ -225,8 +229,7 @@ def test_a_sweep_on_a_real_slurm_survives_a_killed_run_and_a_preemption(slurm, t
     assert not df.duplicated(["run_id", "step"]).any() and len(df) == sum(len(c["eval_steps"]) for c in cells.values())
 
 
-@pytest.mark.e2e
-def test_the_preflight_on_a_real_slurm(slurm, tmp_path):
+def check_the_preflight(slurm, tmp_path):
     """`isoflop doctor` sends its probe as a SLURM job and checks the node SLURM gives it; a run's
     request SLURM cannot place (more CPUs than any node, GPUs it has none of) stops the sweep in its
     preflight, one line per problem, exit 2, before any run's job is submitted."""
