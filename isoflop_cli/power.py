@@ -11,10 +11,10 @@ The simulated truth (what "the smallest effect" means):
     y(x, C) = -gap * (x - x*(C))^2,   x = log2 n,   x*(C) = start + doublings * t(C)
 
 where t runs from 0 to 1 over the grid's log2 C: n* moves by `power.doublings` doublings across the
-budgets, and a run one doubling of n away from n* stands `power.gap` below it. Where n* starts is not
-known before the sweep, so each simulated sweep draws it uniformly over the places where its path
-stays within the grid's n (centred where the path is longer than the grid): the power is an average
-over where n* may lie, and is lower than with n* in the middle, where the test reads its slope best.
+budgets, and a run one doubling of n away from n* stands `power.gap` below it. The path is centred on
+the grid's middle (the mean log2 n of its cells), which is what the test asks about: whether n*
+crosses the middle (fit/trend.py). A move that stays within one half of the grid is not seen at any
+number of seeds, so the power is that of a grid centred on where n* is expected.
 
 The noise: each run is shifted as a whole by N(0, seed_sd^2 - eval_sd^2) (what its seed does to all
 its eval points alike) and each eval point by N(0, eval_sd^2) (the evaluation's own sampling), so one
@@ -117,8 +117,7 @@ def call_rate(
     """The share of `grids` simulated sweeps of design `d` (`seeds` per cell) whose trend test calls "rises"."""
     budgets = trend.common_budgets(max(p.min() for p in d.points), min(p.max() for p in d.points))
     zlo, zhi = math.log2(min(p.min() for p in d.points)), math.log2(max(p.max() for p in d.points))
-    room = max(d.x.max() - d.x.min() - doublings, 0.0)  # where n*'s path fits inside the grid
-    start = d.x.min() + rng.uniform(0.0, 1.0, (grids, 1, 1)) * room - max(doublings - (d.x.max() - d.x.min()), 0.0) / 2
+    start = d.x.mean() - doublings / 2  # n*'s path, centred on the grid's middle
     offset_sd = math.sqrt(max(noise.seed_sd**2 - noise.eval_sd**2, 0.0))
     y = []  # per cell: (grids, seeds, budgets), each run read at the common budgets as fit reads it
     for x, points in zip(d.x, d.points):

@@ -1,34 +1,38 @@
 """Does the best axis value (n*) grow with compute? One pre-specified test, with runs as the unit.
 
-The question a sweep exists for is about the *direction* of axis*(C), not about where one noisy
-point estimate of it lands at each budget. Where axis* sits at the top of the metric as a function of
-x = log2(axis), the metric's slope in x is zero; if axis* moves as compute grows, that slope moves
-off zero at the optimum, in the direction axis* goes:
+The question a sweep exists for is about the *direction* of axis*(C), not about where one noisy point
+estimate of it lands at each budget. The test asks it of the grid's middle m (the mean of log2 axis
+over the runs: n ~ 5.7 on 2..16): does the optimum cross m, upwards or downwards, between the first
+and the last budget every run covers? "rises" needs all of:
 
-    d x*/d log C = - (d^2 y / dx dlogC) / (d^2 y / dx^2)    (the denominator < 0 at a maximum)
+- at the first common budget the metric *falls* with log2 axis across the grid (its least-squares
+  slope, one-sided t test at ALPHA), and
+- at the last common budget it *rises* (likewise), and
+- the best axis value (the highest mean) lies below m at the first budget and above m at the last,
+  read from the runs' metric there and from their lines (below) alike.
 
-so the sign of the interaction d^2 y / dx dlogC *at x** is the sign of axis*'s drift. The test reads it
-from two numbers per run, both taken from the run's own curve at common budgets C_1..C_K (the range
-every run covers, each run interpolated in log2 C):
+"falls" is the mirror image. A run is read as the least-squares line of its metric in log2 C over
+BUDGETS common budgets (each run interpolated linearly in log2 C between its eval points): its ends,
+that line's values at the first and the last budget, average the evaluation's noise over the run's
+points, and their difference (what the run gains) is a within-run contrast where the seed's offset
+cancels. The slopes are fitted by least squares over runs with an intercept per stratum (runs alike
+in every designed column but the axis, e.g. B_p); the noise of a run's two ends (their 2x2
+covariance) is read between the seeds of each cell where cells are replicated, else from the fit's
+residuals. Both slopes must be significant on their own (an intersection-union test), so the call is
+made in at most ALPHA of sweeps, per direction, where the slope does not change sign; the reported
+p is the larger of the two one-sided p-values.
 
-- its level L = the mean of its metric over the budgets (where it stands), and
-- its gain G = the least-squares slope of its metric in log2 C (how much it gains per doubling of
-  compute). The gain is a within-run contrast: what a run's seed does to its whole curve cancels,
-  and its points are paired.
+Why the slope across the grid and not where the optimum is: the optimum of a few noisy cells is
+uncertain, and a test that reads the change of slope *at* an estimated optimum (the previous one
+here) calls a trend wherever the curves change shape around a fixed best. Measured on synthetic
+sweeps with one n best at every budget and the others catching up without passing it, it called a
+trend in 98-100% of grids (tests/test_fit_trend.py). The best-value condition stops a slope that
+turns because the far values catch up (n* fixed off-centre) from being read as a move.
 
-Both are fitted on x and x^2 (with an intercept per stratum: runs alike in every designed column but
-the axis, e.g. B_p), by least squares over runs. x* is the top of the levels' quadratic within the
-grid, and the effect T is the slope of the gains' quadratic at x*. Its variance is the delta method's
-over both fits (x* is estimated too), with the residual covariance of (L, G) read from seed replicates
-(runs of one cell) where there are any, else from the fits' residuals; T / se is read against
-Student's t with those degrees of freedom. The call is made at p < ALPHA (two-sided); the interval
-reported is the 90% one.
-
-Why not the obvious alternatives: the interaction of the *linear* slope in x with log C also moves
-when one n is best at every budget and its peak only sharpens with compute (the grid's values left
-of the peak and right of it gain differently), and the argmax of cell means at each budget is a noisy
-step whose trend has no calibrated null. Measured on synthetic sweeps whose truth is not this model
-(tests/test_fit_trend.py).
+What it cannot see: a move of axis* within one half of the grid (2 -> 4 on 2..16): centre the grid on
+where axis* is expected. And the best-value condition is a point estimate: where values on both
+sides of the middle tie at the last budget and the slope still turns, it calls "rises" as often as
+the tie breaks upwards.
 """
 
 from __future__ import annotations
@@ -42,27 +46,31 @@ from scipy import stats
 from isoflop_cli.fit.data import RUN, FitSpec
 from isoflop_cli.fit.noise import SEED
 
-ALPHA = 0.05  # the call's two-sided level: a trend is called when p < ALPHA
+ALPHA = 0.05  # each slope's one-sided level; a trend is called when both clear it
 BUDGETS = 6  # common budgets each run is read at (log-spaced over the range every run covers)
 METHOD = (
-    "levels and per-doubling gains of each run at common budgets; quadratic in log2 of the axis (a stratum "
-    "intercept per designed column); slope of the gains at the levels' optimum; delta-method t test, runs as the unit"
+    "each run's least-squares line in log2 C over common budgets, read at the first and the last; the metric's "
+    "slope in log2 of the axis across the grid at each (a stratum intercept per designed column), one-sided t "
+    "tests with runs as the unit, both required (intersection-union), and the best value crossing the grid's middle"
 )
 
 
 @dataclass(frozen=True)
 class Trend:
-    """fit.json's `n_star_trend`: the answer (`call`), how big (`effect`: the change, per doubling of
-    the axis at axis*, of the metric's gain per doubling of compute), how sure (`interval90`,
-    `p_value`), and what it was read from. `why` says why there is no answer where none could be read."""
+    """fit.json's `n_star_trend`: the answer (`call`), how big (`effect`: how much the metric's slope in
+    log2 axis turns between the first and the last common budget), how sure (`interval90` of that turn,
+    `p_value` of the call), and what it was read from. `why` says why there is no answer where none
+    could be read, or why slopes that turn are not a move of axis*."""
 
     call: str  # "rises" | "falls" | "none"
     effect: float | None
     interval90: list[float] | None
-    p_value: float | None
+    p_value: float | None  # the larger of the two slopes' one-sided p, in the direction of `effect`
     method: str
-    axis_at_optimum: float | None = None  # axis* of the levels (where the slope is read)
-    drift: float | None = None  # doublings of axis* per doubling of compute (point estimate; interior optimum only)
+    slopes: list[float] | None = None  # metric per doubling of the axis across the grid: [first, last] budget
+    slopes_interval90: list[list[float]] | None = None
+    best: list[float] | None = None  # the axis value of the highest mean: [first, last] budget (point estimates)
+    middle: float | None = None  # the grid's middle: the axis value axis* must cross
     runs: int = 0
     cells: int = 0
     dof: int = 0
@@ -82,19 +90,21 @@ class Trend:
             "falls": f"no: {axis}* falls with compute",
             "none": f"not shown: {self.why}"
             if self.why
-            else f"not shown: no trend of {axis}* with compute at the {ALPHA:g} level",
+            else f"not shown: the metric's slope in {axis} does not change sign at the {ALPHA:g} level",
         }[self.call]
-        drift = (
-            f"; {axis}* moves about {self.drift:+.2f} doublings per doubling of compute"
-            if self.drift is not None
-            else ""
+        (first, last), (lo, hi) = self.slopes, (self.budgets[0], self.budgets[-1])
+        where = (
+            f"at {lo:.4g} the metric's slope per doubling of {axis} is {first:+.3g} and {axis} = {self.best[0]:g} "
+            f"is best, at {hi:.4g} {last:+.3g} and {axis} = {self.best[1]:g}; the grid's middle is {axis} ~ "
+            f"{self.middle:.3g}"
         )
-        lo, hi = self.interval90
+        turn_lo, turn_hi = self.interval90
         return [
             question,
-            f"Answer: {answer} (at {axis} ~ {self.axis_at_optimum:.3g}{drift}).",
-            f"How sure: p = {self.p_value:.3g}; effect {self.effect:+.4g} (90% interval {lo:+.4g} to {hi:+.4g}) from "
-            f"{self.runs} runs in {self.cells} cells, {self.dof} dof.",
+            f"Answer: {answer} ({where}).",
+            f"How sure: p = {self.p_value:.3g} (the larger of the two slopes' one-sided p); the slope turns by "
+            f"{self.effect:+.4g} (90% interval {turn_lo:+.4g} to {turn_hi:+.4g}) from {self.runs} runs in "
+            f"{self.cells} cells, {self.dof} dof.",
         ]
 
 
@@ -112,7 +122,7 @@ def n_star_trend(df: pd.DataFrame, spec: FitSpec) -> Trend:
     if budgets is None:
         return none("the runs share less than one doubling of compute", runs=len(runs))
     curves = dict(tuple(rows.groupby(RUN, sort=False)))
-    y = np.stack([_at(curves[r], spec, budgets) for r in runs.index])  # (runs, budgets)
+    y = np.stack([_at(curves[r], spec, budgets) for r in runs.index])
     return test(
         np.log2(runs[spec.axis].to_numpy(float)), runs["_stratum"].to_numpy(), runs["_cell"].to_numpy(), y, budgets
     )
@@ -122,83 +132,78 @@ def test(x: np.ndarray, stratum: np.ndarray, cell: np.ndarray, y: np.ndarray, bu
     """The test on runs' curves at common budgets: x (runs,) = log2 axis, y (runs, budgets) the metric.
     `plan`'s power analysis calls it on simulated curves: what it predicts is this test's call rate."""
     z = np.log2(budgets)
-    w = (z - z.mean()) / ((z - z.mean()) ** 2).sum()
-    return read(x, stratum, cell, y.mean(1), y @ w, [float(b) for b in budgets])  # levels, gains: (runs,)
+    zc = z - z.mean()
+    gains = y @ (zc / (zc @ zc))  # (runs,): each run's least-squares slope in log2 C
+    ends = y.mean(1)[:, None] + gains[:, None] * zc[[0, -1]]  # (runs, 2): that line at the first and last budget
+    return read(x, stratum, cell, ends, y[:, [0, -1]], [float(b) for b in budgets])
 
 
 def read(
-    x: np.ndarray, stratum: np.ndarray, cell: np.ndarray, levels: np.ndarray, gains: np.ndarray, budgets: list[float]
+    x: np.ndarray, stratum: np.ndarray, cell: np.ndarray, ends: np.ndarray, values: np.ndarray, budgets: list[float]
 ) -> Trend:
-    """The test on per-run (x = log2 axis, stratum, cell, level, gain): see the module docstring."""
-    values = np.unique(x)
-    quadratic = values.size >= 3
+    """The test on per-run (x = log2 axis, stratum, cell): `ends` (runs, 2) are each run's line at the
+    first and the last budget, `values` (runs, 2) its metric there; the slopes are read from the ends,
+    the best value from both: see the module docstring."""
     centre = x.mean()
-    u = x - centre
     strata = np.unique(stratum)
-    X = np.column_stack(
-        [(stratum == s).astype(float) for s in strata] + [u] + ([u**2] if quadratic else [])
-    )  # (runs, p)
-    Y = np.column_stack([levels, gains])  # (runs, 2)
-    known = dict(runs=int(x.size), cells=int(np.unique(cell).size), budgets=budgets)
+    X = np.column_stack([(stratum == s).astype(float) for s in strata] + [x - centre])  # (runs, strata + 1)
+    known = dict(runs=int(x.size), cells=int(np.unique(cell).size), budgets=budgets, middle=float(2**centre))
     if np.linalg.matrix_rank(X) < X.shape[1]:
         return none(f"the {'strata and axis values' if strata.size > 1 else 'axis values'} do not separate", **known)
     A = np.linalg.inv(X.T @ X)
-    beta = A @ X.T @ Y  # (p, 2)
-    cov, dof = _residual_cov(Y, X, beta, cell)
+    beta = A @ X.T @ ends  # (strata + 1, 2)
+    cov, dof = _residual_cov(ends, X, beta, cell)
     if dof < 1:
         return none("no degrees of freedom left for the noise (more seeds or axis values needed)", **known)
-    k = strata.size  # the axis terms' rows in beta
-    b1, b2 = beta[k, 0], (beta[k + 1, 0] if quadratic else 0.0)
-    g1, g2 = beta[k, 1], (beta[k + 1, 1] if quadratic else 0.0)
-    ulo, uhi = values.min() - centre, values.max() - centre
-    interior = quadratic and b2 < 0 and ulo < -b1 / (2 * b2) < uhi
-    ustar = -b1 / (2 * b2) if interior else max((ulo, uhi), key=lambda v: b1 * v + b2 * v * v)
-    effect = g1 + 2 * g2 * ustar
-    # The delta method: T = g1 + 2 g2 u*(b1, b2); u* moves with the levels' fit only where it is interior.
-    grad_g = np.array([1.0, 2 * ustar])[: 2 if quadratic else 1]
-    grad_b = 2 * g2 * np.array([-1 / (2 * b2), b1 / (2 * b2**2)]) if interior else np.zeros(2 if quadratic else 1)
-    terms = slice(k, k + (2 if quadratic else 1))
-    Ab = A[terms, terms]
-    var = cov[1, 1] * grad_g @ Ab @ grad_g + 2 * cov[0, 1] * grad_g @ Ab @ grad_b + cov[0, 0] * grad_b @ Ab @ grad_b
-    se = float(np.sqrt(max(var, 0.0)))
-    if se == 0.0:
-        return none("the runs' gains have no spread to test against", dof=dof, **known)
-    t = effect / se
-    p = float(2 * stats.t.sf(abs(t), dof))
-    half = float(stats.t.ppf(0.95, dof) * se)
-    direction = "rises" if effect > 0 else "falls"
-    # At an edge of the grid the optimum can only be seen to move inwards: the gains pushing it
-    # outwards say it stays at the edge (or lies beyond it), not that it moves within the grid.
-    outward = not interior and (ustar == ulo) == (direction == "falls")
-    call = direction if p < ALPHA and not outward else "none"
+    k = strata.size  # the slope's row in beta
+    slopes = beta[k]  # (2,): first, last
+    se = np.sqrt(np.diag(cov) * A[k, k])
+    turn_se = float(np.sqrt(max(cov[0, 0] + cov[1, 1] - 2 * cov[0, 1], 0.0) * A[k, k]))
+    if not (se > 0).all():
+        return none("the runs have no spread to test against", dof=dof, **known)
+    effect = float(slopes[1] - slopes[0])
+    sign = 1.0 if effect >= 0 else -1.0  # rises: the first slope below zero, the last above
+    t = slopes / se
+    p = float(max(stats.t.cdf(sign * t[0], dof), stats.t.sf(sign * t[1], dof)))
+    q = float(stats.t.ppf(0.95, dof))
+    best = [_best(x, stratum, values[:, i]) for i in (0, 1)]
+    lines = [_best(x, stratum, ends[:, i]) for i in (0, 1)]
+    crosses = all(sign * (b[0] - centre) < 0 < sign * (b[1] - centre) for b in (best, lines))
+    direction = "rises" if sign > 0 else "falls"
+    call = direction if p < ALPHA and crosses else "none"
     why = (
-        (
-            f"the optimum is the grid's {'smallest' if ustar == ulo else 'largest'} value and the gains push it "
-            "further out: "
-            "it may lie beyond the grid (extend it to see)"
-        )
-        if p < ALPHA and outward
+        "the slope changes sign, but the best value does not cross the grid's middle (values far from it "
+        "catch up without passing it)"
+        if p < ALPHA and not crosses
         else None
     )
-    drift = float(-effect / (2 * b2)) if interior else None
     return Trend(
         call,
-        float(effect),
-        [float(effect - half), float(effect + half)],
+        effect,
+        [effect - q * turn_se, effect + q * turn_se],
         p,
         METHOD,
-        axis_at_optimum=float(2 ** (ustar + centre)),
-        drift=drift,
+        slopes=[float(s) for s in slopes],
+        slopes_interval90=[[float(s - q * e), float(s + q * e)] for s, e in zip(slopes, se)],
+        best=[float(2**b) for b in best],
         dof=dof,
         why=why,
         **known,
     )
 
 
+def _best(x: np.ndarray, stratum: np.ndarray, values: np.ndarray) -> float:
+    """The log2 axis value of the highest mean of `values`, each stratum's mean taken out first."""
+    index = np.unique(stratum, return_inverse=True)[1]
+    adjusted = values - (np.bincount(index, values) / np.bincount(index))[index]
+    axis, where = np.unique(x, return_inverse=True)
+    return float(axis[np.argmax(np.bincount(where, adjusted) / np.bincount(where))])
+
+
 def _residual_cov(Y: np.ndarray, X: np.ndarray, beta: np.ndarray, cell: np.ndarray) -> tuple[np.ndarray, int]:
-    """The covariance of a run's (level, gain) about its expectation, and its degrees of freedom: pure
+    """The covariance of a run's two ends about their expectation, and its degrees of freedom: pure
     error between the seeds of each cell where cells are replicated (it holds no lack of fit of the
-    quadratic), else the fit's residuals."""
+    line in log2 axis), else the fit's residuals."""
     cells, index = np.unique(cell, return_inverse=True)
     dof = Y.shape[0] - cells.size
     if dof >= 2:
