@@ -356,15 +356,8 @@ def test_changed_config_neither_resumes_from_nor_overwrites_another_runs_records
     before = {
         p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "lease.json"
     }
-    result = subprocess.run(
-        [sys.executable, "-m", "isoflop_cli", "run", *args, "seed=1", "--run-dir", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 2 and "resumed" not in result.stdout and "aside" in result.stderr, (
-        result.stdout + result.stderr
-    )
+    result = CliRunner().invoke(app, ["run", *args, "seed=1", "--run-dir", str(run_dir)])  # the refusal, in-process
+    assert result.exit_code == 2 and "resumed" not in result.stdout and "aside" in result.stderr, result.output
     assert len(result.stderr.strip().splitlines()) == 1
     assert {
         p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "lease.json"
