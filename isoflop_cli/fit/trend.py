@@ -92,20 +92,20 @@ class Trend:
             if self.why
             else f"not shown: the metric's slope in {axis} does not change sign at the {ALPHA:g} level",
         }[self.call]
-        (first, last), (lo, hi) = self.slopes, (self.budgets[0], self.budgets[-1])
-        where = (
-            f"at {lo:.4g} the metric's slope per doubling of {axis} is {first:+.3g} and {axis} = {self.best[0]:g} "
-            f"is best, at {hi:.4g} {last:+.3g} and {axis} = {self.best[1]:g}; the grid's middle is {axis} ~ "
-            f"{self.middle:.3g}"
-        )
+        (first, last), (lo, hi) = self.slopes, (_budget(self.budgets[0]), _budget(self.budgets[-1]))
         turn_lo, turn_hi = self.interval90
         return [
             question,
-            f"Answer: {answer} ({where}).",
-            f"How sure: p = {self.p_value:.3g} (the larger of the two slopes' one-sided p); the slope turns by "
-            f"{self.effect:+.4g} (90% interval {turn_lo:+.4g} to {turn_hi:+.4g}) from {self.runs} runs in "
-            f"{self.cells} cells, {self.dof} dof.",
+            f"Answer: {answer}; {axis} = {self.best[0]:g} is best at {lo} and {axis} = {self.best[1]:g} at {hi}, "
+            f"the grid's middle is {axis} ~ {self.middle:.3g}.",
+            f"How sure: p = {self.p_value:.3g} (the larger one-sided p of the two slopes); per doubling of {axis} "
+            f"the metric's slope is {first:+.3g} at {lo} and {last:+.3g} at {hi}, turning by {self.effect:+.3g} "
+            f"(90% interval {turn_lo:+.3g} to {turn_hi:+.3g}); {self.runs} runs in {self.cells} cells, {self.dof} dof.",
         ]
+
+
+def _budget(value: float) -> str:
+    return f"{value:,.0f}" if value < 1e6 else f"{value:.3g}"
 
 
 def none(why: str, **known) -> Trend:
@@ -172,8 +172,7 @@ def read(
     direction = "rises" if sign > 0 else "falls"
     call = direction if p < ALPHA and crosses else "none"
     why = (
-        "the slope changes sign, but the best value does not cross the grid's middle (values far from it "
-        "catch up without passing it)"
+        "the slope changes sign, but the best value does not cross the grid's middle"
         if p < ALPHA and not crosses
         else None
     )
