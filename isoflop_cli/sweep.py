@@ -58,7 +58,7 @@ def check(out: Path, cfg, cells: list[grid_mod.Cell]) -> SweepDir:
 def fingerprint(cell: grid_mod.Cell, cfg=None) -> str:
     """The cell's fingerprint, as its run computes it (`recipe.trainer.train`): what it computes,
     its ledger column and learning rate. `cfg`: the cell's config where made already."""
-    return identity.fingerprints(cfg or cell.cfg, cell.plan.column, cell.plan.lr, None)[0]
+    return identity.trajectory(cfg or cell.cfg, cell.plan.column, cell.plan.lr)
 
 
 def check_records(sweep_dir: SweepDir, cells: list[grid_mod.Cell]) -> None:

@@ -380,7 +380,28 @@ def test_a_save_after_a_swap_killed_in_its_clean_up_keeps_the_newest_state(tmp_p
     (leftover / "half-deleted").write_text("x")
     resume.save(directory, Group(), "run", model, optimizer, scheduler, {"step": 2})
     assert not leftover.exists()
-    assert resume.load(directory, ("run",), model, optimizer, scheduler) == {"step": 2}
+    assert resume.load(directory, "run", model, optimizer, scheduler) == {"step": 2}
+
+
+def test_a_checkpoint_of_another_computation_is_a_fresh_start_said_in_one_line(tmp_path, capsys):
+    """A whole checkpoint whose fingerprint is not this run's (a copied run dir; one written before
+    the fingerprint's current form) is not loaded: one line, then step 0."""
+    from isoflop_cli.recipe import resume
+    from isoflop_cli.recipe.distributed import Group
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    directory = tmp_path / "checkpoint"
+    resume.save(directory, Group(), "a" * 40, model, optimizer, scheduler, {"step": 3})
+    before = [p.detach().clone() for p in model.parameters()]
+    torch.nn.init.zeros_(model.weight)
+    assert resume.load(directory, "b" * 40, model, optimizer, scheduler) is None
+    assert (
+        "holds another computation's state (fingerprint aaaaaaaaaaaa, this run's bbbbbbbbbbbb)"
+        in capsys.readouterr().out
+    )
+    assert not torch.equal(model.weight, before[0]) and directory.is_dir()  # nothing restored, nothing removed
 
 
 @pytest.mark.slow

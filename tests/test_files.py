@@ -243,7 +243,7 @@ def test_a_checkpoint_missing_a_shard_is_set_aside_and_the_run_starts_over(tmp_p
     shard = next(files.checkpoint.glob("*.distcp"))
     shard.unlink()
     assert files.has_checkpoint() == copy_before
-    got = resume.load(files.checkpoint, ("run",), model, optimizer, scheduler, files=files)
+    got = resume.load(files.checkpoint, "run", model, optimizer, scheduler, files=files)
     assert got == ({"step": 1} if copy_before else None)
     line = capsys.readouterr().out.strip()
     assert (

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from isoflop_cli import config
+from isoflop_cli import config, sweep
 from isoflop_cli.config.compose import ROOT
 from isoflop_cli.config.validate import EMBEDDED_MAX_POSITIONS
 from isoflop_cli.errors import ConfigError
@@ -154,7 +154,10 @@ def test_recipe_presets_and_seed_sweeps(tmp_path):
 def test_run_ids_are_pinned():
     # A sweep dir planned before must resume: the same config gives the same run ids (the hash covers
     # what a run computes; planning's internals do not enter it).
-    assert expand(load("grid.n=[4]", "grid.B_p=[4]"))[0].run_id == "n4_bp4_s0_31305c42"
+    first = expand(load("grid.n=[4]", "grid.B_p=[4]"))[0]
+    assert first.run_id == "n4_bp4_s0_31305c42"
+    # Its fingerprint too: its records and checkpoint carry it (a changed one reads as another run's).
+    assert sweep.fingerprint(first) == "0bcb336ba0bdce52a3ef2f3effafe24b24e166f1"
     cells = expand(load("grid.n=[4]", "grid.B_p=[4]", "+grid.axes={algo.kl_coef:[0.0,0.1]}"))
     assert [c.run_id for c in cells] == ["n4_bp4_s0_kl_coef-0.0_31305c42", "n4_bp4_s0_kl_coef-0.1_dc586af1"]
     # The embedded default before its warm start had stray digits (and before its larger eval set and

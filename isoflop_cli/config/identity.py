@@ -1,8 +1,8 @@
 """What identifies a run: the hash of what it computes. A run id names a run's directory (same
 content, same run: a rerun finds its finished work); a trajectory groups the runs that record the
-same points up to a smaller budget (`continuation`); a checkpoint's fingerprint says whether a saved
-state is this run's. Every such hash is made here, and each is pinned by tests: a change that moves
-one orphans every existing sweep's finished runs.
+same points up to a smaller budget (`continuation`), and is the fingerprint a run's records and
+checkpoint carry (whether a saved state or a record is this run's). Both hashes are made here, and
+each is pinned by tests: a change that moves one orphans every existing sweep's finished runs.
 
 A run's data files (a task's `FILE_KEYS`, `eval.sets`) enter by their content, not their path: a file
 changed in place is a new run (and a new calibration slice), never a resumed one on other data.
@@ -174,24 +174,14 @@ def run_id(axes: dict[str, Any], cfg: DictConfig, plan_key: list) -> str:
 
 
 def trajectory(cfg: DictConfig, column: str, lr: float) -> str:
-    """What the run `cfg` computes step by step, without where it stops or evaluates: its run id's
-    hash less the budget (`column`: the ledger column its budgets are in). Runs of one trajectory
+    """What the run `cfg` computes step by step, without where it stops or evaluates (`column`: the
+    ledger column its budgets are in): its run id's content less the budget. Runs of one trajectory
     record the same points up to the smaller budget (the learning rate is constant after warm-up;
-    evaluation draws from its own RNG stream), so the run to a larger budget can continue the
-    smaller one's checkpoint (see `continuation`)."""
-    content = run_content(cfg)
-    content["plan"] = [column, lr]
-    return _digest(content)
-
-
-def fingerprints(cfg: DictConfig, column: str, lr: float, budget: object) -> tuple[str, str]:
-    """The names a run's checkpoint may carry: what it computes, not its budget, so a run to a larger
-    budget continues it; and, second, the name checkpoints had before budgets left it (`budget`
-    as it was written then, the recipe's Budget), still read."""
+    evaluation draws from its own RNG stream), so the run to a larger budget continues the smaller
+    one's checkpoint (`continuation`). It is also the fingerprint a run's records and checkpoint
+    carry (`store.Identity`, `recipe.resume`): kept in files, so its bytes stay as they were written."""
     content = json.dumps(run_content(cfg), sort_keys=True)
-    now = hashlib.sha1(f"{content}{column}{lr}".encode()).hexdigest()
-    before = hashlib.sha1(f"{content}{budget}{lr}".encode()).hexdigest()
-    return now, before
+    return hashlib.sha1(f"{content}{column}{lr}".encode()).hexdigest()
 
 
 def _slug(axes: dict[str, Any]) -> str:

@@ -94,7 +94,7 @@ def save(
 
 def load(
     directory: Path,
-    fingerprints: tuple[str, ...],
+    fingerprint: str,
     model,
     optimizer,
     scheduler,
@@ -102,7 +102,9 @@ def load(
     files: RunFiles | None = None,
 ) -> dict[str, Any] | None:
     """The saved progress after restoring everything else in place; None if there is no whole
-    checkpoint of this very run (one of its `fingerprints`: same config and learning rate).
+    checkpoint of this very run (its `fingerprint`: same computation, `identity.trajectory`); a whole
+    checkpoint of another (a copied run dir, one written by an isoflop older than that hash) is one
+    line in the run's log and a fresh start.
 
     The checkpoint, or its `.old` copy where a kill fell between a save's renames. One that is not
     whole is set aside by the main rank (renamed `<name>.incomplete-<i>`, kept for a look; one line
@@ -112,7 +114,7 @@ def load(
             continue
         gap = checkpoint_gap(candidate)
         if gap is None:
-            return _restore(candidate, fingerprints, model, optimizer, scheduler)
+            return _restore(candidate, fingerprint, model, optimizer, scheduler)
         if group is None or group.is_main:
             if files is not None:
                 files.check_lease()  # the run dir may be another attempt's now
@@ -129,9 +131,14 @@ def _set_aside(directory: Path) -> Path:
     return aside
 
 
-def _restore(directory: Path, fingerprints: tuple[str, ...], model, optimizer, scheduler) -> dict[str, Any] | None:
+def _restore(directory: Path, fingerprint: str, model, optimizer, scheduler) -> dict[str, Any] | None:
     saved = torch.load(directory / STATE, weights_only=False)
-    if saved["fingerprint"] not in fingerprints:
+    if saved["fingerprint"] != fingerprint:
+        print(
+            f"checkpoint {directory} holds another computation's state (fingerprint {saved['fingerprint'][:12]}, "
+            f"this run's {fingerprint[:12]}): starting from step 0",
+            flush=True,
+        )
         return None
     model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
     state = {"model": model_sd, "optim": optim_sd}

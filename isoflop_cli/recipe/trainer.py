@@ -32,7 +32,7 @@ from transformers.utils import logging as hf_logging
 
 from isoflop_cli import flops, tasks
 from isoflop_cli.algorithms import passes, spec
-from isoflop_cli.config.identity import fingerprints
+from isoflop_cli.config.identity import trajectory
 from isoflop_cli.config.schema import sharded
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.recipe import checkpoint, distributed, resume
@@ -138,7 +138,7 @@ def train(cfg: DictConfig, budget: Budget, lr: float, run_dir: Path | str, pause
     never stopped (the pause is not part of what the run computes)."""
     # This attempt is the run dir's one writer until another takes it over; its records carry the
     # run's identity (the sweep's manifest holds the same fingerprint for its cell).
-    identity = Identity(Path(run_dir).name, fingerprints(cfg, budget.column, lr, budget)[0])
+    identity = Identity(Path(run_dir).name, trajectory(cfg, budget.column, lr))
     files = RunFiles(run_dir, identity=identity).take_lease()
     files.set_status(RUNNING, step=0, M=budget.M, pid=os.getpid())
     try:
@@ -350,10 +350,9 @@ class Trainer:
         The checkpoint's fingerprint is what the run computes, not its budget: a run to a larger
         budget continues it (`continuation`), evaluating from there at its own budget's points."""
         cfg = self.cfg
-        names = fingerprints(cfg, self.budget.column, self.lr, self.budget)
-        self.fingerprint = names[0]
+        self.fingerprint = trajectory(cfg, self.budget.column, self.lr)
         saved = resume.load(
-            self.files.checkpoint, names, self.actor, self.optimizer, self.scheduler, self.group, self.files
+            self.files.checkpoint, self.fingerprint, self.actor, self.optimizer, self.scheduler, self.group, self.files
         )
         self.progress = Progress(**saved) if saved else Progress(eval_at=list(self.budget.eval_at))
         self.progress.eval_at = [c for c in self.budget.eval_at if c > self.spent()]
