@@ -74,15 +74,14 @@ lint: setup
 
 # The linter first (it fails in seconds, before any tier); then three sessions sharing one
 # embedded-model cache, each run even when one before it failed (one failure does not hide another;
-# any failing fails the target): units and slow tests, then the end-to-end tests, then the vLLM tests
-# in vLLM's environment, each on two workers (their processes start, import and wait as much as they
-# compute: the vLLM tier alone left a core idle a quarter of its time, 130 s on one worker, 117 s on
-# two). The study's claim (`make study`) is left out: minutes of training.
+# any failing fails the target): units and slow tests, then the end-to-end tests, each on two
+# workers (their processes start, import and wait as much as they compute), then the vLLM tests in
+# vLLM's environment. The study's claim (`make study`) is left out: minutes of training.
 test: setup setup-vllm slurm lint
 	export ISOFLOP_CACHE=$$(mktemp -d -t isoflop-test-cache-XXXXXX); \
 	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist worksteal -m "not e2e and not vllm and not study"; units=$$?; \
 	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist worksteal -m "e2e and not vllm and not study"; e2e=$$?; \
-	$(VBIN)/python -m pytest -q --durations=5 -n 2 --dist worksteal -m vllm; vllm=$$?; \
+	$(VBIN)/python -m pytest -q --durations=5 -m vllm; vllm=$$?; \
 	rm -rf "$$ISOFLOP_CACHE"; [ $$units -eq 0 ] && [ $$e2e -eq 0 ] && [ $$vllm -eq 0 ]
 
 # The unit tier, for your own loop: no Ray head, no model built or trained (tests/conftest.py).
