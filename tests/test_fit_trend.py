@@ -17,8 +17,8 @@ budgets 1,024..16,384 rollouts.
   while the larger n approach it (their gains are larger: a test of the gains alone calls "rises");
 - null, skewed: n* = 4 (or 8) at every budget by 0.02 or more, the values on the far side of the
   middle slower and catching up without passing it, so the slope across the grid turns.
-The previous test (the gains' slope at the levels' optimum) called a trend in 98-100% of the
-catching-up and skewed grids, and "rises" in 60% of the rising ones with 4 seeds.
+A test of the gains' slope at the levels' optimum calls a trend in 98-100% of the catching-up and
+skewed grids (and "rises" in 60% of the rising ones with 4 seeds).
 """
 
 import numpy as np

@@ -102,7 +102,7 @@ def saturating_truth_figures() -> tuple[float, float]:
 def test_at_the_seeds_plan_recommends_fit_calls_the_saturating_truth():
     """Measured: plan 80% at 4 seeds against fit's 80%; plan recommends 5 seeds. Described by the
     smaller of its two slopes (0.016 / 3), plan would say 48% at 4 seeds; by its smallest loss one
-    doubling from n* (0.004, the previous test's description), 21%: the gap to give plan is the one
+    doubling from n* (0.004), 21%: the gap to give plan is the one
     whose slopes across the grid are the truth's."""
     gap, seed_sd = saturating_truth_figures()
     assert gap == pytest.approx(0.0067, abs=0.0003) and seed_sd == pytest.approx(0.029, abs=0.003)

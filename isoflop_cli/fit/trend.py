@@ -23,10 +23,10 @@ made in at most ALPHA of sweeps, per direction, where the slope does not change 
 p is the larger of the two one-sided p-values.
 
 Why the slope across the grid and not where the optimum is: the optimum of a few noisy cells is
-uncertain, and a test that reads the change of slope *at* an estimated optimum (the previous one
-here) calls a trend wherever the curves change shape around a fixed best. Measured on synthetic
-sweeps with one n best at every budget and the others catching up without passing it, it called a
-trend in 98-100% of grids (tests/test_fit_trend.py). The best-value condition stops a slope that
+uncertain, and a test that reads the change of slope *at* an estimated optimum calls a trend
+wherever the curves change shape around a fixed best: on synthetic sweeps with one n best at every
+budget and the others catching up without passing it, such a test (the gains' quadratic slope at the
+levels' optimum, delta method) calls a trend in 98-100% of grids. The best-value condition stops a slope that
 turns because the far values catch up (n* fixed off-centre) from being read as a move.
 
 What it cannot see: a move of axis* within one half of the grid (2 -> 4 on 2..16): centre the grid on
