@@ -16,7 +16,7 @@ from isoflop_cli.cli import app
 from isoflop_cli.fit import plots, study
 from isoflop_cli.fit.allocation import frontier_method
 from isoflop_cli.fit.data import RUN, FitSpec
-from isoflop_cli.fit.trend import n_star_trend
+from isoflop_cli.fit.trend import Trend, n_star_trend
 
 pytestmark = pytest.mark.filterwarnings("ignore::isoflop_cli.fit.data.FitWarning")  # ties and no-law notes
 
@@ -135,3 +135,13 @@ def test_measured_is_the_best_at_or_below_c_everywhere(tmp_path):
             shown += 1
         below_next += r["measured"] < r["measured_next"]
     assert shown >= 10 and below_next > 0
+
+
+def test_the_verdict_says_why_slopes_that_turn_are_no_move():
+    why = "the slope changes sign, but the best value does not cross the grid's middle"
+    answer = Trend("none", 0.032, [0.017, 0.047], 0.036, "test", why=why)
+    assert plots.verdict({"budgets_tied": 3, "budgets": 5}, answer, "n").splitlines() == [
+        "trend test: none (p = 0.036); n* tied at 3 of 5 budgets",
+        why,
+    ]
+    assert plots.verdict({}, Trend("rises", 0.04, [0.03, 0.05], 0.001, "test"), "n") == "trend test: rises (p = 0.001)"

@@ -208,8 +208,9 @@ def star_marks(star: pd.DataFrame) -> pd.DataFrame:
 
 
 def verdict(entry: dict, answer: Trend | None, axis: str) -> str:
-    """The report's answer in a line: the trend test's call and p (fit.json `n_star_trend`) and the
-    budgets where axis* is a tie (the frontier's `budgets_tied` of `budgets`)."""
+    """The report's answer for a figure's title: the trend test's call and p (fit.json `n_star_trend`),
+    on a line of its own why no move is called where the slopes turn, and the budgets where axis* is
+    a tie (the frontier's `budgets_tied` of `budgets`)."""
     parts = []
     if answer is not None:
         parts.append(
@@ -219,7 +220,8 @@ def verdict(entry: dict, answer: Trend | None, axis: str) -> str:
         )
     if entry.get("budgets_tied"):
         parts.append(f"{axis}* tied at {entry['budgets_tied']} of {entry['budgets']} budgets")
-    return "; ".join(parts)
+    said = "; ".join(parts)
+    return f"{said}\n{answer.why}" if answer is not None and answer.p_value is not None and answer.why else said
 
 
 def surface_plot(result: MethodResult, spec: FitSpec, out: Path) -> list[Path]:

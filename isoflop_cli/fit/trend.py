@@ -122,7 +122,7 @@ def n_star_trend(df: pd.DataFrame, spec: FitSpec) -> Trend:
     if budgets is None:
         return none("the runs share less than one doubling of compute", runs=len(runs))
     curves = dict(tuple(rows.groupby(RUN, sort=False)))
-    y = np.stack([_at(curves[r], spec, budgets) for r in runs.index])
+    y = np.stack([_at(curves[r], spec, budgets) for r in runs.index])  # (runs, budgets)
     return test(
         np.log2(runs[spec.axis].to_numpy(float)), runs["_stratum"].to_numpy(), runs["_cell"].to_numpy(), y, budgets
     )
