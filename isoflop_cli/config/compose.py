@@ -178,8 +178,11 @@ def _check_expansion(path: Path, root: yaml.Node | None) -> None:
 
 def _compose(path: Path, overrides: list[str]) -> DictConfig:
     # The schema is the base of every sweep (its defaults list starts with `isoflop`), so Hydra
-    # itself rejects unknown keys and wrong types while it composes.
-    ConfigStore.instance().store(name="isoflop", node=SweepConfig)
+    # itself rejects unknown keys and wrong types while it composes. Stored once a process: storing
+    # builds the schema's structured config, an eighth of a compose.
+    store = ConfigStore.instance()
+    if "isoflop.yaml" not in store.repo:
+        store.store(name="isoflop", node=SweepConfig)
     _check_parses(overrides)
     searchpath = f"hydra.searchpath=[file://{CONF_DIR}]"
     try:
