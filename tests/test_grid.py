@@ -67,6 +67,16 @@ def test_run_id_tracks_content():
     assert a.run_id == b.run_id and len({a.run_id, c.run_id, d.run_id}) == 3
 
 
+def test_each_load_is_its_own_config():
+    """Loads share one schema built per process (compose._schema): a change to one loaded config
+    (a schema default, a file's value) reaches no other load."""
+    first = config.load()
+    first.algo.base_lr, first.grid.n = 0.5, [3]
+    second = config.load()
+    assert second.algo.base_lr != 0.5 and list(second.grid.n) != [3]
+    assert second == config.load()
+
+
 def test_no_feasible_cell_is_a_config_error():
     with pytest.raises(ConfigError, match="no feasible cell"):
         expand(load("grid.max_batch=4"))
