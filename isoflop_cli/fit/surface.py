@@ -122,6 +122,33 @@ def model(theta: np.ndarray, z: np.ndarray, u: np.ndarray, d: Data) -> np.ndarra
     return rise(z - ((u - star) ** 2 * k).sum(1), lower, ceiling(upper, slope(theta, d), u[:, 0], d.u_ref), m, a)
 
 
+def jacobian(theta: np.ndarray, z: np.ndarray, u: np.ndarray, d: Data) -> np.ndarray:
+    """d model / d theta at each point, (points, parameters), by the chain rule through `model`:
+    least squares then asks for one of these per iteration instead of a model evaluation per
+    parameter (a finite difference's), and a clipped exponent or ceiling has its true zero slope.
+    tests/test_fit_surface.py checks it against central differences."""
+    lower, upper, m, a = theta[:4]
+    k, b0, b1 = theta[4 : 4 + 3 * len(d.axes)].reshape(-1, 3).T
+    dz = z - d.z_ref
+    off = u - (b0 + b1 * dz[:, None])  # (points, axes): doublings from each axis's optimum
+    z_eff = z - (off**2 * k).sum(1)
+    w = a * (z_eff - m)
+    P = np.power(10.0, np.clip(w, -30, 30))
+    E = np.exp(-P)
+    s = slope(theta, d)
+    level = upper + s * (u[:, 0] - d.u_ref)
+    inside = (level >= 0) & (level <= 1) if s else np.ones_like(z, dtype=bool)  # where the ceiling is not held
+    U = np.clip(level, 0.0, 1.0) if s else upper
+    dw = np.where(np.abs(w) < 30, (U - lower) * E * P * np.log(10.0), 0.0)  # d model / d w
+    columns = [E, inside * (1 - E), -a * dw, (z_eff - m) * dw]
+    for j in range(len(d.axes)):
+        dzeff = a * dw  # d model / d log10 C_eff
+        columns += [-(off[:, j] ** 2) * dzeff, 2 * k[j] * off[:, j] * dzeff, 2 * k[j] * off[:, j] * dz * dzeff]
+    if theta.size > 4 + 3 * len(d.axes):
+        columns.append(inside * (1 - E) * (u[:, 0] - d.u_ref))
+    return np.column_stack(columns)
+
+
 def slope(theta: np.ndarray, d: Data) -> float:
     """The ceiling's change per doubling of the axis: the per-axis family's last parameter, 0 in the shared family."""
     return float(theta[-1]) if theta.size > 4 + 3 * len(d.axes) else 0.0
@@ -199,7 +226,12 @@ def fit(
     for p0 in [start] if start is not None else starts(d, family):
         p0 = np.clip(p0, lo + 1e-6 * (hi - lo), hi - 1e-6 * (hi - lo))
         res = optimize.least_squares(
-            lambda p: sw * (model(p, d.z, d.u, d) - d.y), p0, bounds=(lo, hi), method="trf", x_scale="jac"
+            lambda p: sw * (model(p, d.z, d.u, d) - d.y),
+            p0,
+            jac=lambda p: sw[:, None] * jacobian(p, d.z, d.u, d),
+            bounds=(lo, hi),
+            method="trf",
+            x_scale="jac",
         )
         if best is None or res.cost < best.cost:
             best = res
