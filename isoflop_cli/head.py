@@ -350,7 +350,7 @@ def serve_head(cpus: int, info_file: Path, temp_dir: Path, nonce: str) -> None:
                 "--include-dashboard=true",
                 # No log monitor: it copies workers' output to Ray drivers, and isoflop has none. A
                 # job's log is the file its supervisor writes, read through the dashboard
-                # (`dispatch._stream_logs`). 1.5 CPU-s a head, a seventh of its start.
+                # (`dispatch._stream_logs`). About 1.5 CPU-s a head over an end-to-end test.
                 "--include-log-monitor=false",
                 f"--num-cpus={cpus}",
                 "--num-gpus=0",

@@ -187,7 +187,7 @@ def _check_expansion(path: Path, root: yaml.Node | None) -> None:
 def _compose(path: Path, overrides: list[str]) -> DictConfig:
     # The schema is the base of every sweep (its defaults list starts with `isoflop`), so Hydra
     # itself rejects unknown keys and wrong types while it composes. Stored once a process: storing
-    # builds the schema's structured config, an eighth of a compose.
+    # builds the schema's structured config, a quarter of a load.
     store = ConfigStore.instance()
     if "isoflop.yaml" not in store.repo:
         store.store(name="isoflop", node=SweepConfig)

@@ -140,9 +140,9 @@ def jacobian(theta: np.ndarray, z: np.ndarray, u: np.ndarray, d: Data) -> np.nda
     inside = (level >= 0) & (level <= 1) if s else np.ones_like(z, dtype=bool)  # where the ceiling is not held
     U = np.clip(level, 0.0, 1.0) if s else upper
     dw = np.where(np.abs(w) < 30, (U - lower) * E * P * np.log(10.0), 0.0)  # d model / d w
+    dzeff = a * dw  # d model / d log10 C_eff
     columns = [E, inside * (1 - E), -a * dw, (z_eff - m) * dw]
     for j in range(len(d.axes)):
-        dzeff = a * dw  # d model / d log10 C_eff
         columns += [-(off[:, j] ** 2) * dzeff, 2 * k[j] * off[:, j] * dzeff, 2 * k[j] * off[:, j] * dz * dzeff]
     if theta.size > 4 + 3 * len(d.axes):
         columns.append(inside * (1 - E) * (u[:, 0] - d.u_ref))
