@@ -33,6 +33,13 @@ if "ISOFLOP_CACHE" not in os.environ:
 # 18 s on one thread and 19 s on two that sleep; scripts/bench_threads.py). Set before torch is
 # imported, which reads it once.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# And each xdist worker gets its share of the cores, not all of them (read by torch at import, and by
+# every run a test starts): `make test`'s two workers on two cores each trained on two threads, four
+# on two cores. On one thread each, the tests that train in their own process (test_run,
+# test_schedule, test_devices, test_output, test_trainer, test_learner) took 57-64 s against 74-75 s.
+# Tests of thread counts set their own.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _workers)))
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ.pop("RAY_ADDRESS", None)
 
