@@ -231,7 +231,7 @@ def test_a_plan_after_finished_runs_predicts_the_remaining_runs_wall_time(tmp_pa
     args = [
         "grid.n=[4,8]",
         "grid.B_p=[4,8]",
-        "grid.budgets=[2048]",
+        "grid.budgets=[1024]",
         "grid.eval_points=3",
         "eval.problems=16",
         "eval.samples=4",
