@@ -136,9 +136,9 @@ def jacobian(theta: np.ndarray, z: np.ndarray, u: np.ndarray, d: Data) -> np.nda
     P = np.power(10.0, np.clip(w, -30, 30))
     E = np.exp(-P)
     s = slope(theta, d)
+    U = ceiling(upper, s, u[:, 0], d.u_ref)
     level = upper + s * (u[:, 0] - d.u_ref)
-    inside = (level >= 0) & (level <= 1) if s else np.ones_like(z, dtype=bool)  # where the ceiling is not held
-    U = np.clip(level, 0.0, 1.0) if s else upper
+    inside = (level >= 0) & (level <= 1)  # where `ceiling` does not hold U at 0 or 1
     dw = np.where(np.abs(w) < 30, (U - lower) * E * P * np.log(10.0), 0.0)  # d model / d w
     dzeff = a * dw  # d model / d log10 C_eff
     columns = [E, inside * (1 - E), -a * dw, (z_eff - m) * dw]
