@@ -184,8 +184,9 @@ def plan(
     noise_from: Path | None = typer.Option(
         None,
         "--noise-from",
-        help="Results of a pilot or a similar sweep (a sweep dir, parquet or CSV): "
-        "the power analysis reads its noise between seeds and in evaluation there (else power.seed_sd, power.eval_sd).",
+        help="Results of a pilot or a similar sweep (a sweep dir, parquet or CSV): where they hold two or more seeds "
+        "of every cell, the power analysis simulates the cells as the pilot shows them, with the pilot's own "
+        "uncertainty as a range; else it reads only their noise (else power.seed_sd, power.eval_sd).",
     ),
 ) -> None:
     """The grid as a table: every cell, its steps M, eval points, rollouts, predicted FLOPs (search,
@@ -226,8 +227,7 @@ def _powered(cfg, cells: list[grid_mod.Cell], noise_from: Path | None = None):
         err.print(
             Text.assemble(
                 ("warning: ", "bold yellow"),
-                f"this sweep has a {found.trend:.0%} chance to show a rising n* of the "
-                f"size power.doublings / power.gap describe; {more}",
+                f"this sweep has a {found.trend:.0%} chance to show a rising n* when {found.effect}; {more}",
             ),
             soft_wrap=True,
         )

@@ -137,11 +137,11 @@ def test_measured_is_the_best_at_or_below_c_everywhere(tmp_path):
     assert shown >= 10 and below_next > 0
 
 
-def test_the_verdict_says_why_slopes_that_turn_are_no_move():
-    why = "the slope changes sign, but the best value does not cross the grid's middle"
-    answer = Trend("none", 0.032, [0.017, 0.047], 0.036, "test", why=why)
+def test_the_verdict_says_what_the_data_show_where_no_move_is_called():
+    why = "the best n reads 2 then 8, but what it may be overlaps: {2, 4} at 1,024, {4, 8} at 16,384"
+    answer = Trend("none", 2.0, [0.0, 2.0], 0.036, "test", why=why)
     assert plots.verdict({"budgets_tied": 3, "budgets": 5}, answer, "n").splitlines() == [
         "trend test: none (p = 0.036); n* tied at 3 of 5 budgets",
         why,
     ]
-    assert plots.verdict({}, Trend("rises", 0.04, [0.03, 0.05], 0.001, "test"), "n") == "trend test: rises (p = 0.001)"
+    assert plots.verdict({}, Trend("rises", 2.0, [1.0, 3.0], 0.001, "test"), "n") == "trend test: rises (p = 0.001)"

@@ -340,7 +340,10 @@ class PowerConfig:
     eval_sd: float | None = (
         None  # the evaluation's share of it; null: binomial at a pass rate of 0.5 over eval.problems x eval.samples
     )
+    seed_sd_last: float | None = None  # the same at the last budget (runs spread as they train); null: seed_sd
     doublings: float = 1.0  # the effect: n* moves this many doublings over the grid's budgets (1: by a factor of 2)
+    start: float | None = None  # the effect: n* at the first budget; null: the move centred on the grid's middle
+    end: float | None = None  # the effect: n* at the last budget; null: start moved by `doublings`
     gap: float = 0.02  # the effect: the metric lost one doubling of n away from n*, at every budget
     grids: int = 200  # simulated sweeps per estimate (its sd is at most 0.5 / sqrt(grids))
 

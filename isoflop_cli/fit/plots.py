@@ -209,7 +209,7 @@ def star_marks(star: pd.DataFrame) -> pd.DataFrame:
 
 def verdict(entry: dict, answer: Trend | None, axis: str) -> str:
     """The report's answer for a figure's title: the trend test's call and p (fit.json `n_star_trend`),
-    on a line of its own why no move is called where the slopes turn, and the budgets where axis* is
+    on a line of its own what the data show where no move is called, and the budgets where axis* is
     a tie (the frontier's `budgets_tied` of `budgets`)."""
     parts = []
     if answer is not None:

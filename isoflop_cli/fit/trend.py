@@ -1,38 +1,33 @@
 """Does the best axis value (n*) grow with compute? One pre-specified test, with runs as the unit.
 
-The question a sweep exists for is about the *direction* of axis*(C), not about where one noisy point
-estimate of it lands at each budget. The test asks it of the grid's middle m (the mean of log2 axis
-over the runs: n ~ 5.7 on 2..16): does the optimum cross m, upwards or downwards, between the first
-and the last budget every run covers? "rises" needs all of:
+The question is about where the best value stands at the first and at the last budget every run
+covers, and the best of a few noisy cells is a set, not a point. So the test reads, at each of those
+two budgets, a confidence set for the best axis value, and calls:
 
-- at the first common budget the metric *falls* with log2 axis across the grid (its least-squares
-  slope, one-sided t test at ALPHA), and
-- at the last common budget it *rises* (likewise), and
-- the best axis value (the highest mean) lies below m at the first budget and above m at the last,
-  read from the runs' metric there and from their lines (below) alike.
+- `rises` where the set at the last budget lies wholly above the set at the first (every member of
+  the first below every member of the last); `falls`, the mirror image;
+- `none` otherwise, with the reading the data give (`why`): every value tied at the last budget (the
+  sweep ran past where the axis matters), the two sets overlapping, or the best values not moving.
 
-"falls" is the mirror image. A run is read as the least-squares line of its metric in log2 C over
-BUDGETS common budgets (each run interpolated linearly in log2 C between its eval points): its ends,
-that line's values at the first and the last budget, average the evaluation's noise over the run's
-points, and their difference (what the run gains) is a within-run contrast where the seed's offset
-cancels. The slopes are fitted by least squares over runs with an intercept per stratum (runs alike
-in every designed column but the axis, e.g. B_p); the noise of a run's two ends (their 2x2
-covariance) is read between the seeds of each cell where cells are replicated, else from the fit's
-residuals. Both slopes must be significant on their own (an intersection-union test), so the call is
-made in at most ALPHA of sweeps, per direction, where the slope does not change sign; the reported
-p is the larger of the two one-sided p-values.
+Each run is read at the two budgets from its eval points (linear in log2 C between neighbours: its
+values there, not a line through the run). At each budget the metric is fitted as an effect per axis
+value plus an intercept per stratum (runs alike in every designed column but the axis and the seed,
+e.g. B_p); its noise is the pooled variance between the seeds of each cell at that budget (its own
+figure at each budget: runs spread as they train), else the fit's residuals. A value belongs to the
+set unless some other value beats it by more than the one-sided Bonferroni bound over the other
+K - 1 values at level ALPHA (multiple comparisons with the best): each set holds the true best with
+probability at least 1 - ALPHA, both at once with at least 1 - 2 ALPHA. Where n* does not rise, a
+"rises" needs one of the two sets to miss the true best, so it is made in at most 2 ALPHA of sweeps
+whatever the curves' shapes; a set misses the best only where a rival beats it by the Bonferroni
+bound over all K - 1 others, so on sweeps it is far rarer (docs/fitting.md). The reported p is the
+smallest per-budget level at which the sets separate; the call is made where it is below ALPHA.
 
-Why the slope across the grid and not where the optimum is: the optimum of a few noisy cells is
-uncertain, and a test that reads the change of slope *at* an estimated optimum calls a trend
-wherever the curves change shape around a fixed best: on synthetic sweeps with one n best at every
-budget and the others catching up without passing it, such a test (the gains' quadratic slope at the
-levels' optimum, delta method) calls a trend in 98-100% of grids. The best-value condition stops a slope that
-turns because the far values catch up (n* fixed off-centre) from being read as a move.
-
-What it cannot see: a move of axis* within one half of the grid (2 -> 4 on 2..16): centre the grid on
-where axis* is expected. And the best-value condition is a point estimate: where values on both
-sides of the middle tie at the last budget and the slope still turns, it calls "rises" as often as
-the tie breaks upwards.
+`effect` is how many doublings of the axis the best value moves (the point estimates: the highest
+mean at each budget), `interval90` the move's range over the two sets (lowest of the last minus
+highest of the first, highest minus lowest), which holds the true move with probability at least
+0.9. A move within one half of the grid (4 -> 8 on 4..64) is a move like any other; a tie at the
+top budget is said, not read as a move. What it checks on is docs/fitting.md's table: sweeps
+simulated from how GRPO learns (fit/bank.py), never from the test's own model.
 """
 
 from __future__ import annotations
@@ -46,31 +41,31 @@ from scipy import stats
 from isoflop_cli.fit.data import RUN, FitSpec
 from isoflop_cli.fit.noise import SEED
 
-ALPHA = 0.05  # each slope's one-sided level; a trend is called when both clear it
-BUDGETS = 6  # common budgets each run is read at (log-spaced over the range every run covers)
+ALPHA = 0.05  # each budget's set for the best value holds it with 1 - ALPHA; a call is made where p < ALPHA
 METHOD = (
-    "each run's least-squares line in log2 C over common budgets, read at the first and the last; the metric's "
-    "slope in log2 of the axis across the grid at each (a stratum intercept per designed column), one-sided t "
-    "tests with runs as the unit, both required (intersection-union), and the best value crossing the grid's middle"
+    "each run's metric at the first and the last budget every run covers; at each, a confidence set for the best "
+    "axis value (an effect per value and an intercept per stratum, the seeds' pooled noise at that budget, "
+    "one-sided Bonferroni comparisons with the best at level 0.05); a move called where the two sets separate"
 )
 
 
 @dataclass(frozen=True)
 class Trend:
-    """fit.json's `n_star_trend`: the answer (`call`), how big (`effect`: how much the metric's slope in
-    log2 axis turns between the first and the last common budget), how sure (`interval90` of that turn,
-    `p_value` of the call), and what it was read from. `why` says why there is no answer where none
-    could be read, or why slopes that turn are not a move of axis*."""
+    """fit.json's `n_star_trend`: the answer (`call`), how big (`effect`: doublings of the axis the best
+    value moves between the first and the last common budget), how sure (`interval`, the move's range
+    over the two sets; `p_value`, the smallest level that makes the call), and what it was read from:
+    `best` (the highest mean at each budget), `best_sets` (each budget's confidence set for the best),
+    `sd` (the noise between seeds at each budget). `why` says why there is no answer where none could
+    be read, or what the data show where no move is called."""
 
     call: str  # "rises" | "falls" | "none"
     effect: float | None
     interval90: list[float] | None
-    p_value: float | None  # the larger of the two slopes' one-sided p, in the direction of `effect`
+    p_value: float | None  # the smaller of the two directions' p; the call is made where it is below ALPHA
     method: str
-    slopes: list[float] | None = None  # metric per doubling of the axis across the grid: [first, last] budget
-    slopes_interval90: list[list[float]] | None = None
-    best: list[float] | None = None  # the axis value of the highest mean: [first, last] budget (point estimates)
-    middle: float | None = None  # the grid's middle: the axis value axis* must cross
+    best: list[float] | None = None  # [first, last] budget: the axis value of the highest mean
+    best_sets: list[list[float]] | None = None  # [first, last]: the values the best may be (level 1 - ALPHA each)
+    sd: list[float] | None = None  # [first, last]: one run's sd about its cell's mean
     runs: int = 0
     cells: int = 0
     dof: int = 0
@@ -88,24 +83,26 @@ class Trend:
         answer = {
             "rises": f"yes: {axis}* rises with compute",
             "falls": f"no: {axis}* falls with compute",
-            "none": f"not shown: {self.why}"
-            if self.why
-            else f"not shown: the metric's slope in {axis} does not change sign at the {ALPHA:g} level",
+            "none": f"not shown: {self.why}",
         }[self.call]
-        (first, last), (lo, hi) = self.slopes, (_budget(self.budgets[0]), _budget(self.budgets[-1]))
-        turn_lo, turn_hi = self.interval90
+        (first, last), (lo, hi) = self.best_sets, (_budget(self.budgets[0]), _budget(self.budgets[-1]))
+        move_lo, move_hi = self.interval90
         return [
             question,
-            f"Answer: {answer}; {axis} = {self.best[0]:g} is best at {lo} and {axis} = {self.best[1]:g} at {hi}, "
-            f"the grid's middle is {axis} ~ {self.middle:.3g}.",
-            f"How sure: p = {self.p_value:.3g} (the larger one-sided p of the two slopes); per doubling of {axis} "
-            f"the metric's slope is {first:+.3g} at {lo} and {last:+.3g} at {hi}, turning by {self.effect:+.3g} "
-            f"(90% interval {turn_lo:+.3g} to {turn_hi:+.3g}); {self.runs} runs in {self.cells} cells, {self.dof} dof.",
+            f"Answer: {answer}; {axis}* is {_members(first)} at {lo} and {_members(last)} at {hi} "
+            f"(the best mean: {axis} = {self.best[0]:g}, then {self.best[1]:g}).",
+            f"How sure: p = {self.p_value:.3g}; {axis}* moves {self.effect:+g} doublings "
+            f"(90% range {move_lo:+g} to {move_hi:+g}); the sd between seeds is {self.sd[0]:.3g} at {lo} "
+            f"and {self.sd[1]:.3g} at {hi}; {self.runs} runs in {self.cells} cells, {self.dof} dof.",
         ]
 
 
 def _budget(value: float) -> str:
     return f"{value:,.0f}" if value < 1e6 else f"{value:.3g}"
+
+
+def _members(values: list[float]) -> str:
+    return values and (f"{values[0]:g}" if len(values) == 1 else "{" + ", ".join(f"{v:g}" for v in values) + "}")
 
 
 def none(why: str, **known) -> Trend:
@@ -122,101 +119,114 @@ def n_star_trend(df: pd.DataFrame, spec: FitSpec) -> Trend:
     if budgets is None:
         return none("the runs share less than one doubling of compute", runs=len(runs))
     curves = dict(tuple(rows.groupby(RUN, sort=False)))
-    y = np.stack([_at(curves[r], spec, budgets) for r in runs.index])  # (runs, budgets)
+    y = np.stack([_at(curves[r], spec, budgets) for r in runs.index])  # (runs, 2)
     return test(
-        np.log2(runs[spec.axis].to_numpy(float)), runs["_stratum"].to_numpy(), runs["_cell"].to_numpy(), y, budgets
+        np.log2(runs[spec.axis].to_numpy(float)),
+        runs["_stratum"].to_numpy(),
+        runs["_cell"].to_numpy(),
+        y,
+        budgets,
+        spec.axis,
     )
 
 
-def test(x: np.ndarray, stratum: np.ndarray, cell: np.ndarray, y: np.ndarray, budgets: np.ndarray) -> Trend:
-    """The test on runs' curves at common budgets: x (runs,) = log2 axis, y (runs, budgets) the metric.
-    `plan`'s power analysis calls it on simulated curves: what it predicts is this test's call rate."""
-    z = np.log2(budgets)
-    zc = z - z.mean()
-    gains = y @ (zc / (zc @ zc))  # (runs,): each run's least-squares slope in log2 C
-    ends = y.mean(1)[:, None] + gains[:, None] * zc[[0, -1]]  # (runs, 2): that line at the first and last budget
-    return read(x, stratum, cell, ends, y[:, [0, -1]], [float(b) for b in budgets])
-
-
-def read(
-    x: np.ndarray, stratum: np.ndarray, cell: np.ndarray, ends: np.ndarray, values: np.ndarray, budgets: list[float]
+def test(
+    x: np.ndarray, stratum: np.ndarray, cell: np.ndarray, y: np.ndarray, budgets: np.ndarray, axis: str = "n"
 ) -> Trend:
-    """The test on per-run (x = log2 axis, stratum, cell): `ends` (runs, 2) are each run's line at the
-    first and the last budget, `values` (runs, 2) its metric there; the slopes are read from the ends,
-    the best value from both: see the module docstring."""
-    centre = x.mean()
+    """The test on per-run x (runs,) = log2 axis, its stratum and cell, and y (runs, budgets) the metric
+    at common budgets, of which the first and the last are read. `plan`'s power analysis calls it on
+    simulated curves: what it predicts is this test's call rate."""
+    levels = np.unique(x)
+    known = dict(runs=int(x.size), cells=int(np.unique(cell).size), budgets=[float(budgets[0]), float(budgets[-1])])
     strata = np.unique(stratum)
-    X = np.column_stack([(stratum == s).astype(float) for s in strata] + [x - centre])  # (runs, strata + 1)
-    known = dict(runs=int(x.size), cells=int(np.unique(cell).size), budgets=budgets, middle=float(2**centre))
+    X = np.column_stack(
+        [(stratum == s).astype(float) for s in strata] + [(x == v).astype(float) for v in levels[1:]]
+    )  # (runs, strata + levels - 1)
     if np.linalg.matrix_rank(X) < X.shape[1]:
-        return none(f"the {'strata and axis values' if strata.size > 1 else 'axis values'} do not separate", **known)
-    A = np.linalg.inv(X.T @ X)
-    beta = A @ X.T @ ends  # (strata + 1, 2)
-    cov, dof = _residual_cov(ends, X, beta, cell)
-    if dof < 1:
+        return none(f"the strata and {axis} values do not separate", **known)
+    reads = [_best_set(X, levels, strata.size, cell, y[:, i]) for i in (0, -1)]
+    if any(r is None for r in reads):
         return none("no degrees of freedom left for the noise (more seeds or axis values needed)", **known)
-    k = strata.size  # the slope's row in beta
-    slopes = beta[k]  # (2,): first, last
-    se = np.sqrt(np.diag(cov) * A[k, k])
-    turn_se = float(np.sqrt(max(cov[0, 0] + cov[1, 1] - 2 * cov[0, 1], 0.0) * A[k, k]))
-    if not (se > 0).all():
+    (exclude1, means1, sd1, dof), (exclude2, means2, sd2, _) = reads
+    if not (sd1 > 0 and sd2 > 0):
         return none("the runs have no spread to test against", dof=dof, **known)
-    effect = float(slopes[1] - slopes[0])
-    sign = 1.0 if effect >= 0 else -1.0  # rises: the first slope below zero, the last above
-    t = slopes / se
-    p = float(max(stats.t.cdf(sign * t[0], dof), stats.t.sf(sign * t[1], dof)))
-    q = float(stats.t.ppf(0.95, dof))
-    best = [_best(x, stratum, values[:, i]) for i in (0, 1)]
-    lines = [_best(x, stratum, ends[:, i]) for i in (0, 1)]
-    crosses = all(sign * (b[0] - centre) < 0 < sign * (b[1] - centre) for b in (best, lines))
-    direction = "rises" if sign > 0 else "falls"
-    call = direction if p < ALPHA and crosses else "none"
-    why = (
-        "the slope changes sign, but the best value does not cross the grid's middle"
-        if p < ALPHA and not crosses
-        else None
-    )
+    # The smallest per-budget level at which the sets separate, over every split of the sorted values.
+    splits = range(1, levels.size)
+    p_rise = min(max(exclude1[m:].max(), exclude2[:m].max()) for m in splits)
+    p_fall = min(max(exclude1[:m].max(), exclude2[m:].max()) for m in splits)
+    p = min(p_rise, p_fall)
+    best = [float(levels[np.argmax(means1)]), float(levels[np.argmax(means2)])]
+    sets = [levels[exclude1 >= ALPHA], levels[exclude2 >= ALPHA]]
+    call = ("rises" if p_rise <= p_fall else "falls") if p < ALPHA else "none"
+    why = None if call != "none" else _reading(axis, levels, sets, best, known["budgets"])
     return Trend(
         call,
-        effect,
-        [effect - q * turn_se, effect + q * turn_se],
+        best[1] - best[0],
+        [float(sets[1].min() - sets[0].max()), float(sets[1].max() - sets[0].min())],
         p,
         METHOD,
-        slopes=[float(s) for s in slopes],
-        slopes_interval90=[[float(s - q * e), float(s + q * e)] for s, e in zip(slopes, se)],
         best=[float(2**b) for b in best],
+        best_sets=[[float(2**v) for v in s] for s in sets],
+        sd=[sd1, sd2],
         dof=dof,
         why=why,
         **known,
     )
 
 
-def _best(x: np.ndarray, stratum: np.ndarray, values: np.ndarray) -> float:
-    """The log2 axis value of the highest mean of `values`, each stratum's mean taken out first."""
-    index = np.unique(stratum, return_inverse=True)[1]
-    adjusted = values - (np.bincount(index, values) / np.bincount(index))[index]
-    axis, where = np.unique(x, return_inverse=True)
-    return float(axis[np.argmax(np.bincount(where, adjusted) / np.bincount(where))])
-
-
-def _residual_cov(Y: np.ndarray, X: np.ndarray, beta: np.ndarray, cell: np.ndarray) -> tuple[np.ndarray, int]:
-    """The covariance of a run's two ends about their expectation, and its degrees of freedom: pure
-    error between the seeds of each cell where cells are replicated (it holds no lack of fit of the
-    line in log2 axis), else the fit's residuals."""
+def _best_set(
+    X: np.ndarray, levels: np.ndarray, k: int, cell: np.ndarray, v: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, float, int] | None:
+    """At one budget: each axis value's exclusion p (the smallest level at which some other value beats
+    it by the one-sided Bonferroni bound over the K - 1 others), the values' means (stratum effects
+    out), one run's sd about its cell's mean and its dof; None without dof for the noise."""
+    A = np.linalg.inv(X.T @ X)
+    beta = A @ X.T @ v
     cells, index = np.unique(cell, return_inverse=True)
-    dof = Y.shape[0] - cells.size
-    if dof >= 2:
-        means = np.stack([Y[index == i].mean(0) for i in range(cells.size)])
-        dev = Y - means[index]
+    dof = v.size - cells.size
+    if dof >= 2:  # pure error between the seeds of each cell
+        dev = v - (np.bincount(index, v) / np.bincount(index))[index]
     else:
-        dev, dof = Y - X @ beta, Y.shape[0] - X.shape[1]
-    return (dev.T @ dev) / max(dof, 1), int(dof)
+        dev, dof = v - X @ beta, v.size - X.shape[1]
+    if dof < 1:
+        return None
+    var = float(dev @ dev) / dof
+    K = levels.size
+    # Each value's effect against the first, and the contrasts' covariance (the first's effect is 0).
+    means = np.concatenate([[0.0], beta[k:]])
+    cov = np.zeros((K, K))
+    cov[1:, 1:] = A[k:, k:] * var
+    diff = means[None, :] - means[:, None]  # [a, b]: b's mean above a's
+    se = np.sqrt(np.maximum(np.diag(cov)[:, None] + np.diag(cov)[None, :] - 2 * cov, 0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(se > 0, diff / se, np.sign(diff) * np.inf)
+    t[np.eye(K, dtype=bool)] = -np.inf
+    exclude = np.minimum(1.0, (K - 1) * stats.t.sf(t.max(1), dof))  # (K,)
+    return exclude, means, float(np.sqrt(var)), int(dof)
+
+
+def _reading(axis: str, levels: np.ndarray, sets: list[np.ndarray], best: list[float], budgets: list[float]) -> str:
+    """What the data show where no move is called."""
+    show = lambda s: _members([float(2**v) for v in s])  # noqa: E731
+    if sets[1].size == levels.size:
+        return (
+            f"every {axis} is within the noise of the best at the last budget ({_budget(budgets[1])}): the sweep ran "
+            f"past where {axis} matters, or {axis} does not matter here"
+        )
+    if sets[0].size == levels.size:
+        return f"every {axis} is within the noise of the best at the first budget ({_budget(budgets[0])})"
+    if best[0] == best[1]:
+        return f"{axis} = {2 ** best[0]:g} is best at both budgets"
+    return (
+        f"the best {axis} reads {2 ** best[0]:g} then {2 ** best[1]:g}, but what it may be overlaps: "
+        f"{show(sets[0])} at {_budget(budgets[0])}, {show(sets[1])} at {_budget(budgets[1])} (more seeds narrow both)"
+    )
 
 
 def common_budgets(lo: float, hi: float) -> np.ndarray | None:
-    """BUDGETS log-spaced budgets from `lo` (the latest first eval point of any run) to `hi` (the
-    earliest last one): the range every run covers. None where that is less than one doubling."""
-    return np.geomspace(lo, hi, BUDGETS) if hi >= 2 * lo else None
+    """The first and the last budget every run covers: `lo` (the latest first eval point of any run) and
+    `hi` (the earliest last one). None where that is less than one doubling."""
+    return np.array([lo, hi], float) if hi >= 2 * lo else None
 
 
 def weights(points: np.ndarray, budgets: np.ndarray) -> np.ndarray:
