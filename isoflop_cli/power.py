@@ -46,6 +46,11 @@ class Noise:
     source: str  # where the figures come from, in words
     seed_sd_last: float | None = None  # at the last budget; None: seed_sd
 
+    @property
+    def sd(self) -> list[float]:
+        """[first, last] budget."""
+        return [float(self.seed_sd), float(self.seed_sd_last or self.seed_sd)]
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -108,6 +113,11 @@ class Design:
     points: list[np.ndarray]  # per cell, its eval points, increasing
     rest: list[dict]  # per cell, its other designed axes
 
+    @classmethod
+    def uniform(cls, x: np.ndarray, points: np.ndarray) -> Design:
+        """One cell per value of x (log2 n), one stratum, every cell evaluated at `points`."""
+        return cls(np.asarray(x, float), np.zeros(len(x), int), [points] * len(x), [{}] * len(x))
+
     @property
     def budgets(self) -> np.ndarray | None:
         return trend.common_budgets(max(p.min() for p in self.points), min(p.max() for p in self.points))
@@ -137,29 +147,60 @@ def design(cells: list) -> Design | None:
 def call_rate(s: Scenario, seeds: int, grids: int, rng: np.random.Generator) -> float:
     """The share of `grids` simulated sweeps of scenario `s` (`seeds` per cell) whose test calls "rises"."""
     cell = np.repeat(np.arange(s.x.size), seeds)
-    shared = rng.standard_normal((grids, cell.size, 1))  # a run's luck that both its readings share
-    own = rng.standard_normal((grids, cell.size, 2))
-    rho = math.sqrt(min(max(s.corr, 0.0), 1.0))
     sd = np.broadcast_to(s.sd, s.means.shape)[cell]  # (runs, 2)
-    y = s.means[cell] + sd * (rho * shared + math.sqrt(1 - rho**2) * own)  # (grids, runs, 2)
+    y = s.means[cell] + sd * _paired_normal(rng, (grids, cell.size), s.corr)  # (grids, runs, 2)
     x, stratum = s.x[cell], s.stratum[cell]
     return sum(trend.test(x, stratum, cell, y[g], s.budgets).call == "rises" for g in range(grids)) / grids
 
 
-def described(d: Design, start: float, end: float, gap: float, noise: Noise) -> Scenario:
-    """The described effect on design `d`: n* at log2 n = `start`, then `end`; a cell one doubling of
-    n from n* stands `gap` below it."""
-    star = np.array([start, end])
-    first, last = noise.seed_sd, noise.seed_sd_last or noise.seed_sd
-    shared = max(noise.seed_sd**2 - noise.eval_sd**2, 0.0)
-    return Scenario(
-        d.x,
-        d.stratum,
-        d.budgets,
-        -gap * (d.x[:, None] - star[None, :]) ** 2,
-        np.array([first, last]),
-        corr=shared / (first * last),
-    )
+def _paired_normal(rng: np.random.Generator, shape: tuple[int, ...], corr: float) -> np.ndarray:
+    """Standard normal pairs (shape + (2,)) whose two members correlate by `corr` (clipped to [0, 1])."""
+    share = math.sqrt(min(max(corr, 0.0), 1.0))
+    return share * rng.standard_normal((*shape, 1)) + math.sqrt(1 - share**2) * rng.standard_normal((*shape, 2))
+
+
+@dataclass(frozen=True)
+class Described:
+    """An effect described in the config: n* is `start` at the first budget and `end` at the last (n
+    values; either None: `doublings` centred on the grid's middle, or from the one given), a cell one
+    doubling of n from n* stands `gap` below it, and the noise is `noise`."""
+
+    start: float | None
+    end: float | None
+    doublings: float
+    gap: float
+    noise: Noise
+
+    @property
+    def sd(self) -> list[float]:
+        return self.noise.sd
+
+    @property
+    def source(self) -> str:
+        return self.noise.source
+
+    def path(self, d: Design) -> tuple[float, float]:
+        """n*'s log2 at the first and the last budget of design `d`."""
+        start = math.log2(self.start) if self.start is not None else None
+        end = math.log2(self.end) if self.end is not None else None
+        if start is None and end is None:
+            middle = float(d.x.mean())
+            return middle - self.doublings / 2, middle + self.doublings / 2
+        if start is None:
+            return end - self.doublings, end
+        return (start, start + self.doublings) if end is None else (start, end)
+
+    def words(self, d: Design) -> str:
+        start, end = self.path(d)
+        return f"n* moves from {2**start:.3g} to {2**end:.3g} over the budgets with a gap of {self.gap:g} per doubling"
+
+    def scenarios(self, d: Design, rng: np.random.Generator) -> list[Scenario]:
+        """The one scenario: each cell's mean -gap * (log2 n - log2 n*)^2 at the two budgets."""
+        star = np.array(self.path(d))
+        first, last = self.sd
+        shared = max(self.noise.seed_sd**2 - self.noise.eval_sd**2, 0.0)  # the seed's part, common to both
+        means = -self.gap * (d.x[:, None] - star[None, :]) ** 2  # (cells, 2)
+        return [Scenario(d.x, d.stratum, d.budgets, means, np.array([first, last]), corr=shared / (first * last))]
 
 
 @dataclass(frozen=True)
@@ -185,69 +226,54 @@ class Pilot:
         corr = float(cov[0, 1] / (sd[0] * sd[1])) if (sd > 0).all() else 0.0
         return cls(means, sd, corr, seeds, dof, f"{source}: {int(np.median(seeds))} seed(s) a cell")
 
+    def words(self, d: Design) -> str:
+        return "its cells are as the pilot shows them"
 
-def read_pilot(path: Path, d: Design) -> Pilot | Noise:
+    def scenarios(self, d: Design, rng: np.random.Generator) -> list[Scenario]:
+        """PILOT_DRAWS scenarios the pilot allows: its cells' means moved by their standard error, its sds
+        by their chi-square (dof), the correlation kept."""
+        se = self.sd / np.sqrt(self.seeds)[:, None]  # (cells, 2)
+        out = []
+        for _ in range(PILOT_DRAWS):
+            sd = self.sd * np.sqrt(self.dof / rng.chisquare(max(self.dof, 1), 2))
+            means = self.means + se * _paired_normal(rng, (self.means.shape[0],), self.corr)
+            out.append(Scenario(d.x, d.stratum, d.budgets, means, sd, self.corr))
+        return out
+
+
+def read_pilot(path: Path, d: Design, eval_sd: float) -> Pilot | Noise:
     """Results of a pilot or a similar sweep: a Pilot where they hold two or more runs of every cell of
-    `d` covering its two budgets, else their Noise only (ConfigError without seed replicates)."""
-    from isoflop_cli.fit import data
+    `d` covering its two budgets, else their Noise only (their evaluation sd where recorded, else
+    `eval_sd`; ConfigError without seed replicates)."""
+    from isoflop_cli.fit import data, noise
     from isoflop_cli.fit.data import RUN, FitSpec
 
     spec = FitSpec()
-    metric, compute = spec.metric, spec.compute
     everything, _ = data.load([path])
-    df = everything[everything[compute] > 0]
-    runs = {}
-    for i, (x, rest) in enumerate(zip(d.x, d.rest)):
-        keep = np.isclose(np.log2(df["n"].astype(float)), x)
+    df = everything[everything[spec.compute] > 0]
+    runs = []  # per cell of d, its runs
+    for x, rest in zip(d.x, d.rest):
+        keep = np.isclose(np.log2(df[spec.axis].astype(float)), x)
         for key, value in rest.items():
             if key in df.columns:
                 keep &= df[key].astype(str) == str(value)
-        runs[i] = [g for _, g in df[keep].groupby(RUN, sort=False)]
-    budgets = d.budgets
-    covered = all(
-        len(rs) >= 2
-        and all(r[compute].min() <= budgets[0] * 1.0001 and r[compute].max() >= budgets[1] * 0.9999 for r in rs)
-        for rs in runs.values()
-    )
-    if not covered:
-        return _noise(everything, path)
-    y = [np.stack([_at(r, metric, compute, budgets) for r in rs]) for rs in runs.values()]  # per cell (runs, 2)
-    cell = np.concatenate([np.full(len(v), i) for i, v in enumerate(y)])
-    return Pilot.of(np.concatenate(y), cell, f"a pilot at {path}")
-
-
-def _at(run, metric: str, compute: str, budgets: np.ndarray) -> np.ndarray:
-    """A run's metric at `budgets`, as fit's test reads it (a repeated compute: the mean of its values)."""
-    curve = run.groupby(compute)[metric].mean()
-    return trend.weights(curve.index.to_numpy(float), budgets) @ curve.to_numpy(float)
-
-
-def _noise(df, path: Path) -> Noise:
-    from isoflop_cli.fit import noise
-
-    read = noise.estimate(df)
+        runs.append([g for _, g in df[keep].groupby(RUN, sort=False)])
+    lo, hi = d.budgets
+    if all(
+        len(rs) >= 2 and all(r[spec.compute].min() <= lo * 1.0001 and r[spec.compute].max() >= hi * 0.9999 for r in rs)
+        for rs in runs
+    ):
+        y = np.concatenate([np.stack([trend.at(r, spec, d.budgets) for r in rs]) for rs in runs])  # (runs, 2)
+        cell = np.concatenate([np.full(len(rs), i) for i, rs in enumerate(runs)])
+        return Pilot.of(y, cell, f"a pilot at {path}")
+    read = noise.estimate(everything)
     if read.seed_sd is None:
         raise ConfigError(
             f"--noise-from {path}: no seed replicates to read the noise between seeds from "
             "(a cell run with two or more seeds); set power.seed_sd instead"
         )
-    eval_sd = read.eval_sd if read.eval_sd is not None else 0.0
-    return Noise(read.seed_sd, min(eval_sd, read.seed_sd), f"read from {path} ({read.replicated} replicated cells)")
-
-
-def drawn(d: Design, p: Pilot, rng: np.random.Generator) -> Scenario:
-    """One scenario the pilot allows: its cells' means moved by their standard error, its sds by their
-    chi-square (dof), the correlation kept."""
-    sd = p.sd * np.sqrt(p.dof / rng.chisquare(max(p.dof, 1), 2))
-    se = p.sd / np.sqrt(p.seeds)[:, None]  # (cells, 2)
-    rho = math.sqrt(min(max(p.corr, 0.0), 1.0))
-    shared = rng.standard_normal((p.means.shape[0], 1))
-    means = p.means + se * (rho * shared + math.sqrt(1 - rho**2) * rng.standard_normal(p.means.shape))
-    return Scenario(d.x, d.stratum, d.budgets, means, sd, p.corr)
-
-
-def pilot_scenarios(d: Design, pilot: Pilot, rng: np.random.Generator) -> list[Scenario]:
-    return [drawn(d, pilot, rng) for _ in range(PILOT_DRAWS)]
+    measured = read.eval_sd if read.eval_sd is not None else eval_sd
+    return Noise(read.seed_sd, min(measured, read.seed_sd), f"read from {path} ({read.replicated} replicated cells)")
 
 
 def predicted(
@@ -261,72 +287,38 @@ def predicted(
     return float(np.median(got)), [float(v) for v in np.quantile(got, [PESSIMISTIC, 1 - PESSIMISTIC])]
 
 
-def analyse(
-    d: Design | None, seeds: int, settings, noise: Noise, grids: int, pilot: Pilot | None = None, seed: int = 0
-) -> Power:
-    """The power of design `d`'s trend test with `seeds` per cell, and the fewest seeds that reach 80%
-    (doubling until it is reached, then halving the bracket: the power grows with the seeds)."""
-    if pilot is None:
-        first, last = noise.seed_sd, noise.seed_sd_last or noise.seed_sd
-        source = noise.source
-    else:
-        (first, last), source = pilot.sd, pilot.source
-    known = dict(seeds=seeds, seed_sd=[float(first), float(last)], noise_source=source, grids=grids)
+def analyse(d: Design | None, seeds: int, grids: int, effect: Described | Pilot, seed: int = 0) -> Power:
+    """The power of design `d`'s trend test with `seeds` per cell under `effect`, and the fewest seeds
+    that reach 80% (doubling until it is reached, then halving the bracket: the power grows with the
+    seeds). With several scenarios (a pilot's), 80% is asked of their range's low end."""
+    known = dict(seeds=seeds, seed_sd=[float(v) for v in effect.sd], noise_source=effect.source, grids=grids)
     if d is None or np.unique(d.x).size < 2:
         return Power(None, seeds_for_80=None, effect="-", why="the grid has one n value", **known)
     if d.budgets is None:
         why = "the runs' eval points share less than one doubling of compute"
         return Power(None, seeds_for_80=None, effect="-", why=why, **known)
     rng = np.random.default_rng(seed)
-    if pilot is not None:
-        scenarios = pilot_scenarios(d, pilot, rng)
-        each = max(grids // PILOT_DRAWS, 10)
-        effect = "its cells are as the pilot shows them"
-    else:
-        start, end = _path(d, settings)
-        scenarios, each = [described(d, start, end, settings.gap, noise)], grids
-        effect = (
-            f"n* moves from {2**start:.3g} to {2**end:.3g} over the budgets with a gap of {settings.gap:g} per "
-            "doubling of n"
-        )
+    scenarios = effect.scenarios(d, rng)
+    each = max(grids // len(scenarios), 10)
 
-    def rate(s: int) -> tuple[float, list[float] | None]:
-        return predicted(scenarios, s, each, rng)
-
-    def enough(s: int) -> bool:
-        value, span = rate(s)
+    def reached(value: float, span: list[float] | None) -> bool:
         return (span[0] if span else value) >= TARGET
 
-    value, span = rate(seeds)
-    known |= dict(trend_range=span, effect=effect)
-    if (span[0] if span else value) >= TARGET:
+    value, span = predicted(scenarios, seeds, each, rng)
+    known |= dict(trend_range=span, effect=effect.words(d))
+    if reached(value, span):
         return Power(value, seeds_for_80=seeds, **known)
     low, high = seeds, seeds
     while high < MAX_SEEDS:
         low, high = high, min(MAX_SEEDS, 2 * high)
-        if enough(high):
+        if reached(*predicted(scenarios, high, each, rng)):
             break
     else:
         return Power(value, seeds_for_80=None, **known)
     while high - low > 1:  # low falls short, high reaches it
         mid = (low + high) // 2
-        low, high = (low, mid) if enough(mid) else (mid, high)
+        low, high = (low, mid) if reached(*predicted(scenarios, mid, each, rng)) else (mid, high)
     return Power(value, seeds_for_80=high, **known)
-
-
-def _path(d: Design, settings) -> tuple[float, float]:
-    """n*'s log2 at the first and the last budget: power.start and power.end where given, else
-    power.doublings centred on the grid's middle."""
-    middle = float(d.x.mean())
-    start = math.log2(settings.start) if settings.start is not None else None
-    end = math.log2(settings.end) if settings.end is not None else None
-    if start is None and end is None:
-        return middle - settings.doublings / 2, middle + settings.doublings / 2
-    if start is None:
-        return end - settings.doublings, end
-    if end is None:
-        return start, start + settings.doublings
-    return start, end
 
 
 def binomial_sd(problems: int, samples: int) -> float:
@@ -376,10 +368,10 @@ def noise_of(cfg) -> Noise:
 def of_sweep(cfg, cells: list, results: Path | None = None) -> Power:
     """The power of the configured sweep (its grid.seed replicates per cell): from a pilot's results
     where they cover its cells, else under cfg.power's effect (with the results' noise where given)."""
-    settings = cfg.power
-    noise, pilot = noise_of(cfg), None
-    d = design(cells)
+    settings, noise, d = cfg.power, noise_of(cfg), design(cells)
+    effect: Described | Pilot | Noise = noise
     if results is not None and d is not None and d.budgets is not None:
-        read = read_pilot(results, d)
-        pilot, noise = (read, noise) if isinstance(read, Pilot) else (None, read)
-    return analyse(d, len(cfg.grid.seed), settings, noise, settings.grids, pilot)
+        effect = read_pilot(results, d, noise.eval_sd)
+    if isinstance(effect, Noise):
+        effect = Described(settings.start, settings.end, settings.doublings, settings.gap, effect)
+    return analyse(d, len(cfg.grid.seed), settings.grids, effect)

@@ -13,7 +13,6 @@ One core, about a minute per truth.
 from __future__ import annotations
 
 import argparse
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -21,35 +20,23 @@ from isoflop_cli import power
 from isoflop_cli.fit.bank import BANK, Truth
 
 
-def design(truth: Truth) -> power.Design:
-    k = len(truth.ns)
-    return power.Design(np.log2(truth.ns), np.zeros(k, int), [truth.points] * k, [{}] * k)
-
-
 def pilot(truth: Truth, seeds: int, rng: np.random.Generator) -> power.Pilot:
-    y = truth.readings(seeds, 1, rng)[0]
-    return power.Pilot.of(y, np.repeat(np.arange(len(truth.ns)), seeds), f"a {truth.name} pilot")
+    return power.Pilot.of(truth.readings(seeds, 1, rng)[0], truth.cells(seeds), f"a {truth.name} pilot")
 
 
-def oracle(truth: Truth, rng: np.random.Generator) -> power.Scenario:
-    """The truth described to plan as a perfect pilot would: its expected means at the two budgets, one
-    run's sd about them and their correlation pooled over 10 sweeps of 16 seeds."""
-    reads = [pilot(truth, 16, rng) for _ in range(10)]
-    sd = np.sqrt(np.mean([r.sd**2 for r in reads], axis=0))
-    d = design(truth)
-    return power.Scenario(
-        d.x, d.stratum, d.budgets, truth.expected[:, [0, -1]], sd, float(np.mean([r.corr for r in reads]))
-    )
+def oracle(truth: Truth, d: power.Design, rng: np.random.Generator) -> power.Scenario:
+    """The truth described to plan as a perfect pilot would: its expected means at the two budgets, each
+    cell's sd about them and the runs' correlation over 4 sweeps of 8 seeds (tests/test_power.py's)."""
+    sd, corr = truth.spread(8, 4, rng)
+    return power.Scenario(d.x, d.stratum, d.budgets, truth.expected[:, [0, -1]], sd, corr)
 
 
 def observed(truth: Truth, seeds: int, grids: int, seed: int) -> float:
     return sum(t.call == "rises" for t in truth.trends(seeds, grids, np.random.default_rng(seed))) / grids
 
 
-def recommended(truth: Truth, p: power.Pilot, grids: int) -> int | None:
-    settings = SimpleNamespace(start=None, end=None, doublings=1.0, gap=0.02)
-    noise = power.Noise(float(p.sd[0]), 0.0, "pilot", float(p.sd[1]))
-    return power.analyse(design(truth), 2, settings, noise, grids, p).seeds_for_80
+def recommended(d: power.Design, p: power.Pilot, grids: int) -> int | None:
+    return power.analyse(d, 4, grids, p).seeds_for_80
 
 
 def main() -> None:
@@ -69,18 +56,19 @@ def main() -> None:
         truth = BANK[name]
         rng = np.random.default_rng(50_000 + list(BANK).index(name))
         pilots = [pilot(truth, args.pilot_seeds, rng) for _ in range(args.pilots)]
-        d, described = design(truth), oracle(truth, rng)
+        d = power.Design.uniform(np.log2(truth.ns), truth.points)
+        described = oracle(truth, d, rng)
         for seeds in args.seeds:
             fit = observed(truth, seeds, args.grids, seed=1000 * list(BANK).index(name) + seeds)
             plans = []
             for p in pilots:
-                mid, span = power.predicted(power.pilot_scenarios(d, p, rng), seeds, args.grids // 10, rng)
+                mid, span = power.predicted(p.scenarios(d, rng), seeds, args.grids // 10, rng)
                 plans.append(f"{mid:.0%} ({span[0]:.0%}-{span[1]:.0%})")
             told = power.call_rate(described, seeds, args.grids, rng)
             print(f"| {name} | {seeds} | {fit:.0%} | {told:.0%} | {'; '.join(plans)} | |", flush=True)
         recs = []
         for p in pilots:
-            s = recommended(truth, p, args.grids)
+            s = recommended(d, p, args.grids)
             recs.append(f"{s} -> {observed(truth, s, args.grids, seed=7 + s):.0%}" if s else f"> {power.MAX_SEEDS}")
         print(f"| {name} | plan | | | | {'; '.join(recs)} |", flush=True)
 

@@ -19,7 +19,7 @@ from isoflop_cli.fit.bank import BANK
 
 def rates(truth, seeds: int, grids: int, seed: int) -> dict[str, float]:
     got = truth.trends(seeds, grids, np.random.default_rng(seed))
-    tied = sum(t.call == "none" and (t.why or "").startswith("every") and "last" in t.why for t in got)
+    tied = sum(t.reading == "tied at the last budget" for t in got)
     return {
         "rises": sum(t.call == "rises" for t in got) / grids,
         "falls": sum(t.call == "falls" for t in got) / grids,

@@ -15,7 +15,6 @@
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -36,8 +35,8 @@ def default_cells(*overrides: str) -> list:
     return sweep.load(None, list(overrides), Path("/nonexistent"))[1]
 
 
-def effect(start=None, end=None, doublings=1.0, gap=0.01):
-    return SimpleNamespace(start=start, end=end, doublings=doublings, gap=gap)
+def effect(start=None, end=None, doublings=1.0, gap=0.01, noise=NOISE):
+    return power.Described(start, end, doublings, gap, noise)
 
 
 def fit_rate(cells: list, seeds: int, start: float, end: float, gap: float, grids: int, rng) -> float:
@@ -83,20 +82,14 @@ def test_plan_predicts_fits_call_rate_on_the_configured_grid(seeds):
     """The default grid (n 2..16 x B_p 8, 16), n* 2 -> 16, a gap of 0.01 per doubling."""
     cells = default_cells()
     d = power.design(cells)
-    scenario = power.described(d, 1.0, 4.0, 0.01, NOISE)
+    (scenario,) = effect(start=2, end=16).scenarios(d, np.random.default_rng(0))
     predicted = power.call_rate(scenario, seeds, 150, np.random.default_rng(1))
     observed = fit_rate(cells, seeds, 1.0, 4.0, 0.01, 150, np.random.default_rng(2))
     assert 0.2 < observed < 0.95 and abs(predicted - observed) <= 0.10, (predicted, observed)
 
 
-def bank_design(truth) -> power.Design:
-    k = len(truth.ns)
-    return power.Design(np.log2(truth.ns), np.zeros(k, int), [truth.points] * k, [{}] * k)
-
-
 def bank_pilot(truth, seeds: int, rng) -> power.Pilot:
-    y = truth.readings(seeds, 1, rng)[0]
-    return power.Pilot.of(y, np.repeat(np.arange(len(truth.ns)), seeds), truth.name)
+    return power.Pilot.of(truth.readings(seeds, 1, rng)[0], truth.cells(seeds), truth.name)
 
 
 def test_plan_described_as_the_truth_is_predicts_fit_on_the_bank():
@@ -107,11 +100,8 @@ def test_plan_described_as_the_truth_is_predicts_fit_on_the_bank():
     off = {}
     for i, name in enumerate(RISES):
         truth, rng = BANK[name], np.random.default_rng(100 + i)
-        y = truth.readings(8, 4, rng).reshape(4, len(truth.ns), 8, 2)  # (sweeps, cells, seeds, 2)
-        dev = y - y.mean(2, keepdims=True)
-        sd = np.sqrt((dev**2).sum((0, 2)) / (4 * 7))  # (cells, 2)
-        corr = float((dev[..., 0] * dev[..., 1]).sum() / np.sqrt((dev[..., 0] ** 2).sum() * (dev[..., 1] ** 2).sum()))
-        d = bank_design(truth)
+        sd, corr = truth.spread(8, 4, rng)
+        d = power.Design.uniform(np.log2(truth.ns), truth.points)
         described = power.Scenario(d.x, d.stratum, d.budgets, truth.expected[:, [0, -1]], sd, corr)
         predicted = power.call_rate(described, 4, 150, rng)
         observed = sum(t.call == "rises" for t in truth.trends(4, 150, rng)) / 150
@@ -130,7 +120,7 @@ def test_at_the_seeds_plan_recommends_from_a_pilot_fit_calls_the_rise():
     ):
         truth, rng = BANK[name], np.random.default_rng(200 + i)
         pilot = bank_pilot(truth, 4, rng)
-        found = power.analyse(bank_design(truth), 4, effect(), NOISE, 200, pilot)
+        found = power.analyse(power.Design.uniform(np.log2(truth.ns), truth.points), 4, 200, pilot)
         lo, hi = found.trend_range
         observed = sum(t.call == "rises" for t in truth.trends(4, 100, rng)) / 100
         assert lo - 0.1 <= observed <= hi + 0.1, (name, found.trend_range, observed)
@@ -144,20 +134,25 @@ def test_at_the_seeds_plan_recommends_from_a_pilot_fit_calls_the_rise():
 def test_each_knob_moves_the_power_the_way_it_says():
     d = power.design(default_cells())
     two = effect(doublings=2.0, gap=0.02)  # n* from 2.8 to 11.3 on 2..16
-    base = power.analyse(d, 2, two, NOISE, 200)
+    base = power.analyse(d, 2, 200, two)
     assert 0.2 < base.trend < 0.7
-    assert power.analyse(d, 4, two, NOISE, 200).trend > base.trend + 0.1  # seeds
-    assert power.analyse(d, 2, effect(doublings=2.0, gap=0.04), NOISE, 200).trend > base.trend + 0.1  # a larger gap
-    assert power.analyse(d, 2, effect(doublings=3.0, gap=0.02), NOISE, 200).trend > base.trend + 0.1  # further
-    assert power.analyse(d, 2, two, power.Noise(0.04, 0.03, "x"), 200).trend < base.trend - 0.1  # more noise
+    assert power.analyse(d, 4, 200, two).trend > base.trend + 0.1  # seeds
+    assert power.analyse(d, 2, 200, effect(doublings=2.0, gap=0.04)).trend > base.trend + 0.1  # a larger gap
+    assert power.analyse(d, 2, 200, effect(doublings=3.0, gap=0.02)).trend > base.trend + 0.1  # further
+    assert (
+        power.analyse(d, 2, 200, effect(doublings=2.0, gap=0.02, noise=power.Noise(0.04, 0.03, "x"))).trend
+        < base.trend - 0.1
+    )  # more noise
     grown = power.Noise(0.02, 0.015, "x", seed_sd_last=0.05)
-    assert power.analyse(d, 2, two, grown, 200).trend < base.trend - 0.1  # runs spread as they train
+    assert (
+        power.analyse(d, 2, 200, effect(doublings=2.0, gap=0.02, noise=grown)).trend < base.trend - 0.1
+    )  # runs spread as they train
     # A move from 2 to 4 (within the grid's lower half) is a move like any other; none at all is not.
-    assert power.analyse(d, 4, effect(start=2, end=4, gap=0.02), NOISE, 200).seeds_for_80 is not None
-    assert power.analyse(d, 4, effect(start=4, end=4, gap=0.02), NOISE, 200).trend <= 0.05
-    assert "from 2 to 4" in power.analyse(d, 2, effect(start=2, end=4), NOISE, 20).line()
-    assert base.seeds_for_80 > 2 and power.analyse(d, base.seeds_for_80, two, NOISE, 200).trend >= 0.75
-    one = power.analyse(power.design(default_cells("grid.n=[8]")), 1, effect(), NOISE, 200)
+    assert power.analyse(d, 4, 200, effect(start=2, end=4, gap=0.02)).seeds_for_80 is not None
+    assert power.analyse(d, 4, 200, effect(start=4, end=4, gap=0.02)).trend <= 0.05
+    assert "from 2 to 4" in power.analyse(d, 2, 20, effect(start=2, end=4)).line()
+    assert base.seeds_for_80 > 2 and power.analyse(d, base.seeds_for_80, 200, two).trend >= 0.75
+    one = power.analyse(power.design(default_cells("grid.n=[8]")), 1, 200, effect())
     assert one.trend is None and "one n value" in one.line()
 
 

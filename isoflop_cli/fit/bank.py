@@ -30,7 +30,7 @@ own code.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -72,14 +72,13 @@ class Learner:
 @dataclass(frozen=True)
 class Truth:
     name: str
-    kind: str  # "rise" | "null" | "half": what the test must call, by construction and by its curves
+    kind: str  # "rise" | "null" | "saturated": what its expected curves show (tests check each)
     ns: tuple[int, ...]
     budgets: tuple[float, ...]  # rollouts; the last is every run's length
     task: Task = field(default_factory=Task)
     learner: Learner = field(default_factory=Learner)
     B_p: int = 16
     eval_points: int = 6
-    note: str = ""
 
     @cached_property
     def points(self) -> np.ndarray:
@@ -100,15 +99,22 @@ class Truth:
         draw = lambda k: (rng.normal(t.difficulty, t.spread, k), rng.gamma(shape, 1 / shape, k))  # noqa: E731
         return (*draw(t.problems), *draw(t.eval_problems))
 
+    @property
+    def ends(self) -> np.ndarray:
+        """The first and the last budget: where fit's test reads every run."""
+        return np.array([self.budgets[0], self.budgets[-1]])
+
     @cached_property
     def expected(self) -> np.ndarray:
         """(ns, budgets): each cell's expected held-out pass rate at the budgets (TRUTH_SEEDS seeds)."""
         rng = np.random.default_rng(10_000 + self.task.seed)
-        out = []
-        for n in self.ns:
-            g = _learn(self, n, 1, TRUTH_SEEDS, rng)  # (1, seeds, points)
-            out.append(_expected_pass(self, g).mean((0, 1)))
+        out = [self._pass(_learn(self, n, 1, TRUTH_SEEDS, rng)).mean((0, 1, 3)) for n in self.ns]
         return np.stack(out)[:, np.searchsorted(self.points, self.budgets)]
+
+    def _pass(self, g: np.ndarray) -> np.ndarray:
+        """(..., eval problems): the held-out pass rates at shared skill g (...)."""
+        _, _, b, w = self.problems
+        return _sigmoid(b + w * g[..., None])
 
     def n_star(self, tie: float = TIE) -> list[tuple[int, ...]]:
         """n* at each budget as the set of n within `tie` of the best expected value."""
@@ -119,27 +125,35 @@ class Truth:
         isoflop's paired evaluation measures them (streams shared within a sweep)."""
         t = self.task
         streams = rng.random((grids, 1, 1, t.eval_problems, t.eval_samples))
-        _, _, b, w = self.problems
         out = []
         for n in self.ns:
-            g = _learn(self, n, grids, seeds, rng)  # (grids, seeds, points)
-            p = _sigmoid(b + w * g[..., None])  # (grids, seeds, points, eval problems)
+            p = self._pass(_learn(self, n, grids, seeds, rng))  # (grids, seeds, points, eval problems)
             out.append((streams < p[..., None]).mean((-1, -2)))
         return np.stack(out, axis=1)
 
     def readings(self, seeds: int, grids: int, rng: np.random.Generator) -> np.ndarray:
         """(grids, ns * seeds, 2): every run of `grids` sweeps read at the first and the last budget as
         fit reads it (linear in log2 C between eval points)."""
-        ends = np.array([self.budgets[0], self.budgets[-1]])
-        values = self.sweep(seeds, grids, rng) @ trend.weights(self.points, ends).T  # (grids, ns, seeds, 2)
+        values = self.sweep(seeds, grids, rng) @ trend.weights(self.points, self.ends).T  # (grids, ns, seeds, 2)
         return values.reshape(grids, -1, 2)
+
+    def cells(self, seeds: int) -> np.ndarray:
+        """(ns * seeds,): each run's cell, in `readings`' order."""
+        return np.repeat(np.arange(len(self.ns)), seeds)
 
     def trends(self, seeds: int, grids: int, rng: np.random.Generator) -> list[trend.Trend]:
         """fit's trend test on `grids` sweeps with `seeds` seeds a cell."""
-        x = np.repeat(np.log2(self.ns), seeds)
-        cell = np.repeat(np.arange(len(self.ns)), seeds)
-        ends = np.array([self.budgets[0], self.budgets[-1]])
-        return [trend.test(x, np.zeros_like(cell), cell, y, ends) for y in self.readings(seeds, grids, rng)]
+        x, cell = np.log2(self.ns)[self.cells(seeds)], self.cells(seeds)
+        return [trend.test(x, np.zeros_like(cell), cell, y, self.ends) for y in self.readings(seeds, grids, rng)]
+
+    def spread(self, seeds: int, sweeps: int, rng: np.random.Generator) -> tuple[np.ndarray, float]:
+        """Each cell's sd between seeds at the two budgets (cells, 2) and the correlation of a run's two
+        readings, pooled over `sweeps` sweeps of `seeds` seeds: the noise a perfect pilot would report."""
+        y = self.readings(seeds, sweeps, rng).reshape(sweeps, len(self.ns), seeds, 2)
+        dev = y - y.mean(2, keepdims=True)
+        sd = np.sqrt((dev**2).sum((0, 2)) / (sweeps * (seeds - 1)))
+        first, last = dev[..., 0], dev[..., 1]
+        return sd, float((first * last).sum() / np.sqrt((first**2).sum() * (last**2).sum()))
 
     def frame(self, values: np.ndarray) -> pd.DataFrame:
         """One sweep of `sweep` (ns, seeds, points) as results rows, the columns fit reads."""
@@ -160,17 +174,9 @@ class Truth:
             }
         )
 
-    def scaled(self, **learner) -> Truth:
-        return replace(self, learner=replace(self.learner, **learner))
-
 
 def _sigmoid(x):
     return 1 / (1 + np.exp(-x))
-
-
-def _expected_pass(truth: Truth, g: np.ndarray) -> np.ndarray:
-    _, _, b, w = truth.problems
-    return _sigmoid(b + w * g[..., None]).mean(-1)
 
 
 def _learn(truth: Truth, n_label: int, grids: int, seeds: int, rng: np.random.Generator) -> np.ndarray:
@@ -193,12 +199,8 @@ def _learn(truth: Truth, n_label: int, grids: int, seeds: int, rng: np.random.Ge
         q = rng.binomial(n, p) / n
         signal = np.sqrt(q * (1 - q))  # (G, S, B_p): a group's normalised-advantage gradient, per rollout
         g = (g + lr * L.transfer * (w[idx] * signal).mean(-1)) * keep + jolt * rng.standard_normal((grids, seeds))
-        u = (
-            u
-            + np.bincount((base + idx).ravel(), (signal * (lr * L.own / B_p)[..., None]).ravel(), u.size).reshape(
-                u.shape
-            )
-        ) * keep[..., None]
+        own = signal * (lr * L.own / B_p)[..., None]  # (G, S, B_p): each seen problem's own pull
+        u = (u + np.bincount((base + idx).ravel(), own.ravel(), u.size).reshape(u.shape)) * keep[..., None]
         out[..., steps == m] = g[..., None]
     return out
 

@@ -42,6 +42,7 @@ from isoflop_cli.fit.data import RUN, FitSpec
 from isoflop_cli.fit.noise import SEED
 
 ALPHA = 0.05  # each budget's set for the best value holds it with 1 - ALPHA; a call is made where p < ALPHA
+READINGS = ("tied at the last budget", "tied at the first budget", "same best", "sets overlap")
 METHOD = (
     "each run's metric at the first and the last budget every run covers; at each, a confidence set for the best "
     "axis value (an effect per value and an intercept per stratum, the seeds' pooled noise at that budget, "
@@ -52,11 +53,11 @@ METHOD = (
 @dataclass(frozen=True)
 class Trend:
     """fit.json's `n_star_trend`: the answer (`call`), how big (`effect`: doublings of the axis the best
-    value moves between the first and the last common budget), how sure (`interval`, the move's range
+    value moves between the first and the last common budget), how sure (`interval90`, the move's range
     over the two sets; `p_value`, the smallest level that makes the call), and what it was read from:
     `best` (the highest mean at each budget), `best_sets` (each budget's confidence set for the best),
-    `sd` (the noise between seeds at each budget). `why` says why there is no answer where none could
-    be read, or what the data show where no move is called."""
+    `sd` (the noise between seeds at each budget). Where no move is called, `reading` says what the data
+    show (READINGS) and `why` says it in words; `why` alone, why no test could be made."""
 
     call: str  # "rises" | "falls" | "none"
     effect: float | None
@@ -66,6 +67,7 @@ class Trend:
     best: list[float] | None = None  # [first, last] budget: the axis value of the highest mean
     best_sets: list[list[float]] | None = None  # [first, last]: the values the best may be (level 1 - ALPHA each)
     sd: list[float] | None = None  # [first, last]: one run's sd about its cell's mean
+    reading: str | None = None  # one of READINGS where a test was made and no move is called
     runs: int = 0
     cells: int = 0
     dof: int = 0
@@ -102,7 +104,7 @@ def _budget(value: float) -> str:
 
 
 def _members(values: list[float]) -> str:
-    return values and (f"{values[0]:g}" if len(values) == 1 else "{" + ", ".join(f"{v:g}" for v in values) + "}")
+    return f"{values[0]:g}" if len(values) == 1 else "{" + ", ".join(f"{v:g}" for v in values) + "}"
 
 
 def none(why: str, **known) -> Trend:
@@ -119,7 +121,7 @@ def n_star_trend(df: pd.DataFrame, spec: FitSpec) -> Trend:
     if budgets is None:
         return none("the runs share less than one doubling of compute", runs=len(runs))
     curves = dict(tuple(rows.groupby(RUN, sort=False)))
-    y = np.stack([_at(curves[r], spec, budgets) for r in runs.index])  # (runs, 2)
+    y = np.stack([at(curves[r], spec, budgets) for r in runs.index])  # (runs, 2)
     return test(
         np.log2(runs[spec.axis].to_numpy(float)),
         runs["_stratum"].to_numpy(),
@@ -144,7 +146,8 @@ def test(
     )  # (runs, strata + levels - 1)
     if np.linalg.matrix_rank(X) < X.shape[1]:
         return none(f"the strata and {axis} values do not separate", **known)
-    reads = [_best_set(X, levels, strata.size, cell, y[:, i]) for i in (0, -1)]
+    A = np.linalg.inv(X.T @ X)
+    reads = [_best_set(X, A, levels, strata.size, cell, y[:, i]) for i in (0, -1)]
     if any(r is None for r in reads):
         return none("no degrees of freedom left for the noise (more seeds or axis values needed)", **known)
     (exclude1, means1, sd1, dof), (exclude2, means2, sd2, _) = reads
@@ -158,7 +161,7 @@ def test(
     best = [float(levels[np.argmax(means1)]), float(levels[np.argmax(means2)])]
     sets = [levels[exclude1 >= ALPHA], levels[exclude2 >= ALPHA]]
     call = ("rises" if p_rise <= p_fall else "falls") if p < ALPHA else "none"
-    why = None if call != "none" else _reading(axis, levels, sets, best, known["budgets"])
+    reading, why = (None, None) if call != "none" else _reading(axis, levels, sets, best, known["budgets"])
     return Trend(
         call,
         best[1] - best[0],
@@ -168,6 +171,7 @@ def test(
         best=[float(2**b) for b in best],
         best_sets=[[float(2**v) for v in s] for s in sets],
         sd=[sd1, sd2],
+        reading=reading,
         dof=dof,
         why=why,
         **known,
@@ -175,12 +179,12 @@ def test(
 
 
 def _best_set(
-    X: np.ndarray, levels: np.ndarray, k: int, cell: np.ndarray, v: np.ndarray
+    X: np.ndarray, A: np.ndarray, levels: np.ndarray, k: int, cell: np.ndarray, v: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, float, int] | None:
-    """At one budget: each axis value's exclusion p (the smallest level at which some other value beats
-    it by the one-sided Bonferroni bound over the K - 1 others), the values' means (stratum effects
-    out), one run's sd about its cell's mean and its dof; None without dof for the noise."""
-    A = np.linalg.inv(X.T @ X)
+    """At one budget, from the design X (runs, k strata + K - 1 values) and A = (X'X)^-1: each axis
+    value's exclusion p (the smallest level at which some other value beats it by the one-sided
+    Bonferroni bound over the K - 1 others), the values' means (stratum effects out), one run's sd about
+    its cell's mean and its dof; None without dof for the noise."""
     beta = A @ X.T @ v
     cells, index = np.unique(cell, return_inverse=True)
     dof = v.size - cells.size
@@ -205,19 +209,22 @@ def _best_set(
     return exclude, means, float(np.sqrt(var)), int(dof)
 
 
-def _reading(axis: str, levels: np.ndarray, sets: list[np.ndarray], best: list[float], budgets: list[float]) -> str:
-    """What the data show where no move is called."""
+def _reading(
+    axis: str, levels: np.ndarray, sets: list[np.ndarray], best: list[float], budgets: list[float]
+) -> tuple[str, str]:
+    """What the data show where no move is called: one of READINGS, and in words."""
     show = lambda s: _members([float(2**v) for v in s])  # noqa: E731
+    tied_last, tied_first, same, overlap = READINGS
     if sets[1].size == levels.size:
-        return (
+        return tied_last, (
             f"every {axis} is within the noise of the best at the last budget ({_budget(budgets[1])}): the sweep ran "
             f"past where {axis} matters, or {axis} does not matter here"
         )
     if sets[0].size == levels.size:
-        return f"every {axis} is within the noise of the best at the first budget ({_budget(budgets[0])})"
+        return tied_first, f"every {axis} is within the noise of the best at the first budget ({_budget(budgets[0])})"
     if best[0] == best[1]:
-        return f"{axis} = {2 ** best[0]:g} is best at both budgets"
-    return (
+        return same, f"{axis} = {2 ** best[0]:g} is best at both budgets"
+    return overlap, (
         f"the best {axis} reads {2 ** best[0]:g} then {2 ** best[1]:g}, but what it may be overlaps: "
         f"{show(sets[0])} at {_budget(budgets[0])}, {show(sets[1])} at {_budget(budgets[1])} (more seeds narrow both)"
     )
@@ -241,7 +248,7 @@ def weights(points: np.ndarray, budgets: np.ndarray) -> np.ndarray:
     return out
 
 
-def _at(run: pd.DataFrame, spec: FitSpec, budgets: np.ndarray) -> np.ndarray:
+def at(run: pd.DataFrame, spec: FitSpec, budgets: np.ndarray) -> np.ndarray:
     """A run's metric at `budgets` (`weights`; a repeated compute: the mean of its values)."""
     compute, metric = run[spec.compute].to_numpy(float), run[spec.metric].to_numpy(float)
     points, where = np.unique(compute, return_inverse=True)
