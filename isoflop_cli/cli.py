@@ -823,10 +823,10 @@ def race_pilot(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the pilot plan and its cost, and stop."),
     updates: str = typer.Option(
         "0.0625,0.25,1,4",
-        help="Allocation levels: updates per rollout batch (algo.epochs). A whole count u "
-        "is paired with n = N / u rollouts per prompt (N: the sweep's largest n, at least 2x the largest count): "
-        "more updates buy fewer fresh rollouts. A fraction u < 1 samples N and learns from u N of each group "
-        "(rollout down-sampling). rho rises with updates at the same FLOPs.",
+        help="Allocation levels: updates per rollout batch (algo.epochs), every level at n = N rollouts "
+        "per prompt (N: the sweep's largest n). A whole count u is u passes over the batch; a fraction u < 1 "
+        "learns from the u N of each group whose rewards vary the most (rollout down-sampling). rho rises with "
+        "updates at the same FLOPs.",
     ),
     budgets: int = typer.Option(3, help="At most this many FLOP budgets (1-3), read off the same runs."),
     share: float = typer.Option(0.10, help="Target pilot cost as a share of the full sweep's predicted FLOPs."),
@@ -842,9 +842,9 @@ def race_pilot(
 ) -> None:
     """RACE: diagnose the allocation regime (search-, update- or reward-heavy) from a cheap pilot grid
     before the full sweep. Derives the pilot from the sweep's config: levels that trade search
-    against learning at the same FLOPs, each n rollouts per prompt learned from `updates` times per
-    batch with n x updates fixed, below one update learning from a share of each group (--updates
-    0.0625,0.25,1,4 at N = 16: n 16 learning from 1, 4 and 16 of each group, n 4 four times). Runs it like
+    against learning at the same FLOPs, each N rollouts per prompt learned from `updates` times per
+    batch, below one update from a share of each group (--updates 0.0625,0.25,1,4 at N = 16:
+    learning from 1, 4 and 16 of each group's 16, and from all 16 four times). Runs it like
     `isoflop sweep` (resumable), fits the target against the log-odds of rho per reward system, and
     recommends what to run at full scale. The pilot identifies a regime; it does not guarantee a
     held-out gain."""

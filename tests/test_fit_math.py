@@ -124,10 +124,20 @@ def test_parametric_gradient_and_exponents():
     assert exponents({"alpha": 0.34, "beta": 0.28})["a"] == pytest.approx(0.28 / 0.62)
 
 
-def test_bootstrap_counts_are_stratified_and_seeded():
-    strata = np.array([0, 0, 0, 1, 1])
-    counts = bootstrap.run_counts(50, strata, seed=3)
-    assert (counts[:, :3].sum(1) == 3).all() and (counts[:, 3:].sum(1) == 2).all()
-    assert (counts == bootstrap.run_counts(50, strata, seed=3)).all()
+def test_bootstrap_weights_are_stratified_seeded_and_unbiased_for_a_mean():
+    strata = np.array([0, 0, 0, 1, 1, 2])
+    weights = bootstrap.run_weights(4000, strata, seed=3)
+    # each stratum keeps its share (its run count) in every replicate, drawn m - 1 times at m / (m - 1)
+    assert np.allclose(weights[:, :3].sum(1), 3) and np.allclose(weights[:, 3:5].sum(1), 2)
+    assert (weights[:, 5] == 1).all()
+    assert set(np.unique(weights[:, :3] * 2 / 3)) <= {0.0, 1.0, 2.0}
+    assert (weights == bootstrap.run_weights(4000, strata, seed=3)).all()
+    # a stratum mean's variance over replicates is s^2 / m, the variance of the mean (ddof 1), where
+    # drawing m of m would give (m - 1) / m of it; m = 2 by hand: the mean is x1 or x2, variance (x1 - x2)^2 / 4
+    x = np.array([0.3, 0.5, 1.0, 2.0, 6.0, 9.0])
+    means = weights[:, :3] @ x[:3] / 3
+    assert means.var() == pytest.approx(x[:3].var(ddof=1) / 3, rel=0.06)
+    pair = weights[:, 3:5] @ x[3:5] / 2
+    assert set(np.round(pair, 12)) == {2.0, 6.0} and pair.var() == pytest.approx((2.0 - 6.0) ** 2 / 4, rel=0.06)
     median, interval = bootstrap.summarise([{"p": float(v)} for v in range(101)], ["p"])
     assert median["p"] == 50 and interval["p"] == pytest.approx([5, 95])

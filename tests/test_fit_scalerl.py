@@ -1,12 +1,15 @@
 """Method `scalerl` recovers R0, A, C_mid and B of its own curve, extrapolates a held-out tail, and
 skips an early transient when asked."""
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import methods
+from isoflop_cli.fit.bank import BANK
 from isoflop_cli.fit.curves import scalerl
 from isoflop_cli.fit.data import RUN, FitSpec, FitWarning
 from isoflop_cli.fit.scalerl import scalerl_method
@@ -118,17 +121,45 @@ def grid(ceilings: dict[int, float], seed: int, seeds: int = 3) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def test_a_tie_has_no_single_best_and_a_clear_winner_has_one():
-    """Null (n irrelevant, 10 grids): never one best n (before: the highest A at random, and 'Reliable:
-    yes' on 20 of 20 such grids), never reliable. One n with a ceiling 0.1 above: it is the best in
-    every grid."""
-    spec = FitSpec(bootstrap=30)
-    for seed in range(10):
-        results = methods.run(grid({2: 0.7, 4: 0.7, 8: 0.7}, seed), spec, ["scalerl"], explicit=True)
-        entry = results["scalerl"].entry
-        assert entry["best"] is None and len(entry["best_set"]) >= 2 and not entry["reliable"], (
-            seed,
-            entry["best_set"],
-        )
+def test_a_tie_rarely_has_a_single_best_and_a_clear_winner_has_one():
+    """Null (n irrelevant, 40 grids): one best n named in at most 10% (its level is 5%), and without
+    one the result is never reliable. One n with a ceiling 0.1 above the others: it is the best in every grid."""
+    spec = FitSpec(bootstrap=15)
+    named = 0
+    for seed in range(40):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FitWarning)
+            entry = methods.run(grid({2: 0.7, 4: 0.7, 8: 0.7}, seed), spec, ["scalerl"], explicit=True)["scalerl"].entry
+        named += entry["best"] is not None
+        assert (entry["best"] is None) == (len(entry["best_set"]) >= 2)
+        assert entry["best"] is not None or not entry["reliable"]
         clear = scalerl_method(grid({2: 0.6, 4: 0.7, 8: 0.6}, seed), spec).entry
         assert clear["best"] == "n=4" and clear["best_set"] == ["n=4"]
+    assert named <= 4, named
+
+
+@pytest.mark.slow  # ~25 s of fits, spread over the truths
+@pytest.mark.parametrize(
+    "name",
+    [
+        "null-fixed-best-coarse",
+        "null-fixed-best-top-edge",
+        "rise-narrow-slow",
+        "null-best-at-edge",
+        "null-n-irrelevant",
+        "null-tied-at-ceiling",
+        "rise-then-saturate",
+    ],
+)
+def test_on_the_bank_it_names_a_clear_best_and_no_other(name):
+    """16 sweeps from how GRPO learns (fit/bank.py), 4 seeds a cell: an n best at the last budget by
+    0.015 or more is named on at least 12 (docs/fitting.md's table, 50 sweeps: 96-100%); an n outside
+    the truth's n* set there on at most 1; where every n or most tie at the end, one n on at most 1."""
+    truth = BANK[name]
+    got = truth.scalerl_bests(4, 16, np.random.default_rng(list(BANK).index(name)), resamples=20)
+    last = truth.n_star()[-1]
+    assert sum(b is not None and b not in last for b in got) <= 1, (got, last)
+    if truth.gap() >= 0.015:
+        assert sum(b is not None for b in got) >= 12, got
+    if len(last) >= len(truth.ns) - 1:
+        assert sum(b is not None for b in got) <= 1, got

@@ -115,7 +115,7 @@ def held_out(seed: int, ceiling_per_n: bool) -> tuple[str, dict[str, float], flo
         f: max(abs(np.log2(b["axis_star_predicted"] / true_optimum(b["compute"], curve)[0])) for b in s["budgets"])
         for f, s in scores.items()
     }
-    return entry["family"], truth_errors, entry["holdout"]["max_abs_axis_star_log2_error"]
+    return entry["family"], truth_errors, scores[entry["family"]]["max_abs_axis_star_log2_error"]
 
 
 def fitted(df, **spec):
@@ -188,6 +188,23 @@ def test_a_parameter_pinned_at_its_bound_is_reported():
     assert "lower" in entry["at_bound"]
     doubts = methods.doubts("surface", entry, FitSpec(bootstrap=0))
     assert any("at the fit's bounds" in message and grave for message, grave in doubts)
+
+
+def test_the_holdout_error_is_the_procedures_with_the_family_chosen_without_the_held_budgets():
+    """--holdout 2 on 14 budgets: the family is chosen for the reported error by the 12 training
+    budgets' own 2 largest (what a fit of the training budgets with --holdout 2 chooses), fitted on
+    the 12, scored at the 2 held out; --holdout 6 leaves 8, fewer than 6 + 3: chosen by BIC there."""
+    df = grid()
+    entry, _ = fitted(df, bootstrap=0, holdout=2)
+    h = entry["holdout"]
+    assert h["chosen_by"] == "holdout of the 2 largest training budgets"
+    assert h["family"] == fitted(df[df["rollouts"] < BUDGETS[-2]], bootstrap=0, holdout=2)[0]["family"]
+    assert h["budgets"] == entry["family_choice"]["scores"][h["family"]]["budgets"]
+    assert [b["compute"] for b in h["budgets"]] == list(BUDGETS[-2:])
+    few = fitted(df, bootstrap=0, holdout=6)[0]["holdout"]
+    assert few["chosen_by"] == "bic on the training points"
+    assert few["family"] == fitted(df[df["rollouts"] < BUDGETS[-6]], bootstrap=0)[0]["family"]
+    assert few["fitted_below"] == BUDGETS[-6]
 
 
 def test_holdout_needs_enough_budgets():

@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import pytest
@@ -9,6 +10,7 @@ from isoflop_cli.recipe.losses import (
     gae,
     group_advantages,
     kl_k3,
+    learned_first,
     token_weights,
     truncated_is,
     value_loss,
@@ -150,3 +152,25 @@ def test_equal_reward_groups_give_no_policy_gradient_in_any_algorithm():
         for policy_loss in (clipped_pg, cispo_pg):
             loss, _ = policy_loss(logp, logp.detach(), adv, 0.2, 0.28)
             assert torch.equal(loss, torch.zeros_like(loss))
+
+
+def test_a_fractional_epoch_learns_from_the_completions_whose_rewards_vary_most():
+    """learned_first against every k-subset (brute force) on binary and continuous groups: its first
+    k have the largest reward variance of any k; a group's lone success is kept; equal rewards keep
+    their order; each row is a permutation with the learned ones, then the rest, in sampled order."""
+    g = torch.Generator().manual_seed(0)
+    groups = [
+        torch.tensor([[0.0, 0, 0, 0, 0, 1, 0, 0], [1.0, 1, 1, 1, 1, 1, 1, 1], [1.0, 0, 1, 1, 0, 0, 1, 0]]),
+        torch.rand(6, 8, generator=g),
+        torch.randint(0, 2, (6, 8), generator=g).float(),
+    ]
+    for rewards in groups:
+        for k in (1, 2, 3, 5):
+            order = learned_first(rewards, k)
+            assert (order.sort(1).values == torch.arange(8)).all()
+            for r, o in zip(rewards, order):
+                best = max(r[list(c)].var(correction=0).item() for c in itertools.combinations(range(8), k))
+                assert r[o[:k]].var(correction=0).item() == pytest.approx(best, abs=1e-7), (r, k)
+                assert (o[:k].diff() > 0).all() and (o[k:].diff() > 0).all()
+    first = learned_first(groups[0], 2)
+    assert 5 in first[0, :2].tolist() and first[1, :2].tolist() == [0, 1]

@@ -190,3 +190,29 @@ def test_the_embedded_default_learns_to_stop_after_its_answer(tmp_path):
     assert last["rollouts"] == 2048
     assert last["val_avg@k"] - base["val_avg@k"] > 0.12, (base["val_avg@k"], last["val_avg@k"])
     assert last["tokens_generated"] / last["rollouts"] < rows[1]["tokens_generated"] / rows[1]["rollouts"]
+
+
+def test_a_fractional_epoch_learns_from_each_group_s_most_varied_rewards(tmp_path, monkeypatch):
+    """In a run at algo.epochs=0.5 (n = 4, two of each group learned from), every step's learned
+    completions are two of their group's, with their own rewards, whose variance is the largest of
+    any two (brute force over the sampled group)."""
+    from isoflop_cli.recipe.trainer import Trainer
+
+    seen, arrange = [], Trainer.arrange
+
+    def spy(self, batch):
+        before = (batch.rewards.clone(), list(batch.sampled.texts))
+        arrange(self, batch)
+        seen.append((*before, batch.rewards.clone(), list(batch.rollouts.texts)))
+
+    monkeypatch.setattr(Trainer, "arrange", spy)
+    result = CliRunner().invoke(app, ["run", *ARGS, "algo.epochs=0.5", "--run-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert len(seen) == 4
+    for rewards, texts, reordered, learned in seen:
+        for g in range(rewards.shape[0]):
+            group = list(zip(texts[4 * g : 4 * g + 4], rewards[g].tolist()))
+            kept = list(zip(learned[2 * g : 2 * g + 2], reordered[g, :2].tolist()))
+            assert all(pair in group for pair in kept)
+            best = max(abs(a - b) for (_, a), (_, b) in itertools.combinations(group, 2))
+            assert abs(kept[0][1] - kept[1][1]) == best

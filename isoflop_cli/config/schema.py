@@ -147,7 +147,8 @@ class AlgoConfig:
     top_p: float = 1.0
     # Updates per rollout batch: epochs over it, each in mini-batches. More than one reuses the batch
     # (off-policy, the clip matters, an old-policy pass is added): rho rises at a fixed budget. A
-    # fraction below 1 trains (one pass) on that share of each group's completions: rho falls.
+    # fraction below 1 trains (one pass) on that share of each group's completions, those whose
+    # rewards vary the most (max-variance down-sampling): rho falls.
     epochs: float = 1
     minibatches: int = 1
     # The algorithm's own (algorithms.ALGORITHMS) unless set: grpo's are Dr. GRPO's with

@@ -50,7 +50,7 @@ def running_best(df: pd.DataFrame, metric: str, compute: str) -> pd.DataFrame:
 
 @dataclass
 class AxisCurve:
-    """The running-best points of one axis value, indexed into the run counts of a bootstrap replicate."""
+    """The running-best points of one axis value, indexed into the run weights of a bootstrap replicate."""
 
     value: float
     x: np.ndarray  # log10 compute
@@ -59,9 +59,11 @@ class AxisCurve:
     span: tuple[float, float]  # log10 compute range of all its eval points: the curve is not extrapolated
     rows: pd.Index  # its points' labels in the running bests: where a replicate's redrawn values are read
 
-    def fit(self, counts: np.ndarray | None = None, start: dict | None = None, y: np.ndarray | None = None) -> CurveFit:
-        """The sigmoid through its points (`y`: other values at them, a replicate's), runs weighted by `counts`."""
-        w = None if counts is None else counts[self.run]
+    def fit(
+        self, weights: np.ndarray | None = None, start: dict | None = None, y: np.ndarray | None = None
+    ) -> CurveFit:
+        """The sigmoid through its points (`y`: other values at them, a replicate's), runs weighted by `weights`."""
+        w = None if weights is None else weights[self.run]
         return fit_sigmoid(self.x, self.y if y is None else y, w, levels=(0.0, 1.0), increasing=True, start=start)
 
     def measured_next(self, grid: np.ndarray) -> np.ndarray:
@@ -166,11 +168,11 @@ def analyse(df: pd.DataFrame, spec: FitSpec, method: str, sigma: float, noise: N
     levels = (np.log2(min(c.value for c in curves)), np.log2(max(c.value for c in curves)))
     law = fit_law(grid[between], star[between], levels) if np.unique(star[resolved]).size > 1 else None
     plan = resampling(df, runs, spec.axis, spec.metric, noise)
-    rng = np.random.default_rng([spec.seed, 1])  # the redraws' own stream: run_counts draws from spec.seed
+    rng = np.random.default_rng([spec.seed, 1])  # the redraws' own stream: run_weights draws from spec.seed
     draws, stars = [], []
-    for counts in bootstrap.run_counts(spec.bootstrap, plan.strata, spec.seed):
+    for weights in bootstrap.run_weights(spec.bootstrap, plan.strata, spec.seed):
         ys = _redrawn(df, spec, plan, rng, curves) if plan.redraw_sd.any() else [None] * len(curves)
-        refits = [c.fit(counts, f.params, y) for c, f, y in zip(curves, fits, ys)]
+        refits = [c.fit(weights, f.params, y) for c, f, y in zip(curves, fits, ys)]
         _, s = envelope(curves, refits, grid)
         stars.append(s)
         draw = {f"{c.value}/{k}": v for c, f in zip(curves, refits) if f.converged for k, v in f.params.items()}

@@ -30,6 +30,7 @@ own code.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -37,7 +38,8 @@ import numpy as np
 import pandas as pd
 
 from isoflop_cli.fit import trend
-from isoflop_cli.fit.data import RUN
+from isoflop_cli.fit.data import RUN, FitSpec, FitWarning
+from isoflop_cli.fit.scalerl import scalerl_method
 
 TIE = 0.005  # n values within this of the best expected value are tied for n*
 TRUTH_SEEDS = 128  # seeds per cell behind a truth's expected curves (a cell mean's sd ~ 0.001)
@@ -116,6 +118,18 @@ class Truth:
         _, _, b, w = self.problems
         return _sigmoid(b + w * g[..., None])
 
+    @property
+    def fixed_best(self) -> int | None:
+        """The n with the highest expected value at every budget and alone in n* at the last; None
+        where the highest moves or the last budget ties it with another."""
+        best, last = set(self.expected.argmax(0)), self.n_star()[-1]
+        return self.ns[best.pop()] if len(best) == 1 and len(last) == 1 else None
+
+    def gap(self) -> float:
+        """How far the best expected value at the last budget is above the second best."""
+        top = np.sort(self.expected[:, -1])
+        return float(top[-1] - top[-2])
+
     def n_star(self, tie: float = TIE) -> list[tuple[int, ...]]:
         """n* at each budget as the set of n within `tie` of the best expected value."""
         return [tuple(n for n, v in zip(self.ns, col) if v >= col.max() - tie) for col in self.expected.T]
@@ -145,6 +159,17 @@ class Truth:
         """fit's trend test on `grids` sweeps with `seeds` seeds a cell."""
         x, cell = np.log2(self.ns)[self.cells(seeds)], self.cells(seeds)
         return [trend.test(x, np.zeros_like(cell), cell, y, self.ends) for y in self.readings(seeds, grids, rng)]
+
+    def scalerl_bests(self, seeds: int, grids: int, rng: np.random.Generator, resamples: int = 50) -> list[int | None]:
+        """The n fit's scalerl method names best on `grids` sweeps with `seeds` seeds a cell (None: a
+        tie), `resamples` bootstrap replicates each (the sd of a paired difference needs no more)."""
+        out = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FitWarning)  # a curve that did not converge counts as it is
+            for values in self.sweep(seeds, grids, rng):
+                best = scalerl_method(self.frame(values), FitSpec(bootstrap=resamples)).entry["best"]
+                out.append(None if best is None else int(best.split("=")[1]))
+        return out
 
     def spread(self, seeds: int, sweeps: int, rng: np.random.Generator) -> tuple[np.ndarray, float]:
         """Each cell's sd between seeds at the two budgets (cells, 2) and the correlation of a run's two
@@ -239,5 +264,8 @@ BANK = {
         _truth("null-fixed-best-catching-up", "null", NARROW, SHORT, -1.0, 0.25, 0.002),
         _truth("null-tied-at-ceiling", "null", NARROW, LONG, 0.0, 1.0, 0.0),
         _truth("null-best-at-edge", "null", (4, 8, 16, 32), SHORT, -1.0, 0.25, 0.002),
+        # one n best at every budget by more than the noise of a sweep: what scalerl is asked to name
+        _truth("null-fixed-best-coarse", "null", (2, 8, 32), SHORT, -1.0, 0.25, 0.02),
+        _truth("null-fixed-best-top-edge", "null", NARROW, SHORT, -1.0, 4.0, 0.1),
     )
 }

@@ -1,8 +1,15 @@
 """Bootstrap over runs: resample whole runs with replacement, refit, report medians and 90% intervals.
 
-A replicate is a vector of integer counts per run, so a refit is a weighted fit (identical to a fit
-on the duplicated runs, and far cheaper). Resampling within strata (the axis values a grid was
-designed with) keeps every designed value in every replicate.
+A replicate is a weight per run, so a refit is a weighted fit (a fit on the drawn runs, and far
+cheaper). Resampling within strata (the axis values a grid was designed with) keeps every designed
+value in every replicate.
+
+A stratum of m runs is drawn m - 1 times, each draw weighing m / (m - 1): Rao and Wu's rescaled
+bootstrap. Drawing m of m makes a stratum mean vary across replicates by (m - 1) / m of its
+variance s^2 / m (the replicates see the spread about the sample's own mean, ddof 0), so with the
+2-4 seeds a cell of a sweep every interval would be too narrow by sqrt((m - 1) / m), 0.71 at two
+seeds; drawing m - 1 gives exactly s^2 / m for a mean, and the weights keep each stratum's share of
+a fit as the data has it. A stratum of one run is that run in every replicate.
 """
 
 from __future__ import annotations
@@ -12,15 +19,21 @@ import warnings
 import numpy as np
 
 
-def run_counts(n_boot: int, strata: np.ndarray, seed: int) -> np.ndarray:
-    """(n_boot, runs) counts: each stratum's runs drawn with replacement, as many as it has."""
+def run_weights(n_boot: int, strata: np.ndarray, seed: int) -> np.ndarray:
+    """(n_boot, runs) weights: each stratum's m runs drawn m - 1 times with replacement, each draw
+    weighing m / (m - 1), so that a replicate's weights sum to the stratum's m as the data's do."""
     rng = np.random.default_rng(seed)
     strata = np.asarray(strata)
-    counts = np.zeros((n_boot, strata.size), dtype=np.int64)
+    weights = np.zeros((n_boot, strata.size))
     for s in np.unique(strata):
         members = np.flatnonzero(strata == s)
-        counts[:, members] = rng.multinomial(members.size, np.full(members.size, 1 / members.size), size=n_boot)
-    return counts
+        m = members.size
+        if m == 1:
+            weights[:, members] = 1.0
+            continue
+        draws = rng.multinomial(m - 1, np.full(m, 1 / m), size=n_boot)
+        weights[:, members] = draws * (m / (m - 1))
+    return weights
 
 
 def summarise(draws: list[dict[str, float]], names: list[str]) -> tuple[dict[str, float], dict[str, list[float]]]:

@@ -1,7 +1,7 @@
 """Functional forms and their least-squares fitters: sigmoid, ScaleRL curve, parabola, power law.
 
-Every fitter takes optional weights (bootstrap replicates are integer run counts, so a weighted fit
-equals a fit on duplicated rows) and returns a `CurveFit` that says whether the optimiser converged
+Every fitter takes optional weights (a bootstrap replicate is a weight per run, bootstrap.py, so a
+weighted fit is a fit on the runs it drew) and returns a `CurveFit` that says whether the optimiser converged
 and which parameters ended on a bound, so that a bad fit is never reported as a good one.
 """
 

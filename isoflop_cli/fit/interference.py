@@ -173,7 +173,7 @@ def _window(rated: pd.DataFrame, spec: FitSpec, extra: list[str], upto: float) -
         warn(f"interference: one {spec.axis} value ({plain(values[0])}): shares are reported, no trend in {spec.axis}")
     labels = per_run["value"].to_numpy(float)
     counts = np.vstack(
-        [np.ones((1, len(per_run)), dtype=np.int64), bootstrap.run_counts(spec.bootstrap, labels, spec.seed)]
+        [np.ones((1, len(per_run)), dtype=np.int64), bootstrap.run_weights(spec.bootstrap, labels, spec.seed)]
     )
     x = np.log2(np.asarray(values, float))
     means = {

@@ -237,8 +237,8 @@ def doubts(method: str, entry: dict, spec: FitSpec) -> list[tuple[str, bool]]:
     if method == "scalerl" and entry.get("best") is None and len(entry.get("best_set") or []) > 1:
         out.append(
             (
-                f"{method}: no single best {spec.axis}: the highest ceiling "
-                f"A does not beat {', '.join(entry['best_set'])} beyond the "
+                f"{method}: no single best {spec.axis}: the curve highest at {entry['best_at']:.4g} "
+                f"does not beat {', '.join(entry['best_set'])} beyond the "
                 "noise" + ("" if spec.bootstrap else " (--bootstrap 0: nothing is told apart)"),
                 True,
             )

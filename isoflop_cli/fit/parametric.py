@@ -124,8 +124,8 @@ def parametric_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     runs = pd.Index(df[RUN].unique())
     run = runs.get_indexer(df[RUN])
     draws = []
-    for counts in bootstrap.run_counts(spec.bootstrap, np.zeros(runs.size), spec.seed):
-        r = minimise(best.x[None], data, counts[run].astype(float))
+    for weights in bootstrap.run_weights(spec.bootstrap, np.zeros(runs.size), spec.seed):
+        r = minimise(best.x[None], data, weights[run].astype(float))
         if converged(r):
             p = natural(r.x)
             draws.append({**p, **exponents(p)})

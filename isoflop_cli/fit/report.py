@@ -9,7 +9,7 @@ import pandas as pd
 from rich.table import Table
 
 from isoflop_cli.fit.data import FitSpec
-from isoflop_cli.fit.evidence import TIE_SD, label
+from isoflop_cli.fit.evidence import label
 from isoflop_cli.fit.interference import ALPHA
 
 FORMS = {
@@ -112,12 +112,13 @@ def summary(method: str, entry: dict, spec: FitSpec) -> str:
     if entry.get("noise"):
         parts.append(f"noise model: {entry['noise']['summary']}")
     if method == "scalerl":
+        at = f"{entry['best_at']:.4g} {spec.compute}"
         parts.append(
-            f"curve of {entry['best']} (highest A, beyond the noise)"
+            f"curve of {entry['best']} (the highest at {at}, beyond the noise)"
             if entry["best"]
             else (
-                f"no single best: {', '.join(entry['best_set'])} tied (the highest "
-                f"ceiling A is not above theirs by {TIE_SD:g} sd of the noise)"
+                f"no single best: {', '.join(entry['best_set'])} tied at {at} (the highest fitted value "
+                "there is not above theirs at one-sided 5%, Bonferroni over the others)"
             )
         )
     if method == "isoflop-slices":
@@ -135,6 +136,7 @@ def summary(method: str, entry: dict, spec: FitSpec) -> str:
             f"fitted below the {h['k']} largest budgets, the worst held-out "
             f"error is {fmt(h['max_abs_axis_star_log2_error'])} in log2 "
             f"{spec.axis}* and {fmt(h['max_abs_value_error'])} in value"
+            + (f" (the {h['family']} family, chosen by the {h['chosen_by']})" if h.get("chosen_by") else "")
         )
     if method == "parametric":
         parts.append(f"Huber objective {entry['objective']:.6g} over {entry['rows']} rows")

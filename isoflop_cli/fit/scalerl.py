@@ -6,6 +6,16 @@ an axis value's runs are pooled: least squares on every point equals least squar
 each compute weighted by its count, which is what is fitted. `drop_early` leaves out the earliest
 compute (ScaleRL skips the initial transient); `holdout_frac` fits below a cut on the log-compute
 axis and reports the RMSE of the extrapolation beyond it.
+
+Which axis value is best is read where the curves were measured: at the largest compute every curve
+was fitted to, from the fitted values there (each pools its curve's every eval point, so it is less
+noisy than the points at that compute alone). A is not the ranking: on sweeps from how GRPO learns
+(fit/bank.py) the larger n are still rising at the last budget, so their extrapolated ceilings come
+out highest where a small n is best at every budget run. The best is named where its fitted value
+beats every other's at one-sided level ALPHA with Bonferroni over the others (the trend test's
+rule, trend.py), the difference's sd from the bootstrap's paired replicates (paired evaluation's
+shared noise cancels in them, as it does in the data); otherwise the values not beaten are the
+`best_set`.
 """
 
 from __future__ import annotations
@@ -15,20 +25,22 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import bootstrap, holdout
 from isoflop_cli.fit.curves import CurveFit, fit_scalerl, scalerl
 from isoflop_cli.fit.data import RUN, FitSpec, MethodResult, plain, warn
-from isoflop_cli.fit.evidence import TIE_SD
+from isoflop_cli.fit.trend import ALPHA
 
 NAMES = ["R0", "A", "C_mid", "B", "holdout_error"]
 MIN_COMPUTES = 4  # distinct compute points for three free parameters
+MIN_RESAMPLES = 10  # paired bootstrap differences below which nothing is told apart
 
 
 @dataclass
 class Series:
-    """One axis value's eval points, keyed by distinct compute, with run indices for bootstrap counts."""
+    """One axis value's eval points, keyed by distinct compute, with run indices for bootstrap weights."""
 
     value: float
     computes: np.ndarray  # distinct positive computes kept for the fit and the holdout
@@ -39,15 +51,15 @@ class Series:
     base_run: np.ndarray
     cut: float  # computes above it are held out
 
-    def means(self, counts: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, float]:
-        w = np.ones(self.y.size) if counts is None else counts[self.run].astype(float)
+    def means(self, weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, float]:
+        w = np.ones(self.y.size) if weights is None else weights[self.run].astype(float)
         n = np.bincount(self.at, w, self.computes.size)
         mean = np.bincount(self.at, w * self.y, self.computes.size) / np.where(n > 0, n, 1)
-        wb = np.ones(self.base_y.size) if counts is None else counts[self.base_run].astype(float)
+        wb = np.ones(self.base_y.size) if weights is None else weights[self.base_run].astype(float)
         return mean, n, float(np.average(self.base_y, weights=wb)) if wb.sum() > 0 else float(self.base_y.mean())
 
-    def fit(self, counts: np.ndarray | None = None, start: dict | None = None) -> CurveFit:
-        mean, n, R0 = self.means(counts)
+    def fit(self, weights: np.ndarray | None = None, start: dict | None = None) -> CurveFit:
+        mean, n, R0 = self.means(weights)
         train = (self.computes <= self.cut) & (n > 0)
         f = fit_scalerl(self.computes[train], mean[train], n[train], R0, start)
         held = (self.computes > self.cut) & (n > 0)
@@ -100,10 +112,10 @@ def series(df: pd.DataFrame, spec: FitSpec, runs: pd.Index, held: np.ndarray | N
 
 
 def scalerl_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
-    """Per axis value the ScaleRL curve; the top-level params are the axis value with the highest A.
-    That value is `best` only where its A beats every other's beyond the noise (`_tied`); otherwise
-    `best` is None and `best_set` lists the values it does not beat: a winner picked from a tie
-    would be the noise's."""
+    """Per axis value the ScaleRL curve; `best` the value whose curve is highest at `best_at` (the
+    largest compute every curve was fitted to) beyond the noise, else None with the values it does
+    not beat in `best_set`: a winner picked from a tie would be the noise's. The top-level params are
+    the curve that is highest there."""
     if spec.holdout and spec.holdout_frac:  # their ranges: `methods.check`
         raise ConfigError("scalerl: give --holdout or --holdout-frac, not both")
     runs = pd.Index(df[RUN].unique())
@@ -112,15 +124,16 @@ def scalerl_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     if not fitted:
         raise ConfigError(f"scalerl: no {spec.axis} value has {MIN_COMPUTES} distinct positive computes to fit")
     fits = [s.fit() for s in fitted]
+    at = min(float(s.computes[s.computes <= s.cut].max()) for s in fitted)
     strata = df.drop_duplicates(RUN).set_index(RUN).loc[runs, spec.axis].to_numpy()
     draws = [[] for _ in fitted]
-    ceilings = np.full((spec.bootstrap, len(fitted)), np.nan)  # (resamples, curves): A where the refit converged
-    for r, counts in enumerate(bootstrap.run_counts(spec.bootstrap, strata, spec.seed)):
+    values = np.full((spec.bootstrap, len(fitted)), np.nan)  # (resamples, curves): each refit's value at `at`
+    for r, weights in enumerate(bootstrap.run_weights(spec.bootstrap, strata, spec.seed)):
         for i, (d, s, f) in enumerate(zip(draws, fitted, fits)):
-            refit = s.fit(counts, f.params)
+            refit = s.fit(weights, f.params)
             if refit.converged:
                 d.append(refit.params)
-                ceilings[r, i] = refit.params["A"]
+                values[r, i] = _value(refit, at)
     curves = {}
     for s, f, d in zip(fitted, fits, draws):
         median, interval = bootstrap.summarise(d, NAMES)
@@ -129,6 +142,7 @@ def scalerl_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
             "params": f.params,
             "interval90": interval,
             "median": median,
+            "value_at_best_at": _value(f, at),
             "converged": f.converged,
             "at_bound": f.at_bound,
             "holdout_cut": s.cut if spec.holdout_frac > 0 else None,
@@ -140,22 +154,16 @@ def scalerl_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
         if not f.converged:
             warn(f"scalerl {spec.axis}={plain(s.value)}: the fit did not converge")
     names = list(curves)
-    top = max(names, key=lambda k: curves[k]["params"]["A"])
-    tied = [
-        names[i]
-        for i in _tied(
-            ceilings,
-            np.array([curves[k]["params"]["A"] for k in names]),
-            names.index(top),
-            np.array([np.unique(s.run).size for s in fitted]),
-            _residual_sd(fitted, fits),
-        )
-    ]
-    best = top if tied == [top] else None
+    at_values = np.array([_value(f, at) for f in fits])
+    top = int(np.argmax(at_values))
+    runs_per = np.array([np.unique(s.run).size for s in fitted])
+    tied = [names[i] for i in best_set(at_values, values, top, runs_per)]
+    best = names[top] if tied == [names[top]] else None
     entry = {
-        **{k: curves[top][k] for k in ("params", "interval90", "median", "converged", "at_bound")},
+        **{k: curves[names[top]][k] for k in ("params", "interval90", "median", "converged", "at_bound")},
         "best": best,
         "best_set": tied,
+        "best_at": at,
         "curves": curves,
         "drop_early": spec.drop_early,
         "holdout_frac": spec.holdout_frac,
@@ -166,30 +174,32 @@ def scalerl_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     return MethodResult(entry, {"scalerl": _frame(fitted, fits)})
 
 
-def _tied(ceilings: np.ndarray, fitted: np.ndarray, top: int, runs: np.ndarray, sigma: float) -> list[int]:
-    """The curves whose ceiling A (`fitted`) the top one's does not beat beyond the noise, the
-    frontier's rule for a tie (evidence.TIE_SD): A_top - A_other within TIE_SD times the larger of
-    one eval point's noise about the curves (`sigma`: a ceiling is a level of the metric) and the sd
-    of the difference from the bootstrap (each curve's resamples, scaled by m / (m - 1) for its m
-    runs). Without resamples nothing is told apart: every curve is in the set."""
-    if ceilings.shape[0] < 10:
-        return list(range(ceilings.shape[1]))
-    var = np.nanvar(ceilings, axis=0, ddof=1) * runs / np.maximum(runs - 1, 1)
-    return [
-        i
-        for i in range(ceilings.shape[1])
-        if i == top or not fitted[top] - fitted[i] > TIE_SD * max(sigma, math.sqrt(var[top] + var[i]))
-    ]
+def _value(f: CurveFit, compute: float) -> float:
+    return float(scalerl(np.array([compute]), **{k: f.params[k] for k in ("R0", "A", "C_mid", "B")})[0])
 
 
-def _residual_sd(fitted: list[Series], fits: list[CurveFit]) -> float:
-    """One eval point's sd about its curve, pooled over every curve's fitted points."""
-    residuals = [
-        s.y - scalerl(s.computes[s.at], **{k: f.params[k] for k in ("R0", "A", "C_mid", "B")})
-        for s, f in zip(fitted, fits)
-    ]
-    kept = np.concatenate([r[s.computes[s.at] <= s.cut] for r, s in zip(residuals, fitted)])
-    return float(np.sqrt(np.mean(kept**2))) if kept.size else 0.0
+def best_set(values: np.ndarray, resamples: np.ndarray, top: int, runs: np.ndarray) -> list[int]:
+    """The curves the top one (`values`' highest, its index `top`) does not beat: every other whose
+    shortfall values[top] - values[i] is below t(1 - ALPHA / (K - 1)) times the sd of the paired
+    difference over the bootstrap `resamples` (replicates, K; NaN where a refit failed). The sd is
+    read from the two curves' runs (`runs` each), so its quantile is Student's t on
+    runs[top] + runs[i] - 2 dof: with the 2-4 seeds a cell of a sweep, a normal quantile would name a
+    winner from a tie several times as often as ALPHA says. With fewer than MIN_RESAMPLES paired
+    replicates, or a single run per curve, nothing is told apart: every curve is in the set."""
+    out = []
+    for i in range(values.size):
+        diff = resamples[:, top] - resamples[:, i]
+        diff = diff[np.isfinite(diff)]
+        dof = runs[top] + runs[i] - 2
+        beaten = (
+            i != top
+            and diff.size >= MIN_RESAMPLES
+            and dof > 0
+            and values[top] - values[i] > stats.t.ppf(1 - ALPHA / max(values.size - 1, 1), dof) * diff.std(ddof=1)
+        )
+        if not beaten:
+            out.append(i)
+    return out
 
 
 def _holdout(df: pd.DataFrame, spec: FitSpec, held: np.ndarray, fitted: list[Series], fits: list[CurveFit]) -> dict:

@@ -162,9 +162,9 @@ def slices_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
     power, sig = _laws(compute[interior], vertex[0, interior], levels)
 
     strata = df.drop_duplicates(RUN).set_index(RUN).loc[runs, spec.axis].to_numpy()
-    counts = bootstrap.run_counts(spec.bootstrap, strata, spec.seed)
+    weights = bootstrap.run_weights(spec.bootstrap, strata, spec.seed)
     boot = (
-        optima(x, y, budget, counts[:, run].astype(float), minimise)[0]
+        optima(x, y, budget, weights[:, run].astype(float), minimise)[0]
         if spec.bootstrap
         else np.empty((0, compute.size))
     )

@@ -16,7 +16,9 @@ so: the constant curve is beaten and the interval excludes 0. Otherwise it is `u
 `interior` comes first: where the quadratic is chosen, the slice-averaged curve's peak (its vertex)
 is the optimum rho, and each bootstrap replicate gives one (a replicate whose curve peaks at an end
 of the range counts as that end). When the 90% interval of the optimum lies strictly inside the
-pilot's rho range, the target peaks there: the regime is `interior`, with `optimum_rho` and its
+pilot's rho range and the peak is measured (a level inside the range beats both end levels beyond
+the noise: `measured_peak`; a quadratic also bends through a target that rises and then stays
+flat, with its vertex between two levels), the target peaks there: the regime is `interior`, with `optimum_rho` and its
 interval, and the same optimum in rho without reward FLOPs and in the lever's own units (updates
 per batch and n), read off the levels between which it falls. A monotone target has no optimum
 (null).
@@ -27,11 +29,13 @@ model-based reward (one that spends reward FLOPs: a learned PRM) beat the best r
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import bootstrap
@@ -45,6 +49,7 @@ BANDWIDTH = (
     0.75  # the optimum's local quadratic weighs points by a normal kernel of this sd in x (about 3/4 of a level)
 )
 LOCAL_STEPS = 3  # ... re-centred on its own vertex this many times
+ALPHA = 0.05  # a measured peak's lead over each end level is above 0 at this one-sided level
 
 
 @dataclass
@@ -219,24 +224,30 @@ class Slices:
     x: list[np.ndarray]
     y: list[np.ndarray]
     run: list[np.ndarray]  # indices into Data.runs
+    level: list[np.ndarray]  # each point's allocation level: its algo.epochs, else its x to a quarter
 
     @classmethod
     def of(cls, pts: pd.DataFrame, runs: list[str]) -> Slices:
         index = {r: i for i, r in enumerate(runs)}
         groups = [g for _, g in pts.groupby("slice", sort=False)]
+        level = lambda g: g["epochs"].to_numpy(float) if g["epochs"].notna().all() else np.round(4 * g["x"]) / 4  # noqa: E731
         return cls(
             [g["slice"].iloc[0] for g in groups],
             [g["x"].to_numpy(float) for g in groups],
             [g["y"].to_numpy(float) for g in groups],
             [g["run"].map(index).to_numpy() for g in groups],
+            [np.asarray(level(g), float) for g in groups],
         )
 
+    def subset(self, keep: list[int]) -> Slices:
+        return Slices(*([getattr(self, f)[i] for i in keep] for f in ("names", "x", "y", "run", "level")))
 
-def trend_effect(s: Slices, degree: int, counts: np.ndarray) -> np.ndarray:
+
+def trend_effect(s: Slices, degree: int, weights: np.ndarray) -> np.ndarray:
     """Per replicate, the fitted change of y from the lowest to the highest rho, averaged over slices."""
     per_slice = []
     for x, y, run in zip(s.x, s.y, s.run):
-        coef = fit_weighted(x, y, counts[:, run].astype(float), max(degree, 1))
+        coef = fit_weighted(x, y, weights[:, run].astype(float), max(degree, 1))
         per_slice.append(predict(coef, x.max()) - predict(coef, x.min()))
     return np.mean(per_slice, axis=0)
 
@@ -249,7 +260,7 @@ def interval(draws: np.ndarray) -> list[float] | None:
     return [float(v) for v in np.quantile(ok, [0.05, 0.95])] if ok.size >= MIN_DRAWS else None
 
 
-def trend(s: Slices, counts: np.ndarray) -> dict:
+def trend(s: Slices, weights: np.ndarray) -> dict:
     """Curve choice, effect, interval and the rho regime of one reward system."""
     usable = [i for i, x in enumerate(s.x) if np.unique(x).size >= 3]
     if not usable:
@@ -260,24 +271,26 @@ def trend(s: Slices, counts: np.ndarray) -> dict:
             "interval90": None,
             "why": "needs at least 3 runs at 2 or more rho levels in a budget",
         }
-    s = Slices(
-        [s.names[i] for i in usable], [s.x[i] for i in usable], [s.y[i] for i in usable], [s.run[i] for i in usable]
-    )
+    s = s.subset(usable)
     errors = {name: np.concatenate([loo_errors(x, y, d) for x, y in zip(s.x, s.y)]) for name, d in CURVES.items()}
     curve, loo = one_se_choice(errors)
     degree = CURVES[curve]
-    ones = np.ones((1, counts.shape[1]))
+    ones = np.ones((1, weights.shape[1]))
     effect = float(trend_effect(s, degree, ones)[0])
-    band = interval(trend_effect(s, degree, counts))
+    band = interval(trend_effect(s, degree, weights))
     regime = UNDETERMINED
     if curve != "constant" and band is not None:
         regime = UPDATE if band[0] > 0 else SEARCH if band[1] < 0 else UNDETERMINED
-    optimum, optimum_band = optimum_x(s, counts) if degree == 2 else (None, None)
+    optimum, optimum_band = optimum_x(s, weights) if degree == 2 else (None, None)
     low, high = (
         max(x.min() for x in s.x),
         min(x.max() for x in s.x),
     )  # the range every slice covers, where `optimum_x` reads a peak
-    if optimum is not None and optimum_band is not None and low < optimum_band[0] and optimum_band[1] < high:
+    fitted_inside = (
+        optimum is not None and optimum_band is not None and low < optimum_band[0] and optimum_band[1] < high
+    )
+    peak = measured_peak(s) if fitted_inside else None
+    if fitted_inside and peak["measured"]:
         regime = INTERIOR
     params = {}
     for name, x, y in zip(s.names, s.x, s.y):
@@ -297,8 +310,11 @@ def trend(s: Slices, counts: np.ndarray) -> dict:
         else "too few runs for a bootstrap interval",
         UPDATE: "the target rises toward higher rho",
         SEARCH: "the target rises toward lower rho (more rollouts)",
-        INTERIOR: "the target peaks inside the rho range (the optimum's 90% interval excludes both ends)",
+        INTERIOR: "the target peaks inside the rho range (the optimum's 90% interval excludes both ends, and a "
+        "level inside beats both end levels beyond the noise)",
     }[regime]
+    if fitted_inside and regime != INTERIOR:
+        why += "; the fitted peak lies inside the range, but no level inside beats both end levels beyond the noise"
     return {
         "regime": regime,
         "curve": curve,
@@ -307,12 +323,46 @@ def trend(s: Slices, counts: np.ndarray) -> dict:
         "loo": loo,
         "params": params,
         "why": why,
-        "optimum_x": optimum,
-        "optimum_x_interval90": optimum_band if optimum is not None else None,
+        "optimum_x": optimum if regime == INTERIOR else None,
+        "optimum_x_interval90": optimum_band if regime == INTERIOR else None,
+        "measured_peak": peak,
     }
 
 
-def optimum_x(s: Slices, counts: np.ndarray) -> tuple[float | None, list[float] | None]:
+def measured_peak(s: Slices) -> dict:
+    """Whether the peak is measured, not only fitted: the level inside the range with the highest
+    mean leads both end levels by a one-sided t test at ALPHA / (levels - 2) each (Bonferroni over
+    the inside levels the best was picked from: the highest of two equal means leads a third by
+    chance twice as often as one does). A run is its mean over the slices; a level's mean is its
+    runs' mean; the sd between runs is pooled within levels (runs - levels dof). A pilot has two
+    runs a level, so a bootstrap of them would read each level's spread from one difference, and
+    its intervals come out too narrow. A quadratic bends through a target that rises and then stays
+    flat and places a vertex between two measured levels; a measured peak is a level that beats the
+    ends."""
+    run = np.concatenate(s.run)
+    runs, at = np.unique(run, return_inverse=True)
+    y = np.bincount(at, np.concatenate(s.y)) / np.bincount(at)  # each run's mean over the slices
+    level = np.concatenate(s.level)[np.unique(at, return_index=True)[1]]
+    x = np.bincount(at, np.concatenate(s.x)) / np.bincount(at)
+    order = sorted(np.unique(level), key=lambda v: np.median(x[level == v]))
+    if len(order) < 3:
+        return {"measured": False, "level": None, "why": "fewer than 3 levels"}
+    index = np.array([order.index(v) for v in level])  # each run's level, by rho
+    means, counts = np.bincount(index, y) / np.bincount(index), np.bincount(index)
+    dof = runs.size - len(order)
+    sd = float(np.sqrt(((y - means[index]) ** 2).sum() / dof)) if dof > 0 else float("nan")
+    best = 1 + int(np.argmax(means[1:-1]))
+    need = stats.t.ppf(1 - ALPHA / (len(order) - 2), dof) if dof > 0 else float("inf")
+    out = {"level": float(order[best]), "sd": sd, "dof": int(dof)}
+    for end, i in (("lead_low", 0), ("lead_high", len(order) - 1)):
+        lead, se = float(means[best] - means[i]), sd * math.sqrt(1 / counts[best] + 1 / counts[i])
+        out[end], out[f"{end}_se"] = lead, se
+        out[f"{end}_shown"] = bool(np.isfinite(se) and lead > need * se)
+    out["measured"] = out["lead_low_shown"] and out["lead_high_shown"]
+    return out
+
+
+def optimum_x(s: Slices, weights: np.ndarray) -> tuple[float | None, list[float] | None]:
     """The x (log-odds of rho) where the slice-averaged quadratic peaks (`local`), on the data (None where
     it does not peak inside the range every slice covers) and its 90% bootstrap interval (a replicate peaking at
     or beyond an end counts as that end; None with too few replicates)."""
@@ -349,9 +399,9 @@ def optimum_x(s: Slices, counts: np.ndarray) -> tuple[float | None, list[float] 
             vertex = np.where(np.isnan(vertex), np.nan, vertices(weights.astype(float), np.nan_to_num(vertex)))
         return vertex
 
-    data = local(np.ones((1, counts.shape[1])))[0]
+    data = local(np.ones((1, weights.shape[1])))[0]
     inside = low < data < high
-    band = interval(local(counts))
+    band = interval(local(weights))
     return (float(data) if inside else None), band
 
 
@@ -364,15 +414,15 @@ UNITS = {
 
 def level_table(pts: pd.DataFrame) -> pd.DataFrame:
     """Per allocation level of one reward system, sorted by x: the medians of x and of the units an
-    optimum is read in (x without reward FLOPs; log2 algo.epochs; log2 n, where each level has one n:
-    the pilot's pairs, not earlier pilots' levels, whose n was a replicate). A level is the runs of
+    optimum is read in (x without reward FLOPs; log2 algo.epochs; log2 n, where each level has one n
+    and the levels' n differ: a pilot's levels share one N, so n is not its lever). A level is the runs of
     one algo.epochs, or each run where results do not name it (then x without reward FLOPs only)."""
     key = "epochs" if pts["epochs"].notna().all() else "run"
     levels = pts.groupby(key)
     table = pd.DataFrame({"x": levels["x"].median(), "rho_no_reward": levels["x_no_reward"].median()})
     if key == "epochs":
         table["algo.epochs"] = np.log2(levels["epochs"].median())
-        if (levels["n"].nunique() == 1).all():
+        if (levels["n"].nunique() == 1).all() and levels["n"].median().nunique() > 1:
             table["n"] = np.log2(levels["n"].median())
     return table.sort_values("x")
 
@@ -402,7 +452,7 @@ def optimum_units(pts: pd.DataFrame, x: float | None, band: list[float] | None) 
 # Reward systems against each other
 
 
-def reward_gap(data: Data, model: str, counts: np.ndarray) -> dict | None:
+def reward_gap(data: Data, model: str, weights: np.ndarray) -> dict | None:
     """Does `model` (a model-based reward) beat the best rule-based reward at equal compute?
 
     Per slice, its mean target minus the best rule-based mean; averaged over the slices where both
@@ -422,7 +472,7 @@ def reward_gap(data: Data, model: str, counts: np.ndarray) -> dict | None:
         return None
     gaps, pooled, split = [], [], []
     for g in slices:
-        w = counts[:, g["run"].map(index).to_numpy()].astype(float)
+        w = weights[:, g["run"].map(index).to_numpy()].astype(float)
         y = g["y"].to_numpy(float)
         means = {}
         for reward in [model, *rule]:
@@ -460,24 +510,24 @@ def _loo_group_errors(y: np.ndarray, group: np.ndarray) -> np.ndarray:
 # Decision and validation
 
 
-def replicate_counts(data: Data, n_boot: int, seed: int) -> np.ndarray:
+def replicate_weights(data: Data, n_boot: int, seed: int) -> np.ndarray:
     """(1 + n_boot, runs): the data itself, then bootstrap resamples of whole runs within each reward
     system. Not within allocation levels: with the two or three runs a pilot has per level, that
     would understate the spread; a replicate that loses a level is fitted on the levels it has."""
     by_run = data.points.drop_duplicates("run").set_index("run").loc[data.runs]
     return np.vstack(
-        [np.ones((1, len(data.runs)), dtype=np.int64), bootstrap.run_counts(n_boot, by_run["reward"].to_numpy(), seed)]
+        [np.ones((1, len(data.runs)), dtype=np.int64), bootstrap.run_weights(n_boot, by_run["reward"].to_numpy(), seed)]
     )
 
 
 def decide(data: Data, target: str, n_boot: int = 200, seed: int = 0) -> list[dict]:
     """One entry per reward system: its regime and the evidence for it."""
-    counts = replicate_counts(data, n_boot, seed)
-    boot = counts[1:]
+    weights = replicate_weights(data, n_boot, seed)
+    boot = weights[1:]
     entries = []
     for reward, pts in data.points.groupby("reward", sort=True):
         t = trend(Slices.of(pts, data.runs), boot)
-        gap = reward_gap(data, reward, counts) if reward in data.model_based else None
+        gap = reward_gap(data, reward, weights) if reward in data.model_based else None
         x, band = t.get("optimum_x"), t.get("optimum_x_interval90")
         entry = {
             "reward": reward,
@@ -487,6 +537,7 @@ def decide(data: Data, target: str, n_boot: int = 200, seed: int = 0) -> list[di
             "optimum_rho": rho_of(x) if x is not None else None,
             "optimum_interval90": [rho_of(v) for v in band] if band else None,
             "optimum_units": optimum_units(pts, x, band),
+            "measured_peak": t.get("measured_peak"),
             "basis": "rho",
             "why": t["why"],
             "rho_regime": t["regime"],

@@ -192,9 +192,9 @@ def markdown(report: dict, plots: list[str]) -> str:
             rec["command"],
             "```",
         ]
-    for key in ("note", "error"):
+    for key in ("n_note", "note", "error"):
         if rec.get(key):
-            lines.append(f"- {key}: {rec[key]}")
+            lines.append(f"- {key.removeprefix('n_')}: {rec[key]}")
     return "\n".join(lines) + "\n"
 
 
@@ -232,6 +232,7 @@ def summary(report: dict) -> Group:
         Text(
             f"recommend: reward {rec['reward']} ({rec['reward_why']}); {rec['allocation']}"
             + (f" (algo.epochs {rec['algo.epochs']})" if rec.get("algo.epochs") else "")
+            + (f"; {rec['n_note']}" if rec.get("n_note") else "")
         ),
     ]
     if rec.get("command"):

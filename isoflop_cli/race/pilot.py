@@ -1,20 +1,19 @@
 """The RACE pilot: a small iso-FLOP grid derived from the sweep the user would run at full scale.
 
-Each allocation level is a pair (n, updates): n rollouts per prompt, and `updates` passes over them
-per rollout batch (`algo.epochs`), with n x updates = N the same at every whole level. Every level
-therefore learns from N completions per prompt per batch; what it trades is where they come from:
-fresh rollouts (large n, one update: search) or the same rollouts learned from again (small n, many
-updates: learning). At a FLOP budget every level spends the same compute, and the level with more
-updates per batch spends more of it learning: rho = C_learning / C_total rises with updates (its
-log-odds by about one per doubling, so doubling levels are evenly spread where the analysis fits).
-N is the sweep's largest n, raised to twice the largest whole update count (every group keeps two
-completions for its advantage) and to a multiple of every whole count. Below one update per batch
-the lever is the other way round: a level of `updates` u < 1 samples N completions a prompt and
-learns from u N of each group (`algo.epochs` fractional: the recipe's rollout down-sampling; the
-advantages still come from all N), so it spends less on learning at the same search and rho falls
-below one update's. The default levels, 1/16, 1/4, 1 and 4 updates (at N = 16: learning from 1, 4
-and 16 of each group's 16 completions, and n = 4 learnt from four times), span rho 0.30, 0.51, 0.78
-and 0.94 on the embedded model by the plan's bound, so optima such as the seed study's 0.72
+Each allocation level is one update share at one n: every level samples n = N rollouts per prompt
+(N the sweep's largest n), and learns from them `updates` times per rollout batch (`algo.epochs`):
+a whole count u is u passes over all N completions, a fraction u < 1 one pass over u N of each
+group (the recipe's rollout down-sampling: the u N whose rewards vary the most; the advantages still
+come from all N). Search per batch is therefore the same at every level and only the learning on it
+moves: at a FLOP budget every level spends the same compute, and the level with more updates per
+batch spends more of it learning, so rho = C_learning / C_total rises with updates (its log-odds by
+about one per doubling, so doubling levels are evenly spread where the analysis fits). One lever:
+a level set that also changed n would confound the update share with the group size (n sets the
+share of groups with mixed rewards, and GRPO learns only from those). N is raised to a multiple of
+every fraction's denominator, so each level learns from a whole number of completions and its rho
+is the one its share says. The default levels, 1/16, 1/4, 1 and 4 updates (at N = 16: learning
+from 1, 4 and 16 of each group's 16 completions, and from all 16 four times), span rho from about
+0.3 to above 0.9 on the embedded model by the plan's bound, so optima such as the seed study's 0.72
 (rule-based rewards) and 0.45 (a PRM) lie inside the pilot's range.
 
 The levels are crossed with every reward system of the sweep and two seeds (the second a
@@ -30,6 +29,7 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from omegaconf import DictConfig
 
@@ -40,6 +40,7 @@ from isoflop_cli.errors import ConfigError
 # steps the most expensive pilot cell takes by the smallest budget: 4x the default warm-up (algo.warmup_steps = 2)
 MIN_STEPS = 8
 SEEDS = 2  # runs per level and reward system: the sweep's first seed and a replicate
+MAX_DENOMINATOR = 64  # a share of a group's completions is read as a fraction up to 1/64
 
 
 @dataclass(frozen=True)
@@ -55,13 +56,12 @@ class Level:
 
 
 def levels(updates: list[float], sweep_n: list[int]) -> list[Level]:
-    """The levels for these update counts: whole counts u get n = N / u, N = the sweep's largest n,
-    at least twice the largest whole count (two completions a group) and a multiple of every whole
-    count (whole n); a fraction u < 1 gets n = N, learning from u N of each group."""
-    whole = [int(u) for u in updates if u >= 1]
-    step = math.lcm(*whole) if whole else 1
-    N = step * math.ceil(max(*sweep_n, 2 * max(whole, default=1)) / step)
-    return [Level(N // int(u), int(u)) if u >= 1 else Level(N, float(u)) for u in sorted(set(updates))]
+    """The levels for these update counts, all at n = N: the sweep's largest n (at least 2, a group's
+    advantage needs two completions), raised to a multiple of every fraction's denominator so that
+    u N is a whole number of completions."""
+    step = math.lcm(*(Fraction(u).limit_denominator(MAX_DENOMINATOR).denominator for u in updates))
+    N = step * math.ceil(max(*sweep_n, 2) / step)
+    return [Level(N, level(u)) for u in sorted(set(updates))]
 
 
 @dataclass
@@ -94,9 +94,7 @@ class Pilot:
     """The pilot's config and cells, how it was derived and what it costs next to the full sweep."""
 
     cfg: DictConfig
-    cells: list[
-        grid_mod.Cell
-    ]  # the levels' cells of the grid cfg describes (it crosses every n with every update count)
+    cells: list[grid_mod.Cell]  # the grid cfg describes: N crossed with every update count and reward
     overrides: list[str]  # the pilot's own overrides, after the user's
     budgets: list[float]
     full_flops: float  # the full sweep's predicted FLOPs
@@ -124,16 +122,6 @@ def expand(
     cfg = config_mod.load(config, overrides)
     recompose: Callable[[list[str]], DictConfig] = lambda extra: config_mod.load(config, overrides + extra)  # noqa: E731
     return cfg, grid_mod.expand(cfg, recompose=recompose, flops_scale=flops_scale)
-
-
-def expand_levels(
-    config: str | None, overrides: list[str], levels: list[Level]
-) -> tuple[DictConfig, list[grid_mod.Cell]]:
-    """The pilot's config and the cells of its levels: the grid crosses every level's n with every
-    update count, and only the pairs of a level are the pilot's (a grid has no paired axes)."""
-    cfg, cells = expand(config, overrides)
-    pairs = {(lv.n, lv.updates) for lv in levels}
-    return cfg, [c for c in cells if (c.axes["n"], c.axes["algo.epochs"]) in pairs]
 
 
 def cell_flops(cell: grid_mod.Cell) -> float:
@@ -167,7 +155,7 @@ def base_overrides(cfg: DictConfig, levels: list[Level], budgets: list[float]) -
     g = cfg.grid
     return [
         f"name={cfg.name}-pilot",
-        f"grid.n=[{','.join(str(n) for n in dict.fromkeys(lv.n for lv in levels))}]",  # fractional levels share N
+        f"grid.n=[{levels[0].n}]",  # every level's N
         f"grid.B_p=[{min(g.B_p)}]",
         f"grid.seed=[{','.join(str(g.seed[0] + i) for i in range(SEEDS))}]",
         "grid.budget.unit=flops",
@@ -215,7 +203,7 @@ def derive(config: str | None, overrides: list[str], spec: PilotSpec, force: boo
     rewards = rewards_of(full_cfg)
     # A first expansion at a budget every cell can afford gives the most expensive step of the pilot
     # (well below the cap on a run's FLOPs, which would make the largest cells infeasible).
-    _, probe = expand_levels(config, overrides + base_overrides(full_cfg, lvls, [grid_mod.MAX_RUN_FLOPS / 1e6]), lvls)
+    _, probe = expand(config, overrides + base_overrides(full_cfg, lvls, [grid_mod.MAX_RUN_FLOPS / 1e6]))
     feasible = [c for c in probe if c.feasible]
     if not feasible:
         raise ConfigError(f"no pilot level can run: {probe[0].reason if probe else 'no cell'}")
@@ -231,7 +219,7 @@ def derive(config: str | None, overrides: list[str], spec: PilotSpec, force: boo
     top = round_up(top)
     budgets = [top / 2**j for j in reversed(range(count))]
     pilot_overrides = base_overrides(full_cfg, lvls, budgets)
-    cfg, cells = expand_levels(config, overrides + pilot_overrides, lvls)
+    cfg, cells = expand(config, overrides + pilot_overrides)
     by_bound = any(c.plan.column != "flops_total" for c in full_cells if c.feasible)
     pilot = Pilot(cfg, cells, pilot_overrides, budgets, full, total_flops(cells), rewards, lvls, notes, by_bound)
     if pilot.share > spec.cap and not force:

@@ -5,9 +5,14 @@ highest mean target at the largest budget (rule-based rewards are not tested aga
 The allocation levels follow that reward's rho regime: the fewest of the pilot's updates per
 rollout batch (algo.epochs) when search-heavy, the most and one doubling beyond when update-heavy,
 the levels whose rho brackets the fitted optimum when interior, and the sweep's own allocation when
-undetermined (no evidence to move compute). At full scale n stays the sweep's own axis: the pilot
-paired it with the updates to hold the completions learned from per batch, the full sweep measures
-it.
+undetermined (no evidence to move compute). At full scale n stays the sweep's own axis (the pilot
+held it at N; the full sweep measures it), but only at the n where each recommended level keeps the
+pilot's rho, by the plan's prediction within RHO_SPREAD in log-odds of its rho at N. A level is a
+share of a group, and its rho moves with n: a fraction u learns from u n completions, rounded up
+where u n is not whole (1/16 at n = 2 learns from one of two), and a group's prompt is learned from
+once whatever its share (on the embedded model 1/4 of a group is rho 0.51 at n = 16, 0.54 at 8,
+0.58 at 4 and 0.69 at 2). The other n are left out of the recommended sweep, and said to be
+(`n_left_out`, with each n's rho in `rho_by_n`).
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ import numpy as np
 
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.race import pilot as pilot_mod
-from isoflop_cli.race.analysis import INTERIOR, REWARD, SEARCH, UPDATE, Data
+from isoflop_cli.race.analysis import INTERIOR, REWARD, SEARCH, UPDATE, Data, log_odds
 
 AXES_OVERRIDES = ("grid.axes", "+grid.axes", "++grid.axes", "reward=", "+reward=", "algo.epochs=")
+RHO_SPREAD = 0.5  # log-odds of rho: a quarter of the default pilot's spacing between levels
 
 
 def choose_reward(entries: list[dict], data: Data) -> tuple[str, str]:
@@ -67,10 +73,32 @@ def choose_epochs(
     return None
 
 
-def sweep_overrides(config: str | None, overrides: list[str], reward: str, epochs: list[int] | None) -> list[str]:
-    """The user's overrides, with the reward axis narrowed to `reward` and the epoch levels as an axis;
-    unchanged when that is the sweep already."""
+def keeping_rho(cells: list, epochs: list[float]) -> tuple[list[int], list[int], dict[str, dict[str, float]]]:
+    """(the n at which every level of `epochs` has the rho it has at the largest n, within
+    RHO_SPREAD in log-odds by the plan, the other n, each level's planned rho at each n)."""
+    rho: dict[tuple[int, float], list[float]] = {}
+    for c in cells:
+        if c.feasible and c.axes.get("algo.epochs") in epochs:
+            rho.setdefault((int(c.axes["n"]), c.axes["algo.epochs"]), []).append(c.plan.predicted_flops["rho"])
+    mean = {k: float(np.mean(v)) for k, v in rho.items()}
+    ns = sorted({n for n, _ in mean})
+    top = ns[-1]
+    kept = [
+        n
+        for n in ns
+        if all((n, e) in mean and abs(log_odds(mean[n, e]) - log_odds(mean[top, e])) <= RHO_SPREAD for e in epochs)
+    ]
+    table = {str(pilot_mod.level(e)): {str(n): mean[n, e] for n in ns if (n, e) in mean} for e in epochs}
+    return kept, [n for n in ns if n not in kept], table
+
+
+def sweep_overrides(
+    config: str | None, overrides: list[str], reward: str, epochs: list[int] | None, ns: list[int] | None = None
+) -> list[str]:
+    """The user's overrides, with the reward axis narrowed to `reward`, the epoch levels as an axis
+    and grid.n narrowed to `ns` where given; unchanged when that is the sweep already."""
     cfg, _ = pilot_mod.expand(config, overrides)
+    narrowed = [f"grid.n=[{','.join(map(str, ns))}]"] if ns and ns != list(cfg.grid.n) else []
     before = {k: list(v) for k, v in cfg.grid.axes.items()}
     axes = {k: v for k, v in before.items() if k not in ("reward", "algo.epochs")}
     if "reward" in before or reward != cfg.reward.name:
@@ -79,11 +107,12 @@ def sweep_overrides(config: str | None, overrides: list[str], reward: str, epoch
         axes["algo.epochs"] = epochs
     elif "algo.epochs" in before:
         axes["algo.epochs"] = before["algo.epochs"]
+    kept = [o for o in overrides if not o.startswith(AXES_OVERRIDES + (("grid.n=",) if narrowed else ()))]
     if axes == before:
-        return list(overrides)
-    kept = [o for o in overrides if not o.startswith(AXES_OVERRIDES)]
+        return [*kept, *narrowed] if narrowed else list(overrides)
     return [
         *kept,
+        *narrowed,
         "++grid.axes={" + ",".join(f"{k}:[{','.join(str(v) for v in vals)}]" for k, vals in axes.items()) + "}",
     ]
 
@@ -125,6 +154,15 @@ def recommend(
     try:
         sweep = sweep_overrides(config, overrides, reward, epochs)
         _, cells = pilot_mod.expand(config, sweep, flops_scale=scale)
+        if epochs:
+            kept, rec["n_left_out"], rec["rho_by_n"] = keeping_rho(cells, epochs)
+            if rec["n_left_out"]:
+                rec["n_note"] = (
+                    f"n = {', '.join(map(str, rec['n_left_out']))} left out: there algo.epochs "
+                    f"{', '.join(map(str, epochs))} would not have the pilot's rho (rho_by_n)"
+                )
+                sweep = sweep_overrides(config, overrides, reward, epochs, kept)
+                _, cells = pilot_mod.expand(config, sweep, flops_scale=scale)
     except ConfigError as e:
         rec.update(overrides=None, command=None, predicted_flops=None, error=str(e))
         return rec

@@ -40,7 +40,7 @@ class AdvantageInputs:
     """What an estimator may read about one rollout batch; R = B_p * n_learn rows learned from."""
 
     rewards: torch.Tensor  # [B_p, n] every sampled completion's reward, by prompt group
-    n_learn: int  # the first n_learn completions of each group are learned from
+    n_learn: int  # the first n_learn completions of each group are learned from (`learned_first`)
     mask: torch.Tensor  # [R, T] the completion tokens learned from
     mine: torch.Tensor  # [R] bool: the rows this process trains on
     values: torch.Tensor  # [R, T] the value head's estimates at sampling time (zeros without a value head)
@@ -85,6 +85,28 @@ def group_advantages(rewards: torch.Tensor, eps: float, scale: bool = True) -> t
     if rewards.shape[1] < 2:
         return torch.zeros_like(rewards)
     return centred / (rewards.std(dim=1, keepdim=True) + eps) if scale else centred
+
+
+def learned_first(rewards: torch.Tensor, k: int) -> torch.Tensor:
+    """[B_p, n] each group's completions reordered so that its first k are the ones a fractional
+    epoch learns from: the k whose rewards vary the most (max-variance down-sampling: some i of the
+    group's highest rewards and k - i of its lowest, for the i that gives the largest variance), in
+    their sampled order, then the rest in theirs. Learning from k of a group means its other
+    completions' gradient is lost; the informative ones are where the rewards differ: a binary
+    group's one success among many failures is always kept where a uniform k would mostly drop it.
+    A group whose rewards are all equal keeps its first k. Ties between subsets go to the one with
+    the fewest highest rewards, so the choice is deterministic."""
+    n = rewards.shape[1]
+    ranked = torch.sort(rewards, dim=1, stable=True).indices  # [B_p, n] ascending, ties by position
+    ordered = rewards.gather(1, ranked)
+    spread = torch.stack(
+        [torch.cat([ordered[:, : k - i], ordered[:, n - i :]], 1).var(1, correction=0) for i in range(k + 1)], 1
+    )
+    top = spread.argmax(1)  # [B_p] how many of the highest rewards the best subset takes (the first best)
+    position = torch.arange(n).expand_as(rewards)
+    rank_taken = (position < (k - top)[:, None]) | (position >= (n - top)[:, None])  # [B_p, n] by rank
+    taken = torch.zeros_like(rank_taken).scatter(1, ranked, rank_taken)  # [B_p, n] by position
+    return torch.sort((~taken).to(torch.int8), dim=1, stable=True).indices
 
 
 def token_weights(mask: torch.Tensor, mode: str, max_len: int = 0) -> torch.Tensor:

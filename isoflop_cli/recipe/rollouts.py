@@ -45,7 +45,7 @@ class Rollouts:
         return tuple(int((lengths > t).sum()) for t in range(1, self.generated_width))
 
     def select(self, rows: torch.Tensor) -> Rollouts:
-        """These rows only, in the same layout (the rows a fractional epoch learns from)."""
+        """These rows only, in this order, in the same layout (a fractional epoch's rows)."""
         return replace(
             self,
             sequences=self.sequences[rows],

@@ -45,6 +45,7 @@ from isoflop_cli.recipe.losses import (
     AdvantageInputs,
     Advantages,
     kl_k3,
+    learned_first,
     token_weights,
     truncated_is,
     value_loss,
@@ -470,13 +471,17 @@ class Trainer:
         return Batch(rollouts, rewards.view(self.B_p, n), summed[total].item(), summed[total + 1].item())
 
     def arrange(self, batch: Batch) -> None:
-        """The rows learned from (a fractional algo.epochs: the first n_learn of each group, a
-        uniform subset of exchangeable samples), the tokens the loss counts and their weights in
-        each mini-batch's loss, and the split into mini-batches, ranks and micro-batches, all
-        along prompt groups."""
+        """The rows learned from (a fractional algo.epochs: the n_learn of each group whose rewards
+        vary the most, moved to the front of their group with its rewards: `learned_first`), the
+        tokens the loss counts and their weights in each mini-batch's loss, and the split into
+        mini-batches, ranks and micro-batches, all along prompt groups."""
         algo, B_p, n = self.algo, self.B_p, self.n
         batch.epochs, batch.n_learn = flops.epoch_plan(algo.epochs, n)
         k = batch.n_learn
+        if k < n:
+            order = learned_first(batch.rewards, k)  # [B_p, n]
+            batch.sampled = batch.sampled.select((order + n * torch.arange(B_p)[:, None]).flatten())
+            batch.rewards = batch.rewards.gather(1, order)
         learned = torch.arange(B_p * n).view(B_p, n)[:, :k].flatten()
         batch.rollouts = batch.sampled.select(learned) if k < n else batch.sampled
         keep = (
