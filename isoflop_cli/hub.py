@@ -10,6 +10,9 @@ reads (`HF_HUB_CACHE`, else `HF_HOME/hub`, else ~/.cache/huggingface/hub), looke
 test's or a job's environment, not the one at import). Nothing is downloaded unless the config allows
 it (`model.download`, `task.download`), and never with `HF_HUB_OFFLINE=1`: an id not in the cache is
 one ConfigError line saying so and how to allow the download.
+
+Whatever a value resolves to, a local file's versions are told apart by `file_version`, which the
+data digests of run identity and the task's row cache are keyed on.
 """
 
 from __future__ import annotations
@@ -160,3 +163,11 @@ def _snapshot(
             f"{key} {shown}: the Hugging Face Hub {kind} cannot be had: {type(e).__name__}"
             + (f": {first[:300]}" if first else "")
         ) from None
+
+
+def file_version(path: Path) -> tuple[int, int, int, int, int]:
+    """What tells one version of a file from another without reading it: its size and mtime, and its
+    change time, inode and device, which user space cannot set back (a copy tool that keeps times,
+    `touch -r`, a file regenerated at the same length: each gets a new ctime, or a new inode)."""
+    stat = path.stat()
+    return (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev)

@@ -14,6 +14,14 @@ from isoflop_cli.config.compose import SWEEPS_DIR as SWEEPS
 runner = CliRunner()
 
 CASES = {
+    "the clock in a run's identity": (
+        ["plan", "task.instruction=${now:%H%M%S%f}"],
+        "task.instruction=${now:%H%M%S%f}: ${now:...} has another value at every invocation",
+    ),
+    "the invocation in a sweep's name": (
+        ["plan", "name=${hydra:runtime.cwd}"],
+        "name=${hydra:runtime.cwd}: ${hydra:...}",
+    ),
     "unknown key": (["plan", "grid.nn=[4]"], "unknown config key 'grid.nn' (did you mean grid.n?)"),
     "unknown key in a section": (["plan", "algo.temprature=0.5"], "(did you mean algo.temperature?)"),
     "unknown axis key": (

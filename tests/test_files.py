@@ -219,6 +219,41 @@ def test_a_data_file_changed_in_place_is_a_new_run_and_a_new_calibration(tmp_pat
     assert calibrate.finished_slices(dest) == 0
 
 
+def test_a_data_file_changed_with_its_size_and_mtime_put_back_is_still_a_new_run(tmp_path):
+    """A copy tool that keeps times, `touch -r`, a file regenerated at the same length: one answer
+    changed, the size the same and the mtime set back. Once the digest cache (path, size, mtime)
+    read it as the old file, and the old run would have resumed on other data."""
+    import json
+    import os
+
+    from isoflop_cli import config, grid
+    from isoflop_cli.config import identity
+
+    data = tmp_path / "sums.jsonl"
+
+    def write(answer: str) -> None:
+        rows = [
+            {"prompt": f"{a}+{b}=", "reward_model": {"ground_truth": str(a + b)[::-1]}}
+            for a in range(10)
+            for b in range(10)
+        ]
+        rows[0]["reward_model"]["ground_truth"] = answer
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def ids() -> list[str]:
+        return [c.run_id for c in grid.expand(config.load(None, [*DATASET, f"task.train={data}"]))]
+
+    write("0")
+    before, digest, stat = ids(), identity.data_digest(str(data)), data.stat()
+    write("9")  # one answer, one byte: the same length
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert (data.stat().st_size, data.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    assert identity.data_digest(str(data)) != digest and ids() != before
+    assert json.loads((identity.cache_dir() / identity.DIGESTS).read_text())[str(data.resolve())]["sha1"] == (
+        identity.data_digest(str(data))
+    )
+
+
 @pytest.mark.parametrize("copy_before", [False, True])
 def test_a_checkpoint_missing_a_shard_is_set_aside_and_the_run_starts_over(tmp_path, capsys, copy_before):
     """Once: every attempt failed in dcp.load with a torch traceback, never starting afresh. Variant:

@@ -68,6 +68,7 @@ def load(config: str | None = None, overrides: list[str] | tuple[str, ...] = (),
     cfg = _compose(path, list(overrides))
     try:
         cfg = OmegaConf.merge(_schema(), cfg)  # merge copies its first argument
+        _check_stable(OmegaConf.to_container(cfg, resolve=False))
         OmegaConf.resolve(cfg)  # a broken ${...} interpolation fails here, not in the middle of a run
     except OmegaConfBaseException as e:
         raise ConfigError(omegaconf_message(e)) from None
@@ -76,6 +77,27 @@ def load(config: str | None = None, overrides: list[str] | tuple[str, ...] = (),
     resolve_device_defaults(cfg)
     check(cfg, evaluation=evaluation)
     return cfg
+
+
+# Resolvers whose value is not a function of the config: the clock (Hydra's `now`) and the
+# invocation (`hydra:`, its run directory and working directory). A run's id hashes the resolved
+# config and a sweep's directory is its name, so a rerun would start new runs beside the killed ones.
+UNSTABLE = re.compile(r"\$\{\s*(now|hydra)\s*:")
+
+
+def _check_stable(node: Any, path: str = "") -> None:
+    """Refuse, naming the key, a value that interpolates an UNSTABLE resolver."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            _check_stable(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _check_stable(value, f"{path}[{i}]")
+    elif isinstance(node, str) and (found := UNSTABLE.search(node)):
+        raise ConfigError(
+            f"{path}={node}: ${{{found.group(1)}:...}} has another value at every invocation, so a rerun "
+            "would be a new run beside the old one instead of resuming it; give the value itself"
+        )
 
 
 @functools.cache

@@ -111,13 +111,15 @@ def data_files(task: dict[str, Any], evaluation: dict[str, Any]) -> dict[str, st
     return {key: data_digest(path, key) for key, path in paths.items()}
 
 
-DIGESTS = "data-digests.json"  # in ISOFLOP_CACHE: path -> size, mtime and digest of each data file hashed
+DIGESTS = "data-digests.json"  # in ISOFLOP_CACHE: path -> version (hub.file_version) and digest of each data file
 DIGESTS_KEPT = 1000
 
 
 def data_digest(path: str, key: str = "data file") -> str:
     """sha1 of a data file's bytes; of a directory (a `save_to_disk` data set), of its files' names
-    and digests. Each file is read once per version (path, size, mtime_ns), as the cache keeps it."""
+    and digests. Each file is read once per version (hub.file_version: size, mtime, ctime, inode,
+    device), as the cache keeps it: a file changed in place with its size and mtime put back is
+    still read again."""
     root = hub.data_file(path, key)  # a Hub data set: its cached file, by content like any other
     try:
         if root.exists() and not (root.is_file() or root.is_dir()):  # a named pipe: reading it could wait forever
@@ -131,29 +133,23 @@ def data_digest(path: str, key: str = "data file") -> str:
 
 
 def _file_digest(path: Path) -> str:
-    stat = path.stat()
-    return _digest_of(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    return _digest_of(str(path.resolve()), hub.file_version(path))
 
 
 @functools.lru_cache(maxsize=256)
-def _digest_of(path: str, size: int, mtime_ns: int) -> str:
+def _digest_of(path: str, version: tuple[int, ...]) -> str:
     cache = cache_dir() / DIGESTS
     entries = read_json(cache, default={})
     entries = entries if isinstance(entries, dict) else {}
     entry = entries.get(path)
-    if (
-        isinstance(entry, dict)
-        and entry.get("size") == size
-        and entry.get("mtime_ns") == mtime_ns
-        and isinstance(entry.get("sha1"), str)
-    ):
+    if isinstance(entry, dict) and entry.get("version") == list(version) and isinstance(entry.get("sha1"), str):
         return entry["sha1"]
     sha = hashlib.sha1()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             sha.update(block)
     entries.pop(path, None)
-    entries[path] = {"size": size, "mtime_ns": mtime_ns, "sha1": sha.hexdigest()}
+    entries[path] = {"version": list(version), "sha1": sha.hexdigest()}
     with contextlib.suppress(OSError):  # a cache that cannot be written (a read-only home): a re-read, nothing else
         atomic_write(cache, json.dumps(dict(list(entries.items())[-DIGESTS_KEPT:])), durable=False)
     return sha.hexdigest()

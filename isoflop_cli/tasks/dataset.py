@@ -299,19 +299,18 @@ def read_rows(
     path: str, what: str, prompt_key: str, answer_key: str, download: bool = False, prompt_tokens: int | None = None
 ) -> tuple[Row, ...]:
     """The problems of one file (a Hub data set's, from the local Hugging Face cache: `hub`), each
-    row checked; cached per file version (config checks and grid expansion ask again and again).
+    row checked; cached per file version (hub.file_version: config checks and grid expansion ask
+    again and again).
     Rows beyond what a prompt of `prompt_tokens` can be are refused before they are read (`bounds`)."""
     p = hub.data_file(path, what, download)
     if not p.exists():
         raise TaskError(f"{what} {path} does not exist")
     if not (p.is_file() or p.is_dir()):  # a named pipe or a device: reading it could wait forever
         raise TaskError(f"{what} {path} is not a regular file (or a data set's directory)")
-    stat = p.stat()
     # Absolute, links not followed: a Hub cache's file is a link to a blob whose name has no suffix.
     return _read_rows(
         str(p.absolute()),
-        stat.st_mtime_ns,
-        stat.st_size,
+        hub.file_version(p),
         what,
         prompt_key,
         answer_key,
@@ -321,7 +320,7 @@ def read_rows(
 
 @functools.lru_cache(maxsize=16)
 def _read_rows(
-    path: str, _mtime: int, _size: int, what: str, prompt_key: str, answer_key: str, max_row: int
+    path: str, _version: tuple[int, ...], what: str, prompt_key: str, answer_key: str, max_row: int
 ) -> tuple[Row, ...]:
     rows = records(Path(path), what, max_row)
     if not rows:
