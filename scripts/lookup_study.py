@@ -1,157 +1,62 @@
-"""The lookup study end to end, through isoflop's own commands: the seed's easy and hard sets side
-by side, where problems need skills of their own (isoflop_cli/recipe/lookup.py says why a lookup).
+"""The embedded study, pre-registered, through isoflop's own commands: a pilot picks the design by a
+rule fixed before it ran (studies/lookup-preregistration.yaml), and a confirmatory sweep on fresh
+seeds answers "does n* rise with compute?" once (isoflop_cli/recipe/lookup.py says why a lookup).
 
-1. the pool (512 keys, verl-style parquet) and the warm-started model (built once, cached);
-2. `isoflop calibrate --config lookup`: every key's pass rate over 16 samples, cut into easy
-   ([0.3, 0.6]) and hard ([0.0625, 0.125]: one or two successes in 16) sets;
-3. `isoflop sweep --config lookup` on each set (n 2-16, B_p 16; budgets doubling from 1,024 rollouts
-   to 8,192 on the easy set, to 32,768 on the hard one; validation asks the set's own keys), then
-   `isoflop fit`. Seeds: at least three, and as many as the plan's power analysis asks for to make
-   the fit's answer to "does n* rise?" 80% likely (at most MAX_SEEDS); its plan shows the cost;
-4. one table per set: val_avg@k per n and budget (mean and sd over seeds), zero_var_frac, and
-   best@k / worst@k at the largest budget (coverage against sharpening); and one figure of both sets
-   side by side (`study.png` / `.svg`: val_avg@k against rollouts per n, mean and range over seeds).
+    python scripts/lookup_study.py --pilot [--out isoflop-runs/lookup]   # writes studies/lookup-design.json
+    python scripts/lookup_study.py [--out isoflop-runs/lookup]           # make sweep: the confirmatory study
 
-`make sweep` runs it (the embedded default study):
+Both first write the pool (512 keys, verl-style parquet), take the shipped warm-started model and run
+`isoflop calibrate --config lookup` (16 samples a key), cutting the pre-registered bands.
 
-    python scripts/lookup_study.py [--out isoflop-runs/lookup] [--seeds 0,1,2] [--easy-to 8192] [--hard-to 32768]
-                                   [--n 2,4,8,16]
-
-A rerun keeps every finished run (isoflop's own resume).
+`--pilot` sweeps every candidate on the pilot seeds, reads what the pilot measured (results.parquet:
+cell means at each budget, wall time) and `isoflop plan --noise-from` (the power the pilot predicts),
+applies the rule and writes the design with the evidence for every candidate. The default runs the
+design's sweep on seeds confirm_first_seed, ... (never a pilot seed), fits it, prints the fit's answer,
+a table (val_avg@k per n and budget, mean and sd over seeds; zero_var_frac; best@k and worst@k at the
+largest budget) and draws `study.png` / `.svg`. A rerun keeps every finished run (isoflop's own resume).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 import pandas as pd
+import yaml
 
 from isoflop_cli.recipe import lookup
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-SETS = ("easy", "hard")
-# Each set's largest budget. Every n has levelled off on the easy set by 8,192 rollouts; on the hard
-# set the small-n cells level off below the large-n ones only past 16,384 (the README's "What it
-# shows"), so its sweep goes a doubling further.
-TOP = {"easy": 8192, "hard": 32768}
-FIRST = 1024
+ROOT = Path(__file__).resolve().parents[1]
+PREREGISTRATION = ROOT / "studies" / "lookup-preregistration.yaml"
+DESIGN = ROOT / "studies" / "lookup-design.json"
+METRIC = "val_avg@k"
+CALIBRATE_CUTS = {"medium": "easy", "hard": "hard"}  # a band's calibrate cut (calibrate.easy / .hard)
 
 
-# The between-seed sd of val_avg@4 that the hard set's three-seed sweep measured (its fit.json's
-# noise.seed_sd): the power analysis before each sweep reads the noise from it, not the default.
-SEED_SD = 0.033
+def isoflop(*args: str, capture: bool = False) -> str:
+    done = subprocess.run([sys.executable, "-m", "isoflop_cli", *args], check=True, capture_output=capture, text=True)
+    return done.stdout if capture else ""
 
 
-def doubling(top: int) -> list[int]:
-    """FIRST, 2 FIRST, 4 FIRST, ... up to `top` (FIRST alone when top is below it)."""
-    budgets = [FIRST]
-    while budgets[-1] * 2 <= top:
-        budgets.append(budgets[-1] * 2)
-    return budgets
-
-
-def isoflop(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "isoflop_cli", *args], check=True)
-
-
-MAX_SEEDS = 6  # what this study spends at most per cell on a 2-core machine (each seed of the hard set: ~2.5 min)
-
-
-def powered_seeds(overrides: list[str]) -> int:
-    """The seeds per cell the plan's power analysis asks for (80% that fit calls a rising n* of the
-    size power.* describes), at most MAX_SEEDS; says which, with the figures."""
-    planned = subprocess.run(
-        [sys.executable, "-m", "isoflop_cli", "plan", "--config", "lookup", "--json", *overrides],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    power = json.loads(planned.stdout)["power"]
-    want = power["seeds_for_80"]
-    seeds = min(want or MAX_SEEDS, MAX_SEEDS)
-    print(
-        f"power: {power['trend']:.0%} with {power['seeds']} seed(s) per cell; {want or f'more than {MAX_SEEDS}'} "
-        f"reach 80%: running {seeds}"
-        + ("" if want and want <= MAX_SEEDS else f" (this study's budget is {MAX_SEEDS} a cell)"),
-        flush=True,
-    )
-    return seeds
-
-
-def summary(sweep_dir: Path) -> str:
-    """val_avg@k (mean ± sd over seeds) per budget and n, zero_var_frac, and best/worst@k at the top."""
-    df = pd.read_parquet(sweep_dir / "results.parquet")
-    df = df[df["rollouts"] > 0]
-    last = df.loc[df.groupby("run_id")["step"].idxmax()]
-    lines = []
-    for column in ("val_avg@k", "zero_var_frac"):
-        mean = df.pivot_table(index="rollouts", columns="n", values=column, aggfunc="mean")
-        sd = df.pivot_table(index="rollouts", columns="n", values=column, aggfunc="std")
-        cells = mean.map("{:.3f}".format) + " ± " + sd.map("{:.3f}".format)
-        lines += [f"{column} (mean ± sd over {df['seed'].nunique()} seeds)", cells.to_string(), ""]
-    ends = last.groupby("n")[["val_avg@k", "val_best@k", "val_worst@k"]].mean()
-    lines += [f"at {int(last['rollouts'].max()):,} rollouts (means over seeds)", ends.round(3).to_string()]
-    return "\n".join(lines)
-
-
-def figure(out: Path) -> Path:
-    """Both sets side by side, as the seed's figures show them: val_avg@k against rollouts, one line
-    per n (the mean over seeds), the band between the seeds' lowest and highest."""
-    fig, axes = plt.subplots(
-        1, len(SETS), figsize=(10, 4), sharex=True, sharey=True
-    )  # one rollouts axis: the sets compare at a glance
-    for ax, name in zip(axes, SETS):
-        df = pd.read_parquet(out / name / "results.parquet")
-        for n, rows in df.groupby("n"):
-            by = rows.groupby("rollouts")["val_avg@k"]
-            x = (
-                by.mean().index.to_numpy().clip(min=rows["rollouts"][rows["rollouts"] > 0].min() / 2)
-            )  # the base point, drawn left of the first budget
-            (line,) = ax.plot(x, by.mean(), marker="o", ms=3, label=f"n={n}")
-            ax.fill_between(x, by.min(), by.max(), color=line.get_color(), alpha=0.15, lw=0)
-        ax.set(
-            xscale="log",
-            xlabel="rollouts (leftmost point: the base model)",
-            title=f"{name} set ({df['seed'].nunique()} seeds)",
-        )
-    axes[0].set_ylabel("validation avg@k")
-    axes[-1].legend()
-    fig.tight_layout()
-    for suffix in (".png", ".svg"):
-        fig.savefig(out / f"study{suffix}", dpi=120)
-    plt.close(fig)
-    return out / "study.png"
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("isoflop-runs/lookup"))
-    parser.add_argument(
-        "--seeds",
-        default=None,
-        help="seeds per cell, e.g. 0,1,2 (default: at least three, as many as the plan's power "
-        f"analysis asks for, at most {MAX_SEEDS})",
-    )
-    for name in SETS:
-        parser.add_argument(
-            f"--{name}-to",
-            type=int,
-            default=TOP[name],
-            help=f"the {name} set's largest budget (rollouts; budgets double from {FIRST:,})",
-        )
-    parser.add_argument("--n", default="2,4,8,16")
-    args = parser.parse_args()
-    out = args.out.resolve()
+def prepare(out: Path, bands: dict[str, list[float]]) -> tuple[list[str], dict[str, Path], float]:
+    """The pool, the model and calibrate's bands: (the overrides every sweep shares, each band's set
+    file, the seconds it took)."""
+    start = time.monotonic()
     lookup.write_pool(out / "pool.parquet")
-    model = lookup.model_dir()
-    common = [f"model.path={model}"]
+    common = [f"model.path={lookup.model_dir()}"]
+    cuts = [f"calibrate.{CALIBRATE_CUTS[band]}=[{lo},{hi}]" for band, (lo, hi) in bands.items()]
     isoflop(
         "calibrate",
         "--config",
@@ -163,29 +68,199 @@ def main() -> None:
         f"task.val={out / 'pool.parquet'}",
         "name=calibration",
         "eval.problems=8",
-    )  # calibrate plans a sweep on each set: sized by the set
-    for name in SETS:
-        problems = out / "calibration" / f"{name}.parquet"
-        keys = len(pd.read_parquet(problems))
-        budgets = ",".join(map(str, doubling(getattr(args, f"{name}_to"))))
-        overrides = [
-            *common,
-            f"task.train={problems}",
-            f"task.val={problems}",
-            f"name={name}",
-            f"eval.problems={keys}",
-            f"grid.budgets=[{budgets}]",
-            f"grid.n=[{args.n}]",
-            f"power.seed_sd={SEED_SD}",
-        ]
-        seeds = args.seeds or ",".join(map(str, range(max(3, powered_seeds([*overrides, "grid.seed=[0,1,2]"])))))
-        isoflop(
-            "sweep", "--config", "lookup", "--root", str(out), *overrides, f"grid.seed=[{seeds}]"
-        )  # its plan: cost and power first
-        isoflop("fit", str(out / name))
-    for name in SETS:
-        print(f"\n== {name} set ==\n{summary(out / name)}")
-    print(f"\nboth sets side by side: {figure(out)}; each set's fit: {out}/<set>/fit/report.md")
+        *cuts,
+    )
+    sets = {}
+    for band in bands:
+        sets[band] = out / "sets" / f"{band}.parquet"
+        sets[band].parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out / "calibration" / f"{CALIBRATE_CUTS[band]}.parquet", sets[band])
+    return common, sets, time.monotonic() - start
+
+
+def overrides(common: list[str], problems: Path, design: dict, budgets: list[int], seeds: list[int]) -> list[str]:
+    return [
+        *common,
+        f"task.train={problems}",
+        f"task.val={problems}",
+        f"eval.problems={len(pd.read_parquet(problems))}",
+        f"grid.n=[{','.join(map(str, design['n']))}]",
+        f"grid.B_p=[{design['B_p']}]",
+        f"grid.budgets=[{','.join(map(str, budgets))}]",
+        f"grid.eval_points={len(budgets)}",
+        f"grid.seed=[{','.join(map(str, seeds))}]",
+    ]
+
+
+def cell_means(df: pd.DataFrame, budgets: list[int]) -> pd.DataFrame:
+    """(budgets, n): the mean over seeds of each cell's metric at exactly each budget."""
+    at = df[df["rollouts"].isin(budgets)]
+    return at.pivot_table(index="rollouts", columns="n", values=METRIC, aggfunc="mean").reindex(budgets)
+
+
+def window(means: pd.DataFrame, level_off: float) -> list[int]:
+    """The budgets up to the last at which the best cell still gained `level_off` over the one before."""
+    budgets = list(means.index)
+    kept = budgets[:1]
+    for before, budget in itertools.pairwise(budgets):
+        best = means.loc[budget].idxmax()
+        if means.loc[budget, best] - means.loc[before, best] < level_off:
+            break
+        kept.append(budget)
+    return kept
+
+
+def power(common: list[str], problems: Path, design: dict, budgets: list[int], seeds: int, pilot: Path) -> dict:
+    """plan's power at `seeds` a cell on these budgets, the cells simulated as the pilot shows them."""
+    args = overrides(common, problems, design, budgets, list(range(seeds)))
+    planned = isoflop("plan", "--config", "lookup", "--json", "--noise-from", str(pilot), *args, capture=True)
+    return json.loads(planned)["power"]
+
+
+def judge(name: str, design: dict, pilot: Path, common: list[str], problems: Path, rule: dict, costs: dict) -> dict:
+    """The rule's steps 1-3 on one candidate's pilot: its window, whether its grid is centred, its seeds
+    and predicted power, and why it is not eligible where it is not."""
+    df = pd.read_parquet(pilot / "results.parquet")
+    means = cell_means(df, design["budgets"])
+    kept = window(means, rule["level_off"])
+    star = [float(means.loc[b].idxmax()) for b in (kept[0], kept[-1])]
+    middle = (math.log2(min(design["n"])) + math.log2(max(design["n"]))) / 2
+    off_centre = abs(np.mean(np.log2(star)) - middle)
+    ends = df[df["rollouts"] > 0].groupby("run_id")
+    at_window = df[df["rollouts"] == kept[-1]]["wall_s"].sum()
+    share = at_window / ends["wall_s"].max().sum()
+    per_seed_min = costs["pilot_s"] * share / len(rule["pilot_seeds"]) / 60
+    affordable = math.floor((rule["minutes"] - costs["fixed_s"] / 60) / per_seed_min)
+    first = power(common, problems, design, kept, 3, pilot)
+    seeds = max(3, min(first["seeds_for_80"] or rule["max_seeds"], affordable, rule["max_seeds"]))
+    at = first if seeds == 3 else power(common, problems, design, kept, seeds, pilot)
+    why = []
+    if len(kept) < rule["min_budgets"]:
+        why.append(f"the best cell levels off within {len(kept)} budgets")
+    if off_centre > rule["centre_doublings"]:
+        why.append(f"n* at the window's ends is {star[0]:g} and {star[1]:g}: {off_centre:.2f} doublings off the middle")
+    return {
+        "candidate": name,
+        **design,
+        "window": kept,
+        "pilot_means": {str(b): {str(n): round(float(v), 4) for n, v in means.loc[b].items()} for b in means.index},
+        "n_star_at_window_ends": star,
+        "off_centre_doublings": round(float(off_centre), 3),
+        "seeds": seeds,
+        "seeds_for_80": first["seeds_for_80"],
+        "affordable_seeds": affordable,
+        "power": at["trend"],
+        "power_range": at.get("trend_range"),
+        "minutes": round(costs["fixed_s"] / 60 + seeds * per_seed_min, 1),
+        "eligible": not why,
+        "why_not": why,
+    }
+
+
+def choose(judged: list[dict], tie: float) -> dict:
+    """Rule step 4: the eligible candidate of highest power (within `tie`: the fewest minutes), else
+    the highest power of all."""
+    pool = [j for j in judged if j["eligible"]] or judged
+    top = max(j["power"] or 0 for j in pool)
+    return min((j for j in pool if (j["power"] or 0) >= top - tie), key=lambda j: j["minutes"])
+
+
+def run_pilot(out: Path, pre: dict) -> None:
+    common, sets, prepare_s = prepare(out / "pilot", pre["bands"])
+    judged = []
+    for name, design in pre["candidates"].items():
+        pilot = out / "pilot" / name
+        args = overrides(common, sets[design["band"]], design, design["budgets"], pre["pilot_seeds"])
+        start = time.monotonic()
+        isoflop("sweep", "--config", "lookup", "--root", str(out / "pilot"), f"name={name}", *args)
+        pilot_s = time.monotonic() - start
+        start = time.monotonic()
+        isoflop("fit", str(pilot))
+        costs = {"pilot_s": pilot_s, "fixed_s": prepare_s + time.monotonic() - start}
+        judged.append(judge(name, design, pilot, common, sets[design["band"]], {**pre["rule"], **pre}, costs))
+        print(json.dumps(judged[-1]), flush=True)
+    chosen = choose(judged, pre["rule"]["tie"])
+    design = {
+        "preregistration": str(PREREGISTRATION.relative_to(ROOT)),
+        "chosen": chosen["candidate"],
+        "band": chosen["band"],
+        "bounds": pre["bands"][chosen["band"]],
+        "n": chosen["n"],
+        "B_p": chosen["B_p"],
+        "budgets": chosen["window"],
+        "seeds": list(range(pre["confirm_first_seed"], pre["confirm_first_seed"] + chosen["seeds"])),
+        "predicted_power": chosen["power"],
+        "predicted_power_range": chosen["power_range"],
+        "any_eligible": any(j["eligible"] for j in judged),
+        "candidates": judged,
+    }
+    DESIGN.write_text(json.dumps(design, indent=2) + "\n")
+    print(f"chosen: {chosen['candidate']} ({DESIGN.relative_to(ROOT)})")
+
+
+def summary(sweep_dir: Path) -> str:
+    """val_avg@k (mean ± sd over seeds) per budget and n, zero_var_frac, and best/worst@k at the top."""
+    df = pd.read_parquet(sweep_dir / "results.parquet")
+    df = df[df["rollouts"] > 0]
+    last = df.loc[df.groupby("run_id")["step"].idxmax()]
+    lines = []
+    for column in (METRIC, "zero_var_frac"):
+        mean = df.pivot_table(index="rollouts", columns="n", values=column, aggfunc="mean")
+        sd = df.pivot_table(index="rollouts", columns="n", values=column, aggfunc="std")
+        cells = mean.map("{:.3f}".format) + " ± " + sd.map("{:.3f}".format)
+        lines += [f"{column} (mean ± sd over {df['seed'].nunique()} seeds)", cells.to_string(), ""]
+    ends = last.groupby("n")[[METRIC, "val_best@k", "val_worst@k"]].mean()
+    lines += [f"at {int(last['rollouts'].max()):,} rollouts (means over seeds)", ends.round(3).to_string()]
+    return "\n".join(lines)
+
+
+def figure(sweep_dir: Path, title: str) -> Path:
+    """val_avg@k against rollouts, one line per n (the mean over seeds), the band between the seeds'
+    lowest and highest; the base model drawn left of the first budget."""
+    df = pd.read_parquet(sweep_dir / "results.parquet")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    first = df["rollouts"][df["rollouts"] > 0].min()
+    for n, rows in df.groupby("n"):
+        by = rows.groupby("rollouts")[METRIC]
+        x = by.mean().index.to_numpy().clip(min=first / 2)
+        (line,) = ax.plot(x, by.mean(), marker="o", ms=3, label=f"n={n}")
+        ax.fill_between(x, by.min(), by.max(), color=line.get_color(), alpha=0.15, lw=0)
+    ax.set(xscale="log", xlabel="rollouts (leftmost point: the base model)", ylabel="validation avg@k", title=title)
+    ax.legend()
+    fig.tight_layout()
+    for suffix in (".png", ".svg"):
+        fig.savefig(sweep_dir.parent / f"study{suffix}", dpi=120)
+    plt.close(fig)
+    return sweep_dir.parent / "study.png"
+
+
+def run_confirmatory(out: Path, pre: dict) -> None:
+    design = json.loads(DESIGN.read_text())
+    if set(design["seeds"]) & set(pre["pilot_seeds"]):
+        raise SystemExit(f"{DESIGN}: its seeds {design['seeds']} include pilot seeds {pre['pilot_seeds']}")
+    common, sets, _ = prepare(out, {design["band"]: design["bounds"]})
+    confirm = out / "confirm"
+    args = overrides(common, sets[design["band"]], design, design["budgets"], design["seeds"])
+    isoflop("sweep", "--config", "lookup", "--root", str(out), "name=confirm", *args)  # its plan: cost and power first
+    isoflop("fit", str(confirm))
+    trend = json.loads((confirm / "fit" / "fit.json").read_text())["n_star_trend"]
+    print(f"\n== the confirmatory sweep: {design['chosen']} ({len(design['seeds'])} seeds) ==\n{summary(confirm)}")
+    reading = trend["reading"] or f"p = {trend['p_value']:.2g}"
+    print(
+        f"\ndoes n* rise with compute? {trend['call']} ({reading}); "
+        f"the pilot predicted {design['predicted_power']:.0%} power"
+    )
+    title = f"{design['chosen']}, {len(design['seeds'])} seeds"
+    print(f"figure: {figure(confirm, title)}; the fit: {confirm}/fit/report.md; the design: {DESIGN.relative_to(ROOT)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("isoflop-runs/lookup"))
+    parser.add_argument("--pilot", action="store_true", help="run the candidates' pilot and write the design")
+    args = parser.parse_args()
+    pre = yaml.safe_load(PREREGISTRATION.read_text())
+    (run_pilot if args.pilot else run_confirmatory)(args.out.resolve(), pre)
 
 
 if __name__ == "__main__":
