@@ -38,6 +38,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from isoflop_cli.config.schema import cache_dir
 from isoflop_cli.errors import ConfigError, HeadError
 from isoflop_cli.processes import die_with_parent
 from isoflop_cli.store import FILE_MODE, Malformed, read_json, schema_fields, write_json
@@ -409,11 +410,18 @@ def _ensure_token() -> None:
         os.unlink(tmp)
 
 
+PORTS_HELD_S = 600  # a drawn port is kept from other heads' draws this long
+PORTS_LOCK_WAIT_S = 10.0  # the registry's lock is waited for this long; then ports are drawn without it
+
+
 def free_ports(n: int) -> list[int]:
     """n distinct ports free on 127.0.0.1, drawn below the kernel's ephemeral range (where the ports
     Ray leaves to the kernel land, so none of those takes one before Ray binds it) and outside Ray
-    client's 23000-24000. Heads starting at once draw apart: draws are kept for 10 minutes in a file
-    of this user's that each draw reads and writes under an flock."""
+    client's 23000-24000. Heads starting at once draw apart: draws are kept for PORTS_HELD_S in a
+    registry only this user can write (`_registry`), read and written under its flock. What the
+    registry cannot give is not waited for: a lock held past PORTS_LOCK_WAIT_S, or no directory of
+    the user's own, and the ports are drawn without it (said on stderr); entries that cannot be a
+    draw (a time ahead of now, a port outside the pool) are ignored."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -421,16 +429,8 @@ def free_ports(n: int) -> list[int]:
     pool = [p for p in range(20000, min(low, 32768)) if not 23000 <= p < 24000]
     if len(pool) < 1000:
         pool = [p for p in range(max(low, 1024), 65536)]  # a narrow ephemeral range: draw inside it
-    registry = Path(tempfile.gettempdir()) / f"isoflop-ray-ports-{os.getuid()}.json"
     with contextlib.ExitStack() as stack:
-        try:
-            fd = os.open(registry, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            stack.callback(os.close, fd)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            taken = json.loads(os.pread(fd, 1 << 20, 0) or b"{}")
-            taken = {int(p): t for p, t in taken.items() if t > time.time() - 600}
-        except (OSError, ValueError, AttributeError, TypeError):
-            fd, taken = None, {}
+        fd, taken = _locked_registry(stack, set(pool))
         ports: list[int] = []
         for port in random.sample(pool, len(pool)):
             if port in taken:
@@ -450,6 +450,60 @@ def free_ports(n: int) -> list[int]:
     if len(ports) < n:
         raise HeadError(f"no {n} free ports on 127.0.0.1 for a local Ray head")
     return ports
+
+
+def _registry() -> Path | None:
+    """The port registry's file, in the user's runtime directory ($XDG_RUNTIME_DIR) or else the
+    isoflop cache, whichever is a directory this user owns that no one else can write; None where
+    neither is (the shared temp directory would let any user's process lock every head's start)."""
+    for base in (os.environ.get("XDG_RUNTIME_DIR"), cache_dir()):
+        if not base:
+            continue
+        try:
+            Path(base).mkdir(parents=True, exist_ok=True, mode=0o700)
+            info = os.stat(base)
+        except OSError:
+            continue
+        if info.st_uid == os.getuid() and not info.st_mode & 0o022:
+            return Path(base) / f"isoflop-ray-ports-{os.getuid()}.json"
+    return None
+
+
+def _locked_registry(stack: contextlib.ExitStack, pool: set[int]) -> tuple[int | None, dict[int, float]]:
+    """(the registry's fd, locked until `stack` closes, and its plausible draws), or (None, {}) where
+    there is no registry of the user's own or its lock is held past PORTS_LOCK_WAIT_S (said)."""
+    path = _registry()
+    if path is None:
+        print(
+            "isoflop: no directory of this user's alone for the port registry: ports drawn without it", file=sys.stderr
+        )
+        return None, {}
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return None, {}
+    stack.callback(os.close, fd)
+    deadline = time.monotonic() + PORTS_LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                print(
+                    f"isoflop: the port registry {path} has been locked for {PORTS_LOCK_WAIT_S:g} s by another "
+                    "process: ports drawn without it",
+                    file=sys.stderr,
+                )
+                return None, {}
+            time.sleep(0.05)
+    now = time.time()
+    try:
+        entries = json.loads(os.pread(fd, 1 << 20, 0) or b"{}")
+        taken = {int(p): float(t) for p, t in entries.items()}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return fd, {}
+    return fd, {p: t for p, t in taken.items() if p in pool and now - PORTS_HELD_S < t <= now + 1}
 
 
 def _wait_ready(

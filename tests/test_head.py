@@ -271,6 +271,45 @@ def test_head_ports_are_distinct_free_and_apart_from_kernel_picks():
             s.bind(("127.0.0.1", port))
 
 
+def test_the_port_registry_is_the_users_own_and_nothing_in_it_stops_a_draw(tmp_path, monkeypatch, capsys):
+    """The registry lives in a directory only this user writes ($XDG_RUNTIME_DIR, else the cache), not
+    the shared temp dir. Entries that cannot be draws (times ahead of now, for every port) are
+    ignored; a lock another process holds is waited for PORTS_LOCK_WAIT_S, then ports are drawn
+    without it; with no directory of the user's alone the draw goes on without a registry. Each said
+    on stderr where the registry is not used. Once: a held lock waited for ever, future entries
+    marked every port taken ("no 3 free ports")."""
+    import fcntl
+    import json
+    import time
+
+    from isoflop_cli import head
+
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
+    registry = run / f"isoflop-ray-ports-{os.getuid()}.json"
+    registry.write_text(json.dumps({str(p): time.time() + 1e6 for p in range(1024, 65536)}))
+    ports = head.free_ports(3)
+    assert len(set(ports)) == 3 and set(json.loads(registry.read_text())) >= {str(p) for p in ports}
+    assert capsys.readouterr().err == ""
+
+    monkeypatch.setattr(head, "PORTS_LOCK_WAIT_S", 0.2)
+    with open(registry) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        started = time.monotonic()
+        assert len(head.free_ports(3)) == 3 and time.monotonic() - started < 5
+    assert "has been locked for 0.2 s by another process: ports drawn without it" in capsys.readouterr().err
+
+    run.chmod(0o777)  # writable by others: not a registry's place, nor is a cache like it
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o777)
+    cache.chmod(0o777)
+    monkeypatch.setenv("ISOFLOP_CACHE", str(cache))
+    assert head._registry() is None and len(head.free_ports(3)) == 3
+    assert "no directory of this user's alone for the port registry" in capsys.readouterr().err
+    run.chmod(0o700)
+
+
 def test_the_token_is_made_once_for_this_user_only(tmp_path, monkeypatch):
     from isoflop_cli.head import _ensure_token
 
