@@ -453,10 +453,12 @@ def free_ports(n: int) -> list[int]:
 
 
 def _registry() -> Path | None:
-    """The port registry's file, in the user's runtime directory ($XDG_RUNTIME_DIR) or else the
-    isoflop cache, whichever is a directory this user owns that no one else can write; None where
-    neither is (the shared temp directory would let any user's process lock every head's start)."""
-    for base in (os.environ.get("XDG_RUNTIME_DIR"), cache_dir()):
+    """The port registry's file, in the first of the user's runtime directory ($XDG_RUNTIME_DIR), the
+    user's default isoflop cache (~/.cache/isoflop, whatever ISOFLOP_CACHE says: one registry for
+    every head the user starts on this machine) and ISOFLOP_CACHE that is a directory this user owns
+    that no one else can write; None where none is (the shared temp directory would let any user's
+    process lock every head's start)."""
+    for base in (os.environ.get("XDG_RUNTIME_DIR"), Path.home() / ".cache" / "isoflop", cache_dir()):
         if not base:
             continue
         try:

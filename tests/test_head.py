@@ -272,8 +272,8 @@ def test_head_ports_are_distinct_free_and_apart_from_kernel_picks():
 
 
 def test_the_port_registry_is_the_users_own_and_nothing_in_it_stops_a_draw(tmp_path, monkeypatch, capsys):
-    """The registry lives in a directory only this user writes ($XDG_RUNTIME_DIR, else the cache), not
-    the shared temp dir. Entries that cannot be draws (times ahead of now, for every port) are
+    """The registry lives in a directory only this user writes ($XDG_RUNTIME_DIR, else a cache of the
+    user's), not the shared temp dir. Entries that cannot be draws (times ahead of now, for every port) are
     ignored; a lock another process holds is waited for PORTS_LOCK_WAIT_S, then ports are drawn
     without it; with no directory of the user's alone the draw goes on without a registry. Each said
     on stderr where the registry is not used. Once: a held lock waited for ever, future entries
@@ -300,11 +300,12 @@ def test_the_port_registry_is_the_users_own_and_nothing_in_it_stops_a_draw(tmp_p
         assert len(head.free_ports(3)) == 3 and time.monotonic() - started < 5
     assert "has been locked for 0.2 s by another process: ports drawn without it" in capsys.readouterr().err
 
-    run.chmod(0o777)  # writable by others: not a registry's place, nor is a cache like it
-    cache = tmp_path / "cache"
-    cache.mkdir(mode=0o777)
-    cache.chmod(0o777)
-    monkeypatch.setenv("ISOFLOP_CACHE", str(cache))
+    run.chmod(0o777)  # writable by others: not a registry's place, nor are caches like it
+    for cache in (tmp_path / "home" / ".cache" / "isoflop", tmp_path / "cache"):
+        cache.mkdir(parents=True)
+        cache.chmod(0o777)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ISOFLOP_CACHE", str(tmp_path / "cache"))
     assert head._registry() is None and len(head.free_ports(3)) == 3
     assert "no directory of this user's alone for the port registry" in capsys.readouterr().err
     run.chmod(0o700)
