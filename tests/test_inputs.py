@@ -654,3 +654,55 @@ def test_an_oversized_row_is_refused_before_it_is_read_into_python(tmp_path, mon
         runner.invoke(app, [*DATASET, f"task.train={tmp_path / 'big.parquet'}"]),
         "a problem file may hold (every run keeps all its rows in memory)",
     )
+
+
+def _sweep_rows(reverse: str | None = None) -> pd.DataFrame:
+    """Two seeds of n = 2, 4, 8, eval points at 0..8,192 rollouts; `reverse`: that run's rollouts backwards."""
+    rows = []
+    for n in (2, 4, 8):
+        for seed in (0, 1):
+            for step, c in enumerate([0, 1024, 2048, 4096, 8192]):
+                y = 0.3 + 0.05 * step + 0.01 * n * step / 8 + 0.01 * seed
+                rows.append(
+                    {
+                        "run_id": f"n{n}s{seed}",
+                        "n": n,
+                        "B_p": 8,
+                        "seed": seed,
+                        "step": step,
+                        "rollouts": c,
+                        "val_avg@k": y,
+                    }
+                )
+    df = pd.DataFrame(rows)
+    if reverse:
+        df.loc[df["run_id"] == reverse, "rollouts"] = df.loc[df["run_id"] == reverse, "rollouts"].to_numpy()[::-1]
+    return df
+
+
+def test_fit_reads_what_it_can_and_refuses_what_it_cannot(tmp_path):
+    """Once: a column of lists was a TypeError traceback; results without run_id were read as a run a
+    row ("cannot tell"); a run's rollouts given backwards were fitted, and moved the answer. Now the
+    lists are ignored (the same fit as without them), runs without run_id are told apart by their axes
+    and seed (the same answer as with it, said in a line), and compute that falls is one line, exit 2."""
+
+    def answer(df: pd.DataFrame, name: str):
+        df.to_parquet(tmp_path / f"{name}.parquet")
+        result = runner.invoke(app, ["fit", str(tmp_path / f"{name}.parquet"), "--out", str(tmp_path / name)])
+        assert result.exit_code == 0, result.output
+        return json.loads((tmp_path / name / "fit.json").read_text())["n_star_trend"], result.output
+
+    plain_answer, _ = answer(_sweep_rows(), "plain")
+    assert answer(_sweep_rows().assign(tags=[[1, 2]] * 30), "lists")[0] == plain_answer
+    without, output = answer(_sweep_rows().drop(columns=["run_id"]), "without")
+    assert without == plain_answer and "no run_id column: runs are identified by n, B_p, seed" in output
+    _sweep_rows(reverse="n2s0").to_parquet(tmp_path / "reversed.parquet")
+    one_error(
+        runner.invoke(app, ["fit", str(tmp_path / "reversed.parquet"), "--out", str(tmp_path / "r")]),
+        "run n2s0 has rollouts 4096 at step 1, less than at its step before: a run's compute only grows",
+    )
+    _sweep_rows().drop(columns=["run_id", "seed"]).to_parquet(tmp_path / "anonymous.parquet")
+    one_error(
+        runner.invoke(app, ["fit", str(tmp_path / "anonymous.parquet"), "--out", str(tmp_path / "a")]),
+        "no run_id column, and no n and seed to tell its runs apart",
+    )

@@ -37,11 +37,11 @@ def default_out(path: Path) -> Path:
 def fit(paths: list[Path], spec: FitSpec, asked: list[str], out: Path | None) -> Fitted:
     """Raises ConfigError for anything the user must fix; everything else is a warning in the result."""
     methods.check(spec, asked)
-    df, info = data.load(paths)
-    if spec.compute in df.columns:
-        data.numeric_column(df, spec.compute, ", ".join(map(str, paths)))
-    out = check_writable(out or default_out(paths[0]))
-    with data.notes() as notes:
+    with data.notes() as notes:  # from reading the inputs on: what is said goes beside the result
+        df, info = data.load(paths)
+        if spec.compute in df.columns:
+            data.numeric_column(df, spec.compute, ", ".join(map(str, paths)))
+        out = check_writable(out or default_out(paths[0]))
         problems = load_problems(paths) if any(methods.METHODS[m].reads_problems for m in asked) else None
         results = methods.run(df, spec, asked or methods.defaults(df, spec), explicit=bool(asked), problems=problems)
         cover = coverage.coverage(df, spec)

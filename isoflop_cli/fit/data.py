@@ -74,7 +74,9 @@ def input_file(path: Path) -> Path:
 def read(path: Path) -> pd.DataFrame:
     """One results input (a sweep directory, parquet or CSV), as fit, replay and race-pilot read it:
     a bad path is the user's error, and so are rows that do not name their run, an eval point given
-    twice, and a sweep dir's results that are not its manifest's runs (`of_sweep`)."""
+    twice, compute that falls along a run, and a sweep dir's results that are not its manifest's runs
+    (`of_sweep`). Columns of lists or dicts are left out (fit reads none); results with eval points
+    but no run_id have their runs told apart by their axes and seed (`runs_by_axes`)."""
     if not path.exists():
         raise ConfigError(f"no such file or directory: {path}")
     if path.is_dir() and not (path / RESULTS).exists():
@@ -85,12 +87,55 @@ def read(path: Path) -> pd.DataFrame:
         df = load_results(path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path}: cannot read results ({e})") from None
+    df = df[[c for c in df.columns if not _holds_containers(df[c])]]  # lists, dicts: nothing fit reads
+    if "run_id" not in df.columns and "step" in df.columns:
+        df = df.assign(run_id=runs_by_axes(df, path))
     if "run_id" in df.columns:
         named_runs(df, path)
         one_row_per_eval_point(df, path)
+        compute_grows(df, path)
     if path.is_dir():
         of_sweep(df, path)
     return df
+
+
+RUN_AXES = ("model", "reward", "n", "B_p", "algo.epochs", "lr", "seed")  # what tells runs apart without run_id
+COMPUTE_COLUMNS = ("rollouts", "flops_total", "tokens_generated")  # spent: never less at a later step
+
+
+def _holds_containers(column: pd.Series) -> bool:
+    return column.dtype == object and column.map(lambda v: isinstance(v, (list, tuple, dict, set, np.ndarray))).any()
+
+
+def runs_by_axes(df: pd.DataFrame, path: Path) -> pd.Series:
+    """Results with eval points (a `step` column) but no run_id: each run is one combination of the
+    RUN_AXES columns they have (said); without n and seed among them runs cannot be told apart, and
+    every row would be a run of its own."""
+    axes = [c for c in RUN_AXES if c in df.columns]
+    if not {"n", "seed"} <= set(axes):
+        raise ConfigError(
+            f"{path}: no run_id column, and no n and seed to tell its runs apart: name each row's run (run_id)"
+        )
+    warn(f"{path}: no run_id column: runs are identified by {', '.join(axes)}")
+    return df[axes].astype(str).agg(" ".join, axis=1)
+
+
+def compute_grows(df: pd.DataFrame, path: Path) -> None:
+    """Along every run, by step, the compute spent never falls: rows whose compute runs backwards
+    would be fitted as another curve."""
+    if "step" not in df.columns:
+        return
+    for column in (c for c in COMPUTE_COLUMNS if c in df.columns):
+        spent = pd.to_numeric(df[column], errors="coerce")
+        spent = spent.where(spent >= 0)  # a negative one is the sign check's to name (`signs`)
+        ordered = df.assign(_spent=spent).sort_values(["run_id", "step"], kind="stable")
+        falls = ordered.groupby("run_id", sort=False)["_spent"].diff() < 0
+        if falls.any():
+            row = ordered[falls].iloc[0]
+            raise ConfigError(
+                f"{path}: run {row['run_id']} has {column} {plain(row['_spent']):g} at step {row['step']}, "
+                f"less than at its step before: a run's compute only grows"
+            )
 
 
 def one_row_per_eval_point(df: pd.DataFrame, path: Path) -> None:
