@@ -117,7 +117,9 @@ def power(common: list[str], problems: Path, design: dict, budgets: list[int], s
     return json.loads(planned)["power"]
 
 
-def judge(name: str, design: dict, pilot: Path, common: list[str], problems: Path, rule: dict, costs: dict) -> dict:
+def judge(
+    name: str, design: dict, pilot: Path, common: list[str], problems: Path, rule: dict, pilot_seeds: int, costs: dict
+) -> dict:
     """The rule's steps 1-3 on one candidate's pilot: its window, whether its grid is centred, its seeds
     and predicted power, and why it is not eligible where it is not."""
     df = pd.read_parquet(pilot / "results.parquet")
@@ -129,11 +131,11 @@ def judge(name: str, design: dict, pilot: Path, common: list[str], problems: Pat
     ends = df[df["rollouts"] > 0].groupby("run_id")
     at_window = df[df["rollouts"] == kept[-1]]["wall_s"].sum()
     share = at_window / ends["wall_s"].max().sum()
-    per_seed_min = costs["pilot_s"] * share / len(rule["pilot_seeds"]) / 60
+    per_seed_min = costs["pilot_s"] * share / pilot_seeds / 60
     affordable = math.floor((rule["minutes"] - costs["fixed_s"] / 60) / per_seed_min)
     first = power(common, problems, design, kept, 3, pilot)
-    seeds = max(3, min(first["seeds_for_80"] or rule["max_seeds"], affordable, rule["max_seeds"]))
-    at = first if seeds == 3 else power(common, problems, design, kept, seeds, pilot)
+    chosen = max(3, min(first["seeds_for_80"] or rule["max_seeds"], affordable, rule["max_seeds"]))
+    at = first if chosen == 3 else power(common, problems, design, kept, chosen, pilot)
     why = []
     if len(kept) < rule["min_budgets"]:
         why.append(f"the best cell levels off within {len(kept)} budgets")
@@ -146,12 +148,12 @@ def judge(name: str, design: dict, pilot: Path, common: list[str], problems: Pat
         "pilot_means": {str(b): {str(n): round(float(v), 4) for n, v in means.loc[b].items()} for b in means.index},
         "n_star_at_window_ends": star,
         "off_centre_doublings": round(float(off_centre), 3),
-        "seeds": seeds,
+        "seeds": chosen,
         "seeds_for_80": first["seeds_for_80"],
         "affordable_seeds": affordable,
         "power": at["trend"],
         "power_range": at.get("trend_range"),
-        "minutes": round(costs["fixed_s"] / 60 + seeds * per_seed_min, 1),
+        "minutes": round(costs["fixed_s"] / 60 + chosen * per_seed_min, 1),
         "eligible": not why,
         "why_not": why,
     }
@@ -177,7 +179,9 @@ def run_pilot(out: Path, pre: dict) -> None:
         start = time.monotonic()
         isoflop("fit", str(pilot))
         costs = {"pilot_s": pilot_s, "fixed_s": prepare_s + time.monotonic() - start}
-        judged.append(judge(name, design, pilot, common, sets[design["band"]], {**pre["rule"], **pre}, costs))
+        judged.append(
+            judge(name, design, pilot, common, sets[design["band"]], pre["rule"], len(pre["pilot_seeds"]), costs)
+        )
         print(json.dumps(judged[-1]), flush=True)
     chosen = choose(judged, pre["rule"]["tie"])
     design = {

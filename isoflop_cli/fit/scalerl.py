@@ -13,9 +13,10 @@ noisy than the points at that compute alone). A is not the ranking: on sweeps fr
 (fit/bank.py) the larger n are still rising at the last budget, so their extrapolated ceilings come
 out highest where a small n is best at every budget run. The best is named where its fitted value
 beats every other's at one-sided level ALPHA with Bonferroni over the others (the trend test's
-rule, trend.py), the difference's sd from the bootstrap's paired replicates (paired evaluation's
-shared noise cancels in them, as it does in the data); otherwise the values not beaten are the
-`best_set`.
+rule, trend.py), the difference's sd from the bootstrap's paired replicates; otherwise the values
+not beaten are the `best_set`. Resampling runs does not see the evaluation noise a cell's seeds
+share (paired evaluation cancels it between cells only where their pass rates are alike), the same
+limit the trend test has.
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ def scalerl_method(df: pd.DataFrame, spec: FitSpec) -> MethodResult:
         if not f.converged:
             warn(f"scalerl {spec.axis}={plain(s.value)}: the fit did not converge")
     names = list(curves)
-    at_values = np.array([_value(f, at) for f in fits])
+    at_values = np.array([curves[k]["value_at_best_at"] for k in names])
     top = int(np.argmax(at_values))
     runs_per = np.array([np.unique(s.run).size for s in fitted])
     tied = [names[i] for i in best_set(at_values, values, top, runs_per)]

@@ -18,10 +18,10 @@ is the optimum rho, and each bootstrap replicate gives one (a replicate whose cu
 of the range counts as that end). When the 90% interval of the optimum lies strictly inside the
 pilot's rho range and the peak is measured (a level inside the range beats both end levels beyond
 the noise: `measured_peak`; a quadratic also bends through a target that rises and then stays
-flat, with its vertex between two levels), the target peaks there: the regime is `interior`, with `optimum_rho` and its
-interval, and the same optimum in rho without reward FLOPs and in the lever's own units (updates
-per batch and n), read off the levels between which it falls. A monotone target has no optimum
-(null).
+flat, with its vertex between two levels), the target peaks there: the regime is `interior`,
+with `optimum_rho` and its interval, and the same optimum in rho without reward FLOPs and in the
+lever's own units (updates per batch), read off the levels between which it falls. A monotone
+target has no optimum (null).
 
 Reward-heavy is the same test between reward systems: at equal compute (the same slice), does a
 model-based reward (one that spends reward FLOPs: a learned PRM) beat the best rule-based one?
@@ -39,6 +39,7 @@ from scipy import stats
 
 from isoflop_cli.errors import ConfigError
 from isoflop_cli.fit import bootstrap
+from isoflop_cli.fit.trend import ALPHA  # a measured peak's lead over each end level: one-sided
 from isoflop_cli.rewards import REWARDS
 
 CURVES = {"constant": 0, "log-linear": 1, "quadratic": 2}  # polynomial degree in x = log2(rho / (1 - rho))
@@ -49,7 +50,6 @@ BANDWIDTH = (
     0.75  # the optimum's local quadratic weighs points by a normal kernel of this sd in x (about 3/4 of a level)
 )
 LOCAL_STEPS = 3  # ... re-centred on its own vertex this many times
-ALPHA = 0.05  # a measured peak's lead over each end level is above 0 at this one-sided level
 
 
 @dataclass
